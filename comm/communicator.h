@@ -1,0 +1,153 @@
+// The communicator: collectives and point-to-point on one backend (Gloo on
+// host memory, NCCL on device memory). Every operation returns a Work handle;
+// waiting takes a deadline, so a hang becomes an ordinary TimeoutError.
+//
+// Operations are executed in the order they were issued, one at a time, on
+// the backend's own execution context (a worker thread for Gloo, a CUDA stream
+// for NCCL). Buffers must stay valid until the Work completes.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/errors.h"
+#include "comm/store/store.h"
+#include "comm/types.h"
+
+namespace ddpdiag {
+
+enum class MemoryKind : std::uint8_t { kHost, kDevice };
+enum class Backend : std::uint8_t { kGloo, kNccl };
+std::string_view backend_name(Backend b);  // "gloo", "nccl"
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual bool is_completed() = 0;
+  // Blocks until done or until timeout passes (TimeoutError). Rethrows the
+  // operation's error if it failed.
+  virtual void wait(Millis timeout) = 0;
+  // Best effort: stop waiting for this operation; the communicator is unusable
+  // afterwards.
+  virtual void abort() = 0;
+};
+
+struct CommOptions {
+  Backend backend = Backend::kGloo;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  // The store shared by all ranks, already prefixed for this communicator.
+  std::shared_ptr<Store> store;
+  // Timeout of init and the default for every collective.
+  Millis timeout = Store::kDefaultTimeout;
+  // Gloo: the interface to bind (GLOO_SOCKET_IFNAME when empty), or the
+  // hostname/address to bind; empty means the address of this host's
+  // hostname, falling back to loopback.
+  std::string gloo_interface;
+  std::string gloo_hostname;
+  // NCCL: device ordinal (defaults to local_rank).
+  int device = -1;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Backend backend() const = 0;
+  virtual MemoryKind memory_kind() const = 0;
+  // Library version, e.g. "gloo 0.5.0" or "nccl 2.28.9".
+  virtual std::string library_version() const = 0;
+  // A short description of the device this rank uses ("cpu", "cuda:0 NVIDIA H200").
+  virtual std::string device_name() const = 0;
+
+  // send == recv is in-place.
+  virtual std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
+                                          DType dtype, ReduceOp op) = 0;
+  virtual std::shared_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype,
+                                          int root) = 0;
+  // recv only matters on root.
+  virtual std::shared_ptr<Work> reduce(const void* send, void* recv, std::size_t count,
+                                       DType dtype, ReduceOp op, int root) = 0;
+  // recv holds size() * count elements, rank r's block at offset r * count.
+  virtual std::shared_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
+                                          DType dtype) = 0;
+  // send holds size() * recv_count elements; rank r receives block r reduced.
+  virtual std::shared_ptr<Work> reduce_scatter(const void* send, void* recv,
+                                               std::size_t recv_count, DType dtype,
+                                               ReduceOp op) = 0;
+  // Point-to-point. tag distinguishes concurrent messages between one pair.
+  virtual std::shared_ptr<Work> send(const void* buf, std::size_t count, DType dtype, int peer,
+                                     std::uint32_t tag = 0) = 0;
+  virtual std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer,
+                                     std::uint32_t tag = 0) = 0;
+  virtual std::shared_ptr<Work> barrier() = 0;
+
+  // Memory in the kind this backend works on (device memory for NCCL).
+  virtual void* alloc(std::size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+
+  // Abort every outstanding operation; the communicator is unusable afterwards.
+  virtual void abort() = 0;
+
+  Millis default_timeout() const { return timeout_; }
+  void set_default_timeout(Millis t) { timeout_ = t; }
+
+ protected:
+  Millis timeout_ = Store::kDefaultTimeout;
+};
+
+// Creates the backend's communicator, rendezvousing through opts.store.
+// Throws RendezvousError/TimeoutError/BackendError with the phase set.
+std::unique_ptr<Communicator> make_communicator(const CommOptions& opts);
+
+// True when this build has the NCCL backend.
+bool nccl_supported();
+// Number of usable CUDA devices (0 without a driver or a build without CUDA).
+int cuda_device_count();
+// Why there is no GPU, in words, when cuda_device_count() == 0.
+std::string cuda_unavailable_reason();
+
+// RAII buffer owned by a communicator.
+class CommBuffer {
+ public:
+  CommBuffer() = default;
+  CommBuffer(Communicator& comm, std::size_t bytes)
+      : comm_(&comm), ptr_(bytes ? comm.alloc(bytes) : nullptr), bytes_(bytes) {}
+  ~CommBuffer() { reset(); }
+  CommBuffer(CommBuffer&& o) noexcept { *this = std::move(o); }
+  CommBuffer& operator=(CommBuffer&& o) noexcept {
+    if (this != &o) {
+      reset();
+      comm_ = o.comm_;
+      ptr_ = o.ptr_;
+      bytes_ = o.bytes_;
+      o.ptr_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  void* get() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+  void reset() {
+    if (ptr_ && comm_) comm_->free(ptr_);
+    ptr_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  Communicator* comm_ = nullptr;
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+}  // namespace ddpdiag

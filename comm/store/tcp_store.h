@@ -1,0 +1,101 @@
+// TCP store speaking the c10d TCPStore wire protocol of PyTorch 1.13 ("v1")
+// and 2.x ("v2"); see reference/torch.md for the byte layouts.
+//
+// The server serves both protocols on one port: it looks at the first bytes
+// of each connection (a v2 client opens with VALIDATE = 00 ce f7 85 3c).
+// One event loop (epoll) serves every connection; no thread per client.
+// A connection that sends anything malformed, truncated or oversized is
+// closed; the others are not disturbed.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "comm/store/store.h"
+
+namespace ddpdiag {
+
+enum class StoreProtocol : std::uint8_t {
+  kAuto,  // client only: detect on connect
+  kV1,    // PyTorch 1.13
+  kV2,    // PyTorch 2.x
+};
+std::string_view store_protocol_name(StoreProtocol p);  // "auto", "torch-1.13", "torch-2.x"
+
+struct TcpStoreServerOptions {
+  std::string host = "0.0.0.0";   // bind address ("::" for IPv6)
+  int port = 0;                   // 0 picks a free port (see TcpStoreServer::port())
+  std::size_t max_key_bytes = 8 * 1024;          // as the 2.x libuv server
+  std::size_t max_value_bytes = 8 * 1024 * 1024; // as the 2.x libuv server
+  int max_connections = 65536;
+};
+
+class TcpStoreServer {
+ public:
+  // Binds and starts serving on a background thread. Throws RendezvousError
+  // with a hint when the port is taken ("address in use").
+  explicit TcpStoreServer(TcpStoreServerOptions opts);
+  ~TcpStoreServer();  // stops the loop, closes every connection
+
+  int port() const;
+  std::size_t num_connections() const;  // open client connections now
+  std::int64_t num_keys() const;
+
+  TcpStoreServer(const TcpStoreServer&) = delete;
+  TcpStoreServer& operator=(const TcpStoreServer&) = delete;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct TcpStoreClientOptions {
+  std::string host = "127.0.0.1";
+  int port = 29500;
+  StoreProtocol protocol = StoreProtocol::kAuto;
+  // How long connect() keeps retrying (exponential backoff with jitter) before
+  // it throws RendezvousError telling refused / timed out / unreachable apart.
+  Millis connect_timeout = Store::kDefaultTimeout;
+  // Upper bound for calls that do not wait on keys (set, add, ...): a silent
+  // server raises TimeoutError instead of blocking forever.
+  Millis io_timeout = Store::kDefaultTimeout;
+  // c10d clients put "/" in front of every user key; true matches them, so
+  // torch and ddpdiag see the same keys.
+  bool torch_key_prefix = true;
+  int rank = -1;  // for error messages only
+};
+
+// One TCP connection to a store (v1: a second, silent connection is not
+// opened; the v1 server does not require it). Calls are serialised with a
+// mutex; the store may be shared between threads.
+class TcpStoreClient : public Store {
+ public:
+  explicit TcpStoreClient(TcpStoreClientOptions opts);
+  ~TcpStoreClient() override;
+
+  void set(const std::string& key, const Bytes& value) override;
+  Bytes get(const std::string& key, Millis timeout) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, Millis timeout) override;
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
+  bool delete_key(const std::string& key) override;
+  std::int64_t num_keys() override;
+
+  // The protocol in use (detected when opts.protocol was kAuto).
+  StoreProtocol protocol() const;
+  // Round trip of one cheap request (v2: PING; v1: GETNUMKEYS), in microseconds.
+  double ping_us();
+  // How many connection attempts connect() made before it succeeded.
+  int connect_attempts() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ddpdiag

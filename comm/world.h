@@ -1,0 +1,80 @@
+// Who am I and where is the store: rank, world size, local rank, local world
+// size and the store address, from explicit flags or the environment of the
+// launcher (torchrun, Slurm, Open MPI, ddpdiag's own), flags winning.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddpdiag {
+
+enum class Launcher : std::uint8_t {
+  kNone,      // no launcher variables: a single process or the built-in launcher is to be used
+  kFlags,     // everything came from flags
+  kDdpdiag,   // ddpdiag --nproc (sets DDPDIAG_LAUNCHER=1 plus torchrun's variables)
+  kTorchrun,  // torchrun / torch.distributed.run (TORCHELASTIC_RUN_ID)
+  kEnv,       // plain RANK/WORLD_SIZE without a known launcher
+  kSlurm,     // srun (SLURM_PROCID)
+  kOpenMpi,   // mpirun (OMPI_COMM_WORLD_RANK)
+};
+std::string_view launcher_name(Launcher l);
+
+// Flags given on the command line; unset fields fall back to the environment.
+struct WorldFlags {
+  std::optional<int> rank;
+  std::optional<int> world_size;
+  std::optional<int> local_rank;
+  std::optional<int> local_world_size;
+  std::optional<std::string> master_addr;
+  std::optional<int> master_port;
+};
+
+struct World {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  Launcher launcher = Launcher::kNone;
+  // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True):
+  // every rank is a client, keys live under store_prefix.
+  bool agent_store = false;
+  // Prefix of the keys of this job in the store: torchrun's
+  // "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" under its agent store,
+  // empty otherwise. ddpdiag's own keys go under "<store_prefix>/ddpdiag".
+  std::string store_prefix;
+  // Every variable that was read, with its value, for the report.
+  std::map<std::string, std::string> env_read;
+
+  // Rank 0 hosts the store unless an agent does.
+  bool hosts_store() const { return !agent_store && rank == 0; }
+};
+
+// Environment lookup; tests pass a map instead of the process environment.
+using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
+EnvLookup process_env();
+EnvLookup map_env(std::map<std::string, std::string> vars);
+
+// Resolves the world. Throws UsageError (exit 2) naming the variable or flag
+// and its value on: a non-number, a missing companion (RANK without
+// WORLD_SIZE, ...), rank >= world size, negative values, port outside
+// 1..65535, local rank >= local world size, and — when visible_gpus is
+// given and the backend is NCCL — LOCAL_RANK beyond the visible GPUs.
+World discover_world(const WorldFlags& flags, const EnvLookup& env,
+                     std::optional<int> visible_gpus = std::nullopt);
+
+// True when the environment was set by some launcher (any of RANK,
+// SLURM_PROCID, OMPI_COMM_WORLD_RANK, ...), i.e. this process is one rank of a
+// job rather than the user's shell.
+bool launched_by_launcher(const EnvLookup& env);
+
+// Environment variables recorded in reports: NCCL_*, GLOO_*, MASTER_*,
+// TORCHELASTIC_*, the rank variables, CUDA_VISIBLE_DEVICES, SLURM_* and
+// OMPI_COMM_WORLD_* (all that are set).
+std::map<std::string, std::string> recorded_environment();
+
+}  // namespace ddpdiag

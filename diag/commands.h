@@ -1,0 +1,26 @@
+// Subcommand registry. Each subcommand lives in its own file (cmd_*.cpp) and
+// defines one add_*_command function that adds its CLI11 subcommand with its
+// options and returns the function that runs it once the command line is
+// parsed. The run function returns the process exit code (ExitCode) and
+// throws ddpdiag::Error for failures; main() maps errors to exit codes.
+#pragma once
+
+#include <functional>
+
+#include <CLI/CLI.hpp>
+
+namespace ddpdiag::cli {
+
+using RunFn = std::function<int()>;
+
+struct Subcommand {
+  CLI::App* app = nullptr;
+  RunFn run;
+};
+
+Subcommand add_allreduce_test_command(CLI::App& parent);
+Subcommand add_store_command(CLI::App& parent);    // store ping | serve
+Subcommand add_buckets_command(CLI::App& parent);  // DDP bucket layout of a model
+Subcommand add_sampler_command(CLI::App& parent);  // DistributedSampler indices
+
+}  // namespace ddpdiag::cli
