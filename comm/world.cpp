@@ -1,1 +1,308 @@
-// placeholder
+#include "comm/world.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdlib>
+
+#include <fmt/core.h>
+
+#include "comm/errors.h"
+
+extern char** environ;
+
+namespace ddpdiag {
+
+std::string_view launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::kNone: return "none";
+    case Launcher::kFlags: return "flags";
+    case Launcher::kDdpdiag: return "ddpdiag";
+    case Launcher::kTorchrun: return "torchrun";
+    case Launcher::kEnv: return "env";
+    case Launcher::kSlurm: return "slurm";
+    case Launcher::kOpenMpi: return "openmpi";
+  }
+  return "unknown";
+}
+
+EnvLookup process_env() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (!v) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+EnvLookup map_env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+namespace {
+
+UsageError world_error(const std::string& msg, const std::string& hint) {
+  return UsageError(msg, ErrorContext{"world", -1, -1, hint});
+}
+
+// Reads an integer variable; records it; throws naming the variable and value.
+class EnvReader {
+ public:
+  EnvReader(const EnvLookup& env, std::map<std::string, std::string>& read)
+      : env_(env), read_(read) {}
+
+  std::optional<std::string> str(const std::string& name) {
+    auto v = env_(name);
+    if (v) read_[name] = *v;
+    return v;
+  }
+
+  std::optional<int> integer(const std::string& name) {
+    auto v = str(name);
+    if (!v) return std::nullopt;
+    return parse(name, *v, /*leading_only=*/false);
+  }
+
+  // Slurm writes per-node task counts as "4" or "4(x2)" or "2,1": the first
+  // number is this layout's first node; callers only use it when it is uniform.
+  std::optional<int> leading_integer(const std::string& name) {
+    auto v = str(name);
+    if (!v) return std::nullopt;
+    return parse(name, *v, /*leading_only=*/true);
+  }
+
+ private:
+  static int parse(const std::string& name, const std::string& v, bool leading_only) {
+    std::string s = v;
+    while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+    int out = 0;
+    auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+    bool ok = ec == std::errc() && p != s.data() && (leading_only || p == s.data() + s.size());
+    if (!ok)
+      throw world_error(fmt::format("environment variable {}='{}' is not an integer", name, v),
+                        fmt::format("set {} to a non-negative integer or unset it", name));
+    return out;
+  }
+
+  const EnvLookup& env_;
+  std::map<std::string, std::string>& read_;
+};
+
+bool truthy(const std::string& v) {
+  std::string s;
+  for (char c : v) s.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+  return s == "1" || s == "true" || s == "yes" || s == "on";
+}
+
+}  // namespace
+
+bool launched_by_launcher(const EnvLookup& env) {
+  for (const char* v : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "DDPDIAG_LAUNCHER"})
+    if (env(v)) return true;
+  return false;
+}
+
+World discover_world(const WorldFlags& flags, const EnvLookup& env,
+                     std::optional<int> visible_gpus) {
+  World w;
+  EnvReader r(env, w.env_read);
+
+  // Which launcher: our own and torchrun set RANK & co; Slurm and Open MPI
+  // have their own names. RANK wins over the scheduler's variables because
+  // torchrun inside an srun allocation sets both and RANK is the true one.
+  std::optional<int> rank, size, local_rank, local_size;
+  std::string rank_var = "RANK", size_var = "WORLD_SIZE", lrank_var = "LOCAL_RANK",
+              lsize_var = "LOCAL_WORLD_SIZE";
+  if (auto v = r.integer("RANK")) {
+    rank = v;
+    size = r.integer("WORLD_SIZE");
+    local_rank = r.integer("LOCAL_RANK");
+    local_size = r.integer("LOCAL_WORLD_SIZE");
+    if (r.str("DDPDIAG_LAUNCHER"))
+      w.launcher = Launcher::kDdpdiag;
+    else if (r.str("TORCHELASTIC_RUN_ID"))
+      w.launcher = Launcher::kTorchrun;
+    else
+      w.launcher = Launcher::kEnv;
+    if (!size)
+      throw world_error(fmt::format("RANK={} is set but WORLD_SIZE is not", *rank),
+                        "set WORLD_SIZE to the number of ranks, or pass --world-size");
+  } else if (auto v = r.integer("SLURM_PROCID")) {
+    w.launcher = Launcher::kSlurm;
+    rank = v;
+    rank_var = "SLURM_PROCID";
+    size_var = "SLURM_NTASKS";
+    lrank_var = "SLURM_LOCALID";
+    lsize_var = "SLURM_NTASKS_PER_NODE";
+    size = r.integer("SLURM_NTASKS");
+    if (!size) {
+      size = r.integer("SLURM_NPROCS");
+      size_var = "SLURM_NPROCS";
+    }
+    local_rank = r.integer("SLURM_LOCALID");
+    local_size = r.leading_integer("SLURM_NTASKS_PER_NODE");
+    if (!local_size) {
+      local_size = r.leading_integer("SLURM_TASKS_PER_NODE");
+      lsize_var = "SLURM_TASKS_PER_NODE";
+    }
+    if (!size)
+      throw world_error(fmt::format("SLURM_PROCID={} is set but SLURM_NTASKS is not", *rank),
+                        "run under srun with --ntasks, or pass --world-size");
+  } else if (auto v = r.integer("OMPI_COMM_WORLD_RANK")) {
+    w.launcher = Launcher::kOpenMpi;
+    rank = v;
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    size_var = "OMPI_COMM_WORLD_SIZE";
+    lrank_var = "OMPI_COMM_WORLD_LOCAL_RANK";
+    lsize_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
+    size = r.integer(size_var);
+    local_rank = r.integer(lrank_var);
+    local_size = r.integer(lsize_var);
+    if (!size)
+      throw world_error(
+          fmt::format("OMPI_COMM_WORLD_RANK={} is set but OMPI_COMM_WORLD_SIZE is not", *rank),
+          "run under mpirun, or pass --world-size");
+  }
+
+  // Flags win over the environment.
+  bool any_flag = flags.rank || flags.world_size;
+  if (flags.rank) {
+    rank = flags.rank;
+    rank_var = "--rank";
+  }
+  if (flags.world_size) {
+    size = flags.world_size;
+    size_var = "--world-size";
+  }
+  if (flags.local_rank) {
+    local_rank = flags.local_rank;
+    lrank_var = "--local-rank";
+  }
+  if (flags.local_world_size) {
+    local_size = flags.local_world_size;
+    lsize_var = "--local-world-size";
+  }
+  if (any_flag && w.launcher == Launcher::kNone) w.launcher = Launcher::kFlags;
+  if (rank.has_value() != size.has_value()) {
+    if (rank)
+      throw world_error(fmt::format("{}={} is given but the world size is not", rank_var, *rank),
+                        "pass --world-size (or set WORLD_SIZE) together with --rank");
+    throw world_error(fmt::format("{}={} is given but the rank is not", size_var, *size),
+                      "pass --rank (or set RANK) together with --world-size");
+  }
+
+  if (size) {
+    if (*size < 1)
+      throw world_error(fmt::format("{}={} must be at least 1", size_var, *size),
+                        "the world size counts every rank of the job");
+    if (*rank < 0 || *rank >= *size)
+      throw world_error(
+          fmt::format("{}={} is out of range for {}={} (ranks are 0..{})", rank_var, *rank,
+                      size_var, *size, *size - 1),
+          "every rank needs a distinct rank below the world size; check the launcher's counts");
+    w.rank = *rank;
+    w.world_size = *size;
+  }
+
+  if (local_size) {
+    if (*local_size < 1 || *local_size > w.world_size)
+      throw world_error(fmt::format("{}={} must be between 1 and the world size {}", lsize_var,
+                                    *local_size, w.world_size),
+                        "the local world size is the number of ranks on this host");
+    w.local_world_size = *local_size;
+  } else {
+    // Without the variable, assume every rank is on this host when there is no
+    // launcher telling otherwise (single node is the common case for flags).
+    w.local_world_size = w.world_size;
+  }
+  if (local_rank) {
+    if (*local_rank < 0 || *local_rank >= w.local_world_size)
+      throw world_error(fmt::format("{}={} is out of range for a local world size of {}",
+                                    lrank_var, *local_rank, w.local_world_size),
+                        "the local rank must be below the number of ranks on this host");
+    w.local_rank = *local_rank;
+  } else {
+    w.local_rank = w.local_world_size == w.world_size ? w.rank : 0;
+  }
+
+  if (visible_gpus && *visible_gpus > 0 && w.local_rank >= *visible_gpus)
+    throw world_error(
+        fmt::format("{}={} but only {} GPU(s) are visible{}", lrank_var, w.local_rank,
+                    *visible_gpus,
+                    env("CUDA_VISIBLE_DEVICES")
+                        ? fmt::format(" (CUDA_VISIBLE_DEVICES={})", *env("CUDA_VISIBLE_DEVICES"))
+                        : std::string()),
+        "run at most one rank per visible GPU, or use --backend gloo");
+
+  // Store address.
+  auto addr_var = flags.master_addr ? std::string("--master-addr") : std::string("MASTER_ADDR");
+  std::optional<std::string> addr = flags.master_addr ? flags.master_addr : r.str("MASTER_ADDR");
+  if (addr) {
+    if (addr->empty())
+      throw world_error(fmt::format("{} is empty", addr_var),
+                        "set it to the host name or address of rank 0 (or of the store)");
+    w.master_addr = *addr;
+  } else if (w.local_world_size < w.world_size) {
+    throw world_error(
+        fmt::format("MASTER_ADDR is not set and the job spans several hosts ({} ranks, {} on "
+                    "this host)",
+                    w.world_size, w.local_world_size),
+        "export MASTER_ADDR=<host of rank 0> (e.g. the first host of $SLURM_JOB_NODELIST) or "
+        "pass --master-addr");
+  }
+  std::optional<int> port;
+  std::string port_var = "MASTER_PORT";
+  if (flags.master_port) {
+    port = flags.master_port;
+    port_var = "--master-port";
+  } else {
+    port = r.integer("MASTER_PORT");
+  }
+  if (port) {
+    if (*port < 1 || *port > 65535)
+      throw world_error(fmt::format("{}={} is not a valid TCP port (1..65535)", port_var, *port),
+                        "pick a free port, e.g. 29500");
+    w.master_port = *port;
+  }
+
+  // torchrun: the agent hosts the store; workers are clients under the
+  // attempt's prefix.
+  if (auto v = r.str("TORCHELASTIC_USE_AGENT_STORE"); v && truthy(*v)) {
+    w.agent_store = true;
+    int attempt = r.integer("TORCHELASTIC_RESTART_COUNT").value_or(0);
+    w.store_prefix = fmt::format("/worker/attempt_{}", attempt);
+  }
+  for (const char* extra : {"TORCHELASTIC_RUN_ID", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                            "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_MAX_RESTARTS"})
+    r.str(extra);
+  return w;
+}
+
+std::map<std::string, std::string> recorded_environment() {
+  static const char* kPrefixes[] = {"NCCL_",  "GLOO_",        "MASTER_",           "TORCHELASTIC_",
+                                    "SLURM_", "OMPI_COMM_WORLD_", "DDPDIAG_",       "TORCH_"};
+  static const char* kNames[] = {"RANK",        "WORLD_SIZE", "LOCAL_RANK",
+                                 "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                                 "ROLE_RANK",   "ROLE_NAME",  "ROLE_WORLD_SIZE",
+                                 "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"};
+  std::map<std::string, std::string> out;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos) continue;
+    std::string name(kv.substr(0, eq));
+    bool keep = std::any_of(std::begin(kNames), std::end(kNames),
+                            [&](const char* n) { return name == n; }) ||
+                std::any_of(std::begin(kPrefixes), std::end(kPrefixes),
+                            [&](const char* p) { return name.rfind(p, 0) == 0; });
+    if (keep) out[name] = std::string(kv.substr(eq + 1));
+  }
+  return out;
+}
+
+}  // namespace ddpdiag

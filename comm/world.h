@@ -3,6 +3,7 @@
 // launcher (torchrun, Slurm, Open MPI, ddpdiag's own), flags winning.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <optional>

@@ -1,1 +1,173 @@
-// placeholder
+#include "reports/report.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/core.h>
+
+#include "ddpdiag/config.h"
+
+namespace ddpdiag::reports {
+
+std::string_view check_status_name(CheckStatus s) {
+  switch (s) {
+    case CheckStatus::kPass: return "pass";
+    case CheckStatus::kFail: return "fail";
+    case CheckStatus::kSkip: return "skip";
+  }
+  return "unknown";
+}
+
+std::string utc_timestamp(std::chrono::system_clock::time_point t) {
+  auto secs = std::chrono::system_clock::to_time_t(t);
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() %
+            1000;
+  std::tm tm{};
+  gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  return fmt::format("{}.{:03d}Z", buf, static_cast<int>(ms));
+}
+
+Report::Report(std::string command, std::vector<std::string> argv)
+    : started_(std::chrono::steady_clock::now()) {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  doc_ = {
+      {"schema", kSchema},
+      {"tool", {{"name", "ddpdiag"}, {"version", config::kVersion},
+                {"git_revision", config::kGitRevision}}},
+      {"command", std::move(command)},
+      {"argv", std::move(argv)},
+      {"started_at", utc_timestamp(std::chrono::system_clock::now())},
+      {"duration_s", nullptr},
+      {"world", nullptr},
+      {"environment", nlohmann::json::object()},
+      {"results", nlohmann::json::object()},
+      {"checks", nlohmann::json::array()},
+      {"verdict", nullptr},
+      {"error", nullptr},
+  };
+  doc_["context_host"] = host;
+}
+
+void Report::set_world(int world_size, const std::string& backend, const std::string& launcher,
+                       const std::vector<RankInfo>& ranks,
+                       const std::map<std::string, std::string>& library_versions) {
+  nlohmann::json jranks = nlohmann::json::array();
+  std::vector<std::string> hosts;
+  for (const auto& r : ranks) {
+    jranks.push_back({{"rank", r.rank}, {"local_rank", r.local_rank}, {"host", r.host},
+                      {"pid", r.pid}, {"device", r.device}});
+    if (std::find(hosts.begin(), hosts.end(), r.host) == hosts.end()) hosts.push_back(r.host);
+  }
+  doc_["world"] = {{"size", world_size},      {"backend", backend},
+                   {"launcher", launcher},    {"hosts", hosts},
+                   {"ranks", jranks},         {"library_versions", library_versions}};
+}
+
+void Report::set_environment(const std::map<std::string, std::string>& env) {
+  doc_["environment"] = env;
+}
+
+void Report::add_check(const Check& c) { checks_.push_back(c); }
+
+void Report::set_error(const ErrorInfo& e) { error_ = e; }
+
+bool Report::has_failed_check() const {
+  for (const auto& c : checks_)
+    if (c.status == CheckStatus::kFail) return true;
+  return false;
+}
+
+std::string Report::verdict() const {
+  if (error_ && error_->kind != "check") return "ERROR";
+  if (has_failed_check() || error_) return "FAIL";
+  return "PASS";
+}
+
+nlohmann::json Report::finish() const {
+  nlohmann::json out = doc_;
+  out.erase("context_host");
+  out["duration_s"] =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  nlohmann::json checks = nlohmann::json::array();
+  for (const auto& c : checks_)
+    checks.push_back({{"name", c.name},
+                      {"status", check_status_name(c.status)},
+                      {"detail", c.detail}});
+  out["checks"] = checks;
+  out["verdict"] = verdict();
+  if (error_) {
+    out["error"] = {{"kind", error_->kind},
+                    {"message", error_->message},
+                    {"phase", error_->phase},
+                    {"rank", error_->rank >= 0 ? nlohmann::json(error_->rank) : nlohmann::json()},
+                    {"peer", error_->peer >= 0 ? nlohmann::json(error_->peer) : nlohmann::json()},
+                    {"hint", error_->hint},
+                    {"exit_code", error_->exit_code}};
+  }
+  return out;
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(getpid()));
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0)
+    throw std::runtime_error(
+        fmt::format("cannot write report {}: {}", tmp, std::strerror(errno)));
+  const char* p = content.data();
+  std::size_t left = content.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      throw std::runtime_error(fmt::format("cannot write report {}: {}", tmp, std::strerror(err)));
+    }
+    p += n;
+    left -= static_cast<std::size_t>(n);
+  }
+  // The data must be on disk before the rename makes it visible under the
+  // final name; otherwise a crash could leave an empty file there.
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(fmt::format("cannot write report {}: {}", tmp, std::strerror(err)));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw std::runtime_error(
+        fmt::format("cannot move report into place at {}: {}", path, std::strerror(err)));
+  }
+}
+
+void write_json_atomic(const std::string& path, const nlohmann::json& doc) {
+  write_file_atomic(path, doc.dump(2) + "\n");
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  try {
+    return nlohmann::json::parse(ss.str());
+  } catch (const nlohmann::json::parse_error& e) {
+    throw std::runtime_error(fmt::format("{} is not valid JSON: {}", path, e.what()));
+  }
+}
+
+}  // namespace ddpdiag::reports

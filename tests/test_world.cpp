@@ -1,1 +1,137 @@
-// placeholder
+#include <catch2/catch.hpp>
+
+#include "comm/errors.h"
+#include "comm/world.h"
+
+using namespace ddpdiag;
+
+namespace {
+World discover(std::map<std::string, std::string> env, WorldFlags flags = {},
+               std::optional<int> gpus = std::nullopt) {
+  return discover_world(flags, map_env(std::move(env)), gpus);
+}
+
+// The error must be a UsageError whose message names `needle`.
+void require_usage_error(std::map<std::string, std::string> env, const std::string& needle,
+                         WorldFlags flags = {}, std::optional<int> gpus = std::nullopt) {
+  try {
+    discover(std::move(env), flags, gpus);
+    FAIL("expected a UsageError mentioning " << needle);
+  } catch (const UsageError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find(needle) != std::string::npos);
+    CHECK(e.exit_code() == ExitCode::kUsage);
+    CHECK(!e.context().hint.empty());
+  }
+}
+}  // namespace
+
+TEST_CASE("no launcher: a single rank on localhost", "[world]") {
+  auto w = discover({});
+  CHECK(w.rank == 0);
+  CHECK(w.world_size == 1);
+  CHECK(w.launcher == Launcher::kNone);
+  CHECK(w.master_port == 29500);
+  CHECK(w.hosts_store());
+}
+
+TEST_CASE("torchrun environment with the agent store", "[world]") {
+  auto w = discover({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"},
+                     {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"},
+                     {"MASTER_PORT", "29400"}, {"TORCHELASTIC_RUN_ID", "abc"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                     {"TORCHELASTIC_RESTART_COUNT", "2"}});
+  CHECK(w.launcher == Launcher::kTorchrun);
+  CHECK(w.rank == 3);
+  CHECK(w.world_size == 8);
+  CHECK(w.local_rank == 1);
+  CHECK(w.local_world_size == 2);
+  CHECK(w.master_addr == "node0");
+  CHECK(w.master_port == 29400);
+  CHECK(w.agent_store);
+  CHECK_FALSE(w.hosts_store());
+  CHECK(w.store_prefix == "/worker/attempt_2");
+  CHECK(w.env_read.at("TORCHELASTIC_RUN_ID") == "abc");
+}
+
+TEST_CASE("torchrun without the agent store: rank 0 hosts", "[world]") {
+  auto w = discover({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"TORCHELASTIC_RUN_ID", "x"},
+                     {"TORCHELASTIC_USE_AGENT_STORE", "False"}});
+  CHECK_FALSE(w.agent_store);
+  CHECK(w.hosts_store());
+  CHECK(w.store_prefix.empty());
+}
+
+TEST_CASE("Slurm and Open MPI variables", "[world]") {
+  auto s = discover({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+                     {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "n1"}});
+  CHECK(s.launcher == Launcher::kSlurm);
+  CHECK(s.rank == 5);
+  CHECK(s.world_size == 8);
+  CHECK(s.local_rank == 1);
+  CHECK(s.local_world_size == 4);
+  auto m = discover({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+                     {"OMPI_COMM_WORLD_LOCAL_RANK", "0"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"},
+                     {"MASTER_ADDR", "10.0.0.1"}, {"MASTER_PORT", "1234"}});
+  CHECK(m.launcher == Launcher::kOpenMpi);
+  CHECK(m.rank == 2);
+  CHECK(m.world_size == 4);
+  CHECK(m.local_world_size == 2);
+  CHECK(m.master_port == 1234);
+}
+
+TEST_CASE("flags win over the environment", "[world]") {
+  WorldFlags f;
+  f.rank = 1;
+  f.world_size = 2;
+  f.master_addr = "10.1.1.1";
+  f.master_port = 4000;
+  auto w = discover({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "29500"}}, f);
+  CHECK(w.rank == 1);
+  CHECK(w.world_size == 2);
+  CHECK(w.master_addr == "10.1.1.1");
+  CHECK(w.master_port == 4000);
+}
+
+TEST_CASE("every invalid input is a usage error naming the variable", "[world]") {
+  require_usage_error({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}, "RANK='x1'");
+  require_usage_error({{"RANK", "1"}, {"WORLD_SIZE", "2 ranks"}}, "WORLD_SIZE='2 ranks'");
+  require_usage_error({{"RANK", "1"}}, "WORLD_SIZE is not");
+  require_usage_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}}, "RANK=2 is out of range");
+  require_usage_error({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}, "RANK=-1");
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}, "WORLD_SIZE=0");
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "70000"}},
+                      "MASTER_PORT=70000");
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "0"}}, "MASTER_PORT=0");
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "3"},
+                       {"LOCAL_WORLD_SIZE", "2"}},
+                      "LOCAL_RANK=3");
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "3"}},
+                      "LOCAL_WORLD_SIZE=3");
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}},
+                      "MASTER_ADDR is not set");
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}}, "MASTER_ADDR is empty");
+  require_usage_error({{"SLURM_PROCID", "0"}}, "SLURM_NTASKS is not");
+  require_usage_error({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}, "SLURM_PROCID=4");
+  require_usage_error({{"OMPI_COMM_WORLD_RANK", "0"}}, "OMPI_COMM_WORLD_SIZE is not");
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
+                       {"CUDA_VISIBLE_DEVICES", "0"}},
+                      "only 1 GPU(s) are visible", {}, 1);
+  WorldFlags f;
+  f.rank = 5;
+  f.world_size = 4;
+  require_usage_error({}, "--rank=5", f);
+  WorldFlags g;
+  g.rank = 1;
+  require_usage_error({}, "world size is not", g);
+  WorldFlags p;
+  p.master_port = -3;
+  require_usage_error({}, "--master-port=-3", p);
+}
+
+TEST_CASE("every variable read is recorded", "[world]") {
+  auto w = discover({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"MASTER_PORT", "1234"}});
+  CHECK(w.env_read.count("RANK") == 1);
+  CHECK(w.env_read.count("WORLD_SIZE") == 1);
+  CHECK(w.env_read.count("MASTER_PORT") == 1);
+}

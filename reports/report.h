@@ -1,0 +1,85 @@
+// The JSON report model: one report per job, written by rank 0. Reports are
+// data (nlohmann::json with snake_case keys, real numbers, null and booleans);
+// renderers only format them. Writes are atomic: a temporary file in the same
+// directory, fsync, then rename, so a killed run never leaves half a file.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ddpdiag::reports {
+
+inline constexpr const char* kSchema = "ddpdiag.report/1";
+
+enum class CheckStatus { kPass, kFail, kSkip };
+std::string_view check_status_name(CheckStatus s);  // "pass", "fail", "skip"
+
+struct Check {
+  std::string name;    // e.g. "correctness", "min_busbw"
+  CheckStatus status = CheckStatus::kPass;
+  std::string detail;  // what was measured against what
+};
+
+struct ErrorInfo {
+  std::string kind;     // usage, rendezvous, timeout, peer, backend, check, internal
+  std::string message;
+  std::string phase;
+  int rank = -1;
+  int peer = -1;
+  std::string hint;
+  int exit_code = 0;
+};
+
+// One rank's identity, as gathered to rank 0.
+struct RankInfo {
+  int rank = 0;
+  int local_rank = 0;
+  std::string host;
+  int pid = 0;
+  std::string device;
+};
+
+class Report {
+ public:
+  Report(std::string command, std::vector<std::string> argv);
+
+  void set_world(int world_size, const std::string& backend, const std::string& launcher,
+                 const std::vector<RankInfo>& ranks,
+                 const std::map<std::string, std::string>& library_versions);
+  void set_environment(const std::map<std::string, std::string>& env);
+  // Command-specific results; merged into "results".
+  nlohmann::json& results() { return doc_["results"]; }
+  void add_check(const Check& c);
+  void set_error(const ErrorInfo& e);
+
+  // "PASS" when every check passed (skips allowed) and there is no error,
+  // "FAIL" when a check failed, "ERROR" when the run ended with an error.
+  std::string verdict() const;
+  bool has_failed_check() const;
+
+  // Fills duration and verdict and returns the document.
+  nlohmann::json finish() const;
+
+ private:
+  nlohmann::json doc_;
+  std::vector<Check> checks_;
+  std::optional<ErrorInfo> error_;
+  std::chrono::steady_clock::time_point started_;
+};
+
+// Atomic write: FILE.tmp.<pid> in the same directory, fsync, rename.
+// Throws std::runtime_error with the path and errno text on failure.
+void write_file_atomic(const std::string& path, const std::string& content);
+void write_json_atomic(const std::string& path, const nlohmann::json& doc);
+// Reads and parses a report; throws std::runtime_error naming the file.
+nlohmann::json read_json(const std::string& path);
+
+// ISO 8601 UTC with milliseconds, e.g. 2026-11-29T11:30:26.123Z.
+std::string utc_timestamp(std::chrono::system_clock::time_point t);
+
+}  // namespace ddpdiag::reports
