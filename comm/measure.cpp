@@ -1,0 +1,277 @@
+#include "comm/measure.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "comm/errors.h"
+
+namespace ddpdiag {
+
+std::vector<std::size_t> sweep_sizes(std::size_t min_bytes, std::size_t max_bytes, double factor,
+                                     std::size_t step_bytes, std::size_t elem_size) {
+  if (elem_size == 0) elem_size = 1;
+  auto round = [&](std::size_t b) { return std::max(elem_size, b / elem_size * elem_size); };
+  std::vector<std::size_t> out;
+  if (max_bytes < min_bytes) return out;
+  if (step_bytes == 0 && factor <= 1.0) factor = 2.0;
+  for (std::size_t b = min_bytes; b <= max_bytes;) {
+    std::size_t r = round(b);
+    if (out.empty() || out.back() != r) out.push_back(r);
+    std::size_t next = step_bytes ? b + step_bytes
+                                  : static_cast<std::size_t>(std::ceil(static_cast<double>(b) * factor));
+    if (next <= b) next = b + 1;
+    b = next;
+  }
+  return out;
+}
+
+namespace {
+
+// Largest integer n such that every integer in [0, n] is exactly
+// representable (floats), or the largest positive value (integers).
+double exact_limit(DType t) {
+  switch (t) {
+    case DType::kFloat16: return 2048;
+    case DType::kBFloat16: return 256;
+    case DType::kFloat32: return 16777216.0;
+    case DType::kFloat64: return 9007199254740992.0;
+    case DType::kInt8: return 127;
+    case DType::kUInt8: return 255;
+    case DType::kInt32: return 2147483647.0;
+    case DType::kInt64: return 9.2e18;
+  }
+  return 0;
+}
+
+bool is_integer_type(DType t) { return !dtype_is_floating(t); }
+
+// The value a rank contributes to element i.
+double input_value(DType t, ReduceOp op, int n, int r, std::size_t i) {
+  const double limit = exact_limit(t);
+  switch (op) {
+    case ReduceOp::kSum:
+      // Integers wrap exactly, so any world size is fine for them.
+      if (is_integer_type(t) || 2.0 * n <= limit) return static_cast<double>((i + r) % 3);
+      // Too many ranks for the small-integer range: one rank per element
+      // contributes, so each sum is a single value 1..3.
+      return (i % static_cast<std::size_t>(n) == static_cast<std::size_t>(r))
+                 ? 1.0 + static_cast<double>((i / n) % 3)
+                 : 0.0;
+    case ReduceOp::kAvg:
+      // Every rank contributes the same value, so the average is that value
+      // as long as the sum n*x stays exact (no wrapping for integers either).
+      if (2.0 * n <= limit) return static_cast<double>(i % 3);
+      if (1.0 * n <= limit) return static_cast<double>(i % 2);
+      return 0.0;
+    case ReduceOp::kProd:
+      // Exactly one rank contributes a factor 2 to each element.
+      return ((i + r) % static_cast<std::size_t>(n) == 0) ? 2.0 : 1.0;
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+      return static_cast<double>((i * 13 + static_cast<std::size_t>(r) * 7) % 17);
+  }
+  return 0;
+}
+
+// Wraps an exact integer result into the dtype's range, as two's complement
+// arithmetic of that width does.
+double wrap_integer(DType t, long double v) {
+  auto iv = static_cast<std::int64_t>(v);
+  switch (t) {
+    case DType::kInt8: return static_cast<std::int8_t>(static_cast<std::uint8_t>(iv & 0xff));
+    case DType::kUInt8: return static_cast<std::uint8_t>(iv & 0xff);
+    case DType::kInt32:
+      return static_cast<std::int32_t>(static_cast<std::uint32_t>(iv & 0xffffffffLL));
+    default: return static_cast<double>(iv);
+  }
+}
+
+double expected_value(DType t, ReduceOp op, int n, std::size_t i) {
+  long double acc = 0;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      for (int r = 0; r < n; ++r) acc += input_value(t, op, n, r, i);
+      if (op == ReduceOp::kAvg) return static_cast<double>(acc / n);
+      return is_integer_type(t) ? wrap_integer(t, acc) : static_cast<double>(acc);
+    case ReduceOp::kProd:
+      acc = 1;
+      for (int r = 0; r < n; ++r) acc *= input_value(t, op, n, r, i);
+      return static_cast<double>(acc);
+    case ReduceOp::kMin:
+      acc = std::numeric_limits<double>::infinity();
+      for (int r = 0; r < n; ++r) acc = std::min<long double>(acc, input_value(t, op, n, r, i));
+      return static_cast<double>(acc);
+    case ReduceOp::kMax:
+      acc = -std::numeric_limits<double>::infinity();
+      for (int r = 0; r < n; ++r) acc = std::max<long double>(acc, input_value(t, op, n, r, i));
+      return static_cast<double>(acc);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void fill_exact_inputs(DType dtype, ReduceOp op, int world_size, int rank, void* host,
+                       std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i)
+    store_from_double(dtype, host, i, input_value(dtype, op, world_size, rank, i));
+}
+
+void fill_expected_allreduce(DType dtype, ReduceOp op, int world_size, void* host,
+                             std::size_t count) {
+  for (std::size_t i = 0; i < count; ++i)
+    store_from_double(dtype, host, i, expected_value(dtype, op, world_size, i));
+}
+
+std::int64_t count_wrong_allreduce(DType dtype, ReduceOp op, int world_size, const void* got,
+                                   std::size_t count) {
+  const std::size_t es = dtype_size(dtype);
+  // The expected pattern repeats; compare in chunks to bound the scratch.
+  constexpr std::size_t kChunk = 1 << 16;
+  std::vector<std::uint8_t> expect(kChunk * es);
+  std::int64_t wrong = 0;
+  const auto* g = static_cast<const std::uint8_t*>(got);
+  for (std::size_t base = 0; base < count; base += kChunk) {
+    std::size_t n = std::min(kChunk, count - base);
+    for (std::size_t j = 0; j < n; ++j)
+      store_from_double(dtype, expect.data(), j, expected_value(dtype, op, world_size, base + j));
+    if (std::memcmp(expect.data(), g + base * es, n * es) == 0) continue;
+    for (std::size_t j = 0; j < n; ++j)
+      if (std::memcmp(expect.data() + j * es, g + (base + j) * es, es) != 0) ++wrong;
+  }
+  return wrong;
+}
+
+std::vector<double> allgather_doubles(Communicator& comm, const std::vector<double>& mine,
+                                      Millis timeout) {
+  const std::size_t k = mine.size();
+  const std::size_t n = static_cast<std::size_t>(comm.size());
+  CommBuffer send(comm, k * sizeof(double));
+  CommBuffer recv(comm, n * k * sizeof(double));
+  comm.copy_from_host(send.get(), mine.data(), k * sizeof(double));
+  comm.allgather(send.get(), recv.get(), k, DType::kFloat64)->wait(timeout);
+  std::vector<double> all(n * k);
+  comm.copy_to_host(all.data(), recv.get(), n * k * sizeof(double));
+  return all;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Times one block (in-place or out-of-place) of one size; returns this rank's
+// time per op in microseconds.
+double time_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
+                  std::size_t count) {
+  std::shared_ptr<Work> last;
+  for (int i = 0; i < o.warmup; ++i) last = comm.allreduce(send, recv, count, o.dtype, o.op);
+  if (last) last->wait(o.timeout);
+  comm.barrier()->wait(o.timeout);
+  auto t0 = Clock::now();
+  for (int i = 0; i < o.iters; ++i) last = comm.allreduce(send, recv, count, o.dtype, o.op);
+  if (last) last->wait(o.timeout);
+  auto t1 = Clock::now();
+  return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, o.iters);
+}
+
+// Runs check_iters correct-input all_reduces and returns this rank's number
+// of wrong elements (summed over the check iterations).
+std::int64_t check_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
+                         bool in_place, std::size_t count, std::vector<std::uint8_t>& host) {
+  const std::size_t bytes = count * dtype_size(o.dtype);
+  std::int64_t wrong = 0;
+  for (int c = 0; c < o.check_iters; ++c) {
+    fill_exact_inputs(o.dtype, o.op, comm.size(), comm.rank(), host.data(), count);
+    comm.copy_from_host(in_place ? recv : send, host.data(), bytes);
+    if (!in_place) {
+      // Poison the output so a collective that writes nothing is caught.
+      std::memset(host.data(), 0xa5, bytes);
+      comm.copy_from_host(recv, host.data(), bytes);
+    }
+    comm.allreduce(in_place ? recv : send, recv, count, o.dtype, o.op)->wait(o.timeout);
+    comm.copy_to_host(host.data(), recv, bytes);
+    wrong += count_wrong_allreduce(o.dtype, o.op, comm.size(), host.data(), count);
+  }
+  return wrong;
+}
+
+}  // namespace
+
+void run_allreduce_sweep(Communicator& comm, const SweepOptions& o, std::vector<SizeResult>& out) {
+  if (o.collective != Collective::kAllReduce)
+    throw UsageError("only all_reduce sweeps are implemented", {"sweep", comm.rank(), -1, ""});
+  if (o.sizes.empty()) return;
+  const std::size_t max_bytes = *std::max_element(o.sizes.begin(), o.sizes.end());
+  CommBuffer send(comm, max_bytes);
+  CommBuffer recv(comm, max_bytes);
+  std::vector<std::uint8_t> host(max_bytes);
+  // Timed iterations run on whatever the buffers hold; start from ordinary
+  // numbers (no NaNs or denormals, which are slow on some CPUs). In-place
+  // timing lets values grow (even to inf for half), which costs nothing on
+  // the hardware we time; the check pass re-seeds its inputs.
+  fill_exact_inputs(o.dtype, o.op, comm.size(), comm.rank(), host.data(),
+                    max_bytes / dtype_size(o.dtype));
+  comm.copy_from_host(send.get(), host.data(), max_bytes);
+  comm.copy_from_host(recv.get(), host.data(), max_bytes);
+  const double factor = busbw_factor(o.collective, comm.size());
+  const int n = comm.size();
+
+  for (std::size_t idx = 0; idx < o.sizes.size(); ++idx) {
+    SizeResult res;
+    res.bytes = o.sizes[idx];
+    res.dtype = o.dtype;
+    res.op = o.op;
+    res.count = res.bytes / dtype_size(o.dtype);
+    // Both blocks' times and wrong counts of this rank, gathered in one go.
+    std::vector<double> mine(4, 0.0);
+    if (o.out_of_place) {
+      mine[0] = time_block(comm, o, send.get(), recv.get(), res.count);
+      mine[1] = o.check_iters > 0
+                    ? static_cast<double>(check_block(comm, o, send.get(), recv.get(), false,
+                                                      res.count, host))
+                    : 0.0;
+    }
+    if (o.in_place) {
+      mine[2] = time_block(comm, o, recv.get(), recv.get(), res.count);
+      mine[3] = o.check_iters > 0
+                    ? static_cast<double>(check_block(comm, o, send.get(), recv.get(), true,
+                                                      res.count, host))
+                    : 0.0;
+    }
+    auto all = allgather_doubles(comm, mine, o.timeout);
+    auto make_block = [&](int t_index, int w_index) {
+      TimingBlock b;
+      b.min_rank_time_us = std::numeric_limits<double>::infinity();
+      b.max_rank_time_us = -1;
+      double sum_t = 0, wrong = 0;
+      for (int r = 0; r < n; ++r) {
+        double t = all[r * 4 + t_index];
+        sum_t += t;
+        wrong += all[r * 4 + w_index];
+        if (t < b.min_rank_time_us) {
+          b.min_rank_time_us = t;
+          b.fastest_rank = r;
+        }
+        if (t > b.max_rank_time_us) {
+          b.max_rank_time_us = t;
+          b.slowest_rank = r;
+        }
+      }
+      b.time_us = sum_t / n;
+      b.algbw_gbps = b.time_us > 0 ? static_cast<double>(res.bytes) / (b.time_us * 1e3) : 0;
+      b.busbw_gbps = b.algbw_gbps * factor;
+      b.wrong = o.check_iters > 0 ? static_cast<std::int64_t>(wrong) : -1;
+      return b;
+    };
+    if (o.out_of_place) res.out_of_place = make_block(0, 1);
+    if (o.in_place) res.in_place = make_block(2, 3);
+    out.push_back(res);
+    if (o.on_size_done) o.on_size_done(idx, out.back());
+  }
+}
+
+}  // namespace ddpdiag
