@@ -1,8 +1,15 @@
 #include "diag/cli_common.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <thread>
 
 #include <fmt/core.h>
+
+#include "diag/launcher.h"
 
 namespace ddpdiag::cli {
 
@@ -14,6 +21,332 @@ void print_error(const Error& e) {
   if (!c.phase.empty()) where += fmt::format(" during {}", c.phase);
   std::fprintf(stderr, "ddpdiag: error%s: %s\n", where.c_str(), e.what());
   if (!c.hint.empty()) std::fprintf(stderr, "ddpdiag: hint: %s\n", c.hint.c_str());
+}
+
+void add_common_options(CLI::App* app, CommonOptions& o) {
+  auto* g = app;
+  g->add_option("--nproc", o.nproc,
+                "Start this many ranks on this machine (built-in launcher). Default with no "
+                "launcher: one rank per GPU with NCCL, else 2 CPU ranks with Gloo");
+  g->add_option("--backend", o.backend, "Communication backend: auto, gloo or nccl")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
+  g->add_option("--timeout", o.timeout_s,
+                "Seconds to wait on any peer (rendezvous, init, each collective)")
+      ->check(CLI::PositiveNumber);
+  g->add_option("--json", o.json_path, "Write the job's report (from rank 0) to this file");
+  g->add_option("--rank", o.world.rank, "This process's rank (overrides RANK)");
+  g->add_option("--world-size", o.world.world_size, "Number of ranks (overrides WORLD_SIZE)");
+  g->add_option("--local-rank", o.world.local_rank, "Rank on this host (overrides LOCAL_RANK)");
+  g->add_option("--local-world-size", o.world.local_world_size,
+                "Ranks on this host (overrides LOCAL_WORLD_SIZE)");
+  g->add_option("--master-addr", o.world.master_addr,
+                "Host of the store (overrides MASTER_ADDR)");
+  g->add_option("--master-port", o.world.master_port,
+                "Port of the store (overrides MASTER_PORT)");
+  g->add_option("--gloo-interface", o.gloo_interface,
+                "Network interface for Gloo (overrides GLOO_SOCKET_IFNAME)");
+  g->add_option("--store-protocol", o.store_protocol,
+                "Store wire protocol: auto (detect), 1.13 or 2.x")
+      ->check(CLI::IsMember({"auto", "1.13", "2.x"}));
+}
+
+std::size_t parse_size(const std::string& s) {
+  if (s.empty()) throw UsageError("empty size", {"flags", -1, -1, "sizes look like 8, 1K, 64M"});
+  std::size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    throw UsageError(fmt::format("'{}' is not a size", s),
+                     {"flags", -1, -1, "sizes look like 8, 1K, 64M or 1G (binary: K = 1024)"});
+  }
+  std::string suffix = s.substr(pos);
+  double mult = 1;
+  if (suffix == "K" || suffix == "k" || suffix == "KB" || suffix == "KiB") mult = 1024.0;
+  else if (suffix == "M" || suffix == "m" || suffix == "MB" || suffix == "MiB") mult = 1024.0 * 1024;
+  else if (suffix == "G" || suffix == "g" || suffix == "GB" || suffix == "GiB")
+    mult = 1024.0 * 1024 * 1024;
+  else if (!suffix.empty() && suffix != "B" && suffix != "b")
+    throw UsageError(fmt::format("'{}' has an unknown unit '{}'", s, suffix),
+                     {"flags", -1, -1, "use K, M or G (binary: K = 1024)"});
+  if (v < 0 || !std::isfinite(v))
+    throw UsageError(fmt::format("'{}' is not a valid size", s), {"flags", -1, -1, ""});
+  return static_cast<std::size_t>(v * mult);
+}
+
+std::string format_size(std::size_t b) {
+  if (b >= (1ull << 30) && b % (1ull << 30) == 0) return fmt::format("{}G", b >> 30);
+  if (b >= (1ull << 20) && b % (1ull << 20) == 0) return fmt::format("{}M", b >> 20);
+  if (b >= (1ull << 10) && b % (1ull << 10) == 0) return fmt::format("{}K", b >> 10);
+  return std::to_string(b);
+}
+
+namespace {
+
+std::string host_name() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+Backend choose_backend(const CommonOptions& o) {
+  if (o.backend == "gloo") return Backend::kGloo;
+  if (o.backend == "nccl") return Backend::kNccl;
+  return (nccl_supported() && cuda_device_count() > 0) ? Backend::kNccl : Backend::kGloo;
+}
+
+StoreProtocol parse_protocol(const std::string& s) {
+  if (s == "1.13") return StoreProtocol::kV1;
+  if (s == "2.x") return StoreProtocol::kV2;
+  return StoreProtocol::kAuto;
+}
+
+// Rendezvous protocol, under the job's ddpdiag prefix:
+//   rank/<r>   JSON {rank, world_size, local_rank, host, pid, device}, set by
+//              compare_set so a second process claiming the same rank sees
+//              the first one's value and both are named;
+//   joined     counter of ranks that registered;
+//   abort      set by a rank that found the world inconsistent, so the others
+//              stop waiting at once and report the same cause.
+// Ranks poll (joined, abort) rather than blocking in WAIT, so a rank that
+// never comes is named when the deadline passes.
+void rendezvous(Job& job, const std::string& device) {
+  const int n = job.size();
+  const int me = job.rank();
+  nlohmann::json info = {{"rank", me},          {"world_size", n},
+                         {"local_rank", job.world.local_rank},
+                         {"host", host_name()}, {"pid", static_cast<long>(getpid())},
+                         {"device", device}};
+  const std::string mine = info.dump();
+  Bytes current = job.store->compare_set("rank/" + std::to_string(me), {}, to_bytes(mine));
+  if (to_string(current) != mine) {
+    auto other = nlohmann::json::parse(to_string(current), nullptr, false);
+    std::string who = other.is_object()
+                          ? fmt::format("pid {} on host {}", other.value("pid", 0L),
+                                        other.value("host", std::string("?")))
+                          : "another process";
+    std::string msg = fmt::format("rank {} is claimed twice: by {} and by pid {} on host {}", me,
+                                  who, static_cast<long>(getpid()), host_name());
+    job.store->set("abort", to_bytes(msg));
+    throw RendezvousError(msg, {"rendezvous", me, -1,
+                                "two processes were given the same rank; check RANK / "
+                                "--rank / the launcher's task counts"});
+  }
+  job.store->add("joined", 1);
+
+  const auto deadline = std::chrono::steady_clock::now() + job.timeout;
+  for (;;) {
+    if (job.store->check({"abort"})) {
+      std::string why = to_string(job.store->get("abort", job.timeout));
+      throw RendezvousError(why, {"rendezvous", me, -1,
+                                  "every rank must be started with the same world size and a "
+                                  "distinct rank"});
+    }
+    std::int64_t joined = job.store->add("joined", 0);
+    if (joined >= n) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      std::vector<int> missing;
+      for (int r = 0; r < n; ++r)
+        if (!job.store->check({"rank/" + std::to_string(r)})) missing.push_back(r);
+      std::string list;
+      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      throw RendezvousError(
+          fmt::format("rendezvous timed out after {:.0f} s: {} of {} ranks joined; rank(s) "
+                      "that never arrived: {}",
+                      job.timeout.count() / 1000.0, joined, n, list.empty() ? "?" : list),
+          {"rendezvous", me, missing.empty() ? -1 : missing.front(),
+           "check that every rank was started, that they all use the same MASTER_ADDR:"
+           "MASTER_PORT and WORLD_SIZE, and that the missing ranks can reach the store "
+           "(firewall, wrong interface)"});
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(joined + 1 >= n ? 2 : 20));
+  }
+
+  // Everyone registered: check that they agree on the world.
+  job.ranks.clear();
+  std::vector<std::string> disagree;
+  for (int r = 0; r < n; ++r) {
+    auto j = nlohmann::json::parse(
+        to_string(job.store->get("rank/" + std::to_string(r), job.timeout)), nullptr, false);
+    if (!j.is_object()) continue;
+    int ws = j.value("world_size", -1);
+    if (ws != n) disagree.push_back(fmt::format("rank {} (pid {} on {}) has world size {}", r,
+                                                j.value("pid", 0L), j.value("host", ""), ws));
+    job.ranks.push_back({r, j.value("local_rank", 0), j.value("host", std::string()),
+                         static_cast<int>(j.value("pid", 0L)), j.value("device", "")});
+  }
+  if (std::int64_t joined = job.store->add("joined", 0); joined > n)
+    disagree.push_back(fmt::format("{} processes joined a world of {}", joined, n));
+  if (!disagree.empty()) {
+    std::string msg = fmt::format("ranks disagree on the world size (rank {} has {}): ", me, n);
+    for (std::size_t i = 0; i < disagree.size(); ++i) msg += (i ? "; " : "") + disagree[i];
+    job.store->set("abort", to_bytes(msg));
+    throw RendezvousError(msg, {"rendezvous", me, -1,
+                                "start every rank with the same WORLD_SIZE / --world-size"});
+  }
+}
+
+// Sets up store and communicator for this rank.
+void start_job(Job& job, const CommonOptions& o) {
+  job.world = discover_world(o.world, process_env());
+  job.backend = choose_backend(o);
+  job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
+  const int me = job.world.rank;
+
+  std::shared_ptr<Store> base;
+  if (job.world.world_size == 1 && !job.world.agent_store) {
+    base = std::make_shared<MemoryStore>();
+  } else {
+    if (job.world.hosts_store()) {
+      TcpStoreServerOptions so;
+      so.port = job.world.master_port;
+      try {
+        job.server = std::make_unique<TcpStoreServer>(so);
+      } catch (Error& e) {
+        e.context().rank = me;
+        if (e.context().phase.empty()) e.context().phase = "store.serve";
+        throw;
+      }
+    }
+    TcpStoreClientOptions co;
+    co.host = job.world.hosts_store() ? std::string("127.0.0.1") : job.world.master_addr;
+    co.port = job.world.master_port;
+    co.protocol = parse_protocol(o.store_protocol);
+    co.connect_timeout = job.timeout;
+    co.io_timeout = job.timeout;
+    co.rank = me;
+    base = std::make_shared<TcpStoreClient>(co);
+  }
+  // Our keys live under our own prefix, inside torchrun's attempt prefix when
+  // its agent hosts the store, so we never collide with other store users.
+  std::string prefix = job.world.store_prefix.empty() ? std::string("ddpdiag")
+                                                      : job.world.store_prefix + "/ddpdiag";
+  job.store = std::make_shared<PrefixStore>(prefix, base);
+
+  std::string device = job.backend == Backend::kNccl
+                           ? fmt::format("cuda:{}", job.world.local_rank)
+                           : std::string("cpu");
+  rendezvous(job, device);
+
+  CommOptions co;
+  co.backend = job.backend;
+  co.rank = me;
+  co.world_size = job.world.world_size;
+  co.local_rank = job.world.local_rank;
+  co.store = std::make_shared<PrefixStore>("comm", job.store);
+  co.timeout = job.timeout;
+  co.gloo_interface = o.gloo_interface;
+  job.comm = make_communicator(co);
+  job.comm->set_default_timeout(job.timeout);
+  // Record the device the backend actually chose.
+  job.ranks[me].device = job.comm->device_name();
+}
+
+// Rank 0 hosts the store in-process; it must outlive every other rank's last
+// use of it. Each rank counts itself out; rank 0 waits (bounded) for all.
+void leave_job(Job& job) {
+  if (!job.store) return;
+  try {
+    job.store->add("left", 1);
+    if (job.server) {
+      auto deadline = std::chrono::steady_clock::now() + std::min(job.timeout, Millis(10000));
+      while (job.store->add("left", 0) < job.size() &&
+             std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  } catch (const Error&) {
+    // The job is over; a store that went away now changes nothing.
+  }
+}
+
+reports::ErrorInfo to_error_info(const Error& e) {
+  const auto& c = e.context();
+  return {e.kind(), e.what(), c.phase, c.rank, c.peer, c.hint, static_cast<int>(e.exit_code())};
+}
+
+}  // namespace
+
+std::vector<nlohmann::json> Job::gather_to_root(const std::string& key,
+                                                const nlohmann::json& mine) {
+  store->set(fmt::format("gather/{}/{}", key, rank()), to_bytes(mine.dump()));
+  std::vector<nlohmann::json> out;
+  if (rank() != 0) return out;
+  for (int r = 0; r < size(); ++r)
+    out.push_back(nlohmann::json::parse(
+        to_string(store->get(fmt::format("gather/{}/{}", key, r), timeout))));
+  return out;
+}
+
+void Job::progress_line(const std::string& line) const {
+  if (progress && world.rank == 0) std::fprintf(stderr, "%s\n", line.c_str());
+}
+
+int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body) {
+  auto env = process_env();
+  const bool under_launcher = launched_by_launcher(env);
+  const bool explicit_world = o.world.rank.has_value() || o.world.world_size.has_value();
+  if (o.nproc > 0 || (!under_launcher && !explicit_world)) {
+    // Built-in launcher: default world is one rank per GPU with NCCL, else 2
+    // Gloo ranks on loopback.
+    int nproc = o.nproc;
+    if (nproc <= 0) {
+      bool gpu = o.backend != "gloo" && nccl_supported() && cuda_device_count() > 0;
+      nproc = gpu ? cuda_device_count() : 2;
+    }
+    LaunchOptions lo;
+    lo.nproc = nproc;
+    auto args = own_command_line();
+    // Drop --nproc N / --nproc=N from the children's command line.
+    std::vector<std::string> child;
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      if (args[i] == "--nproc") {
+        ++i;
+        continue;
+      }
+      if (args[i].rfind("--nproc=", 0) == 0) continue;
+      child.push_back(args[i]);
+    }
+    lo.child_args = child;
+    lo.grace = Millis(static_cast<std::int64_t>(o.timeout_s * 1000) + 5000);
+    lo.progress = isatty(STDERR_FILENO) && !o.quiet;
+    return launch_local(lo);
+  }
+
+  reports::Report report(command, own_command_line());
+  report.set_environment(recorded_environment());
+  Job job;
+  job.progress = (isatty(STDERR_FILENO) || env("DDPDIAG_PROGRESS")) && !o.quiet;
+  int rc = 0;
+  try {
+    start_job(job, o);
+    std::map<std::string, std::string> libs = {{job.comm->backend() == Backend::kNccl ? "nccl" : "gloo",
+                                                job.comm->library_version()}};
+    report.set_world(job.size(), std::string(backend_name(job.backend)),
+                     std::string(launcher_name(job.world.launcher)), job.ranks, libs);
+    body(job, report);
+    if (report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
+  } catch (const Error& e) {
+    print_error(e);
+    report.set_error(to_error_info(e));
+    rc = static_cast<int>(e.exit_code());
+    if (job.comm) job.comm->abort();
+    if (job.store) {
+      try {
+        job.store->set(fmt::format("error/{}", job.rank()), to_bytes(e.what()));
+      } catch (const Error&) {
+      }
+    }
+  }
+  if (job.world.rank == 0 && !o.json_path.empty()) {
+    try {
+      reports::write_json_atomic(o.json_path, report.finish());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ddpdiag: error on rank 0: %s\n", e.what());
+      if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
+    }
+  }
+  if (rc == 0 || rc == static_cast<int>(ExitCode::kCheckFailed)) leave_job(job);
+  return rc;
 }
 
 }  // namespace ddpdiag::cli

@@ -1,1 +1,229 @@
-// placeholder
+// ddpdiag allreduce-test: the pre-flight check. Can every rank meet, is
+// all_reduce correct on every rank, is bandwidth what it should be. Columns and
+// conventions follow nccl-tests so figures can be compared with it.
+#include <cstdio>
+#include <memory>
+
+#include <fmt/core.h>
+
+#include "comm/measure.h"
+#include "diag/cli_common.h"
+#include "diag/commands.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+struct AllreduceTestOptions {
+  CommonOptions common;
+  std::string min_bytes = "8";
+  std::string max_bytes = "64M";
+  double step_factor = 4;
+  std::string step_bytes = "0";
+  int iters = 20;
+  int warmup = 5;
+  int check_iters = 1;
+  std::string dtype = "float";
+  std::string op = "sum";
+  bool no_in_place = false;
+  bool no_out_of_place = false;
+  double min_busbw_gbps = 0;
+};
+
+nlohmann::json block_json(const std::optional<TimingBlock>& b) {
+  if (!b) return nullptr;
+  return {{"time_us", b->time_us},
+          {"algbw_gbps", b->algbw_gbps},
+          {"busbw_gbps", b->busbw_gbps},
+          {"wrong", b->wrong >= 0 ? nlohmann::json(b->wrong) : nlohmann::json()},
+          {"min_rank_time_us", b->min_rank_time_us},
+          {"max_rank_time_us", b->max_rank_time_us},
+          {"fastest_rank", b->fastest_rank},
+          {"slowest_rank", b->slowest_rank}};
+}
+
+std::string block_cells(const std::optional<TimingBlock>& b) {
+  if (!b) return fmt::format("{:>10} {:>8} {:>8} {:>7}", "-", "-", "-", "-");
+  std::string wrong = b->wrong < 0 ? "N/A" : std::to_string(b->wrong);
+  return fmt::format("{:>10.1f} {:>8.3f} {:>8.3f} {:>7}", b->time_us, b->algbw_gbps,
+                     b->busbw_gbps, wrong);
+}
+
+void print_header(const Job& job, const SweepOptions& so) {
+  std::printf("# ddpdiag allreduce-test: %d rank(s), backend %s, launcher %s\n", job.size(),
+              std::string(backend_name(job.backend)).c_str(),
+              std::string(launcher_name(job.world.launcher)).c_str());
+  std::printf("# iters %d, warmup %d, check iters %d, dtype %s, op %s\n", so.iters, so.warmup,
+              so.check_iters, std::string(dtype_name(so.dtype)).c_str(),
+              std::string(reduce_op_name(so.op)).c_str());
+  for (const auto& r : job.ranks)
+    std::printf("#  Rank %3d Pid %7d on %12s device %s\n", r.rank, r.pid, r.host.c_str(),
+                r.device.c_str());
+  std::printf("#\n");
+  std::printf("# %10s %12s %8s %6s  %-36s  %-36s  %s\n", "", "", "", "",
+              "           out-of-place", "            in-place", "  rank spread (oop)");
+  std::printf("# %10s %12s %8s %6s  %10s %8s %8s %7s  %10s %8s %8s %7s  %10s %10s %5s\n",
+              "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "time",
+              "algbw", "busbw", "#wrong", "fastest", "slowest", "rank");
+  std::printf("# %10s %12s %8s %6s  %10s %8s %8s %7s  %10s %8s %8s %7s  %10s %10s %5s\n", "(B)",
+              "(elements)", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)",
+              "", "(us)", "(us)", "");
+  std::fflush(stdout);
+}
+
+void print_row(const SizeResult& r) {
+  const auto& spread = r.out_of_place ? r.out_of_place : r.in_place;
+  std::printf("  %10zu %12zu %8s %6s  %s  %s  %10.1f %10.1f %5d\n", r.bytes, r.count,
+              std::string(dtype_name(r.dtype)).c_str(), std::string(reduce_op_name(r.op)).c_str(),
+              block_cells(r.out_of_place).c_str(), block_cells(r.in_place).c_str(),
+              spread->min_rank_time_us, spread->max_rank_time_us, spread->slowest_rank);
+  std::fflush(stdout);
+}
+
+void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
+  SweepOptions so;
+  auto dtype = parse_dtype(o.dtype);
+  if (!dtype)
+    throw UsageError(fmt::format("unknown dtype '{}'", o.dtype),
+                     {"flags", job.rank(), -1,
+                      "use one of float, double, half, bfloat16, int32, int64, int8, uint8"});
+  auto op = parse_reduce_op(o.op);
+  if (!op)
+    throw UsageError(fmt::format("unknown reduction '{}'", o.op),
+                     {"flags", job.rank(), -1, "use one of sum, prod, min, max, avg"});
+  so.dtype = *dtype;
+  so.op = *op;
+  so.iters = o.iters;
+  so.warmup = o.warmup;
+  so.check_iters = o.check_iters;
+  so.in_place = !o.no_in_place;
+  so.out_of_place = !o.no_out_of_place;
+  so.timeout = job.timeout;
+  std::size_t minb = parse_size(o.min_bytes), maxb = parse_size(o.max_bytes);
+  if (maxb < minb)
+    throw UsageError(fmt::format("--maxbytes {} is below --minbytes {}", o.max_bytes, o.min_bytes),
+                     {"flags", job.rank(), -1, "swap them"});
+  so.sizes = sweep_sizes(minb, maxb, o.step_factor, parse_size(o.step_bytes), dtype_size(so.dtype));
+  if (!so.in_place && !so.out_of_place)
+    throw UsageError("--no-in-place and --no-out-of-place together leave nothing to run",
+                     {"flags", job.rank(), -1, "drop one of them"});
+
+  auto& res = report.results();
+  res["collective"] = "all_reduce";
+  res["dtype"] = std::string(dtype_name(so.dtype));
+  res["op"] = std::string(reduce_op_name(so.op));
+  res["iters"] = so.iters;
+  res["warmup_iters"] = so.warmup;
+  res["check_iters"] = so.check_iters;
+  res["sizes"] = nlohmann::json::array();
+
+  if (job.rank() == 0) print_header(job, so);
+  std::vector<SizeResult> results;
+  so.on_size_done = [&](std::size_t i, const SizeResult& r) {
+    if (job.rank() == 0) {
+      print_row(r);
+      job.progress_line(fmt::format("[progress] {} of {} sizes done ({})", i + 1, so.sizes.size(),
+                                    format_size(r.bytes)));
+    }
+    res["sizes"].push_back({{"bytes", r.bytes},
+                            {"count", r.count},
+                            {"dtype", std::string(dtype_name(r.dtype))},
+                            {"op", std::string(reduce_op_name(r.op))},
+                            {"out_of_place", block_json(r.out_of_place)},
+                            {"in_place", block_json(r.in_place)}});
+  };
+
+  // Checks are judged from whatever was measured, also when the sweep stops
+  // part-way, so a failed run still reports its findings.
+  auto judge = [&] {
+    std::int64_t wrong = 0;
+    bool checked = so.check_iters > 0;
+    for (const auto& r : results)
+      for (const auto* b : {&r.out_of_place, &r.in_place})
+        if (*b && (*b)->wrong > 0) wrong += (*b)->wrong;
+    double avg_busbw = 0;
+    int nb = 0;
+    for (const auto& r : results)
+      for (const auto* b : {&r.out_of_place, &r.in_place})
+        if (*b) {
+          avg_busbw += (*b)->busbw_gbps;
+          ++nb;
+        }
+    res["avg_busbw_gbps"] = nb ? avg_busbw / nb : 0.0;
+    res["wrong_total"] = wrong;
+    if (checked)
+      report.add_check({"correctness", wrong == 0 ? reports::CheckStatus::kPass
+                                                  : reports::CheckStatus::kFail,
+                        fmt::format("{} wrong element(s) summed over {} rank(s) and {} size(s)",
+                                    wrong, job.size(), results.size())});
+    else
+      report.add_check({"correctness", reports::CheckStatus::kSkip, "-c 0: no check was run"});
+    if (o.min_busbw_gbps > 0) {
+      if (results.empty()) {
+        report.add_check({"min_busbw", reports::CheckStatus::kFail, "no size was measured"});
+      } else {
+        const auto& last = results.back();
+        const auto& b = last.out_of_place ? last.out_of_place : last.in_place;
+        bool ok = b->busbw_gbps >= o.min_busbw_gbps;
+        report.add_check({"min_busbw", ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                          fmt::format("busbw {:.3f} GB/s at {} B {} the threshold {:.3f} GB/s",
+                                      b->busbw_gbps, last.bytes, ok ? "meets" : "is under",
+                                      o.min_busbw_gbps)});
+      }
+    }
+    return std::pair{wrong, nb ? avg_busbw / nb : 0.0};
+  };
+
+  try {
+    run_allreduce_sweep(*job.comm, so, results);
+  } catch (...) {
+    judge();
+    throw;
+  }
+  auto [wrong, avg] = judge();
+  if (job.rank() == 0) {
+    std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
+                wrong == 0 ? "OK" : "FAILED");
+    std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
+    for (const auto& c : report.finish()["checks"])
+      std::printf("# Check %-14s: %s (%s)\n", c["name"].get<std::string>().c_str(),
+                  c["status"].get<std::string>().c_str(), c["detail"].get<std::string>().c_str());
+    std::printf("# Verdict: %s\n", report.verdict().c_str());
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+Subcommand add_allreduce_test_command(CLI::App& parent) {
+  auto opts = std::make_shared<AllreduceTestOptions>();
+  auto* app = parent.add_subcommand(
+      "allreduce-test",
+      "Pre-flight: every rank meets, all_reduce is correct on every rank, bandwidth per size");
+  add_common_options(app, opts->common);
+  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest size (8, 1K, 64M, ...)");
+  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size");
+  app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step");
+  app->add_option("-i,--stepbytes", opts->step_bytes, "Add this many bytes each step instead");
+  app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(CLI::PositiveNumber);
+  app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per size")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("-c,--check", opts->check_iters,
+                  "Correctness iterations per size (0: no check)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("-d,--datatype,--dtype", opts->dtype,
+                  "float, double, half, bfloat16, int32, int64, int8, uint8");
+  app->add_option("-o,--op", opts->op, "sum, prod, min, max, avg");
+  app->add_flag("--no-in-place", opts->no_in_place, "Skip the in-place block");
+  app->add_flag("--no-out-of-place", opts->no_out_of_place, "Skip the out-of-place block");
+  app->add_option("--min-busbw", opts->min_busbw_gbps,
+                  "FAIL when bus bandwidth at the largest size is under this many GB/s");
+  return {app, [opts] {
+            return run_distributed(opts->common, "allreduce-test",
+                                   [opts](Job& job, reports::Report& report) {
+                                     run(job, report, *opts);
+                                   });
+          }};
+}
+
+}  // namespace ddpdiag::cli

@@ -1,1 +1,274 @@
-// placeholder
+#include "diag/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+
+#include <fmt/core.h>
+
+#include "comm/errors.h"
+#include "comm/store/tcp_store.h"
+
+extern char** environ;
+
+namespace ddpdiag::cli {
+
+namespace {
+
+std::atomic<int> g_forward_signal{0};
+
+void on_signal(int sig) { g_forward_signal.store(sig); }
+
+struct Child {
+  int rank = 0;
+  pid_t pid = -1;
+  int out_fd = -1;
+  int err_fd = -1;
+  std::string out_partial;
+  std::string err_partial;
+  bool exited = false;
+  int status = 0;
+};
+
+// Writes each complete line of `data` (plus what was left from before) to
+// `to`, prefixed. Rank 0's standard output stays unprefixed: it carries the
+// result table the user came for, and only rank 0 prints one.
+void emit_lines(std::string& partial, const char* data, std::size_t n, FILE* to,
+                const std::string& prefix, bool flush_all) {
+  partial.append(data, n);
+  std::size_t start = 0;
+  for (;;) {
+    auto nl = partial.find('\n', start);
+    if (nl == std::string::npos) break;
+    std::fprintf(to, "%s%.*s\n", prefix.c_str(), static_cast<int>(nl - start),
+                 partial.data() + start);
+    start = nl + 1;
+  }
+  partial.erase(0, start);
+  if (flush_all && !partial.empty()) {
+    std::fprintf(to, "%s%s\n", prefix.c_str(), partial.c_str());
+    partial.clear();
+  }
+  std::fflush(to);
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = sigabbrev_np(sig);
+    return fmt::format("was killed by signal {} (SIG{})", sig, name ? name : "?");
+  }
+  return "ended in an unknown way";
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+}  // namespace
+
+std::vector<std::string> own_command_line() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : all) {
+    if (c == '\0') {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  if (!cur.empty()) out.push_back(cur);
+  return out;
+}
+
+int launch_local(const LaunchOptions& o) {
+  if (o.nproc < 1)
+    throw UsageError(fmt::format("--nproc {} must be at least 1", o.nproc),
+                     {"launcher", -1, -1, "pass the number of ranks to start on this machine"});
+  // The launcher hosts the store, as torchrun's agent does; ranks are pure
+  // clients. Port 0: the kernel picks a free one, so two jobs never collide.
+  TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = 0;
+  TcpStoreServer server(so);
+  const int port = server.port();
+  const std::string run_id = fmt::format("ddpdiag-{}", static_cast<long>(getpid()));
+
+  std::vector<Child> children(o.nproc);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  struct sigaction old_int {}, old_term {};
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+
+  for (int r = 0; r < o.nproc; ++r) {
+    int out_pipe[2], err_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) != 0 || pipe2(err_pipe, O_CLOEXEC) != 0)
+      throw BackendError(fmt::format("cannot create pipes: {}", std::strerror(errno)),
+                         {"launcher", r, -1, "too many open files? raise `ulimit -n`"});
+    std::map<std::string, std::string> env;
+    for (char** e = environ; e && *e; ++e) {
+      std::string kv(*e);
+      auto eq = kv.find('=');
+      if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+    }
+    // The variables torchrun's agent gives its workers.
+    env["RANK"] = std::to_string(r);
+    env["LOCAL_RANK"] = std::to_string(r);
+    env["WORLD_SIZE"] = std::to_string(o.nproc);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
+    env["GROUP_RANK"] = "0";
+    env["GROUP_WORLD_SIZE"] = "1";
+    env["ROLE_RANK"] = std::to_string(r);
+    env["ROLE_WORLD_SIZE"] = std::to_string(o.nproc);
+    env["ROLE_NAME"] = "default";
+    env["MASTER_ADDR"] = "127.0.0.1";
+    env["MASTER_PORT"] = std::to_string(port);
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+    env["TORCHELASTIC_RESTART_COUNT"] = "0";
+    env["TORCHELASTIC_MAX_RESTARTS"] = "0";
+    env["TORCHELASTIC_RUN_ID"] = run_id;
+    if (!env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
+    env["DDPDIAG_LAUNCHER"] = "1";
+    if (o.progress && r == 0) env["DDPDIAG_PROGRESS"] = "1";
+    std::vector<std::string> env_strings;
+    for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+
+    pid_t pid = fork();
+    if (pid < 0)
+      throw BackendError(fmt::format("cannot fork rank {}: {}", r, std::strerror(errno)),
+                         {"launcher", r, -1, "the machine may be out of processes or memory"});
+    if (pid == 0) {
+      dup2(out_pipe[1], STDOUT_FILENO);
+      dup2(err_pipe[1], STDERR_FILENO);
+      signal(SIGINT, SIG_DFL);
+      signal(SIGTERM, SIG_DFL);
+      std::vector<char*> argv;
+      for (auto& a : o.child_args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      std::vector<char*> envp;
+      for (auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+      envp.push_back(nullptr);
+      execve("/proc/self/exe", argv.data(), envp.data());
+      std::fprintf(stderr, "ddpdiag launcher: cannot exec rank %d: %s\n", r, std::strerror(errno));
+      _exit(127);
+    }
+    close(out_pipe[1]);
+    close(err_pipe[1]);
+    children[r].rank = r;
+    children[r].pid = pid;
+    children[r].out_fd = out_pipe[0];
+    children[r].err_fd = err_pipe[0];
+  }
+
+  using Clock = std::chrono::steady_clock;
+  std::optional<int> first_failed;
+  std::optional<Clock::time_point> kill_at;
+  bool terminated = false;
+  bool killed = false;
+  int forwarded = 0;
+  auto running = [&] {
+    for (auto& c : children)
+      if (!c.exited || c.out_fd >= 0 || c.err_fd >= 0) return true;
+    return false;
+  };
+  char buf[65536];
+  while (running()) {
+    if (int sig = g_forward_signal.exchange(0); sig != 0) {
+      // Ctrl-C: pass it on once; a second one kills.
+      ++forwarded;
+      for (auto& c : children)
+        if (!c.exited) kill(c.pid, forwarded > 1 ? SIGKILL : sig);
+      if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(5);
+    }
+    std::vector<pollfd> fds;
+    std::vector<std::pair<int, bool>> who;  // child index, is stderr
+    for (int i = 0; i < o.nproc; ++i) {
+      if (children[i].out_fd >= 0) {
+        fds.push_back({children[i].out_fd, POLLIN, 0});
+        who.push_back({i, false});
+      }
+      if (children[i].err_fd >= 0) {
+        fds.push_back({children[i].err_fd, POLLIN, 0});
+        who.push_back({i, true});
+      }
+    }
+    if (!fds.empty()) {
+      int n = poll(fds.data(), fds.size(), 100);
+      if (n < 0 && errno != EINTR) break;
+      for (std::size_t k = 0; n > 0 && k < fds.size(); ++k) {
+        if (!(fds[k].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        auto [i, is_err] = who[k];
+        Child& c = children[i];
+        ssize_t got = read(fds[k].fd, buf, sizeof buf);
+        std::string prefix = fmt::format("[rank {}] ", c.rank);
+        if (!is_err && c.rank == 0) prefix.clear();
+        if (got > 0) {
+          emit_lines(is_err ? c.err_partial : c.out_partial, buf, static_cast<std::size_t>(got),
+                     is_err ? stderr : stdout, prefix, false);
+        } else if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
+          emit_lines(is_err ? c.err_partial : c.out_partial, "", 0, is_err ? stderr : stdout,
+                     prefix, true);
+          close(fds[k].fd);
+          (is_err ? c.err_fd : c.out_fd) = -1;
+        }
+      }
+    } else {
+      usleep(20 * 1000);
+    }
+    for (auto& c : children) {
+      if (c.exited) continue;
+      int status = 0;
+      pid_t p = waitpid(c.pid, &status, WNOHANG);
+      if (p == c.pid) {
+        c.exited = true;
+        c.status = status;
+        if (failed(status) && !first_failed) {
+          first_failed = c.rank;
+          kill_at = Clock::now() + o.grace;
+        }
+      }
+    }
+    if (kill_at && Clock::now() >= *kill_at) {
+      // The others had their grace period to notice the failure and write
+      // their reports; stop them now (TERM first, KILL 3 s later).
+      for (auto& c : children)
+        if (!c.exited) kill(c.pid, terminated ? SIGKILL : SIGTERM);
+      if (terminated) killed = true;
+      terminated = true;
+      kill_at = Clock::now() + std::chrono::seconds(3);
+      if (killed) kill_at = Clock::now() + std::chrono::hours(1);
+    }
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+
+  if (!first_failed) return 0;
+  const Child& f = children[*first_failed];
+  std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) failed first: it %s\n", f.rank,
+               static_cast<long>(f.pid), describe_status(f.status).c_str());
+  for (const auto& c : children)
+    if (c.rank != f.rank && failed(c.status))
+      std::fprintf(stderr, "ddpdiag launcher: rank %d %s\n", c.rank,
+                   describe_status(c.status).c_str());
+  if (WIFEXITED(f.status)) return WEXITSTATUS(f.status);
+  return 5;
+}
+
+}  // namespace ddpdiag::cli
