@@ -244,12 +244,15 @@ void start_job(Job& job, const CommonOptions& o) {
 
 // Rank 0 hosts the store in-process; it must outlive every other rank's last
 // use of it. Each rank counts itself out; rank 0 waits (bounded) for all.
-void leave_job(Job& job) {
+// After an error the wait is short: it only gives the others time to read the
+// cause (the "abort" key) before the store goes away.
+void leave_job(Job& job, bool after_error) {
   if (!job.store) return;
   try {
     job.store->add("left", 1);
     if (job.server) {
-      auto deadline = std::chrono::steady_clock::now() + std::min(job.timeout, Millis(10000));
+      auto bound = std::min(job.timeout, Millis(after_error ? 3000 : 10000));
+      auto deadline = std::chrono::steady_clock::now() + bound;
       while (job.store->add("left", 0) < job.size() &&
              std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -345,7 +348,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
     }
   }
-  if (rc == 0 || rc == static_cast<int>(ExitCode::kCheckFailed)) leave_job(job);
+  leave_job(job, rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed));
   return rc;
 }
 

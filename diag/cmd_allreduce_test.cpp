@@ -49,13 +49,12 @@ std::string block_cells(const std::optional<TimingBlock>& b) {
                      b->busbw_gbps, wrong);
 }
 
-void print_header(const Job& job, const SweepOptions& so) {
+void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOptions& o) {
   std::printf("# ddpdiag allreduce-test: %d rank(s), backend %s, launcher %s\n", job.size(),
               std::string(backend_name(job.backend)).c_str(),
               std::string(launcher_name(job.world.launcher)).c_str());
   std::printf("# iters %d, warmup %d, check iters %d, dtype %s, op %s\n", so.iters, so.warmup,
-              so.check_iters, std::string(dtype_name(so.dtype)).c_str(),
-              std::string(reduce_op_name(so.op)).c_str());
+              so.check_iters, o.dtype.c_str(), o.op.c_str());
   for (const auto& r : job.ranks)
     std::printf("#  Rank %3d Pid %7d on %12s device %s\n", r.rank, r.pid, r.host.c_str(),
                 r.device.c_str());
@@ -82,17 +81,28 @@ void print_row(const SizeResult& r) {
 
 void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
   SweepOptions so;
-  auto dtype = parse_dtype(o.dtype);
-  if (!dtype)
+  // "all" runs every dtype (or op), as nccl-tests' -d all / -o all.
+  std::vector<DType> dtypes;
+  if (o.dtype == "all") {
+    dtypes.assign(std::begin(kAllDTypes), std::end(kAllDTypes));
+  } else if (auto d = parse_dtype(o.dtype)) {
+    dtypes.push_back(*d);
+  } else {
     throw UsageError(fmt::format("unknown dtype '{}'", o.dtype),
                      {"flags", job.rank(), -1,
-                      "use one of float, double, half, bfloat16, int32, int64, int8, uint8"});
-  auto op = parse_reduce_op(o.op);
-  if (!op)
+                      "use one of float, double, half, bfloat16, int32, int64, int8, uint8, all"});
+  }
+  std::vector<ReduceOp> ops;
+  if (o.op == "all") {
+    ops.assign(std::begin(kAllReduceOps), std::end(kAllReduceOps));
+  } else if (auto r = parse_reduce_op(o.op)) {
+    ops.push_back(*r);
+  } else {
     throw UsageError(fmt::format("unknown reduction '{}'", o.op),
-                     {"flags", job.rank(), -1, "use one of sum, prod, min, max, avg"});
-  so.dtype = *dtype;
-  so.op = *op;
+                     {"flags", job.rank(), -1, "use one of sum, prod, min, max, avg, all"});
+  }
+  so.dtype = dtypes.front();
+  so.op = ops.front();
   so.iters = o.iters;
   so.warmup = o.warmup;
   so.check_iters = o.check_iters;
@@ -103,21 +113,23 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
   if (maxb < minb)
     throw UsageError(fmt::format("--maxbytes {} is below --minbytes {}", o.max_bytes, o.min_bytes),
                      {"flags", job.rank(), -1, "swap them"});
-  so.sizes = sweep_sizes(minb, maxb, o.step_factor, parse_size(o.step_bytes), dtype_size(so.dtype));
+  const std::size_t stepb = parse_size(o.step_bytes);
   if (!so.in_place && !so.out_of_place)
     throw UsageError("--no-in-place and --no-out-of-place together leave nothing to run",
                      {"flags", job.rank(), -1, "drop one of them"});
 
   auto& res = report.results();
   res["collective"] = "all_reduce";
-  res["dtype"] = std::string(dtype_name(so.dtype));
-  res["op"] = std::string(reduce_op_name(so.op));
+  res["dtypes"] = nlohmann::json::array();
+  for (auto d : dtypes) res["dtypes"].push_back(std::string(dtype_name(d)));
+  res["ops"] = nlohmann::json::array();
+  for (auto r : ops) res["ops"].push_back(std::string(reduce_op_name(r)));
   res["iters"] = so.iters;
   res["warmup_iters"] = so.warmup;
   res["check_iters"] = so.check_iters;
   res["sizes"] = nlohmann::json::array();
 
-  if (job.rank() == 0) print_header(job, so);
+  if (job.rank() == 0) print_header(job, so, o);
   std::vector<SizeResult> results;
   so.on_size_done = [&](std::size_t i, const SizeResult& r) {
     if (job.rank() == 0) {
@@ -174,8 +186,20 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     return std::pair{wrong, nb ? avg_busbw / nb : 0.0};
   };
 
+  std::size_t combos_done = 0;
+  const std::size_t combos = dtypes.size() * ops.size();
   try {
-    run_allreduce_sweep(*job.comm, so, results);
+    for (auto d : dtypes)
+      for (auto r : ops) {
+        so.dtype = d;
+        so.op = r;
+        so.sizes = sweep_sizes(minb, maxb, o.step_factor, stepb, dtype_size(d));
+        run_allreduce_sweep(*job.comm, so, results);
+        ++combos_done;
+        if (combos > 1)
+          job.progress_line(fmt::format("[progress] {} of {} dtype/op combinations done",
+                                        combos_done, combos));
+      }
   } catch (...) {
     judge();
     throw;

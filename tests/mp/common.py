@@ -1,0 +1,103 @@
+"""Helpers for the multi-process tests: find the binary, free ports, run ranks
+with a deadline, parse reports. Standard library only."""
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.environ.get("DDPDIAG_BIN", "ddpdiag")
+# Generous: Gloo spins while it waits, so with more ranks than cores small
+# messages cost a scheduler tick each.
+DEADLINE_S = float(os.environ.get("DDPDIAG_TEST_DEADLINE", "240"))
+
+# Variables a launcher may have left in the test's own environment; every
+# test builds the rank environment it means to test from a clean base.
+_LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
+                "TORCHELASTIC_RESTART_COUNT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "DDPDIAG_LAUNCHER",
+                "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE")
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(args, env=None, timeout=DEADLINE_S):
+    """Runs ddpdiag once; returns CompletedProcess (text)."""
+    t0 = time.monotonic()
+    p = subprocess.run([BIN] + list(args), env=env or clean_env(), capture_output=True,
+                       text=True, timeout=timeout)
+    p.elapsed = time.monotonic() - t0
+    return p
+
+
+def run_ranks(args_per_rank, env_per_rank, timeout=DEADLINE_S):
+    """Starts one process per rank, waits for all with a deadline; returns a
+    list of (returncode, stdout, stderr, elapsed_s)."""
+    procs = []
+    t0 = time.monotonic()
+    for args, env in zip(args_per_rank, env_per_rank):
+        procs.append(subprocess.Popen([BIN] + list(args), env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    out = []
+    for p in procs:
+        left = max(1.0, timeout - (time.monotonic() - t0))
+        try:
+            so, se = p.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError("ranks did not finish within %.0f s" % timeout)
+        out.append((p.returncode, so, se, time.monotonic() - t0))
+    return out
+
+
+def tmp_json():
+    fd, path = tempfile.mkstemp(prefix="ddpdiag-test-", suffix=".json")
+    os.close(fd)
+    os.unlink(path)
+    return path
+
+
+def load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def check_report(tc, rep, world_size, verdict="PASS"):
+    """Assertions every allreduce-test report must satisfy."""
+    tc.assertEqual(rep["schema"], "ddpdiag.report/1")
+    tc.assertEqual(rep["command"], "allreduce-test")
+    tc.assertEqual(rep["world"]["size"], world_size)
+    tc.assertEqual(len(rep["world"]["ranks"]), world_size)
+    tc.assertEqual(sorted(r["rank"] for r in rep["world"]["ranks"]), list(range(world_size)))
+    tc.assertEqual(rep["verdict"], verdict, json.dumps(rep.get("error"), indent=1))
+    sizes = rep["results"]["sizes"]
+    tc.assertTrue(sizes, "no sizes measured")
+    for row in sizes:
+        for block in ("out_of_place", "in_place"):
+            b = row[block]
+            if b is None:
+                continue
+            tc.assertEqual(b["wrong"], 0, row)
+            tc.assertGreater(b["time_us"], 0)
+            tc.assertGreater(b["busbw_gbps"], 0)
+            tc.assertLessEqual(b["min_rank_time_us"], b["max_rank_time_us"])
+
+
+def main():
+    import unittest
+    unittest.main(verbosity=2)

@@ -1,0 +1,251 @@
+"""allreduce-test through the built-in launcher and under every launcher's
+environment (torchrun agent store, rank-0 store, Slurm, Open MPI, flags), and
+its failure modes: port taken, nothing listening, world size mismatch,
+missing rank, duplicate rank, a killed rank."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import (BIN, check_report, clean_env, free_port, load, run, run_ranks,  # noqa: E402
+                    tmp_json, main)
+
+SMALL = ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
+ALL_TYPES = ["-d", "all", "-o", "all"]
+
+
+class LauncherSweeps(unittest.TestCase):
+    def test_every_dtype_and_op_at_2_3_4_ranks(self):
+        for n in (2, 3, 4):
+            with self.subTest(ranks=n):
+                path = tmp_json()
+                p = run(["allreduce-test", "--nproc", str(n), "--json", path, "-b", "8", "-e",
+                         "4K", "-f", "8", "-n", "2", "-w", "1"] + ALL_TYPES)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                rep = load(path)
+                check_report(self, rep, n)
+                self.assertEqual(rep["world"]["launcher"], "ddpdiag")
+                seen = {(r["dtype"], r["op"]) for r in rep["results"]["sizes"]}
+                self.assertEqual(len(seen), 8 * 5)
+                self.assertIn("# Verdict: PASS", p.stdout)
+                os.unlink(path)
+
+    def test_table_columns_and_large_sizes(self):
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "--json", path, "-b", "1M", "-e", "8M",
+                 "-f", "2", "-n", "5", "-w", "2"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for col in ("size", "count", "type", "redop", "algbw", "busbw", "#wrong", "slowest"):
+            self.assertIn(col, p.stdout)
+        rep = load(path)
+        check_report(self, rep, 2)
+        self.assertEqual([r["bytes"] for r in rep["results"]["sizes"]],
+                         [1 << 20, 2 << 20, 4 << 20, 8 << 20])
+        # busbw = algbw * 2(n-1)/n = algbw at 2 ranks.
+        for r in rep["results"]["sizes"]:
+            b = r["out_of_place"]
+            self.assertAlmostEqual(b["busbw_gbps"], b["algbw_gbps"], places=6)
+            self.assertAlmostEqual(b["algbw_gbps"], r["bytes"] / (b["time_us"] * 1e3), places=6)
+        os.unlink(path)
+
+    def test_min_busbw_threshold_fails_with_exit_1(self):
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "--json", path] + SMALL +
+                ["--min-busbw", "100000"])
+        self.assertEqual(p.returncode, 1, p.stderr)
+        rep = load(path)
+        self.assertEqual(rep["verdict"], "FAIL")
+        self.assertTrue(any(c["name"] == "min_busbw" and c["status"] == "fail"
+                            for c in rep["checks"]))
+        self.assertIn("# Verdict: FAIL", p.stdout)
+        os.unlink(path)
+
+    def test_killed_rank_is_named_and_others_end(self):
+        # Rank 1 is SIGKILLed mid-sweep; the job must end within the timeout
+        # plus a margin, and the launcher must name rank 1 and the signal.
+        path = tmp_json()
+        p = subprocess.Popen([BIN, "allreduce-test", "--nproc", "3", "--timeout", "10", "--json",
+                              path, "-b", "1M", "-e", "1M", "-n", "100000", "-w", "1"],
+                             env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        pid1 = None
+        t0 = time.monotonic()
+        while pid1 is None and time.monotonic() - t0 < 60:
+            line = p.stdout.readline()
+            if not line:
+                break
+            parts = line.split()
+            if line.startswith("#  Rank") and parts[2] == "1":
+                pid1 = int(parts[4])
+        self.assertIsNotNone(pid1, "rank 1's pid was not printed")
+        time.sleep(1.0)
+        os.kill(pid1, signal.SIGKILL)
+        t_kill = time.monotonic()
+        try:
+            out, err = p.communicate(timeout=10 + 5 + 30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            self.fail("job did not end after a rank was killed")
+        elapsed = time.monotonic() - t_kill
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("rank 1 (pid %d) failed first" % pid1, err)
+        self.assertIn("SIGKILL", err)
+        self.assertLess(elapsed, 10 + 15, err)
+        rep = load(path)
+        self.assertEqual(rep["verdict"], "ERROR")
+        self.assertIn(rep["error"]["exit_code"], (4, 5))
+
+
+def agent_env(rank, n, port, agent_store, extra=None):
+    """The environment torchrun's agent gives worker `rank`."""
+    e = dict(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=n, LOCAL_WORLD_SIZE=n, GROUP_RANK=0,
+             GROUP_WORLD_SIZE=1, ROLE_RANK=rank, ROLE_WORLD_SIZE=n, ROLE_NAME="default",
+             MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_RESTART_COUNT=0,
+             TORCHELASTIC_MAX_RESTARTS=0, TORCHELASTIC_RUN_ID="test",
+             TORCHELASTIC_USE_AGENT_STORE="True" if agent_store else "False",
+             OMP_NUM_THREADS=1)
+    e.update(extra or {})
+    return clean_env(**e)
+
+
+class LauncherEnvironments(unittest.TestCase):
+    def run_world(self, envs, args=SMALL, expect=0):
+        paths = [tmp_json() for _ in envs]
+        res = run_ranks([["allreduce-test", "--json", p] + args for p in paths], envs)
+        for rc, so, se, _ in res:
+            self.assertEqual(rc, expect, se)
+        rep = load(paths[0])
+        for p in paths[1:]:
+            self.assertFalse(os.path.exists(p), "only rank 0 writes the report")
+        os.unlink(paths[0])
+        return rep, res
+
+    def test_agent_store_hosted_by_ddpdiag_store_serve(self):
+        port = free_port()
+        server = subprocess.Popen([BIN, "store", "serve", "--port", str(port)],
+                                  stdout=subprocess.PIPE, text=True, env=clean_env())
+        try:
+            server.stdout.readline()
+            n = 3
+            rep, _ = self.run_world([agent_env(r, n, port, True) for r in range(n)])
+            check_report(self, rep, n)
+            self.assertEqual(rep["world"]["launcher"], "torchrun")
+            self.assertEqual(rep["environment"]["TORCHELASTIC_USE_AGENT_STORE"], "True")
+        finally:
+            server.terminate()
+            server.wait(10)
+
+    def test_rank0_hosts_the_store(self):
+        port = free_port()
+        rep, _ = self.run_world([agent_env(r, 2, port, False) for r in range(2)])
+        check_report(self, rep, 2)
+
+    def test_slurm_variables(self):
+        port = free_port()
+        n = 2
+        envs = [clean_env(SLURM_PROCID=r, SLURM_NTASKS=n, SLURM_LOCALID=r,
+                          SLURM_NTASKS_PER_NODE=n, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                for r in range(n)]
+        rep, _ = self.run_world(envs)
+        check_report(self, rep, n)
+        self.assertEqual(rep["world"]["launcher"], "slurm")
+
+    def test_open_mpi_variables(self):
+        port = free_port()
+        n = 2
+        envs = [clean_env(OMPI_COMM_WORLD_RANK=r, OMPI_COMM_WORLD_SIZE=n,
+                          OMPI_COMM_WORLD_LOCAL_RANK=r, OMPI_COMM_WORLD_LOCAL_SIZE=n,
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=port) for r in range(n)]
+        rep, _ = self.run_world(envs)
+        check_report(self, rep, n)
+        self.assertEqual(rep["world"]["launcher"], "openmpi")
+
+    def test_explicit_flags_win(self):
+        port = free_port()
+        n = 2
+        # The environment says something else; flags must win.
+        envs = [clean_env(RANK=5, WORLD_SIZE=9, MASTER_PORT=1) for _ in range(n)]
+        paths = [tmp_json() for _ in range(n)]
+        res = run_ranks([["allreduce-test", "--rank", str(r), "--world-size", str(n),
+                          "--master-addr", "127.0.0.1", "--master-port", str(port), "--json",
+                          paths[r]] + SMALL for r in range(n)], envs)
+        for rc, so, se, _ in res:
+            self.assertEqual(rc, 0, se)
+        check_report(self, load(paths[0]), n)
+
+
+class BadInput(unittest.TestCase):
+    TIMEOUT = 4
+
+    def test_store_port_in_use(self):
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            p = run(["allreduce-test", "--rank", "0", "--world-size", "2", "--master-port",
+                     str(port), "--timeout", str(self.TIMEOUT)] + SMALL)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn(str(port), p.stderr)
+        self.assertIn("in use", p.stderr)
+        self.assertLess(p.elapsed, self.TIMEOUT + 5)
+
+    def test_nothing_listens(self):
+        port = free_port()
+        p = run(["allreduce-test", "--rank", "1", "--world-size", "2", "--master-addr",
+                 "127.0.0.1", "--master-port", str(port), "--timeout", str(self.TIMEOUT)] + SMALL)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("refused", p.stderr)
+        self.assertIn("127.0.0.1:%d" % port, p.stderr)
+        self.assertLess(p.elapsed, self.TIMEOUT + 5)
+
+    def test_world_size_disagrees(self):
+        port = free_port()
+        sizes = [2, 3]
+        res = run_ranks([["allreduce-test", "--rank", str(r), "--world-size", str(sizes[r]),
+                          "--master-port", str(port), "--timeout", str(self.TIMEOUT)] + SMALL
+                         for r in range(2)], [clean_env(), clean_env()],
+                        timeout=self.TIMEOUT + 20)
+        for rc, so, se, elapsed in res:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("world size", se)
+            self.assertLess(elapsed, self.TIMEOUT + 5)
+
+    def test_missing_rank_is_named(self):
+        port = free_port()
+        p = run(["allreduce-test", "--rank", "0", "--world-size", "3", "--master-port", str(port),
+                 "--timeout", str(self.TIMEOUT)] + SMALL)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("never arrived: 1, 2", p.stderr)
+        self.assertLess(p.elapsed, self.TIMEOUT + 5)
+
+    def test_duplicate_rank_is_named(self):
+        port = free_port()
+        res = run_ranks([["allreduce-test", "--rank", str(r), "--world-size", "3",
+                          "--master-port", str(port), "--timeout", str(self.TIMEOUT)] + SMALL
+                         for r in (0, 1, 1)], [clean_env()] * 3, timeout=self.TIMEOUT + 20)
+        errs = "".join(se for _, _, se, _ in res)
+        self.assertIn("claimed twice", errs)
+        for rc, _, se, elapsed in res:
+            self.assertEqual(rc, 3, se)
+            self.assertLess(elapsed, self.TIMEOUT + 5)
+
+    def test_bad_environment_is_exit_2(self):
+        p = run(["allreduce-test"] + SMALL, env=clean_env(RANK="one", WORLD_SIZE=2))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("RANK='one'", p.stderr)
+        p = run(["allreduce-test"] + SMALL, env=clean_env(RANK=2, WORLD_SIZE=2))
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("RANK=2 is out of range", p.stderr)
+
+    def test_bad_flags_are_exit_2(self):
+        p = run(["allreduce-test", "--nproc", "2", "-d", "complex"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("complex", p.stderr)
+
+
+if __name__ == "__main__":
+    main()
