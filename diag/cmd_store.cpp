@@ -1,1 +1,298 @@
-// placeholder
+// `ddpdiag store`: talk to or host a c10d-compatible TCPStore.
+//   store ping HOST:PORT   is the store there, which protocol, how fast
+//   store serve            host a store (both protocols) until SIGINT/SIGTERM
+//   store set KEY VALUE    write a key (as torch's store.set does)
+//   store get KEY          wait for a key and print its value
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/errors.h"
+#include "comm/store/tcp_store.h"
+#include "ddpdiag/config.h"
+#include "diag/commands.h"
+
+namespace ddpdiag::cli {
+namespace {
+
+constexpr int kDefaultStorePort = 29500;  // torchrun's MASTER_PORT default
+
+struct Address {
+  std::string host;
+  int port = kDefaultStorePort;
+};
+
+// HOST:PORT, [IPv6]:PORT, HOST (default port) or a bare IPv6 address.
+Address parse_address(const std::string& s) {
+  Address a;
+  std::string port;
+  if (!s.empty() && s.front() == '[') {
+    auto close = s.find(']');
+    if (close == std::string::npos) throw UsageError("bad address '" + s + "': missing ']'", {"cli", -1, -1, "write IPv6 as [::1]:29500"});
+    a.host = s.substr(1, close - 1);
+    if (close + 1 < s.size()) {
+      if (s[close + 1] != ':') throw UsageError("bad address '" + s + "'", {"cli", -1, -1, "write IPv6 as [::1]:29500"});
+      port = s.substr(close + 2);
+    }
+  } else if (std::count(s.begin(), s.end(), ':') == 1) {
+    auto colon = s.find(':');
+    a.host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+  } else {
+    a.host = s;
+  }
+  if (a.host.empty()) throw UsageError("bad address '" + s + "': no host", {"cli", -1, -1, "e.g. 127.0.0.1:29500"});
+  if (!port.empty()) {
+    try {
+      std::size_t used = 0;
+      a.port = std::stoi(port, &used);
+      if (used != port.size()) throw std::invalid_argument(port);
+    } catch (const std::exception&) {
+      a.port = -1;
+    }
+    if (a.port <= 0 || a.port > 65535)
+      throw UsageError("bad port in '" + s + "'", {"cli", -1, -1, "a port is a number from 1 to 65535"});
+  }
+  return a;
+}
+
+std::string format_address(const Address& a) {
+  bool v6 = a.host.find(':') != std::string::npos;
+  return (v6 ? "[" + a.host + "]" : a.host) + ":" + std::to_string(a.port);
+}
+
+StoreProtocol parse_protocol(const std::string& s) {
+  if (s == "auto") return StoreProtocol::kAuto;
+  if (s == "1.13" || s == "v1" || s == "torch-1.13") return StoreProtocol::kV1;
+  if (s == "2.x" || s == "2" || s == "v2" || s == "torch-2.x") return StoreProtocol::kV2;
+  throw UsageError("unknown store protocol '" + s + "'", {"cli", -1, -1, "use auto, 1.13 or 2.x"});
+}
+
+Millis seconds_to_ms(double s) {
+  if (!(s > 0)) throw UsageError("--timeout must be positive", {"cli", -1, -1, ""});
+  return Millis(static_cast<long long>(s * 1000.0));
+}
+
+// The report file appears whole or not at all: written aside, then renamed.
+void write_json_file(const std::string& path, const nlohmann::json& j) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    if (!f) throw UsageError("cannot write " + tmp, {"report", -1, -1, "check the directory exists and is writable"});
+    f << j.dump(2) << "\n";
+    if (!f.flush()) throw UsageError("cannot write " + tmp, {"report", -1, -1, "disk full?"});
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw UsageError("cannot rename " + tmp + " to " + path + ": " + ec.message(), {"report", -1, -1, ""});
+}
+
+struct PingOptions {
+  std::string address;
+  std::string protocol = "auto";
+  double timeout_s = 10;
+  int count = 20;
+  std::string json_path;
+};
+
+struct PingResult {
+  bool reachable = false;
+  std::string protocol;
+  std::vector<double> rtt_us;
+  std::int64_t num_keys = -1;
+  int connect_attempts = 0;
+  std::optional<nlohmann::json> error;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+int run_ping(const PingOptions& o) {
+  Address addr = parse_address(o.address);
+  StoreProtocol requested = parse_protocol(o.protocol);
+  Millis timeout = seconds_to_ms(o.timeout_s);
+  if (o.count < 1) throw UsageError("--count must be at least 1", {"cli", -1, -1, ""});
+
+  PingResult r;
+  try {
+    TcpStoreClientOptions co;
+    co.host = addr.host;
+    co.port = addr.port;
+    co.protocol = requested;
+    co.connect_timeout = timeout;
+    co.io_timeout = timeout;
+    TcpStoreClient client(co);
+    r.connect_attempts = client.connect_attempts();
+    r.protocol = std::string(store_protocol_name(client.protocol()));
+    client.ping_us();  // warm-up: first request pays for cold caches
+    for (int i = 0; i < o.count; ++i) r.rtt_us.push_back(client.ping_us());
+    r.num_keys = client.num_keys();
+    r.reachable = true;
+  } catch (const Error& e) {
+    r.error = nlohmann::json{{"kind", e.kind()},
+                             {"phase", e.context().phase},
+                             {"message", e.what()},
+                             {"hint", e.context().hint}};
+  }
+
+  std::string where = format_address(addr);
+  if (r.reachable) {
+    std::string how = requested == StoreProtocol::kAuto ? "detected" : "as requested";
+    double mn = *std::min_element(r.rtt_us.begin(), r.rtt_us.end());
+    double mx = *std::max_element(r.rtt_us.begin(), r.rtt_us.end());
+    fmt::print("store {}: reachable\n", where);
+    fmt::print("  protocol  {} ({})\n", r.protocol, how);
+    fmt::print("  rtt       median {:.1f} us over {} pings (min {:.1f}, max {:.1f})\n", median(r.rtt_us),
+               r.rtt_us.size(), mn, mx);
+    fmt::print("  keys      {}\n", r.num_keys);
+    fmt::print("  connect   {} attempt(s)\n", r.connect_attempts);
+  } else {
+    fmt::print("store {}: unreachable\n", where);
+    fmt::print("  why       {}\n", (*r.error)["message"].get<std::string>());
+    std::string hint = (*r.error)["hint"].get<std::string>();
+    if (!hint.empty()) fmt::print("  hint      {}\n", hint);
+  }
+  std::fflush(stdout);
+
+  if (!o.json_path.empty()) {
+    nlohmann::json results{{"address", where},
+                           {"host", addr.host},
+                           {"port", addr.port},
+                           {"protocol_requested", std::string(store_protocol_name(requested))},
+                           {"reachable", r.reachable},
+                           {"protocol", r.reachable ? nlohmann::json(r.protocol) : nlohmann::json(nullptr)},
+                           {"pings", r.rtt_us.size()},
+                           {"rtt_us_median", r.rtt_us.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(r.rtt_us))},
+                           {"rtt_us", r.rtt_us},
+                           {"num_keys", r.reachable ? nlohmann::json(r.num_keys) : nlohmann::json(nullptr)},
+                           {"connect_attempts", r.connect_attempts},
+                           {"error", r.error ? *r.error : nlohmann::json(nullptr)}};
+    nlohmann::json report{{"schema", "ddpdiag.report/1"},
+                          {"command", "store ping"},
+                          {"tool_version", config::kVersion},
+                          {"results", results},
+                          {"checks", nlohmann::json::array({{{"name", "store_reachable"}, {"passed", r.reachable}}})}};
+    write_json_file(o.json_path, report);
+  }
+  return static_cast<int>(r.reachable ? ExitCode::kOk : ExitCode::kRendezvous);
+}
+
+struct ServeOptions {
+  std::string host = "0.0.0.0";
+  int port = kDefaultStorePort;
+};
+
+int run_serve(const ServeOptions& o) {
+  // Block the signals before the server thread exists so that it inherits
+  // the mask and sigwait below is the only place they are delivered.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  TcpStoreServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  TcpStoreServer server(so);
+  Address bound{o.host, server.port()};
+  fmt::print("ddpdiag store serving on {} (protocols: {}, {})\n", format_address(bound),
+             store_protocol_name(StoreProtocol::kV1), store_protocol_name(StoreProtocol::kV2));
+  std::fflush(stdout);
+  int sig = 0;
+  sigwait(&set, &sig);
+  fmt::print(stderr, "ddpdiag store: stopping on {} ({} keys, {} open connections)\n",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", server.num_keys(), server.num_connections());
+  return 0;
+}
+
+struct KeyOptions {
+  std::string address = "127.0.0.1:29500";
+  std::string protocol = "auto";
+  double timeout_s = 10;
+  std::string key;
+  std::string value;
+};
+
+TcpStoreClientOptions client_options(const KeyOptions& o) {
+  Address a = parse_address(o.address);
+  TcpStoreClientOptions co;
+  co.host = a.host;
+  co.port = a.port;
+  co.protocol = parse_protocol(o.protocol);
+  co.connect_timeout = seconds_to_ms(o.timeout_s);
+  co.io_timeout = co.connect_timeout;
+  return co;
+}
+
+void add_key_flags(CLI::App* app, KeyOptions& o) {
+  app->add_option("--addr", o.address, "store address HOST:PORT")->capture_default_str();
+  app->add_option("--protocol", o.protocol, "auto | 1.13 | 2.x")->capture_default_str();
+  app->add_option("--timeout", o.timeout_s, "seconds for connecting and waiting")->capture_default_str();
+}
+
+}  // namespace
+
+Subcommand add_store_command(CLI::App& parent) {
+  CLI::App* store = parent.add_subcommand("store", "talk to or host a c10d TCPStore (torch 1.13 and 2.x protocols)");
+  store->require_subcommand(1);
+
+  auto ping = std::make_shared<PingOptions>();
+  CLI::App* p = store->add_subcommand("ping", "is a store reachable, which protocol it speaks, round-trip time, key count (exit 0 reachable, 3 not)");
+  p->add_option("address", ping->address, "HOST:PORT (IPv6 as [::1]:29500)")->required();
+  p->add_option("--protocol", ping->protocol, "auto | 1.13 | 2.x")->capture_default_str();
+  p->add_option("--timeout", ping->timeout_s, "seconds for connecting and for each reply")->capture_default_str();
+  p->add_option("--count", ping->count, "pings timed (the median is reported)")->capture_default_str();
+  p->add_option("--json", ping->json_path, "write the result as JSON to this file");
+
+  auto serve = std::make_shared<ServeOptions>();
+  CLI::App* s = store->add_subcommand("serve", "host a store speaking both protocols until SIGINT/SIGTERM");
+  s->add_option("--port", serve->port, "port to listen on (0: any free port)")->capture_default_str();
+  s->add_option("--host", serve->host, "address to bind (:: for IPv6 and IPv4)")->capture_default_str();
+
+  auto setk = std::make_shared<KeyOptions>();
+  CLI::App* st = store->add_subcommand("set", "set KEY to VALUE in a store (key as torch's store.set(KEY) sees it)");
+  st->add_option("key", setk->key, "key")->required();
+  st->add_option("value", setk->value, "value")->required();
+  add_key_flags(st, *setk);
+
+  auto getk = std::make_shared<KeyOptions>();
+  CLI::App* gt = store->add_subcommand("get", "wait up to --timeout for KEY and print its value");
+  gt->add_option("key", getk->key, "key")->required();
+  add_key_flags(gt, *getk);
+
+  RunFn run = [=]() -> int {
+    if (p->parsed()) return run_ping(*ping);
+    if (s->parsed()) return run_serve(*serve);
+    if (st->parsed()) {
+      TcpStoreClient c(client_options(*setk));
+      c.set(setk->key, to_bytes(setk->value));
+      c.num_keys();  // SET has no reply: a round trip proves the server took it
+      return 0;
+    }
+    if (gt->parsed()) {
+      TcpStoreClientOptions co = client_options(*getk);
+      TcpStoreClient c(co);
+      Bytes v = c.get(getk->key, co.io_timeout);
+      std::fwrite(v.data(), 1, v.size(), stdout);
+      std::fputc('\n', stdout);
+      return 0;
+    }
+    return static_cast<int>(ExitCode::kUsage);
+  };
+  return Subcommand{store, run};
+}
+
+}  // namespace ddpdiag::cli

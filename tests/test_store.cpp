@@ -1,1 +1,698 @@
-// placeholder
+// Store tests: the wire format as pure functions, then a real server and
+// client in one process for both c10d protocols, hostile input, many clients,
+// PrefixStore and MemoryStore.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "comm/errors.h"
+#include "comm/store/store.h"
+#include "comm/store/tcp_protocol.h"
+#include "comm/store/tcp_store.h"
+
+using namespace ddpdiag;
+namespace tp = ddpdiag::tcp_protocol;
+using namespace std::chrono_literals;
+
+namespace {
+
+Bytes hex(std::initializer_list<int> v) {
+  Bytes b;
+  for (int x : v) b.push_back(static_cast<std::uint8_t>(x));
+  return b;
+}
+
+Bytes cat(std::initializer_list<Bytes> parts) {
+  Bytes b;
+  for (const auto& p : parts) b.insert(b.end(), p.begin(), p.end());
+  return b;
+}
+
+Bytes len8(std::uint64_t n) {
+  Bytes b;
+  tp::append_u64(b, n);
+  return b;
+}
+
+// A plain blocking socket to the server, for byte-level checks and abuse.
+class RawConn {
+ public:
+  explicit RawConn(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  }
+  ~RawConn() { close(); }
+  void close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  void send(const Bytes& b) {
+    std::size_t off = 0;
+    while (off < b.size()) {
+      ssize_t w = ::send(fd_, b.data() + off, b.size() - off, MSG_NOSIGNAL);
+      if (w <= 0) return;  // the server may already have closed us
+      off += static_cast<std::size_t>(w);
+    }
+  }
+  // Exactly n bytes within the timeout, or fewer when the peer closed or
+  // went quiet.
+  Bytes recv(std::size_t n, std::chrono::milliseconds timeout = 2000ms) {
+    Bytes b(n);
+    std::size_t off = 0;
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (off < n) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) break;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
+      ssize_t r = ::recv(fd_, b.data() + off, n - off, 0);
+      if (r <= 0) break;
+      off += static_cast<std::size_t>(r);
+    }
+    b.resize(off);
+    return b;
+  }
+  // True when the server closed the connection (EOF or reset) in time.
+  bool closed_by_peer(std::chrono::milliseconds timeout = 2000ms) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return false;
+    std::uint8_t b;
+    return ::recv(fd_, &b, 1, 0) <= 0;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+TcpStoreClientOptions client_opts(int port, StoreProtocol p) {
+  TcpStoreClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.protocol = p;
+  o.connect_timeout = 5000ms;
+  o.io_timeout = 5000ms;
+  return o;
+}
+
+template <class Pred>
+bool eventually(Pred pred, std::chrono::milliseconds timeout = 3000ms) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return pred();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- wire format
+
+TEST_CASE("v1 set(\"key0\",\"val0\") has the bytes of torch 1.13", "[store][protocol]") {
+  tp::Request q{tp::Op::kSet, {"/key0"}, {to_bytes("val0")}, 0, 0};
+  Bytes expected = hex({0x00, 0x05, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b, 0x65, 0x79, 0x30, 0x04, 0, 0, 0, 0, 0, 0, 0,
+                        0x76, 0x61, 0x6c, 0x30});
+  CHECK(tp::encode_request(StoreProtocol::kV1, q) == expected);
+  // 2.x differs only in the query type byte.
+  expected[0] = 0x01;
+  CHECK(tp::encode_request(StoreProtocol::kV2, q) == expected);
+}
+
+TEST_CASE("v2 handshake bytes", "[store][protocol]") {
+  CHECK(tp::encode_request(StoreProtocol::kV2, tp::Request{tp::Op::kValidate, {}, {}, 0, tp::kValidationMagic}) ==
+        hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+  CHECK(tp::encode_request(StoreProtocol::kV2, tp::Request{tp::Op::kPing, {}, {}, 0, 0x01020304}) ==
+        hex({0x0d, 0x04, 0x03, 0x02, 0x01}));
+  CHECK_THROWS_AS(tp::encode_request(StoreProtocol::kV1, tp::Request{tp::Op::kPing, {}, {}, 0, 1}),
+                  std::invalid_argument);
+}
+
+TEST_CASE("query type codes of both versions", "[store][protocol]") {
+  using P = StoreProtocol;
+  CHECK(*tp::op_code(P::kV1, tp::Op::kSet) == 0);
+  CHECK(*tp::op_code(P::kV1, tp::Op::kWait) == 5);
+  CHECK(*tp::op_code(P::kV1, tp::Op::kWatchKey) == 7);
+  CHECK(*tp::op_code(P::kV1, tp::Op::kDeleteKey) == 8);
+  CHECK_FALSE(tp::op_code(P::kV1, tp::Op::kAppend));
+  CHECK(*tp::op_code(P::kV2, tp::Op::kValidate) == 0);
+  CHECK(*tp::op_code(P::kV2, tp::Op::kSet) == 1);
+  CHECK(*tp::op_code(P::kV2, tp::Op::kNumKeys) == 7);
+  CHECK(*tp::op_code(P::kV2, tp::Op::kDeleteKey) == 8);
+  CHECK(*tp::op_code(P::kV2, tp::Op::kAppend) == 9);
+  CHECK(*tp::op_code(P::kV2, tp::Op::kMultiSet) == 11);
+  CHECK(*tp::op_code(P::kV2, tp::Op::kPing) == 13);
+  CHECK_FALSE(tp::op_code(P::kV2, tp::Op::kWatchKey));
+  CHECK_FALSE(tp::op_from_code(P::kV2, 14));  // queue ops are not served
+  CHECK_FALSE(tp::op_from_code(P::kV1, 9));
+}
+
+TEST_CASE("every request round-trips through the incremental parser", "[store][protocol]") {
+  auto p = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
+  std::vector<tp::Request> reqs = {
+      {tp::Op::kSet, {"k"}, {to_bytes("v")}, 0, 0},
+      {tp::Op::kCompareSet, {"k"}, {to_bytes(""), to_bytes("new")}, 0, 0},
+      {tp::Op::kGet, {"k"}, {}, 0, 0},
+      {tp::Op::kAdd, {"c"}, {}, -7, 0},
+      {tp::Op::kCheck, {"a", "b"}, {}, 0, 0},
+      {tp::Op::kWait, {"a", "bb", "ccc"}, {}, 0, 0},
+      {tp::Op::kNumKeys, {}, {}, 0, 0},
+      {tp::Op::kDeleteKey, {"k"}, {}, 0, 0},
+  };
+  if (p == StoreProtocol::kV1) {
+    reqs.push_back({tp::Op::kWatchKey, {"w"}, {}, 0, 0});
+  } else {
+    reqs.push_back({tp::Op::kValidate, {}, {}, 0, tp::kValidationMagic});
+    reqs.push_back({tp::Op::kAppend, {"k"}, {to_bytes("xyz")}, 0, 0});
+    reqs.push_back({tp::Op::kMultiGet, {"a", "b"}, {}, 0, 0});
+    reqs.push_back({tp::Op::kMultiSet, {"a", "b"}, {to_bytes("1"), to_bytes("22")}, 0, 0});
+    reqs.push_back({tp::Op::kCancelWait, {}, {}, 0, 0});
+    reqs.push_back({tp::Op::kPing, {}, {}, 0, 0xdeadbeef});
+  }
+  tp::ParseLimits lim;
+  for (const auto& q : reqs) {
+    Bytes b = tp::encode_request(p, q);
+    // Every strict prefix asks for more, never for less than it has.
+    for (std::size_t n = 0; n < b.size(); ++n) {
+      auto r = tp::parse_request(p, b.data(), n, lim);
+      REQUIRE(r.status == tp::ParseStatus::kNeedMore);
+      REQUIRE(r.need > n);
+      REQUIRE(r.need <= b.size());
+    }
+    // Trailing bytes of the next request are left alone.
+    Bytes more = b;
+    more.push_back(0x06);
+    auto r = tp::parse_request(p, more.data(), more.size(), lim);
+    REQUIRE(r.status == tp::ParseStatus::kComplete);
+    CHECK(r.consumed == b.size());
+    CHECK(r.request.op == q.op);
+    CHECK(r.request.keys == q.keys);
+    CHECK(r.request.values == q.values);
+    CHECK(r.request.delta == q.delta);
+    CHECK(r.request.nonce == q.nonce);
+  }
+}
+
+TEST_CASE("oversized fields and unknown ops are malformed", "[store][protocol]") {
+  tp::ParseLimits lim;
+  lim.max_key_bytes = 16;
+  lim.max_value_bytes = 32;
+  lim.max_keys_per_request = 4;
+  auto p = StoreProtocol::kV1;
+  auto parse = [&](const Bytes& b) { return tp::parse_request(p, b.data(), b.size(), lim).status; };
+  CHECK(parse(cat({hex({0}), len8(17)})) == tp::ParseStatus::kMalformed);
+  CHECK(parse(cat({hex({0}), len8(2), to_bytes("ok"), len8(33)})) == tp::ParseStatus::kMalformed);
+  CHECK(parse(cat({hex({0}), len8(~0ull)})) == tp::ParseStatus::kMalformed);
+  CHECK(parse(cat({hex({5}), len8(5)})) == tp::ParseStatus::kMalformed);
+  CHECK(parse(hex({42})) == tp::ParseStatus::kMalformed);
+  CHECK(tp::parse_request(StoreProtocol::kV2, hex({0, 1, 2, 3, 4}).data(), 5, lim).status ==
+        tp::ParseStatus::kMalformed);  // VALIDATE with a wrong magic
+}
+
+TEST_CASE("connection sniffing", "[store][protocol]") {
+  Bytes v2 = hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x0d});
+  CHECK(tp::sniff_protocol(v2.data(), v2.size()) == StoreProtocol::kV2);
+  CHECK_FALSE(tp::sniff_protocol(v2.data(), 3).has_value());
+  Bytes v1set = cat({hex({0}), len8(5)});
+  CHECK(tp::sniff_protocol(v1set.data(), v1set.size()) == StoreProtocol::kV1);
+  Bytes numkeys = hex({6});
+  CHECK(tp::sniff_protocol(numkeys.data(), 1) == StoreProtocol::kV1);
+}
+
+TEST_CASE("counters are decimal ASCII", "[store][protocol]") {
+  CHECK(tp::format_counter(-42) == to_bytes("-42"));
+  CHECK(*tp::parse_counter(to_bytes("123")) == 123);
+  CHECK_FALSE(tp::parse_counter(to_bytes("12a")));
+  CHECK_FALSE(tp::parse_counter(Bytes{}));
+}
+
+// ------------------------------------------------------------- server+client
+
+TEST_CASE("every store op on both protocols", "[store][tcp]") {
+  auto proto = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2, StoreProtocol::kAuto);
+  CAPTURE(store_protocol_name(proto));
+  TcpStoreServer server({});
+  TcpStoreClient c(client_opts(server.port(), proto));
+  CHECK(c.protocol() == (proto == StoreProtocol::kAuto ? StoreProtocol::kV2 : proto));
+
+  c.set("a", to_bytes("alpha"));
+  CHECK(to_string(c.get("a", 1000ms)) == "alpha");
+  CHECK(c.check({"a"}));
+  CHECK_FALSE(c.check({"a", "nope"}));
+
+  CHECK(c.add("n", 5) == 5);  // missing counts as 0
+  CHECK(c.add("n", -2) == 3);
+  CHECK(to_string(c.get("n", 1000ms)) == "3");
+
+  // compare_set: the three cases of c10d.
+  CHECK(to_string(c.compare_set("cs", to_bytes("x"), to_bytes("y"))) == "x");  // missing, expected non-empty
+  CHECK_FALSE(c.check({"cs"}));
+  CHECK(to_string(c.compare_set("cs", {}, to_bytes("first"))) == "first");  // missing, expected empty
+  CHECK(to_string(c.compare_set("cs", to_bytes("wrong"), to_bytes("z"))) == "first");  // present, unequal
+  CHECK(to_string(c.compare_set("cs", to_bytes("first"), to_bytes("second"))) == "second");  // present, equal
+  CHECK(to_string(c.get("cs", 1000ms)) == "second");
+
+  CHECK(c.num_keys() == 3);
+  CHECK(server.num_keys() == 3);
+  CHECK(c.delete_key("a"));
+  CHECK_FALSE(c.delete_key("a"));
+  CHECK(c.num_keys() == 2);
+
+  // Values are bytes, not C strings.
+  Bytes bin = hex({0, 1, 2, 0xff, 0});
+  c.set("bin", bin);
+  CHECK(c.get("bin", 1000ms) == bin);
+  CHECK(c.ping_us() > 0);
+}
+
+TEST_CASE("keys carry torch's '/' prefix on the wire", "[store][tcp]") {
+  auto proto = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
+  TcpStoreServer server({});
+  auto with = client_opts(server.port(), proto);
+  auto without = with;
+  without.torch_key_prefix = false;
+  TcpStoreClient a(with), b(without);
+  a.set("k", to_bytes("v"));
+  CHECK(b.check({"/k"}));
+  CHECK_FALSE(b.check({"k"}));
+}
+
+TEST_CASE("wait is woken by set, add and compare_set from another client", "[store][tcp]") {
+  auto proto = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
+  TcpStoreServer server({});
+  TcpStoreClient waiter(client_opts(server.port(), proto));
+  TcpStoreClient writer(client_opts(server.port(), proto));
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    writer.set("x", to_bytes("1"));
+    std::this_thread::sleep_for(20ms);
+    writer.add("y", 1);
+    std::this_thread::sleep_for(20ms);
+    writer.compare_set("z", {}, to_bytes("3"));
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  waiter.wait({"x", "y", "z"}, 5000ms);
+  auto took = std::chrono::steady_clock::now() - t0;
+  t.join();
+  CHECK(took >= 80ms);
+  CHECK(took < 4000ms);
+}
+
+TEST_CASE("wait timeout names the keys; v2 keeps the connection, v1 reconnects", "[store][tcp]") {
+  auto proto = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
+  TcpStoreServer server({});
+  TcpStoreClient c(client_opts(server.port(), proto));
+  c.set("here", to_bytes("1"));
+  int attempts = c.connect_attempts();
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    c.wait({"here", "never"}, 200ms);
+    FAIL("wait did not time out");
+  } catch (const TimeoutError& e) {
+    std::string msg = e.what();
+    CHECK_THAT(msg, Catch::Contains("never"));
+    CHECK_THAT(msg, Catch::Contains("here"));
+    CHECK(e.context().phase == "store.wait");
+    CHECK_FALSE(e.context().hint.empty());
+    if (proto == StoreProtocol::kV2) CHECK_THAT(msg, Catch::Contains("missing: never"));
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 2000ms);
+  // The client is usable after the timeout either way.
+  CHECK(c.num_keys() == 1);
+  if (proto == StoreProtocol::kV2)
+    CHECK(c.connect_attempts() == attempts);  // CANCEL_WAIT kept the connection
+  else
+    CHECK(c.connect_attempts() > attempts);   // 1.13 has no cancel: reconnected
+  // The cancelled wait left nothing behind: setting the key now sends no
+  // stray STOP_WAITING that would corrupt the next reply.
+  c.set("never", to_bytes("2"));
+  CHECK(c.add("cnt", 1) == 1);
+  CHECK(to_string(c.get("never", 1000ms)) == "2");
+}
+
+TEST_CASE("get waits for the key", "[store][tcp]") {
+  TcpStoreServer server({});
+  TcpStoreClient c(client_opts(server.port(), StoreProtocol::kAuto));
+  TcpStoreClient d(client_opts(server.port(), StoreProtocol::kAuto));
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    d.set("late", to_bytes("ok"));
+  });
+  CHECK(to_string(c.get("late", 5000ms)) == "ok");
+  t.join();
+  CHECK_THROWS_AS(c.get("missing", 100ms), TimeoutError);
+}
+
+TEST_CASE("server speaks raw v1 and v2 bytes", "[store][tcp][protocol]") {
+  TcpStoreServer server({});
+  SECTION("v1 set then get, numkeys, check") {
+    RawConn r(server.port());
+    r.send(hex({0x00, 0x05, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b, 0x65, 0x79, 0x30, 0x04, 0, 0, 0, 0, 0, 0, 0, 0x76,
+                0x61, 0x6c, 0x30}));
+    r.send(cat({hex({0x02}), len8(5), to_bytes("/key0")}));
+    CHECK(r.recv(12) == cat({len8(4), to_bytes("val0")}));
+    r.send(hex({0x06}));
+    CHECK(r.recv(8) == len8(1));
+    r.send(cat({hex({0x04}), len8(1), len8(5), to_bytes("/key0")}));
+    CHECK(r.recv(1) == hex({0}));  // READY
+    r.send(cat({hex({0x03}), len8(1), to_bytes("c"), len8(3)}));  // ADD c 3
+    CHECK(r.recv(8) == len8(3));
+  }
+  SECTION("v1 GET of a missing key closes the connection, as 1.13") {
+    RawConn r(server.port());
+    r.send(cat({hex({0x02}), len8(4), to_bytes("none")}));
+    CHECK(r.closed_by_peer());
+  }
+  SECTION("v1 WATCH_KEY closes the connection") {
+    RawConn r(server.port());
+    r.send(cat({hex({0x07}), len8(1), to_bytes("w")}));
+    CHECK(r.closed_by_peer());
+  }
+  SECTION("v2 validate, ping, append, multi_set, multi_get") {
+    RawConn r(server.port());
+    r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x0d, 0x78, 0x56, 0x34, 0x12}));
+    CHECK(r.recv(4) == hex({0x78, 0x56, 0x34, 0x12}));
+    r.send(cat({hex({0x09}), len8(1), to_bytes("a"), len8(2), to_bytes("ab")}));
+    r.send(cat({hex({0x09}), len8(1), to_bytes("a"), len8(1), to_bytes("c")}));
+    r.send(cat({hex({0x0b}), len8(2), len8(1), to_bytes("x"), len8(1), to_bytes("1"), len8(1), to_bytes("y"),
+                len8(0)}));
+    r.send(cat({hex({0x0a}), len8(3), len8(1), to_bytes("a"), len8(1), to_bytes("x"), len8(1), to_bytes("y")}));
+    CHECK(r.recv(8 + 3 + 8 + 1 + 8) == cat({len8(3), to_bytes("abc"), len8(1), to_bytes("1"), len8(0)}));
+    r.send(hex({0x07}));
+    CHECK(r.recv(8) == len8(3));
+  }
+  SECTION("v2 cancel of a parked wait answers WAIT_CANCELED") {
+    RawConn r(server.port());
+    r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+    r.send(cat({hex({0x06}), len8(1), len8(4), to_bytes("gone")}));
+    CHECK(r.recv(1, 100ms).empty());  // parked
+    r.send(hex({0x0c}));
+    CHECK(r.recv(1) == hex({1}));
+  }
+  SECTION("a request split into single bytes is reassembled") {
+    RawConn r(server.port());
+    Bytes req = cat({hex({0x03}), len8(3), to_bytes("ctr"), len8(7)});
+    for (auto b : req) {
+      r.send(Bytes{b});
+      std::this_thread::sleep_for(1ms);
+    }
+    CHECK(r.recv(8) == len8(7));
+  }
+}
+
+TEST_CASE("hostile input closes that connection only", "[store][tcp]") {
+  TcpStoreServerOptions so;
+  so.max_key_bytes = 1024;
+  so.max_value_bytes = 64 * 1024;
+  TcpStoreServer server(so);
+  TcpStoreClient good(client_opts(server.port(), StoreProtocol::kV1));
+  TcpStoreClient good2(client_opts(server.port(), StoreProtocol::kV2));
+  good.set("before", to_bytes("1"));
+  std::size_t baseline = server.num_connections();
+  REQUIRE(baseline == 2);
+
+  SECTION("port scanner: connect and close") {
+    for (int i = 0; i < 50; ++i) RawConn r(server.port());
+  }
+  SECTION("random bytes") {
+    std::mt19937 rng(1234);
+    for (int i = 0; i < 50; ++i) {
+      RawConn r(server.port());
+      Bytes junk(1 + rng() % 4096);
+      for (auto& b : junk) b = static_cast<std::uint8_t>(rng());
+      r.send(junk);
+      r.closed_by_peer(50ms);
+    }
+  }
+  SECTION("oversized key and value lengths") {
+    {
+      RawConn r(server.port());
+      r.send(cat({hex({0x00}), len8(1u << 30)}));
+      CHECK(r.closed_by_peer());
+    }
+    {
+      RawConn r(server.port());
+      r.send(cat({hex({0x00}), len8(1), to_bytes("k"), len8(64 * 1024 + 1)}));
+      CHECK(r.closed_by_peer());
+    }
+    {
+      RawConn r(server.port());
+      r.send(cat({hex({0x05}), len8(~0ull)}));  // WAIT with 2^64-1 keys
+      CHECK(r.closed_by_peer());
+    }
+  }
+  SECTION("unknown op and bad magic") {
+    {
+      RawConn r(server.port());
+      r.send(hex({0x63}));
+      CHECK(r.closed_by_peer());
+    }
+    {
+      RawConn r(server.port());
+      r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x0f}));  // a 2.x QUEUE op: not served
+      CHECK(r.closed_by_peer());
+    }
+  }
+  SECTION("truncated frames, then the client goes away") {
+    for (int i = 0; i < 20; ++i) {
+      RawConn r(server.port());
+      r.send(cat({hex({0x00}), len8(100), to_bytes("only-part")}));
+    }
+    RawConn idle(server.port());
+    idle.send(hex({0x00, 0xce}));  // could still become a v2 preamble: kept open
+    CHECK_FALSE(idle.closed_by_peer(100ms));
+  }
+  // The server still serves everyone else, and dropped every bad connection.
+  CHECK(to_string(good.get("before", 1000ms)) == "1");
+  good2.set("after", to_bytes("2"));
+  CHECK(to_string(good.get("after", 1000ms)) == "2");
+  CHECK(eventually([&] { return server.num_connections() == baseline; }));
+  CHECK(server.num_keys() == 2);
+}
+
+TEST_CASE("auto-detection falls back to 1.13 against a 1.13-style server", "[store][tcp]") {
+  // A minimal stand-in for torch 1.13's daemon: reads SET's key length and
+  // drops the connection when it is absurd (1.13 throws length_error on the
+  // vector), answers GETNUMKEYS with 0. Enough to drive the fallback path;
+  // tests/compat runs it against the real thing.
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(lfd, 8) == 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  std::atomic<int> probes_rejected{0};
+  std::thread fake([&] {
+    for (int conn = 0; conn < 2; ++conn) {
+      int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) return;
+      std::uint8_t op = 0;
+      if (::recv(fd, &op, 1, MSG_WAITALL) != 1) {
+        ::close(fd);
+        continue;
+      }
+      if (op == 0) {
+        std::uint8_t l[8];
+        ::recv(fd, l, 8, MSG_WAITALL);
+        if (tp::load_u64(l) > (std::uint64_t{1} << 63) - 1) probes_rejected++;
+        ::close(fd);
+        continue;
+      }
+      if (op == 6) {
+        Bytes r = len8(0);
+        ::send(fd, r.data(), r.size(), MSG_NOSIGNAL);
+        std::uint8_t more;
+        ::recv(fd, &more, 1, 0);  // until the client goes away
+      }
+      ::close(fd);
+    }
+  });
+  {
+    TcpStoreClient c(client_opts(port, StoreProtocol::kAuto));
+    CHECK(c.protocol() == StoreProtocol::kV1);
+    CHECK(probes_rejected == 1);
+  }
+  fake.join();
+  ::close(lfd);
+}
+
+TEST_CASE("connect failures are told apart and retried with backoff", "[store][tcp]") {
+  int port;
+  {
+    TcpStoreServer s({});
+    port = s.port();
+  }
+  auto o = client_opts(port, StoreProtocol::kAuto);
+  o.connect_timeout = 400ms;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    TcpStoreClient c(o);
+    FAIL("connected to a closed port");
+  } catch (const RendezvousError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("refused"));
+    CHECK(e.context().phase == "store.connect");
+    CHECK_THAT(e.context().hint, Catch::Contains("MASTER_ADDR"));
+  }
+  auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took >= 350ms);
+  CHECK(took < 2000ms);
+
+  o.host = "no-such-host.invalid";
+  o.connect_timeout = 100ms;
+  try {
+    TcpStoreClient c(o);
+    FAIL("resolved an invalid host");
+  } catch (const RendezvousError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("resolve"));
+  }
+}
+
+TEST_CASE("a client started before the server connects once it is up", "[store][tcp]") {
+  int port;
+  {
+    TcpStoreServer s({});
+    port = s.port();
+  }
+  std::unique_ptr<TcpStoreServer> server;
+  std::thread starter([&] {
+    std::this_thread::sleep_for(300ms);
+    TcpStoreServerOptions so;
+    so.port = port;
+    server = std::make_unique<TcpStoreServer>(so);
+  });
+  TcpStoreClient c(client_opts(port, StoreProtocol::kAuto));
+  starter.join();
+  CHECK(c.connect_attempts() > 1);
+  CHECK(c.add("x", 1) == 1);
+}
+
+TEST_CASE("binding a taken port says who may hold it", "[store][tcp]") {
+  TcpStoreServer first({});
+  TcpStoreServerOptions so;
+  so.port = first.port();
+  try {
+    TcpStoreServer second(so);
+    FAIL("bound a taken port");
+  } catch (const RendezvousError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("address already in use"));
+    CHECK_THAT(e.context().hint, Catch::Contains(std::to_string(first.port())));
+    CHECK_THAT(e.context().hint, Catch::Contains("torchrun"));
+  }
+}
+
+TEST_CASE("IPv6 loopback", "[store][tcp]") {
+  TcpStoreServerOptions so;
+  so.host = "::";
+  TcpStoreServer server(so);
+  auto o = client_opts(server.port(), StoreProtocol::kAuto);
+  o.host = "::1";
+  TcpStoreClient c6(o);
+  c6.set("six", to_bytes("6"));
+  // "::" is dual-stack: IPv4 clients get in too.
+  TcpStoreClient c4(client_opts(server.port(), StoreProtocol::kV1));
+  CHECK(to_string(c4.get("six", 1000ms)) == "6");
+}
+
+TEST_CASE("1000 concurrent clients", "[store][tcp][scale]") {
+  TcpStoreServer server({});
+  constexpr int kClients = 1000;
+  std::vector<std::unique_ptr<TcpStoreClient>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    auto o = client_opts(server.port(), i % 2 ? StoreProtocol::kV1 : StoreProtocol::kV2);
+    o.rank = i;
+    clients.push_back(std::make_unique<TcpStoreClient>(o));
+  }
+  CHECK(eventually([&] { return server.num_connections() == static_cast<std::size_t>(kClients); }));
+  // Every client parks a wait on the same key at once, then one set wakes them all.
+  std::atomic<int> arrived{0}, released{0};
+  std::vector<std::thread> threads;
+  threads.reserve(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    threads.emplace_back([&, i] {
+      clients[i]->add("arrived", 1);
+      arrived++;
+      clients[i]->wait({"go"}, 30000ms);
+      if (to_string(clients[i]->get("go", 1000ms)) == "now") released++;
+    });
+  }
+  TcpStoreClient ctl(client_opts(server.port(), StoreProtocol::kAuto));
+  CHECK(eventually([&] { return arrived == kClients; }, 30000ms));
+  CHECK(to_string(ctl.get("arrived", 1000ms)) == std::to_string(kClients));
+  ctl.set("go", to_bytes("now"));
+  for (auto& t : threads) t.join();
+  CHECK(released == kClients);
+}
+
+// ------------------------------------------------------------ PrefixStore etc.
+
+TEST_CASE("PrefixStore joins and nests prefixes", "[store]") {
+  auto base = std::make_shared<MemoryStore>();
+  auto outer = std::make_shared<PrefixStore>("/worker/attempt_0", base);
+  PrefixStore inner("ddpdiag", outer);
+  inner.set("k", to_bytes("v"));
+  CHECK(base->check({"/worker/attempt_0/ddpdiag/k"}));
+  CHECK(outer->check({"ddpdiag/k"}));
+  CHECK(to_string(inner.get("k", 100ms)) == "v");
+  CHECK(inner.add("c", 2) == 2);
+  CHECK(to_string(base->get("/worker/attempt_0/ddpdiag/c", 100ms)) == "2");
+  CHECK(to_string(inner.compare_set("k", to_bytes("v"), to_bytes("w"))) == "w");
+  CHECK(inner.num_keys() == 2);
+  CHECK(inner.delete_key("k"));
+  CHECK_FALSE(base->check({"/worker/attempt_0/ddpdiag/k"}));
+  try {
+    inner.wait({"absent"}, 50ms);
+    FAIL("no timeout");
+  } catch (const TimeoutError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("ddpdiag/absent"));
+  }
+}
+
+TEST_CASE("PrefixStore over the TCP store", "[store][tcp]") {
+  TcpStoreServer server({});
+  auto c = std::make_shared<TcpStoreClient>(client_opts(server.port(), StoreProtocol::kV2));
+  PrefixStore p("job", c);
+  p.set("x", to_bytes("1"));
+  TcpStoreClient raw([&] {
+    auto o = client_opts(server.port(), StoreProtocol::kV1);
+    o.torch_key_prefix = false;
+    return o;
+  }());
+  CHECK(raw.check({"/job/x"}));
+}
+
+TEST_CASE("MemoryStore basics", "[store]") {
+  MemoryStore m;
+  m.set("a", to_bytes("1"));
+  CHECK(to_string(m.get("a", 10ms)) == "1");
+  CHECK(m.add("n", 3) == 3);
+  CHECK(to_string(m.get("n", 10ms)) == "3");
+  CHECK(to_string(m.compare_set("a", to_bytes("1"), to_bytes("2"))) == "2");
+  CHECK(to_string(m.compare_set("m", to_bytes("x"), to_bytes("y"))) == "x");
+  CHECK(m.check({"a", "n"}));
+  CHECK(m.num_keys() == 2);
+  CHECK(m.delete_key("a"));
+  CHECK_THROWS_AS(m.wait({"a"}, 20ms), TimeoutError);
+  std::thread t([&] {
+    std::this_thread::sleep_for(20ms);
+    m.set("late", {});
+  });
+  m.wait({"late"}, 2000ms);
+  t.join();
+}

@@ -1,1 +1,528 @@
-// placeholder
+// TcpStoreClient: one connection to a c10d-compatible store, every I/O under
+// poll() with a deadline.
+//
+// Protocol detection (opts.protocol == kAuto), on a fresh connection:
+//   1. send the 2.x handshake: VALIDATE (00 ce f7 85 3c) then PING (0d) with
+//      a 32-bit nonce, and read 4 bytes under a short deadline
+//      (kDetectTimeout, bounded by io_timeout);
+//   2. the nonce echoed back => 2.x; the connection is kept;
+//   3. anything else (EOF, other bytes, silence) => close, reconnect, speak
+//      1.13 and confirm with GETNUMKEYS (an int64 reply) under io_timeout.
+// Why this is harmless to a 1.13 server: it reads 00 as SET, then takes the
+// next eight bytes (ce f7 85 3c 0d n0 n1 n2) as the key length. The nonce is
+// chosen with bit 23 set, so n2 >= 0x80 and the length is >= 2^63, beyond
+// std::vector's max_size(): 1.13's recvString throws before it allocates or
+// stores anything, and its daemon closes just that connection. So the probe
+// neither hangs (deadline, and the server closes at once) nor leaves a key or
+// a memory spike behind.
+//
+// After a timed-out request the reply may still arrive later and would be
+// read as the answer to the next request, so the connection is dropped and
+// the next call reconnects (same protocol, no new detection). The one
+// exception is a 2.x WAIT: CANCEL_WAIT makes the server answer WAIT_CANCELED
+// (after a STOP_WAITING if the keys arrived meanwhile), which resynchronises
+// the stream, and the connection stays in use.
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "comm/errors.h"
+#include "comm/store/tcp_protocol.h"
+#include "comm/store/tcp_store.h"
+
+namespace ddpdiag {
+namespace {
+
+namespace tp = tcp_protocol;
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+// A torch server answers PING within a round trip; 2 s leaves room for a
+// loaded machine without making detection against a silent peer slow.
+constexpr Millis kDetectTimeout{2000};
+constexpr Millis kFirstBackoff{20};
+constexpr Millis kMaxBackoff{1000};
+
+enum class IoStatus { kOk, kTimeout, kClosed, kError };
+
+int poll_timeout_ms(Deadline deadline) {
+  auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now()).count();
+  if (left <= 0) return 0;
+  return static_cast<int>(std::min<long long>(left + 1, 1 << 30));
+}
+
+std::string join_keys(const std::vector<std::string>& keys) {
+  std::string s;
+  for (const auto& k : keys) s += (s.empty() ? "" : ", ") + k;
+  return s;
+}
+
+// Why the last connection attempt failed, in the user's words.
+enum class ConnectFailure { kNone, kRefused, kTimedOut, kUnreachable, kDns, kOther };
+
+}  // namespace
+
+struct TcpStoreClient::Impl {
+  TcpStoreClientOptions opts;
+  std::mutex mu;
+  int fd = -1;
+  StoreProtocol protocol = StoreProtocol::kAuto;  // resolved after the first connect
+  int attempts = 0;
+  std::mt19937_64 rng{std::random_device{}()};
+
+  ~Impl() { drop(); }
+
+  std::string where() const {
+    bool v6 = opts.host.find(':') != std::string::npos;
+    return (v6 ? "[" + opts.host + "]" : opts.host) + ":" + std::to_string(opts.port);
+  }
+  ErrorContext ctx(std::string phase, std::string hint = {}) const {
+    return ErrorContext{std::move(phase), opts.rank, -1, std::move(hint)};
+  }
+  std::string key(const std::string& k) const { return opts.torch_key_prefix ? "/" + k : k; }
+
+  void drop() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+  }
+
+  // ---- connecting -------------------------------------------------------
+
+  // One non-blocking connect to one address, bounded by deadline.
+  int connect_addr(const addrinfo* ai, Deadline deadline, int* err) {
+    int s = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+    if (s < 0) {
+      *err = errno;
+      return -1;
+    }
+    if (::connect(s, ai->ai_addr, ai->ai_addrlen) != 0) {
+      if (errno != EINPROGRESS) {
+        *err = errno;
+        ::close(s);
+        return -1;
+      }
+      pollfd p{s, POLLOUT, 0};
+      int r;
+      do {
+        r = ::poll(&p, 1, poll_timeout_ms(deadline));
+      } while (r < 0 && errno == EINTR);
+      if (r == 0) {
+        *err = ETIMEDOUT;
+        ::close(s);
+        return -1;
+      }
+      int so = 0;
+      socklen_t len = sizeof(so);
+      ::getsockopt(s, SOL_SOCKET, SO_ERROR, &so, &len);
+      if (r < 0 || so != 0) {
+        *err = r < 0 ? errno : so;
+        ::close(s);
+        return -1;
+      }
+    }
+    int one = 1;
+    ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return s;
+  }
+
+  // Connects to opts.host:opts.port, retrying with exponential backoff and
+  // jitter until connect_timeout. Throws RendezvousError naming the cause.
+  void connect_socket() {
+    drop();
+    const auto start = Clock::now();
+    const Deadline deadline = start + opts.connect_timeout;
+    Millis backoff = kFirstBackoff;
+    ConnectFailure failure = ConnectFailure::kNone;
+    std::string detail;
+    int tries = 0;
+    for (;;) {
+      ++tries;
+      ++attempts;
+      addrinfo hints{};
+      hints.ai_family = AF_UNSPEC;
+      hints.ai_socktype = SOCK_STREAM;
+      hints.ai_flags = AI_NUMERICSERV;
+      addrinfo* res = nullptr;
+      std::string port_s = std::to_string(opts.port);
+      int rc = ::getaddrinfo(opts.host.c_str(), port_s.c_str(), &hints, &res);
+      if (rc != 0) {
+        failure = ConnectFailure::kDns;
+        detail = gai_strerror(rc);
+      } else {
+        for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+          int err = 0;
+          int s = connect_addr(ai, deadline, &err);
+          if (s >= 0) {
+            ::freeaddrinfo(res);
+            fd = s;
+            return;
+          }
+          detail = std::strerror(err);
+          if (err == ECONNREFUSED) failure = ConnectFailure::kRefused;
+          else if (err == ETIMEDOUT) failure = ConnectFailure::kTimedOut;
+          else if (err == ENETUNREACH || err == EHOSTUNREACH || err == EHOSTDOWN || err == ENETDOWN)
+            failure = ConnectFailure::kUnreachable;
+          else failure = ConnectFailure::kOther;
+        }
+        ::freeaddrinfo(res);
+      }
+      auto now = Clock::now();
+      if (now >= deadline) break;
+      // Jitter spreads the reconnects of many ranks that all started at once.
+      std::uniform_real_distribution<double> jitter(0.5, 1.5);
+      auto sleep = Millis(static_cast<long long>(static_cast<double>(backoff.count()) * jitter(rng)));
+      sleep = std::min(sleep, std::chrono::duration_cast<Millis>(deadline - now));
+      std::this_thread::sleep_for(sleep);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+    }
+    auto took = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
+    std::string what, hint;
+    switch (failure) {
+      case ConnectFailure::kRefused:
+        what = "connection refused";
+        hint = "nothing listens on " + where() +
+               ": is the store up yet (rank 0 or the launcher's agent hosts it)? Check "
+               "MASTER_ADDR/MASTER_PORT, or start one with `ddpdiag store serve`";
+        break;
+      case ConnectFailure::kTimedOut:
+        what = "connection timed out";
+        hint = "the host does not answer on port " + std::to_string(opts.port) +
+               ": a firewall may drop the packets, or the address is wrong";
+        break;
+      case ConnectFailure::kUnreachable:
+        what = "host unreachable";
+        hint = "no route to " + opts.host + ": check the address and the network interface";
+        break;
+      case ConnectFailure::kDns:
+        what = "cannot resolve host name";
+        hint = "check that '" + opts.host + "' (MASTER_ADDR) resolves on this machine, or use an IP address";
+        break;
+      default:
+        what = "connection failed";
+        hint = "check MASTER_ADDR/MASTER_PORT";
+        break;
+    }
+    throw RendezvousError("cannot connect to the store at " + where() + " after " + std::to_string(tries) +
+                              " attempt(s) in " + std::to_string(took) + " ms: " + what + " (" + detail + ")",
+                          ctx("store.connect", hint));
+  }
+
+  // ---- raw I/O under deadlines -------------------------------------------
+
+  IoStatus send_all(const Bytes& b, Deadline deadline) {
+    std::size_t off = 0;
+    while (off < b.size()) {
+      ssize_t w = ::send(fd, b.data() + off, b.size() - off, MSG_NOSIGNAL);
+      if (w > 0) {
+        off += static_cast<std::size_t>(w);
+        continue;
+      }
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        pollfd p{fd, POLLOUT, 0};
+        int r = ::poll(&p, 1, poll_timeout_ms(deadline));
+        if (r == 0) return IoStatus::kTimeout;
+        if (r < 0 && errno != EINTR) return IoStatus::kError;
+        continue;
+      }
+      return errno == EPIPE || errno == ECONNRESET ? IoStatus::kClosed : IoStatus::kError;
+    }
+    return IoStatus::kOk;
+  }
+
+  IoStatus recv_exact(std::uint8_t* buf, std::size_t n, Deadline deadline) {
+    std::size_t off = 0;
+    while (off < n) {
+      ssize_t r = ::recv(fd, buf + off, n - off, 0);
+      if (r > 0) {
+        off += static_cast<std::size_t>(r);
+        continue;
+      }
+      if (r == 0) return IoStatus::kClosed;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) {
+        pollfd p{fd, POLLIN, 0};
+        int pr = ::poll(&p, 1, poll_timeout_ms(deadline));
+        if (pr == 0) return IoStatus::kTimeout;
+        if (pr < 0 && errno != EINTR) return IoStatus::kError;
+        continue;
+      }
+      return errno == ECONNRESET ? IoStatus::kClosed : IoStatus::kError;
+    }
+    return IoStatus::kOk;
+  }
+
+  // Turns a failed I/O status into the error to throw; the connection is
+  // dropped first because its reply stream can no longer be trusted.
+  [[noreturn]] void fail(IoStatus st, std::string_view op, Millis limit) {
+    drop();
+    if (st == IoStatus::kTimeout)
+      throw TimeoutError("the store at " + where() + " did not answer " + std::string(op) + " within " +
+                             std::to_string(limit.count()) + " ms",
+                         ctx("store.io", "the store server is overloaded or stuck; is it a TCPStore "
+                                         "speaking " + std::string(store_protocol_name(protocol)) + "?"));
+    throw RendezvousError("the store at " + where() + " closed the connection during " + std::string(op),
+                          ctx("store.io",
+                              "the store server exited, or rejected the request (key over 8 KiB, value "
+                              "over 8 MiB, or a protocol mismatch: try --protocol 1.13 or 2.x)"));
+  }
+
+  void send_req(const tp::Request& q, Deadline deadline) {
+    Bytes b = tp::encode_request(protocol, q);
+    IoStatus st = send_all(b, deadline);
+    if (st != IoStatus::kOk) fail(st, tp::op_name(q.op), opts.io_timeout);
+  }
+  void recv_or_fail(std::uint8_t* buf, std::size_t n, Deadline deadline, tp::Op op) {
+    IoStatus st = recv_exact(buf, n, deadline);
+    if (st != IoStatus::kOk) fail(st, tp::op_name(op), opts.io_timeout);
+  }
+  std::int64_t recv_i64(Deadline d, tp::Op op) {
+    std::uint8_t b[8];
+    recv_or_fail(b, 8, d, op);
+    return static_cast<std::int64_t>(tp::load_u64(b));
+  }
+  std::uint8_t recv_u8(Deadline d, tp::Op op) {
+    std::uint8_t b = 0;
+    recv_or_fail(&b, 1, d, op);
+    return b;
+  }
+  Bytes recv_value(Deadline d, tp::Op op) {
+    std::uint8_t b[8];
+    recv_or_fail(b, 8, d, op);
+    std::uint64_t n = tp::load_u64(b);
+    if (n > (std::uint64_t{1} << 34)) {
+      drop();
+      throw RendezvousError("the store at " + where() + " sent a value of " + std::to_string(n) +
+                                " bytes in reply to " + std::string(tp::op_name(op)),
+                            ctx("store.io", "protocol mismatch? try --protocol 1.13 or 2.x"));
+    }
+    Bytes v(static_cast<std::size_t>(n));
+    if (n) recv_or_fail(v.data(), v.size(), d, op);
+    return v;
+  }
+
+  // ---- handshake and detection ----------------------------------------
+
+  std::uint32_t make_nonce() {
+    // Bit 23 set: see the file comment (makes a 1.13 server reject the probe
+    // before allocating).
+    return static_cast<std::uint32_t>(rng()) | 0x00800000u;
+  }
+
+  // 2.x handshake on the current socket; true when the server echoed the
+  // nonce before the deadline.
+  bool v2_handshake(Deadline deadline) {
+    tp::Request validate{tp::Op::kValidate, {}, {}, 0, tp::kValidationMagic};
+    tp::Request ping{tp::Op::kPing, {}, {}, 0, make_nonce()};
+    Bytes b = tp::encode_request(StoreProtocol::kV2, validate);
+    Bytes p = tp::encode_request(StoreProtocol::kV2, ping);
+    b.insert(b.end(), p.begin(), p.end());
+    if (send_all(b, deadline) != IoStatus::kOk) return false;
+    std::uint8_t r[4];
+    if (recv_exact(r, 4, deadline) != IoStatus::kOk) return false;
+    return tp::load_u32(r) == ping.nonce;
+  }
+
+  bool v1_probe(Deadline deadline) {
+    Bytes b = tp::encode_request(StoreProtocol::kV1, tp::Request{tp::Op::kNumKeys, {}, {}, 0, 0});
+    if (send_all(b, deadline) != IoStatus::kOk) return false;
+    std::uint8_t r[8];
+    return recv_exact(r, 8, deadline) == IoStatus::kOk;
+  }
+
+  void connect() {
+    connect_socket();
+    const Deadline io = Clock::now() + opts.io_timeout;
+    if (protocol == StoreProtocol::kV2) {
+      if (v2_handshake(io)) return;
+      drop();
+      throw RendezvousError("the store at " + where() + " did not complete the torch 2.x handshake",
+                            ctx("store.connect", "is it a torch 1.13 store? use --protocol 1.13 or auto"));
+    }
+    if (protocol == StoreProtocol::kV1) return;  // 1.13 has no handshake
+    if (v2_handshake(std::min(io, Clock::now() + kDetectTimeout))) {
+      protocol = StoreProtocol::kV2;
+      return;
+    }
+    connect_socket();
+    if (v1_probe(Clock::now() + opts.io_timeout)) {
+      protocol = StoreProtocol::kV1;
+      return;
+    }
+    drop();
+    throw RendezvousError("the server at " + where() + " speaks neither the torch 2.x nor the torch 1.13 store protocol",
+                          ctx("store.connect", "check MASTER_PORT points at the TCPStore, not at another service"));
+  }
+
+  void ensure_connected() {
+    if (fd < 0) connect();
+  }
+
+  Deadline io_deadline() const { return Clock::now() + opts.io_timeout; }
+
+  // ---- operations ---------------------------------------------------------
+
+  // Keys the user named and that are still missing, for error messages.
+  std::vector<std::string> missing_of(const std::vector<std::string>& keys) {
+    std::vector<std::string> missing;
+    try {
+      for (const auto& k : keys) {
+        send_req(tp::Request{tp::Op::kCheck, {key(k)}, {}, 0, 0}, io_deadline());
+        if (recv_u8(io_deadline(), tp::Op::kCheck) != static_cast<std::uint8_t>(tp::CheckReply::kReady))
+          missing.push_back(k);
+      }
+    } catch (const Error&) {
+      return keys;
+    }
+    return missing;
+  }
+
+  void wait(const std::vector<std::string>& keys, Millis timeout) {
+    ensure_connected();
+    tp::Request q{tp::Op::kWait, {}, {}, 0, 0};
+    for (const auto& k : keys) q.keys.push_back(key(k));
+    send_req(q, io_deadline());
+    std::uint8_t r = 0;
+    IoStatus st = recv_exact(&r, 1, Clock::now() + timeout);
+    if (st == IoStatus::kOk) {
+      if (r != static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting)) {
+        drop();
+        throw RendezvousError("unexpected reply " + std::to_string(r) + " to WAIT from the store at " + where(),
+                              ctx("store.wait", "protocol mismatch? try --protocol 1.13 or 2.x"));
+      }
+      return;
+    }
+    if (st != IoStatus::kTimeout) fail(st, "WAIT", timeout);
+    std::vector<std::string> missing = keys;
+    if (protocol == StoreProtocol::kV2) {
+      send_req(tp::Request{tp::Op::kCancelWait, {}, {}, 0, 0}, io_deadline());
+      std::uint8_t c = recv_u8(io_deadline(), tp::Op::kCancelWait);
+      // The keys may have arrived between our deadline and the cancel: the
+      // server then sent STOP_WAITING first and WAIT_CANCELED after it.
+      if (c == static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting))
+        c = recv_u8(io_deadline(), tp::Op::kCancelWait);
+      if (c != static_cast<std::uint8_t>(tp::WaitReply::kWaitCanceled)) {
+        drop();
+      } else {
+        missing = missing_of(keys);
+      }
+    } else {
+      drop();  // 1.13 cannot cancel: a late STOP_WAITING would desync the stream
+    }
+    throw TimeoutError("store wait timed out after " + std::to_string(timeout.count()) + " ms; keys: " +
+                           join_keys(keys) + (missing.empty() ? "" : "; missing: " + join_keys(missing)),
+                       ctx("store.wait",
+                           "the ranks that set these keys did not get there in time: check that they all "
+                           "started, that WORLD_SIZE matches, and that they use the same "
+                           "MASTER_ADDR:MASTER_PORT (" + where() + ")"));
+  }
+};
+
+TcpStoreClient::TcpStoreClient(TcpStoreClientOptions opts) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = std::move(opts);
+  impl_->protocol = impl_->opts.protocol;
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->connect();
+}
+
+TcpStoreClient::~TcpStoreClient() = default;
+
+void TcpStoreClient::set(const std::string& key, const Bytes& value) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ensure_connected();
+  impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kSet, {impl_->key(key)}, {value}, 0, 0},
+                  impl_->io_deadline());
+}
+
+Bytes TcpStoreClient::get(const std::string& key, Millis timeout) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->wait({key}, timeout);
+  impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kGet, {impl_->key(key)}, {}, 0, 0}, impl_->io_deadline());
+  return impl_->recv_value(impl_->io_deadline(), tcp_protocol::Op::kGet);
+}
+
+std::int64_t TcpStoreClient::add(const std::string& key, std::int64_t delta) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ensure_connected();
+  impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kAdd, {impl_->key(key)}, {}, delta, 0},
+                  impl_->io_deadline());
+  return impl_->recv_i64(impl_->io_deadline(), tcp_protocol::Op::kAdd);
+}
+
+bool TcpStoreClient::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ensure_connected();
+  tcp_protocol::Request q{tcp_protocol::Op::kCheck, {}, {}, 0, 0};
+  for (const auto& k : keys) q.keys.push_back(impl_->key(k));
+  impl_->send_req(q, impl_->io_deadline());
+  return impl_->recv_u8(impl_->io_deadline(), tcp_protocol::Op::kCheck) ==
+         static_cast<std::uint8_t>(tcp_protocol::CheckReply::kReady);
+}
+
+void TcpStoreClient::wait(const std::vector<std::string>& keys, Millis timeout) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->wait(keys, timeout);
+}
+
+Bytes TcpStoreClient::compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ensure_connected();
+  impl_->send_req(
+      tcp_protocol::Request{tcp_protocol::Op::kCompareSet, {impl_->key(key)}, {expected, desired}, 0, 0},
+      impl_->io_deadline());
+  return impl_->recv_value(impl_->io_deadline(), tcp_protocol::Op::kCompareSet);
+}
+
+bool TcpStoreClient::delete_key(const std::string& key) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ensure_connected();
+  impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kDeleteKey, {impl_->key(key)}, {}, 0, 0},
+                  impl_->io_deadline());
+  return impl_->recv_i64(impl_->io_deadline(), tcp_protocol::Op::kDeleteKey) > 0;
+}
+
+std::int64_t TcpStoreClient::num_keys() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ensure_connected();
+  impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kNumKeys, {}, {}, 0, 0}, impl_->io_deadline());
+  return impl_->recv_i64(impl_->io_deadline(), tcp_protocol::Op::kNumKeys);
+}
+
+StoreProtocol TcpStoreClient::protocol() const { return impl_->protocol; }
+
+double TcpStoreClient::ping_us() {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ensure_connected();
+  const auto t0 = Clock::now();
+  if (impl_->protocol == StoreProtocol::kV2) {
+    std::uint32_t nonce = impl_->make_nonce();
+    impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kPing, {}, {}, 0, nonce}, impl_->io_deadline());
+    std::uint8_t r[4];
+    impl_->recv_or_fail(r, 4, impl_->io_deadline(), tcp_protocol::Op::kPing);
+    if (tcp_protocol::load_u32(r) != nonce) {
+      impl_->drop();
+      throw RendezvousError("the store at " + impl_->where() + " answered PING with a wrong nonce",
+                            impl_->ctx("store.ping", "another client may share this connection; a bug"));
+    }
+  } else {
+    impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kNumKeys, {}, {}, 0, 0}, impl_->io_deadline());
+    impl_->recv_i64(impl_->io_deadline(), tcp_protocol::Op::kNumKeys);
+  }
+  return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+}
+
+int TcpStoreClient::connect_attempts() const { return impl_->attempts; }
+
+}  // namespace ddpdiag

@@ -1,1 +1,584 @@
-// placeholder
+// TcpStoreServer: one epoll thread serving every connection of both c10d
+// protocols.
+//
+// Invariants of the event loop:
+// - Only the loop thread touches the key map, the connections and the
+//   waiters; other threads see num_keys/num_connections through atomics and
+//   stop the loop through the eventfd.
+// - Sockets are non-blocking. Each connection has an input buffer that the
+//   incremental parser reads complete requests from, and an output buffer
+//   holding what the kernel did not take yet (EPOLLOUT is armed only while it
+//   is non-empty). A request is handled only once all its bytes are there,
+//   so a slow or silent client never blocks the others.
+// - A connection's protocol is decided by its first bytes (sniff_protocol):
+//   the 2.x preamble (VALIDATE + magic) or anything else, which is 1.13.
+// - Anything the protocol does not allow (unknown op, oversized key or value,
+//   GET of a missing key, a non-integer counter) closes that connection and
+//   only that one, as the c10d servers do.
+// - WAIT parks a waiter holding the set of missing keys; every op that
+//   creates or changes a key (SET, ADD, APPEND, COMPARE_SET when it writes,
+//   MULTI_SET) wakes the waiters of that key, and a waiter whose set becomes
+//   empty is answered STOP_WAITING. CANCEL_WAIT (2.x) drops the connection's
+//   waiters and answers WAIT_CANCELED; closing a connection drops them too.
+// - 1.13's WATCH_KEY (the callback connection of its Python client) is
+//   answered by closing the connection: ddpdiag does not implement key-change
+//   notifications, and a close makes torch's watch call fail instead of hang.
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "comm/errors.h"
+#include "comm/store/tcp_protocol.h"
+#include "comm/store/tcp_store.h"
+
+namespace ddpdiag {
+namespace {
+
+namespace tp = tcp_protocol;
+
+// A client that does not read its replies cannot make the server buffer
+// without bound: past this much pending output its connection is closed.
+constexpr std::size_t kMaxPendingOutputBytes = 64u << 20;
+constexpr std::size_t kReadChunkBytes = 64 * 1024;
+// Per readiness event, read at most this much from one connection before
+// serving the others (level-triggered epoll brings us back).
+constexpr std::size_t kMaxReadPerEventBytes = 1u << 20;
+constexpr std::uint64_t kEventFdTag = 0;
+constexpr std::uint64_t kListenTag = 1;
+constexpr std::uint64_t kFirstConnId = 16;
+
+void raise_fd_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+}  // namespace
+
+struct TcpStoreServer::Impl {
+  struct Waiter {
+    std::uint64_t conn_id = 0;
+    std::unordered_set<std::string> missing;
+  };
+  struct Conn {
+    int fd = -1;
+    std::uint64_t id = 0;
+    std::optional<StoreProtocol> protocol;
+    Bytes in;
+    std::size_t in_off = 0;
+    std::size_t need = 0;  // don't parse again until in holds this many bytes
+    Bytes out;
+    std::size_t out_off = 0;
+    bool epollout_armed = false;
+    bool closing = false;
+    std::vector<std::uint64_t> waits;
+  };
+
+  TcpStoreServerOptions opts;
+  tp::ParseLimits limits;
+  int listen_fd = -1;
+  int epoll_fd = -1;
+  int event_fd = -1;
+  int spare_fd = -1;  // closed to accept-and-drop when the process runs out of fds
+  int bound_port = 0;
+  std::thread loop_thread;
+  std::atomic<std::size_t> open_connections{0};
+  std::atomic<std::int64_t> key_count{0};
+
+  // Loop-thread state.
+  std::unordered_map<std::string, Bytes> kv;
+  std::unordered_map<std::uint64_t, Conn> conns;
+  std::unordered_map<std::uint64_t, Waiter> waiters;
+  std::unordered_map<std::string, std::vector<std::uint64_t>> waiters_by_key;
+  std::vector<std::uint64_t> to_close;
+  std::uint64_t next_conn_id = kFirstConnId;
+  std::uint64_t next_wait_id = 1;
+
+  ~Impl() {
+    for (auto& [id, c] : conns) ::close(c.fd);
+    for (int fd : {listen_fd, epoll_fd, event_fd, spare_fd})
+      if (fd >= 0) ::close(fd);
+  }
+
+  void bind_and_listen() {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    std::string port_s = std::to_string(opts.port);
+    const char* host = opts.host.empty() ? nullptr : opts.host.c_str();
+    int rc = ::getaddrinfo(host, port_s.c_str(), &hints, &res);
+    std::string where = opts.host + ":" + port_s;
+    if (rc != 0)
+      throw RendezvousError("cannot resolve the store bind address " + where + ": " + gai_strerror(rc),
+                            {"store.serve", -1, -1, "use a numeric address such as 0.0.0.0 or ::"});
+    int last_err = 0;
+    for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+      if (fd < 0) {
+        last_err = errno;
+        continue;
+      }
+      int one = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      if (ai->ai_family == AF_INET6) {
+        // "::" serves IPv4 clients too (v4-mapped), as torch's server does.
+        int zero = 0;
+        ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
+      }
+      if (::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0) {
+        listen_fd = fd;
+        break;
+      }
+      last_err = errno;
+      ::close(fd);
+    }
+    ::freeaddrinfo(res);
+    if (listen_fd >= 0) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      ::getsockname(listen_fd, reinterpret_cast<sockaddr*>(&ss), &len);
+      bound_port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                            : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+      return;
+    }
+    if (last_err == EADDRINUSE)
+      throw RendezvousError(
+          "cannot serve the store on " + where + ": address already in use",
+          {"store.serve", -1, -1,
+           "port " + port_s +
+               " is held by another process: another job, a leftover ddpdiag, or a launcher's "
+               "agent (torchrun's agent hosts its TCPStore on MASTER_PORT). Pick a free port, "
+               "or connect to that store as a client instead of hosting one"});
+    throw RendezvousError("cannot serve the store on " + where + ": " + errno_text(last_err),
+                          {"store.serve", -1, -1,
+                           last_err == EACCES ? "ports below 1024 need privileges; pick another port"
+                                              : "check the host is an address of this machine"});
+  }
+
+  void start() {
+    raise_fd_limit();
+    limits.max_key_bytes = opts.max_key_bytes;
+    limits.max_value_bytes = opts.max_value_bytes;
+    bind_and_listen();
+    epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
+    event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (epoll_fd < 0 || event_fd < 0)
+      throw RendezvousError("cannot start the store event loop: " + errno_text(errno), {"store.serve", -1, -1, ""});
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kEventFdTag;
+    ::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, event_fd, &ev);
+    ev.data.u64 = kListenTag;
+    ::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, listen_fd, &ev);
+    loop_thread = std::thread([this] { loop(); });
+  }
+
+  void stop() {
+    std::uint64_t one = 1;
+    if (event_fd >= 0) (void)!::write(event_fd, &one, sizeof(one));
+    if (loop_thread.joinable()) loop_thread.join();
+  }
+
+  void loop() {
+    std::vector<epoll_event> events(256);
+    for (;;) {
+      int n = ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), -1);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      for (int i = 0; i < n; ++i) {
+        std::uint64_t tag = events[i].data.u64;
+        if (tag == kEventFdTag) return;
+        if (tag == kListenTag) {
+          accept_all();
+          continue;
+        }
+        auto it = conns.find(tag);
+        if (it == conns.end() || it->second.closing) continue;
+        Conn& c = it->second;
+        std::uint32_t e = events[i].events;
+        if (e & EPOLLOUT) flush(c);
+        if (!c.closing && (e & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR))) on_readable(c);
+      }
+      close_pending();
+    }
+  }
+
+  void accept_all() {
+    for (;;) {
+      int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if ((errno == EMFILE || errno == ENFILE) && spare_fd >= 0) {
+          // Out of descriptors: accept and drop one pending client so the
+          // listening socket stops being readable instead of spinning.
+          ::close(spare_fd);
+          int drop = ::accept(listen_fd, nullptr, nullptr);
+          if (drop >= 0) ::close(drop);
+          spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+          continue;
+        }
+        return;  // EAGAIN or a transient error: back to epoll
+      }
+      if (conns.size() >= static_cast<std::size_t>(opts.max_connections)) {
+        ::close(fd);
+        continue;
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      std::uint64_t id = next_conn_id++;
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLRDHUP;
+      ev.data.u64 = id;
+      if (::epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        ::close(fd);
+        continue;
+      }
+      Conn& c = conns[id];
+      c.fd = fd;
+      c.id = id;
+      open_connections.store(conns.size(), std::memory_order_relaxed);
+    }
+  }
+
+  void mark_close(Conn& c) {
+    if (c.closing) return;
+    c.closing = true;
+    to_close.push_back(c.id);
+  }
+
+  void close_pending() {
+    for (std::uint64_t id : to_close) {
+      auto it = conns.find(id);
+      if (it == conns.end()) continue;
+      drop_waiters(it->second);
+      ::epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+      ::close(it->second.fd);
+      conns.erase(it);
+    }
+    to_close.clear();
+    open_connections.store(conns.size(), std::memory_order_relaxed);
+  }
+
+  void on_readable(Conn& c) {
+    std::size_t got_total = 0;
+    bool eof = false;
+    while (got_total < kMaxReadPerEventBytes) {
+      std::size_t old = c.in.size();
+      c.in.resize(old + kReadChunkBytes);
+      ssize_t r = ::recv(c.fd, c.in.data() + old, kReadChunkBytes, 0);
+      if (r > 0) {
+        c.in.resize(old + static_cast<std::size_t>(r));
+        got_total += static_cast<std::size_t>(r);
+        if (static_cast<std::size_t>(r) < kReadChunkBytes) break;
+        continue;
+      }
+      c.in.resize(old);
+      if (r == 0) {
+        eof = true;
+      } else if (errno == EINTR) {
+        continue;
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        eof = true;
+      }
+      break;
+    }
+    process_input(c);
+    // Requests that arrived before the FIN are served; the replies are lost
+    // with the socket, as they are on a c10d server.
+    if (eof) mark_close(c);
+  }
+
+  void process_input(Conn& c) {
+    while (!c.closing) {
+      std::size_t avail = c.in.size() - c.in_off;
+      if (avail == 0 || avail < c.need) break;
+      const std::uint8_t* p = c.in.data() + c.in_off;
+      if (!c.protocol) {
+        c.protocol = tp::sniff_protocol(p, avail);
+        if (!c.protocol) break;  // "00" then fewer than 5 bytes: wait
+      }
+      tp::ParseResult pr = tp::parse_request(*c.protocol, p, avail, limits);
+      if (pr.status == tp::ParseStatus::kNeedMore) {
+        c.need = pr.need;
+        break;
+      }
+      if (pr.status == tp::ParseStatus::kMalformed) {
+        mark_close(c);
+        break;
+      }
+      c.need = 0;
+      c.in_off += pr.consumed;
+      handle(c, pr.request);
+    }
+    if (c.in_off == c.in.size()) {
+      c.in.clear();
+      c.in_off = 0;
+    } else if (c.in_off > 0 && c.in_off >= c.in.size() / 2) {
+      c.in.erase(c.in.begin(), c.in.begin() + static_cast<std::ptrdiff_t>(c.in_off));
+      c.in_off = 0;
+    }
+  }
+
+  void reply(Conn& c, const Bytes& bytes) {
+    if (c.closing) return;
+    if (c.out_off == c.out.size()) {
+      c.out.clear();
+      c.out_off = 0;
+      std::size_t sent = 0;
+      while (sent < bytes.size()) {
+        ssize_t w = ::send(c.fd, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
+        if (w > 0) {
+          sent += static_cast<std::size_t>(w);
+        } else if (w < 0 && errno == EINTR) {
+          continue;
+        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+          break;
+        } else {
+          mark_close(c);
+          return;
+        }
+      }
+      if (sent == bytes.size()) return;
+      c.out.assign(bytes.begin() + static_cast<std::ptrdiff_t>(sent), bytes.end());
+    } else {
+      c.out.insert(c.out.end(), bytes.begin(), bytes.end());
+    }
+    if (c.out.size() - c.out_off > kMaxPendingOutputBytes) {
+      mark_close(c);
+      return;
+    }
+    arm_epollout(c, true);
+  }
+
+  void arm_epollout(Conn& c, bool on) {
+    if (c.epollout_armed == on) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP | (on ? EPOLLOUT : 0u);
+    ev.data.u64 = c.id;
+    ::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, c.fd, &ev);
+    c.epollout_armed = on;
+  }
+
+  void flush(Conn& c) {
+    while (c.out_off < c.out.size()) {
+      ssize_t w = ::send(c.fd, c.out.data() + c.out_off, c.out.size() - c.out_off, MSG_NOSIGNAL);
+      if (w > 0) {
+        c.out_off += static_cast<std::size_t>(w);
+      } else if (w < 0 && errno == EINTR) {
+        continue;
+      } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return;
+      } else {
+        mark_close(c);
+        return;
+      }
+    }
+    c.out.clear();
+    c.out_off = 0;
+    arm_epollout(c, false);
+  }
+
+  void set_key(const std::string& key, Bytes value) {
+    kv[key] = std::move(value);
+    key_count.store(static_cast<std::int64_t>(kv.size()), std::memory_order_relaxed);
+    wake(key);
+  }
+
+  void wake(const std::string& key) {
+    auto it = waiters_by_key.find(key);
+    if (it == waiters_by_key.end()) return;
+    std::vector<std::uint64_t> ids = std::move(it->second);
+    waiters_by_key.erase(it);
+    for (std::uint64_t wid : ids) {
+      auto w = waiters.find(wid);
+      if (w == waiters.end()) continue;
+      w->second.missing.erase(key);
+      if (!w->second.missing.empty()) continue;
+      auto cit = conns.find(w->second.conn_id);
+      waiters.erase(w);
+      if (cit == conns.end()) continue;
+      Conn& wc = cit->second;
+      std::erase(wc.waits, wid);
+      Bytes out;
+      tp::append_u8(out, static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting));
+      reply(wc, out);
+    }
+  }
+
+  void drop_waiters(Conn& c) {
+    for (std::uint64_t wid : c.waits) {
+      auto w = waiters.find(wid);
+      if (w == waiters.end()) continue;
+      for (const auto& key : w->second.missing) {
+        auto k = waiters_by_key.find(key);
+        if (k == waiters_by_key.end()) continue;
+        std::erase(k->second, wid);
+        if (k->second.empty()) waiters_by_key.erase(k);
+      }
+      waiters.erase(w);
+    }
+    c.waits.clear();
+  }
+
+  void handle(Conn& c, tp::Request& q) {
+    Bytes out;
+    switch (q.op) {
+      case tp::Op::kValidate:
+        return;  // no reply; sniffing already required it first on 2.x connections
+      case tp::Op::kPing:
+        tp::append_u32(out, q.nonce);
+        break;
+      case tp::Op::kSet:
+        set_key(q.keys[0], std::move(q.values[0]));
+        return;
+      case tp::Op::kAppend: {
+        Bytes& v = kv[q.keys[0]];
+        if (v.size() + q.values[0].size() > limits.max_value_bytes) {
+          mark_close(c);
+          return;
+        }
+        v.insert(v.end(), q.values[0].begin(), q.values[0].end());
+        key_count.store(static_cast<std::int64_t>(kv.size()), std::memory_order_relaxed);
+        wake(q.keys[0]);
+        return;
+      }
+      case tp::Op::kMultiSet:
+        for (std::size_t i = 0; i < q.keys.size(); ++i) set_key(q.keys[i], std::move(q.values[i]));
+        return;
+      case tp::Op::kCompareSet: {
+        const std::string& key = q.keys[0];
+        Bytes& expected = q.values[0];
+        Bytes& desired = q.values[1];
+        auto it = kv.find(key);
+        if (it == kv.end()) {
+          if (expected.empty()) {
+            tp::append_bytes(out, desired);
+            set_key(key, std::move(desired));
+          } else {
+            tp::append_bytes(out, expected);
+          }
+        } else {
+          if (it->second == expected) {
+            tp::append_bytes(out, desired);
+            set_key(key, std::move(desired));
+          } else {
+            tp::append_bytes(out, it->second);
+          }
+        }
+        break;
+      }
+      case tp::Op::kGet: {
+        auto it = kv.find(q.keys[0]);
+        if (it == kv.end()) {
+          mark_close(c);  // as 1.13: clients WAIT before GET
+          return;
+        }
+        tp::append_bytes(out, it->second);
+        break;
+      }
+      case tp::Op::kMultiGet: {
+        for (const auto& k : q.keys) {
+          auto it = kv.find(k);
+          if (it == kv.end()) {
+            mark_close(c);
+            return;
+          }
+          tp::append_bytes(out, it->second);
+        }
+        break;
+      }
+      case tp::Op::kAdd: {
+        std::int64_t current = 0;
+        auto it = kv.find(q.keys[0]);
+        if (it != kv.end()) {
+          auto v = tp::parse_counter(it->second);
+          if (!v) {
+            mark_close(c);
+            return;
+          }
+          current = *v;
+        }
+        std::int64_t next = static_cast<std::int64_t>(static_cast<std::uint64_t>(current) +
+                                                      static_cast<std::uint64_t>(q.delta));
+        set_key(q.keys[0], tp::format_counter(next));
+        tp::append_i64(out, next);
+        break;
+      }
+      case tp::Op::kCheck: {
+        bool all = std::all_of(q.keys.begin(), q.keys.end(), [&](const std::string& k) { return kv.count(k) > 0; });
+        tp::append_u8(out, static_cast<std::uint8_t>(all ? tp::CheckReply::kReady : tp::CheckReply::kNotReady));
+        break;
+      }
+      case tp::Op::kWait: {
+        Waiter w;
+        w.conn_id = c.id;
+        for (const auto& k : q.keys)
+          if (!kv.count(k)) w.missing.insert(k);
+        if (w.missing.empty()) {
+          tp::append_u8(out, static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting));
+          break;
+        }
+        std::uint64_t wid = next_wait_id++;
+        for (const auto& k : w.missing) waiters_by_key[k].push_back(wid);
+        waiters.emplace(wid, std::move(w));
+        c.waits.push_back(wid);
+        return;
+      }
+      case tp::Op::kCancelWait:
+        drop_waiters(c);
+        tp::append_u8(out, static_cast<std::uint8_t>(tp::WaitReply::kWaitCanceled));
+        break;
+      case tp::Op::kNumKeys:
+        tp::append_i64(out, static_cast<std::int64_t>(kv.size()));
+        break;
+      case tp::Op::kDeleteKey: {
+        std::int64_t n = static_cast<std::int64_t>(kv.erase(q.keys[0]));
+        key_count.store(static_cast<std::int64_t>(kv.size()), std::memory_order_relaxed);
+        tp::append_i64(out, n);
+        break;
+      }
+      case tp::Op::kWatchKey:
+        mark_close(c);  // see the file comment
+        return;
+    }
+    reply(c, out);
+  }
+};
+
+TcpStoreServer::TcpStoreServer(TcpStoreServerOptions opts) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = std::move(opts);
+  impl_->start();
+}
+
+TcpStoreServer::~TcpStoreServer() { impl_->stop(); }
+
+int TcpStoreServer::port() const { return impl_->bound_port; }
+std::size_t TcpStoreServer::num_connections() const {
+  return impl_->open_connections.load(std::memory_order_relaxed);
+}
+std::int64_t TcpStoreServer::num_keys() const { return impl_->key_count.load(std::memory_order_relaxed); }
+
+}  // namespace ddpdiag

@@ -1,0 +1,130 @@
+// The c10d TCPStore wire protocol of PyTorch 1.13 ("v1") and 2.x ("v2") as
+// pure functions: request encoding (client side), incremental request parsing
+// (server side) and reply encoding. No sockets here, so every byte layout is
+// unit-testable.
+//
+// Framing (both versions): a request is one byte of query type followed by
+// its arguments; strings and byte values are a uint64 LE length then the
+// bytes; key counts are uint64 LE (MULTI_SET's count is int64 LE, same bytes
+// for any sane count); integers are int64 LE; PING's nonce and VALIDATE's
+// magic are uint32 LE. Replies are bare values with no framing of their own,
+// so a client must know which reply shape each request has. One request at a
+// time per connection, no request ids: the reply stream is in request order.
+//
+// The two versions differ in the query-type numbering (2.x inserted VALIDATE
+// at 0 and dropped WATCH_KEY) and in the handshake: a 2.x client opens every
+// connection with VALIDATE (00 ce f7 85 3c); a 1.13 client sends no handshake.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/store/store.h"
+#include "comm/store/tcp_store.h"
+
+namespace ddpdiag::tcp_protocol {
+
+inline constexpr std::uint32_t kValidationMagic = 0x3C85F7CE;
+// The first five bytes of every 2.x connection: VALIDATE (0) + magic, LE.
+inline constexpr std::uint8_t kV2Preamble[5] = {0x00, 0xce, 0xf7, 0x85, 0x3c};
+
+// Protocol-independent operation names; the codes differ per version.
+enum class Op : std::uint8_t {
+  kValidate,
+  kSet,
+  kCompareSet,
+  kGet,
+  kAdd,
+  kCheck,
+  kWait,
+  kNumKeys,
+  kWatchKey,  // 1.13 only
+  kDeleteKey,
+  kAppend,     // 2.x only from here on
+  kMultiGet,
+  kMultiSet,
+  kCancelWait,
+  kPing,
+};
+std::string_view op_name(Op op);
+
+// Query-type byte of op in protocol p (kV1 or kV2); nullopt when p lacks op.
+std::optional<std::uint8_t> op_code(StoreProtocol p, Op op);
+// Inverse of op_code; nullopt for an unknown code.
+std::optional<Op> op_from_code(StoreProtocol p, std::uint8_t code);
+
+// Reply enums (one byte on the wire, same values in both versions).
+enum class CheckReply : std::uint8_t { kReady = 0, kNotReady = 1 };
+enum class WaitReply : std::uint8_t { kStopWaiting = 0, kWaitCanceled = 1 };
+// 1.13's reply to WATCH_KEY (WatchResponseType::KEY_CALLBACK_REGISTERED).
+inline constexpr std::uint8_t kWatchCallbackRegistered = 3;
+
+// One decoded request. Which fields are used depends on op:
+//   SET/APPEND: keys[0], values[0]      COMPARE_SET: keys[0], values[0]=expected, values[1]=desired
+//   GET/DELETE_KEY/WATCH_KEY: keys[0]   ADD: keys[0], delta
+//   CHECK/WAIT/MULTI_GET: keys          MULTI_SET: keys, values (same count)
+//   PING: nonce   VALIDATE: nonce = magic   GETNUMKEYS/CANCEL_WAIT: nothing
+struct Request {
+  Op op = Op::kPing;
+  std::vector<std::string> keys;
+  std::vector<Bytes> values;
+  std::int64_t delta = 0;
+  std::uint32_t nonce = 0;
+};
+
+// Bytes of req in protocol p. Throws std::invalid_argument when p lacks req.op.
+Bytes encode_request(StoreProtocol p, const Request& req);
+
+struct ParseLimits {
+  std::size_t max_key_bytes = 8 * 1024;
+  std::size_t max_value_bytes = 8 * 1024 * 1024;
+  // Keys in one CHECK/WAIT/MULTI_GET/MULTI_SET. Bounded so that a garbage
+  // count cannot make the server reserve memory for it.
+  std::size_t max_keys_per_request = 64 * 1024;
+};
+
+enum class ParseStatus : std::uint8_t {
+  kNeedMore,   // a valid prefix; wait for `need` bytes in total
+  kComplete,   // `consumed` bytes form `request`
+  kMalformed,  // unknown op, oversized field, bad magic: close the connection
+};
+struct ParseResult {
+  ParseStatus status = ParseStatus::kNeedMore;
+  std::size_t consumed = 0;  // kComplete: bytes of the request
+  std::size_t need = 0;      // kNeedMore: lower bound on the bytes the request needs
+  Request request;
+  std::string error;         // kMalformed: why, for logs and tests
+};
+
+// Parses at most one request from the front of data[0, len). Never reads
+// past len, never allocates for a field before checking it against limits.
+ParseResult parse_request(StoreProtocol p, const std::uint8_t* data, std::size_t len,
+                          const ParseLimits& limits);
+
+// Which protocol a server connection speaks, from its first bytes: kV2 when
+// they are the 2.x preamble, kV1 when they cannot be, nullopt while too few
+// bytes have arrived to tell (only possible when the first byte is 0).
+std::optional<StoreProtocol> sniff_protocol(const std::uint8_t* data, std::size_t len);
+
+// Reply encoders (server side).
+void append_u8(Bytes& out, std::uint8_t v);
+void append_u32(Bytes& out, std::uint32_t v);
+void append_i64(Bytes& out, std::int64_t v);
+void append_u64(Bytes& out, std::uint64_t v);
+void append_bytes(Bytes& out, const std::uint8_t* data, std::size_t len);  // length-prefixed
+inline void append_bytes(Bytes& out, const Bytes& b) { append_bytes(out, b.data(), b.size()); }
+
+// Little-endian loads (client side reply decoding).
+std::uint64_t load_u64(const std::uint8_t* p);
+std::uint32_t load_u32(const std::uint8_t* p);
+
+// ADD's counter format: decimal ASCII. Returns nullopt for a value that is
+// not an integer (the c10d servers throw and drop the connection then).
+std::optional<std::int64_t> parse_counter(const Bytes& value);
+Bytes format_counter(std::int64_t v);
+
+}  // namespace ddpdiag::tcp_protocol
