@@ -21,6 +21,11 @@ enum class ExitCode : int {
 };
 
 struct ErrorContext {
+  // A constructor rather than an aggregate, so partial initialisation such as
+  // ErrorContext{"store.connect", rank} is complete and warning-free.
+  ErrorContext(std::string phase_ = {}, int rank_ = -1, int peer_ = -1, std::string hint_ = {})
+      : phase(std::move(phase_)), rank(rank_), peer(peer_), hint(std::move(hint_)) {}
+
   std::string phase;  // "world", "store.connect", "backend.init", "allreduce", ...
   int rank = -1;      // the rank that raised it, -1 when unknown
   int peer = -1;      // the peer involved, -1 when none
