@@ -1,0 +1,98 @@
+"""ddpdiag under PyTorch's own launch machinery, with whichever torch the
+interpreter running this file has (Debian's 1.13 or a 2.x):
+
+- a store hosted by torch (TCPStore(is_master=True), as torchrun's agent does)
+  with the workers' environment set exactly as the agent sets it;
+- the real torchrun: torch 2.x's `torchrun`, or for 1.13 the module
+  torch.distributed.run with the fix in scripts/torchrun113.py.
+"""
+import os
+import subprocess
+import sys
+import unittest
+from datetime import timedelta
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "mp"))
+from common import (BIN, check_report, clean_env, free_port, load, run_ranks,  # noqa: E402
+                    tmp_json)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+TORCH2 = int(torch.__version__.split(".")[0]) >= 2
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
+SMALL = ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
+
+
+def agent_env(rank, n, port, restart_count=0):
+    return clean_env(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=n, LOCAL_WORLD_SIZE=n, GROUP_RANK=0,
+                     GROUP_WORLD_SIZE=1, ROLE_RANK=rank, ROLE_WORLD_SIZE=n, ROLE_NAME="default",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                     TORCHELASTIC_RESTART_COUNT=restart_count, TORCHELASTIC_MAX_RESTARTS=0,
+                     TORCHELASTIC_RUN_ID="none", TORCHELASTIC_USE_AGENT_STORE="True",
+                     OMP_NUM_THREADS=1)
+
+
+class TorchHostedStore(unittest.TestCase):
+    def test_allreduce_test_against_torch_store(self):
+        port = free_port()
+        store = dist.TCPStore("127.0.0.1", port, is_master=True,
+                              timeout=timedelta(seconds=60))
+        # A torch user of the same store, as the agent's own keys would be.
+        store.set("/worker/attempt_1/user_key", "torch")
+        n = 3
+        paths = [tmp_json() for _ in range(n)]
+        res = run_ranks([["allreduce-test", "--json", paths[r]] + SMALL for r in range(n)],
+                        [agent_env(r, n, port, restart_count=1) for r in range(n)])
+        for rc, so, se, _ in res:
+            self.assertEqual(rc, 0, se)
+        rep = load(paths[0])
+        check_report(self, rep, n)
+        self.assertEqual(rep["world"]["launcher"], "torchrun")
+        # ddpdiag's keys are under the attempt prefix and its own prefix, as
+        # torch names them, and it left torch's own key alone.
+        self.assertTrue(store.check(["/worker/attempt_1/ddpdiag/rank/0"]))
+        self.assertEqual(store.get("/worker/attempt_1/user_key"), b"torch")
+
+    def test_store_ping_reports_the_protocol(self):
+        port = free_port()
+        store = dist.TCPStore("127.0.0.1", port, is_master=True,
+                              timeout=timedelta(seconds=30))
+        store.set("a", "1")
+        p = subprocess.run([BIN, "store", "ping", "127.0.0.1:%d" % port], capture_output=True,
+                           text=True, timeout=60, env=clean_env())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("2.x" if TORCH2 else "1.13", p.stdout)
+
+
+class RealTorchrun(unittest.TestCase):
+    def torchrun_cmd(self):
+        if TORCH2:
+            return [sys.executable, "-m", "torch.distributed.run"]
+        return [sys.executable, os.path.join(REPO, "scripts", "torchrun113.py")]
+
+    def run_torchrun(self, extra, n=2):
+        path = tmp_json()
+        cmd = self.torchrun_cmd() + extra + ["--nproc-per-node", str(n), "--no-python", BIN,
+                                             "allreduce-test", "--json", path] + SMALL
+        env = clean_env()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        check_report(self, rep, n)
+        self.assertEqual(rep["world"]["launcher"], "torchrun")
+        return rep
+
+    def test_torchrun_default(self):
+        port = free_port()
+        rep = self.run_torchrun(["--master-addr", "127.0.0.1", "--master-port", str(port)])
+        self.assertIn("TORCHELASTIC_USE_AGENT_STORE", rep["environment"])
+
+    def test_torchrun_standalone(self):
+        self.run_torchrun(["--standalone"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
