@@ -1,1 +1,269 @@
-// placeholder
+#include "ddp_core/model_layout.h"
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/errors.h"
+
+namespace ddpdiag::ddp_core {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kFormatHint =
+    "a layout file is either the list written by json.dump([(n, list(p.shape), str(p.dtype)) "
+    "for n, p in model.named_parameters()], f) or an object {\"name\": ..., \"tensors\": "
+    "[{\"name\", \"shape\", \"dtype\", \"sparse\"}]}";
+
+[[noreturn]] void fail(const std::string& source, const std::string& what) {
+  throw UsageError(fmt::format("model layout {}: {}", source, what),
+                   ErrorContext{"model.load", -1, -1, kFormatHint});
+}
+
+struct DTypeSpelling {
+  std::string_view name;
+  DType dtype;
+};
+
+// Every alias torch prints or accepts for the dtypes we model; the first
+// spelling of each dtype is the one str(dtype) gives.
+constexpr DTypeSpelling kTorchDTypes[] = {
+    {"float32", DType::kFloat32}, {"float", DType::kFloat32},   {"float16", DType::kFloat16},
+    {"half", DType::kFloat16},    {"bfloat16", DType::kBFloat16}, {"float64", DType::kFloat64},
+    {"double", DType::kFloat64},  {"int64", DType::kInt64},     {"long", DType::kInt64},
+    {"int32", DType::kInt32},     {"int", DType::kInt32},       {"int8", DType::kInt8},
+    {"uint8", DType::kUInt8},
+};
+
+std::string entry_label(std::size_t index, const std::string& name) {
+  if (name.empty()) return fmt::format("tensor {}", index);
+  return fmt::format("tensor {} ('{}')", index, name);
+}
+
+std::vector<std::int64_t> parse_shape(const json& j, const std::string& source,
+                                      const std::string& where) {
+  if (!j.is_array())
+    fail(source, fmt::format("{}: field 'shape' must be a list of integers, got {}", where,
+                             j.type_name()));
+  std::vector<std::int64_t> shape;
+  shape.reserve(j.size());
+  for (std::size_t d = 0; d < j.size(); ++d) {
+    const json& v = j[d];
+    if (!v.is_number_integer())
+      fail(source, fmt::format("{}: field 'shape' dimension {} must be an integer, got {}", where,
+                               d, v.dump()));
+    // number_integer covers both signed and unsigned storage.
+    if (v.is_number_unsigned() ? v.get<std::uint64_t>() >
+                                     static_cast<std::uint64_t>(
+                                         std::numeric_limits<std::int64_t>::max())
+                               : v.get<std::int64_t>() < 0)
+      fail(source, fmt::format("{}: field 'shape' dimension {} is out of range: {}", where, d,
+                               v.dump()));
+    shape.push_back(v.get<std::int64_t>());
+  }
+  return shape;
+}
+
+DType parse_dtype_field(const json& j, const std::string& source, const std::string& where) {
+  if (!j.is_string())
+    fail(source, fmt::format("{}: field 'dtype' must be a string like \"torch.float32\", got {}",
+                             where, j.dump()));
+  auto t = parse_torch_dtype(j.get<std::string>());
+  if (!t)
+    fail(source, fmt::format("{}: field 'dtype' has unsupported dtype \"{}\" (supported: "
+                             "torch.float32/float, float16/half, bfloat16, float64/double, "
+                             "int64/long, int32/int, int8, uint8)",
+                             where, j.get<std::string>()));
+  return *t;
+}
+
+TensorSpec parse_triple(const json& e, std::size_t i, const std::string& source) {
+  const std::string where0 = entry_label(i, "");
+  if (e.size() < 2 || e.size() > 3)
+    fail(source, fmt::format("{}: expected [name, [shape...], \"torch.dtype\"], got a list of {} "
+                             "items",
+                             where0, e.size()));
+  if (!e[0].is_string())
+    fail(source, fmt::format("{}: field 'name' (item 0) must be a string, got {}", where0,
+                             e[0].dump()));
+  TensorSpec t;
+  t.name = e[0].get<std::string>();
+  const std::string where = entry_label(i, t.name);
+  t.shape = parse_shape(e[1], source, where);
+  if (e.size() == 3) t.dtype = parse_dtype_field(e[2], source, where);
+  return t;
+}
+
+TensorSpec parse_object_entry(const json& e, std::size_t i, const std::string& source) {
+  const std::string where0 = entry_label(i, "");
+  auto name_it = e.find("name");
+  if (name_it == e.end() || !name_it->is_string())
+    fail(source, fmt::format("{}: field 'name' is missing or not a string", where0));
+  TensorSpec t;
+  t.name = name_it->get<std::string>();
+  const std::string where = entry_label(i, t.name);
+  auto shape_it = e.find("shape");
+  if (shape_it == e.end()) fail(source, fmt::format("{}: field 'shape' is missing", where));
+  t.shape = parse_shape(*shape_it, source, where);
+  if (auto it = e.find("dtype"); it != e.end()) t.dtype = parse_dtype_field(*it, source, where);
+  if (auto it = e.find("sparse"); it != e.end()) {
+    if (!it->is_boolean())
+      fail(source,
+           fmt::format("{}: field 'sparse' must be true or false, got {}", where, it->dump()));
+    t.expects_sparse = it->get<bool>();
+  }
+  for (const auto& [key, value] : e.items()) {
+    (void)value;
+    if (key != "name" && key != "shape" && key != "dtype" && key != "sparse")
+      fail(source, fmt::format("{}: unknown field '{}' (expected name, shape, dtype, sparse)",
+                               where, key));
+  }
+  return t;
+}
+
+// Line and column (1-based) of a byte offset, for JSON syntax errors.
+std::pair<std::size_t, std::size_t> line_col(std::string_view text, std::size_t byte) {
+  byte = std::min(byte, text.size());
+  std::size_t line = 1, col = 1;
+  for (std::size_t i = 0; i < byte; ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {line, col};
+}
+
+}  // namespace
+
+std::int64_t TensorSpec::numel() const {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::uint64_t TensorSpec::bytes() const {
+  return static_cast<std::uint64_t>(numel()) * dtype_size(dtype);
+}
+
+std::int64_t ModelLayout::total_numel() const {
+  std::int64_t n = 0;
+  for (const auto& t : tensors) n += t.numel();
+  return n;
+}
+
+std::uint64_t ModelLayout::total_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& t : tensors) n += t.bytes();
+  return n;
+}
+
+std::optional<DType> parse_torch_dtype(std::string_view s) {
+  if (s.starts_with("torch.")) s.remove_prefix(6);
+  for (const auto& sp : kTorchDTypes)
+    if (sp.name == s) return sp.dtype;
+  return std::nullopt;
+}
+
+std::string torch_dtype_name(DType t) {
+  for (const auto& sp : kTorchDTypes)
+    if (sp.dtype == t) return "torch." + std::string(sp.name);
+  DDPDIAG_ASSERT(false && "dtype without a torch spelling");
+  return {};
+}
+
+ModelLayout parse_model_layout_json(std::string_view text, const std::string& source) {
+  json doc;
+  try {
+    doc = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    // e.byte is 1-based: the byte at which parsing stopped.
+    const std::size_t byte = e.byte > 0 ? e.byte - 1 : 0;
+    auto [line, col] = line_col(text, byte);
+    fail(source, fmt::format("invalid JSON at byte {} (line {}, column {}): {}", byte, line, col,
+                             e.what()));
+  }
+  ModelLayout layout;
+  const json* entries = nullptr;
+  bool triples = false;
+  if (doc.is_array()) {
+    entries = &doc;
+    triples = true;
+  } else if (doc.is_object()) {
+    if (auto it = doc.find("name"); it != doc.end()) {
+      if (!it->is_string()) fail(source, "field 'name' of the model must be a string");
+      layout.name = it->get<std::string>();
+    }
+    auto it = doc.find("tensors");
+    if (it == doc.end() || !it->is_array())
+      fail(source, "the object form needs a field 'tensors' holding a list");
+    entries = &*it;
+  } else {
+    fail(source, fmt::format("expected a list or an object at the top level, got {}",
+                             doc.type_name()));
+  }
+  layout.tensors.reserve(entries->size());
+  for (std::size_t i = 0; i < entries->size(); ++i) {
+    const json& e = (*entries)[i];
+    // The list form may also hold objects, and the object form triples:
+    // accept whichever shape each entry has.
+    if (e.is_array()) {
+      layout.tensors.push_back(parse_triple(e, i, source));
+    } else if (e.is_object()) {
+      layout.tensors.push_back(parse_object_entry(e, i, source));
+    } else {
+      fail(source, fmt::format("{}: expected {} , got {}", entry_label(i, ""),
+                               triples ? "[name, [shape...], \"torch.dtype\"]"
+                                       : "an object {\"name\", \"shape\", \"dtype\"}",
+                               e.dump()));
+    }
+  }
+  if (layout.tensors.empty()) fail(source, "the layout holds no tensors");
+  if (layout.name.empty()) layout.name = source;
+  return layout;
+}
+
+ModelLayout load_model_layout_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw UsageError(fmt::format("cannot open model layout file '{}'", path),
+                     ErrorContext{"model.load", -1, -1, kFormatHint});
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse_model_layout_json(ss.str(), path);
+}
+
+std::string model_layout_to_json(const ModelLayout& layout) {
+  json tensors = json::array();
+  for (const auto& t : layout.tensors)
+    tensors.push_back({{"name", t.name},
+                       {"shape", t.shape},
+                       {"dtype", torch_dtype_name(t.dtype)},
+                       {"sparse", t.expects_sparse}});
+  json doc = {{"name", layout.name}, {"tensors", std::move(tensors)}};
+  return doc.dump(1);
+}
+
+ModelLayout load_model(const std::string& name_or_path) {
+  if (auto preset = model_preset(name_or_path)) return *std::move(preset);
+  std::ifstream probe(name_or_path);
+  if (!probe) {
+    std::string names;
+    for (const auto& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+    throw UsageError(
+        fmt::format("--model '{}' is neither a built-in preset ({}) nor a readable JSON file",
+                    name_or_path, names),
+        ErrorContext{"model.load", -1, -1, kFormatHint});
+  }
+  return load_model_layout_file(name_or_path);
+}
+
+}  // namespace ddpdiag::ddp_core

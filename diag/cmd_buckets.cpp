@@ -1,1 +1,230 @@
-// placeholder
+// ddpdiag buckets: the gradient buckets DDP builds for a model layout.
+//
+// Hidden modes for the compatibility tests (tests/compat):
+//   --assign-case FILE|-   runs compute_bucket_assignment_by_size on JSON
+//                          cases ({"tensors": [{"bytes", "dtype", "device",
+//                          "sparse"}], "limits": [...], "tensor_indices":
+//                          [...]}, or a list of them) and prints
+//                          {"buckets", "size_limits"} for each;
+//   --dump-layout          prints the model's layout as JSON.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/errors.h"
+#include "ddp_core/bucket_assignment.h"
+#include "ddp_core/model_layout.h"
+#include "diag/commands.h"
+#include "reports/report.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using nlohmann::json;
+using namespace ddpdiag::ddp_core;
+
+struct BucketsOptions {
+  std::string model;
+  double bucket_cap_mb = 25;
+  double first_bucket_mb = 1;
+  std::string json_path;
+  std::string assign_case;
+  bool dump_layout = false;
+};
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+// DDP computes int(bucket_cap_mb * 1024 * 1024) in Python floats; the same
+// double arithmetic gives the same bytes.
+std::uint64_t mb_to_bytes(double mb, const char* flag) {
+  if (!(mb > 0) || mb > 1e12)
+    throw UsageError(fmt::format("{} must be a positive number of MiB, got {}", flag, mb),
+                     ErrorContext{"buckets", -1, -1, "DDP's default is 25 (first bucket 1)"});
+  return static_cast<std::uint64_t>(mb * kMiB);
+}
+
+std::vector<std::string> command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  std::string cur;
+  for (char c : all) {
+    if (c == '\0') {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  return args;
+}
+
+json run_case(const json& c) {
+  auto fail = [](const std::string& what) -> void {
+    throw UsageError("bucket assignment case: " + what, ErrorContext{"buckets", -1, -1, ""});
+  };
+  if (!c.is_object() || !c.contains("tensors") || !c.contains("limits"))
+    fail("expected an object with 'tensors' and 'limits'");
+  std::vector<BucketTensor> tensors;
+  for (const auto& t : c.at("tensors")) {
+    BucketTensor bt;
+    bt.bytes = t.at("bytes").get<std::uint64_t>();
+    const auto dt = parse_torch_dtype(t.value("dtype", std::string("float32")));
+    if (!dt) fail("unknown dtype " + t.value("dtype", std::string()));
+    bt.dtype = *dt;
+    bt.device = t.value("device", 0);
+    bt.expects_sparse = t.value("sparse", false);
+    tensors.push_back(bt);
+  }
+  const auto limits = c.at("limits").get<std::vector<std::uint64_t>>();
+  std::vector<std::int64_t> indices;
+  if (c.contains("tensor_indices")) indices = c.at("tensor_indices").get<std::vector<std::int64_t>>();
+  const BucketAssignment a = compute_bucket_assignment_by_size(tensors, limits, indices);
+  return json{{"buckets", a.buckets}, {"size_limits", a.size_limits}};
+}
+
+int run_assign_case(const std::string& path) {
+  std::string text;
+  if (path == "-") {
+    text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  } else {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw UsageError(fmt::format("cannot open case file '{}'", path), ErrorContext{"buckets", -1, -1, ""});
+    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  }
+  json doc;
+  try {
+    doc = json::parse(text);
+  } catch (const json::exception& e) {
+    throw UsageError(fmt::format("case file '{}': {}", path, e.what()), ErrorContext{"buckets", -1, -1, ""});
+  }
+  json out;
+  try {
+    if (doc.is_array()) {
+      out = json::array();
+      for (const auto& c : doc) out.push_back(run_case(c));
+    } else {
+      out = run_case(doc);
+    }
+  } catch (const json::exception& e) {
+    throw UsageError(fmt::format("case file '{}': {}", path, e.what()), ErrorContext{"buckets", -1, -1, ""});
+  }
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+std::string mib(std::uint64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / kMiB); }
+
+// 25557032 -> "25,557,032"
+std::string thousands(std::uint64_t v) {
+  std::string s = std::to_string(v);
+  for (int i = static_cast<int>(s.size()) - 3; i > 0; i -= 3) s.insert(static_cast<std::size_t>(i), ",");
+  return s;
+}
+
+int run_buckets(const BucketsOptions& o) {
+  if (!o.assign_case.empty()) return run_assign_case(o.assign_case);
+  if (o.model.empty())
+    throw UsageError("buckets needs --model", ErrorContext{"buckets", -1, -1,
+                                                           "e.g. --model resnet50, or --model my_model.json"});
+  const ModelLayout layout = load_model(o.model);
+  if (o.dump_layout) {
+    std::cout << model_layout_to_json(layout) << "\n";
+    return 0;
+  }
+  const std::uint64_t cap = mb_to_bytes(o.bucket_cap_mb, "--bucket-cap-mb");
+  const std::uint64_t first = mb_to_bytes(o.first_bucket_mb, "--first-bucket-mb");
+  const std::vector<DdpBucket> buckets = ddp_buckets(layout, cap, first);
+
+  // Results are data: the table and the JSON report are two views of it.
+  json jbuckets = json::array();
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const DdpBucket& d = buckets[b];
+    const auto [lo, hi] = std::minmax_element(d.param_indices.begin(), d.param_indices.end());
+    jbuckets.push_back({{"index", b},
+                        {"bytes", d.bytes},
+                        {"size_limit_bytes", d.size_limit_bytes},
+                        {"tensor_count", d.tensor_count()},
+                        {"dtype", torch_dtype_name(d.dtype)},
+                        {"sparse", d.sparse},
+                        {"param_indices", d.param_indices},
+                        {"first_param", layout.tensors[*lo].name},
+                        {"last_param", layout.tensors[*hi].name}});
+  }
+  std::uint64_t largest = 0;
+  for (const auto& d : buckets) largest = std::max(largest, d.bytes);
+  json results = {{"model", layout.name},
+                  {"tensor_count", layout.tensors.size()},
+                  {"param_count", layout.total_numel()},
+                  {"total_bytes", layout.total_bytes()},
+                  {"bucket_cap_bytes", cap},
+                  {"first_bucket_bytes", first},
+                  {"bucket_count", buckets.size()},
+                  {"largest_bucket_bytes", largest},
+                  {"order", "gradient_ready"},
+                  {"buckets", std::move(jbuckets)}};
+
+  std::printf("DDP buckets for %s: %s tensors, %s parameters, %s MiB of gradients\n",
+              layout.name.c_str(), thousands(layout.tensors.size()).c_str(),
+              thousands(static_cast<std::uint64_t>(layout.total_numel())).c_str(),
+              mib(layout.total_bytes()).c_str());
+  std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in reverse parameter "
+              "order; bucket 0 is reduced first\n\n",
+              o.bucket_cap_mb, o.first_bucket_mb);
+  std::printf("%6s %10s %10s %8s  %-15s %s\n", "bucket", "size(MiB)", "limit(MiB)", "tensors",
+              "dtype", "parameters (model order: first .. last)");
+  for (const auto& jb : results["buckets"]) {
+    const std::string first_name = jb["first_param"].get<std::string>();
+    const std::string last_name = jb["last_param"].get<std::string>();
+    std::string span = jb["tensor_count"].get<std::size_t>() == 1 ? first_name
+                                                                   : first_name + " .. " + last_name;
+    std::string dtype = jb["dtype"].get<std::string>();
+    if (jb["sparse"].get<bool>()) dtype += " sparse";
+    std::printf("%6zu %10s %10s %8zu  %-15s %s\n", jb["index"].get<std::size_t>(),
+                mib(jb["bytes"].get<std::uint64_t>()).c_str(),
+                mib(jb["size_limit_bytes"].get<std::uint64_t>()).c_str(),
+                jb["tensor_count"].get<std::size_t>(), dtype.c_str(), span.c_str());
+  }
+  std::printf("\nsummary: %zu buckets, largest %s MiB, %s MiB total, cap %s MiB\n", buckets.size(),
+              mib(largest).c_str(), mib(layout.total_bytes()).c_str(), mib(cap).c_str());
+
+  if (!o.json_path.empty()) {
+    reports::Report report("buckets", command_line());
+    report.results() = std::move(results);
+    reports::write_json_atomic(o.json_path, report.finish());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Subcommand add_buckets_command(CLI::App& parent) {
+  auto opts = std::make_shared<BucketsOptions>();
+  CLI::App* app = parent.add_subcommand(
+      "buckets", "Show the gradient buckets DDP builds for a model (PyTorch's assignment, index for index)");
+  app->add_option("--model", opts->model,
+                  "resnet50, bert-large, gpt2, mlp, or a JSON layout file: json.dump([(n, "
+                  "list(p.shape), str(p.dtype)) for n, p in model.named_parameters()], f)");
+  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
+  app->add_option("--first-bucket-mb", opts->first_bucket_mb,
+                  "size of the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES; torch 2.x uses the "
+                  "cap when bucket_cap_mb is given explicitly)")
+      ->capture_default_str();
+  app->add_option("--json", opts->json_path, "write a JSON report to FILE");
+  app->add_option("--assign-case", opts->assign_case, "(testing) run bucket assignment on JSON cases")
+      ->group("");
+  app->add_flag("--dump-layout", opts->dump_layout, "(testing) print the model layout as JSON")->group("");
+  return {app, [opts] { return run_buckets(*opts); }};
+}
+
+}  // namespace ddpdiag::cli

@@ -1,1 +1,221 @@
-// placeholder
+// ddpdiag sampler: the indices DistributedSampler gives one rank, index for
+// index with torch, or from the O(1)-memory streaming permutation.
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include "comm/errors.h"
+#include "ddp_core/sampler.h"
+#include "diag/commands.h"
+#include "reports/report.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using nlohmann::json;
+using namespace ddpdiag::ddp_core;
+
+struct SamplerCliOptions {
+  std::int64_t dataset_size = -1;
+  std::int64_t world_size = -1;
+  std::int64_t rank = -1;
+  std::string seed = "0";
+  std::int64_t epoch = 0;
+  bool drop_last = false;
+  bool no_shuffle = false;
+  std::int64_t start = 0;
+  std::int64_t count = -1;
+  bool streaming = false;
+  std::string torch_version = "2.x";
+  std::string json_path;
+  bool benchmark = false;
+};
+
+// A Python int literal for the seed: sign and decimal digits. Anything up to
+// 38 digits is held exactly; the range torch accepts is checked later.
+SeedInt parse_seed(const std::string& s) {
+  auto bad = [&] {
+    throw UsageError(fmt::format("--seed '{}' is not an integer", s),
+                     ErrorContext{"sampler", -1, -1, "seeds are integers in [-2^63, 2^64), as torch.manual_seed takes"});
+  };
+  std::size_t i = 0;
+  bool neg = false;
+  if (i < s.size() && (s[i] == '-' || s[i] == '+')) neg = s[i++] == '-';
+  if (i == s.size() || s.size() - i > 38) bad();
+  SeedInt v = 0;
+  for (; i < s.size(); ++i) {
+    if (s[i] < '0' || s[i] > '9') bad();
+    v = v * 10 + (s[i] - '0');
+  }
+  return neg ? -v : v;
+}
+
+json seed_json(SeedInt v) {
+  if (v >= 0 && v <= static_cast<SeedInt>(UINT64_MAX)) return static_cast<std::uint64_t>(v);
+  if (v < 0 && v >= static_cast<SeedInt>(INT64_MIN)) return static_cast<std::int64_t>(v);
+  return nullptr;  // out of torch's range: validation has already refused it
+}
+
+std::vector<std::string> command_line() {
+  std::ifstream f("/proc/self/cmdline", std::ios::binary);
+  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  std::string cur;
+  for (char c : all) {
+    if (c == '\0') {
+      args.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  return args;
+}
+
+// Prints indices one a line through a large buffer: printing 10^7 numbers
+// with printf would dominate the run time.
+class IndexPrinter {
+ public:
+  void put(std::int64_t v) {
+    if (buf_.size() - used_ < 32) flush();
+    auto r = std::to_chars(buf_.data() + used_, buf_.data() + buf_.size(), v);
+    used_ = static_cast<std::size_t>(r.ptr - buf_.data());
+    buf_[used_++] = '\n';
+  }
+  void flush() {
+    std::fwrite(buf_.data(), 1, used_, stdout);
+    used_ = 0;
+  }
+  ~IndexPrinter() { flush(); }
+
+ private:
+  std::vector<char> buf_ = std::vector<char>(1 << 20);
+  std::size_t used_ = 0;
+};
+
+int run_sampler(const SamplerCliOptions& c) {
+  if (c.dataset_size < 0 || c.world_size < 0 || c.rank < 0)
+    throw UsageError("sampler needs --dataset-size, --world-size and --rank",
+                     ErrorContext{"sampler", -1, -1, "e.g. --dataset-size 50000 --world-size 4 --rank 0"});
+  SamplerOptions o;
+  o.dataset_size = c.dataset_size;
+  o.world_size = c.world_size;
+  o.rank = c.rank;
+  o.seed = parse_seed(c.seed);
+  o.epoch = c.epoch;
+  o.shuffle = !c.no_shuffle;
+  o.drop_last = c.drop_last;
+  auto tv = parse_torch_version(c.torch_version);
+  if (!tv)
+    throw UsageError(fmt::format("--torch-version '{}' is not 1.13 or 2.x", c.torch_version),
+                     ErrorContext{"sampler", -1, -1, "the two differ only in randperm for N >= 214748364"});
+  o.torch_version = *tv;
+  validate_sampler_options(o);
+  const SamplerShape shape = sampler_shape(o.dataset_size, o.world_size, o.drop_last);
+  if (c.start < 0 || c.start > shape.num_samples)
+    throw UsageError(fmt::format("--start {} is outside this rank's {} indices", c.start, shape.num_samples),
+                     ErrorContext{"sampler", -1, -1, "use 0 <= --start <= num_samples"});
+  const std::int64_t count =
+      (c.count < 0 || c.count > shape.num_samples - c.start) ? shape.num_samples - c.start : c.count;
+
+  const bool keep = !c.json_path.empty();  // the JSON report lists the indices
+  std::vector<std::int64_t> indices;
+  std::uint64_t checksum = 0;              // sum of the indices mod 2^64, to compare runs cheaply
+  const auto t0 = std::chrono::steady_clock::now();
+  if (c.streaming) {
+    StreamingSampler s(o);
+    s.seek(c.start);
+    if (keep) indices.reserve(static_cast<std::size_t>(count));
+    IndexPrinter* printer = nullptr;
+    std::unique_ptr<IndexPrinter> owned;
+    if (!c.benchmark) {
+      owned = std::make_unique<IndexPrinter>();
+      printer = owned.get();
+    }
+    for (std::int64_t j = 0; j < count; ++j) {
+      const std::int64_t v = *s.next();
+      checksum += static_cast<std::uint64_t>(v);
+      if (keep) indices.push_back(v);
+      if (printer) printer->put(v);
+    }
+  } else {
+    indices = distributed_sampler_indices(o, c.start, count);
+    for (auto v : indices) checksum += static_cast<std::uint64_t>(v);
+    if (!c.benchmark) {
+      IndexPrinter p;
+      for (auto v : indices) p.put(v);
+    }
+  }
+  const double elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double per_s = elapsed_s > 0 ? static_cast<double>(count) / elapsed_s : 0.0;
+  if (c.benchmark)
+    std::printf("sampler %s: N=%lld R=%lld rank=%lld: %lld indices in %.3f s, %.4g indices/s (checksum %llu)\n",
+                c.streaming ? "streaming" : fmt::format("torch {}", torch_version_name(o.torch_version)).c_str(),
+                static_cast<long long>(o.dataset_size), static_cast<long long>(o.world_size),
+                static_cast<long long>(o.rank), static_cast<long long>(count), elapsed_s, per_s,
+                static_cast<unsigned long long>(checksum));
+
+  if (!c.json_path.empty()) {
+    reports::Report report("sampler", command_line());
+    report.results() = {
+        {"dataset_size", o.dataset_size},
+        {"world_size", o.world_size},
+        {"rank", o.rank},
+        {"seed", seed_json(o.seed)},
+        {"epoch", o.epoch},
+        {"shuffle", o.shuffle},
+        {"drop_last", o.drop_last},
+        {"mode", c.streaming ? "streaming" : "torch"},
+        {"torch_version", c.streaming ? json(nullptr) : json(torch_version_name(o.torch_version))},
+        {"num_samples", shape.num_samples},
+        {"total_size", shape.total_size},
+        {"padding", shape.padding},
+        {"dropped", shape.dropped},
+        {"start", c.start},
+        {"count", count},
+        {"checksum", checksum},
+        {"elapsed_s", elapsed_s},
+        {"indices_per_second", per_s},
+        {"indices", std::move(indices)},
+    };
+    reports::write_json_atomic(c.json_path, report.finish());
+  }
+  return 0;
+}
+
+}  // namespace
+
+Subcommand add_sampler_command(CLI::App& parent) {
+  auto o = std::make_shared<SamplerCliOptions>();
+  CLI::App* app = parent.add_subcommand(
+      "sampler", "Print one rank's DistributedSampler indices (index for index with torch, or streaming)");
+  app->add_option("--dataset-size", o->dataset_size, "len(dataset), N")->required();
+  app->add_option("--world-size", o->world_size, "num_replicas, R")->required();
+  app->add_option("--rank", o->rank, "this rank, 0 <= rank < R")->required();
+  app->add_option("--seed", o->seed, "sampler seed (any integer torch.manual_seed takes)")->capture_default_str();
+  app->add_option("--epoch", o->epoch, "sampler.set_epoch(e): the permutation uses seed + epoch")
+      ->capture_default_str();
+  app->add_flag("--drop-last", o->drop_last, "drop the tail instead of padding");
+  app->add_flag("--no-shuffle", o->no_shuffle, "shuffle=False: indices in order");
+  app->add_option("--start", o->start, "first position in this rank's list")->capture_default_str();
+  app->add_option("--count", o->count, "how many indices from --start (default: to the end)");
+  app->add_flag("--streaming", o->streaming,
+                "O(1)-memory mode with a different (Feistel) permutation: not torch's indices");
+  app->add_option("--torch-version", o->torch_version,
+                  "1.13 or 2.x (they differ only in randperm for N >= 214748364)")
+      ->capture_default_str();
+  app->add_option("--json", o->json_path, "write a JSON report (with the indices) to FILE");
+  app->add_flag("--benchmark,--count-only", o->benchmark, "print the time and indices/s, not the indices");
+  return {app, [o] { return run_sampler(*o); }};
+}
+
+}  // namespace ddpdiag::cli

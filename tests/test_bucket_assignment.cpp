@@ -1,1 +1,137 @@
-// placeholder
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/errors.h"
+#include "ddp_core/bucket_assignment.h"
+#include "ddp_core/model_layout.h"
+
+using namespace ddpdiag;
+using namespace ddpdiag::ddp_core;
+
+namespace {
+
+using Buckets = std::vector<std::vector<std::size_t>>;
+
+BucketTensor f32(std::uint64_t numel) { return BucketTensor{numel * 4, DType::kFloat32, 0, false}; }
+BucketTensor f64(std::uint64_t numel) { return BucketTensor{numel * 8, DType::kFloat64, 0, false}; }
+
+}  // namespace
+
+TEST_CASE("a bucket closes when its bytes reach the limit exactly (>=)", "[buckets]") {
+  // 4 tensors of 100 bytes, limit 200: [0,1] closes at exactly 200.
+  std::vector<BucketTensor> t(4, f32(25));
+  const std::uint64_t limits[] = {200};
+  auto a = compute_bucket_assignment_by_size(t, limits);
+  CHECK(a.buckets == Buckets{{0, 1}, {2, 3}});
+  CHECK(a.size_limits == std::vector<std::uint64_t>{200, 200});
+
+  // One byte more and three tensors fit: 100+100 = 200 < 201.
+  const std::uint64_t limits2[] = {201};
+  auto b = compute_bucket_assignment_by_size(t, limits2);
+  CHECK(b.buckets == Buckets{{0, 1, 2}, {3}});
+  CHECK(b.size_limits == std::vector<std::uint64_t>{201, 201});
+}
+
+TEST_CASE("tensors are never split: a bucket can exceed its limit", "[buckets]") {
+  std::vector<BucketTensor> t = {f32(10), f32(1000), f32(10)};
+  const std::uint64_t limits[] = {100};
+  auto a = compute_bucket_assignment_by_size(t, limits);
+  CHECK(a.buckets == Buckets{{0, 1}, {2}});
+}
+
+TEST_CASE("the limits list advances per group and stays on its last entry", "[buckets]") {
+  // Limits [40, 200, 400] with 40-byte tensors: 1 tensor, then 5, then 10 each.
+  std::vector<BucketTensor> t(26, f32(10));
+  const std::uint64_t limits[] = {40, 200, 400};
+  auto a = compute_bucket_assignment_by_size(t, limits);
+  REQUIRE(a.buckets.size() == 4);
+  CHECK(a.buckets[0].size() == 1);
+  CHECK(a.buckets[1].size() == 5);
+  CHECK(a.buckets[2].size() == 10);
+  CHECK(a.buckets[3].size() == 10);
+  CHECK(a.size_limits == std::vector<std::uint64_t>{40, 200, 400, 400});
+}
+
+TEST_CASE("dtypes form separate groups with their own limit positions", "[buckets]") {
+  // f32 (100 B) and f64 (200 B) interleaved, limits [150, 400].
+  std::vector<BucketTensor> t = {f32(25), f64(25), f32(25), f64(25), f32(25), f64(25), f32(25)};
+  const std::uint64_t limits[] = {150, 400};
+  auto a = compute_bucket_assignment_by_size(t, limits);
+  // f32: [0,2] closes at 200 >= 150; then 4,6 = 200 < 400 stays open.
+  // f64: [1] closes at 200 >= 150; then [3,5] = 400 >= 400 closes.
+  // Sorted by smallest index.
+  CHECK(a.buckets == Buckets{{0, 2}, {1}, {3, 5}, {4, 6}});
+  CHECK(a.size_limits == std::vector<std::uint64_t>{150, 150, 400, 400});
+}
+
+TEST_CASE("devices form separate groups", "[buckets]") {
+  std::vector<BucketTensor> t = {f32(25), f32(25), f32(25), f32(25)};
+  t[1].device = 1;
+  t[3].device = 1;
+  const std::uint64_t limits[] = {200};
+  auto a = compute_bucket_assignment_by_size(t, limits);
+  CHECK(a.buckets == Buckets{{0, 2}, {1, 3}});
+}
+
+TEST_CASE("sparse tensors get a bucket of their own with limit 0", "[buckets]") {
+  std::vector<BucketTensor> t = {f32(25), f32(25), f32(25), f32(25)};
+  t[1].expects_sparse = true;
+  const std::uint64_t limits[] = {1000};
+  auto a = compute_bucket_assignment_by_size(t, limits);
+  CHECK(a.buckets == Buckets{{0, 2, 3}, {1}});
+  CHECK(a.size_limits == std::vector<std::uint64_t>{1000, 0});
+}
+
+TEST_CASE("explicit indices: no sort, leftovers in order of first appearance", "[buckets]") {
+  // Reverse order as DDP's rebuild passes it.
+  std::vector<BucketTensor> t = {f32(25), f64(10), f32(25), f32(25), f64(10)};
+  const std::vector<std::int64_t> idx = {4, 3, 2, 1, 0};
+  const std::uint64_t limits[] = {200};
+  auto a = compute_bucket_assignment_by_size(t, limits, idx);
+  // f32: 4,2 close at 200; 1 is left over. f64: 3,0 (160 B) are left over.
+  // Leftovers follow the order the groups were first seen: f32, then f64.
+  CHECK(a.buckets == Buckets{{4, 2}, {1}, {3, 0}});
+}
+
+TEST_CASE("bucket assignment rejects bad arguments", "[buckets]") {
+  std::vector<BucketTensor> t = {f32(1), f32(1)};
+  CHECK_THROWS_AS(compute_bucket_assignment_by_size(t, std::vector<std::uint64_t>{}), UsageError);
+  const std::uint64_t limits[] = {10};
+  CHECK_THROWS_AS(compute_bucket_assignment_by_size(t, limits, std::vector<std::int64_t>{0}),
+                  UsageError);
+  CHECK_THROWS_AS(compute_bucket_assignment_by_size(t, limits, std::vector<std::int64_t>{0, -1}),
+                  UsageError);
+  CHECK(compute_bucket_assignment_by_size({}, limits).buckets.empty());
+}
+
+TEST_CASE("ddp_buckets: reverse order, small first bucket, every parameter once", "[buckets]") {
+  const auto layout = *model_preset("resnet50");
+  auto buckets = ddp_buckets(layout, kDefaultBucketCapBytes, kDefaultFirstBucketBytes);
+  REQUIRE(!buckets.empty());
+  // The first bucket holds the last parameters: fc.bias, fc.weight (8 MB
+  // >= 1 MiB closes it).
+  CHECK(buckets[0].param_indices == std::vector<std::size_t>{160, 159});
+  CHECK(buckets[0].size_limit_bytes == kDefaultFirstBucketBytes);
+  std::vector<int> seen(layout.tensors.size(), 0);
+  std::uint64_t total = 0;
+  for (const auto& b : buckets) {
+    total += b.bytes;
+    for (auto p : b.param_indices) ++seen[p];
+    // Only the last bucket may stay under its limit.
+    if (&b != &buckets.back()) CHECK(b.bytes >= b.size_limit_bytes);
+  }
+  CHECK(total == layout.total_bytes());
+  for (int s : seen) CHECK(s == 1);
+  CHECK(buckets.back().param_indices.back() == 0);  // conv1.weight arrives last
+}
+
+TEST_CASE("ddp_buckets with a cap larger than the model gives two buckets", "[buckets]") {
+  const auto layout = *model_preset("mlp");
+  auto buckets = ddp_buckets(layout, 1ull << 40, kDefaultFirstBucketBytes);
+  REQUIRE(buckets.size() == 2);
+  // 4.bias, 4.weight (40 KB), 2.bias, 2.weight (4 MB) reach 1 MiB.
+  CHECK(buckets[0].param_indices == std::vector<std::size_t>{5, 4, 3, 2});
+  CHECK(buckets[1].param_indices == std::vector<std::size_t>{1, 0});
+}

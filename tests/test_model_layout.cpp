@@ -1,1 +1,152 @@
-// placeholder
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "comm/errors.h"
+#include "ddp_core/model_layout.h"
+
+using namespace ddpdiag;
+using namespace ddpdiag::ddp_core;
+
+namespace {
+
+std::string error_of(const std::string& text, const std::string& source = "bad.json") {
+  try {
+    parse_model_layout_json(text, source);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST_CASE("presets have the real totals", "[layout]") {
+  struct Expect {
+    const char* name;
+    std::size_t tensors;
+    std::int64_t params;
+  };
+  const Expect expected[] = {
+      {"resnet50", 161, 25'557'032},
+      {"bert-large", 391, 335'141'888},
+      {"gpt2", 148, 124'439'808},
+      {"mlp", 6, 1'863'690},
+  };
+  for (const auto& e : expected) {
+    INFO(e.name);
+    auto m = model_preset(e.name);
+    REQUIRE(m.has_value());
+    CHECK(m->tensors.size() == e.tensors);
+    CHECK(m->total_numel() == e.params);
+    CHECK(m->total_bytes() == static_cast<std::uint64_t>(e.params) * 4);
+    std::set<std::string> names;
+    for (const auto& t : m->tensors) names.insert(t.name);
+    CHECK(names.size() == m->tensors.size());
+  }
+  auto r = *model_preset("resnet50");
+  CHECK(r.tensors.front().name == "conv1.weight");
+  CHECK(r.tensors[14].name == "layer1.0.downsample.1.bias");
+  CHECK(r.tensors.back().name == "fc.bias");
+  auto g = *model_preset("gpt2");
+  CHECK(g.tensors[4].name == "h.0.attn.c_attn.weight");
+  CHECK(g.tensors[4].shape == std::vector<std::int64_t>{768, 2304});
+  CHECK(!model_preset("resnet51").has_value());
+}
+
+TEST_CASE("torch dtype spellings", "[layout]") {
+  CHECK(parse_torch_dtype("torch.float32") == DType::kFloat32);
+  CHECK(parse_torch_dtype("torch.float") == DType::kFloat32);
+  CHECK(parse_torch_dtype("torch.half") == DType::kFloat16);
+  CHECK(parse_torch_dtype("torch.bfloat16") == DType::kBFloat16);
+  CHECK(parse_torch_dtype("torch.double") == DType::kFloat64);
+  CHECK(parse_torch_dtype("torch.long") == DType::kInt64);
+  CHECK(parse_torch_dtype("torch.int") == DType::kInt32);
+  CHECK(parse_torch_dtype("torch.int8") == DType::kInt8);
+  CHECK(parse_torch_dtype("torch.uint8") == DType::kUInt8);
+  CHECK(parse_torch_dtype("float16") == DType::kFloat16);
+  CHECK(!parse_torch_dtype("torch.complex64"));
+  for (DType t : kAllDTypes) CHECK(parse_torch_dtype(torch_dtype_name(t)) == t);
+}
+
+TEST_CASE("both JSON forms parse", "[layout]") {
+  auto a = parse_model_layout_json(
+      R"([["fc.weight", [10, 20], "torch.float32"], ["fc.bias", [10], "torch.float16"], ["scale", [], "torch.float64"]])",
+      "m.json");
+  REQUIRE(a.tensors.size() == 3);
+  CHECK(a.tensors[0].bytes() == 800);
+  CHECK(a.tensors[1].bytes() == 20);
+  CHECK(a.tensors[2].numel() == 1);
+  CHECK(a.tensors[2].bytes() == 8);
+  CHECK(a.name == "m.json");
+
+  auto b = parse_model_layout_json(
+      R"({"name": "emb", "tensors": [{"name": "emb.weight", "shape": [1000, 64], "sparse": true},
+                                      {"name": "out.weight", "shape": [2, 64], "dtype": "bfloat16"}]})",
+      "e.json");
+  CHECK(b.name == "emb");
+  CHECK(b.tensors[0].expects_sparse);
+  CHECK(b.tensors[0].dtype == DType::kFloat32);
+  CHECK(b.tensors[1].dtype == DType::kBFloat16);
+
+  // Round trip through the object form.
+  auto r = *model_preset("mlp");
+  auto back = parse_model_layout_json(model_layout_to_json(r), "x");
+  REQUIRE(back.tensors.size() == r.tensors.size());
+  for (std::size_t i = 0; i < r.tensors.size(); ++i) {
+    CHECK(back.tensors[i].name == r.tensors[i].name);
+    CHECK(back.tensors[i].shape == r.tensors[i].shape);
+  }
+}
+
+TEST_CASE("bad layout files get errors naming the file, entry and field", "[layout]") {
+  auto e = error_of("[[\"a\", [1, 2], \"torch.float32\"],\n [\"b\", [3], \"torch.complex64\"]]");
+  CHECK_THAT(e, Catch::Contains("bad.json") && Catch::Contains("tensor 1 ('b')") &&
+                    Catch::Contains("'dtype'") && Catch::Contains("complex64"));
+  e = error_of(R"([["a", [1, -2], "torch.float32"]])");
+  CHECK_THAT(e, Catch::Contains("tensor 0 ('a')") && Catch::Contains("'shape'") &&
+                    Catch::Contains("dimension 1"));
+  e = error_of(R"([["a", "12", "torch.float32"]])");
+  CHECK_THAT(e, Catch::Contains("'shape'"));
+  e = error_of(R"([[7, [1], "torch.float32"]])");
+  CHECK_THAT(e, Catch::Contains("tensor 0") && Catch::Contains("'name'"));
+  e = error_of(R"({"tensors": [{"name": "x", "shape": [1]}, {"shape": [2]}]})");
+  CHECK_THAT(e, Catch::Contains("tensor 1") && Catch::Contains("'name'"));
+  e = error_of(R"({"tensors": [{"name": "x", "shape": [1], "sprase": true}]})");
+  CHECK_THAT(e, Catch::Contains("unknown field 'sprase'"));
+  e = error_of(R"({"tensors": [{"name": "x", "shape": [1], "sparse": 1}]})");
+  CHECK_THAT(e, Catch::Contains("'sparse'"));
+  e = error_of(R"({"layers": []})");
+  CHECK_THAT(e, Catch::Contains("'tensors'"));
+  e = error_of("[]");
+  CHECK_THAT(e, Catch::Contains("no tensors"));
+  e = error_of("42");
+  CHECK_THAT(e, Catch::Contains("top level"));
+  // Malformed JSON: byte offset, line and column of the syntax error.
+  e = error_of("[\n  [\"a\", [1], \"torch.float32\"],\n  [\"b\" [2]]\n]");
+  CHECK_THAT(e, Catch::Contains("bad.json") && Catch::Contains("invalid JSON") &&
+                    Catch::Contains("line 3"));
+}
+
+TEST_CASE("load_model: presets, files, and a helpful error", "[layout]") {
+  CHECK(load_model("gpt2").tensors.size() == 148);
+  const std::string path = "test_model_layout_tmp.json";
+  {
+    std::ofstream f(path);
+    f << R"([["w", [4, 4], "torch.float32"]])";
+  }
+  CHECK(load_model(path).tensors.size() == 1);
+  std::remove(path.c_str());
+  try {
+    load_model("no-such-model");
+    FAIL("expected an error");
+  } catch (const UsageError& e) {
+    CHECK_THAT(std::string(e.what()),
+               Catch::Contains("resnet50") && Catch::Contains("bert-large") &&
+                   Catch::Contains("gpt2") && Catch::Contains("mlp") &&
+                   Catch::Contains("no-such-model"));
+  }
+}

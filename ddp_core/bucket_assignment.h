@@ -1,0 +1,82 @@
+// DDP bucket assignment: PyTorch's compute_bucket_assignment_by_size
+// (torch/csrc/distributed/c10d/reducer.cpp; Python:
+// torch.distributed._compute_bucket_assignment_by_size), reimplemented as a
+// pure function that gives the same buckets index for index.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "comm/types.h"
+#include "ddp_core/model_layout.h"
+
+namespace ddpdiag::ddp_core {
+
+// DDP's defaults: bucket_cap_mb=25, and dist._DEFAULT_FIRST_BUCKET_BYTES
+// (1 MiB) for the first bucket, which is small so that the first gradients
+// of backward start communicating early.
+inline constexpr std::uint64_t kDefaultBucketCapBytes = 25ull * 1024 * 1024;
+inline constexpr std::uint64_t kDefaultFirstBucketBytes = 1ull * 1024 * 1024;
+
+struct BucketTensor {
+  std::uint64_t bytes = 0;  // numel * element size
+  DType dtype = DType::kFloat32;
+  int device = 0;
+  // This tensor's gradient is sparse: it gets a bucket of its own (size
+  // limit 0). With explicit indices torch reads the flag of parameter
+  // tensor_indices[i]; here the flag travels with the tensor at position i,
+  // which is the same thing.
+  bool expects_sparse = false;
+};
+
+struct BucketAssignment {
+  // Tensor indices (position i, or tensor_indices[i] when given), in the
+  // order the tensors were added.
+  std::vector<std::vector<std::size_t>> buckets;
+  // The size limit each bucket was filled against (0 for sparse buckets).
+  std::vector<std::uint64_t> size_limits;
+};
+
+// The algorithm, for each tensor in input order:
+//  - sparse: a bucket of its own;
+//  - otherwise it joins the open bucket of its (dtype, device) group; that
+//    group's limit is the next unused entry of size_limits (staying on the
+//    last one); when the bucket's bytes reach >= the limit it closes and the
+//    group moves on to the next limit. Tensors are never split.
+// Open buckets left at the end are emitted. Without tensor_indices the
+// buckets are sorted by their smallest tensor index. With tensor_indices
+// (the gradient-ready order, as DDP's rebuild passes it) there is no sort:
+// closed buckets stay in closing order and the leftovers follow in the order
+// their groups were first seen. (PyTorch emits leftovers of several groups in
+// hash-map order, which is unspecified; with one (dtype, device) group, the
+// common case, both agree.)
+// Throws UsageError when size_limits is empty or tensor_indices has the
+// wrong length. Empty input gives no buckets (torch asserts instead).
+BucketAssignment compute_bucket_assignment_by_size(std::span<const BucketTensor> tensors,
+                                                   std::span<const std::uint64_t> size_limits,
+                                                   std::span<const std::int64_t> tensor_indices = {});
+
+// One bucket as DDP builds it for a model.
+struct DdpBucket {
+  // Parameter indices into layout.tensors, in gradient-ready order (the
+  // reverse of model order), as DDP's reducer holds them.
+  std::vector<std::size_t> param_indices;
+  std::uint64_t bytes = 0;
+  std::uint64_t size_limit_bytes = 0;
+  DType dtype = DType::kFloat32;
+  bool sparse = false;
+  std::size_t tensor_count() const { return param_indices.size(); }
+};
+
+// The buckets DDP ends up with for a layout once it has rebuilt them from
+// the observed gradient order (from the second iteration on), assuming
+// gradients become ready in reverse parameter order: limits
+// [first_bucket_bytes, bucket_cap_bytes] over the reversed parameters with
+// their indices passed explicitly. Bucket 0 is the first to be reduced.
+std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout,
+                                   std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes,
+                                   std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes);
+
+}  // namespace ddpdiag::ddp_core

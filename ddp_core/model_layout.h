@@ -1,0 +1,69 @@
+// Gradient layouts: the ordered list of a model's parameters (name, shape,
+// dtype, whether its gradient is sparse), in named_parameters() order. DDP's
+// bucketing, the reducer and the broadcast only need this, not the model.
+//
+// JSON file format (either form):
+//   1. what three lines of Python write from any torch.nn.Module:
+//        json.dump([(n, list(p.shape), str(p.dtype))
+//                   for n, p in model.named_parameters()], f)
+//      i.e. a list of [name, [shape...], "torch.float32"] triples;
+//   2. an object {"name": "my-model", "tensors": [{"name": ..., "shape": [...],
+//      "dtype": "torch.float32" | "float32" | ..., "sparse": false}, ...]}
+//      ("dtype" defaults to float32 and "sparse" to false).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/types.h"
+
+namespace ddpdiag::ddp_core {
+
+struct TensorSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;  // empty = a scalar (one element)
+  DType dtype = DType::kFloat32;
+  bool expects_sparse = false;  // sparse gradient (nn.Embedding(sparse=True)): bucketed alone
+
+  std::int64_t numel() const;
+  std::uint64_t bytes() const;
+};
+
+struct ModelLayout {
+  std::string name;
+  std::vector<TensorSpec> tensors;
+
+  std::int64_t total_numel() const;
+  std::uint64_t total_bytes() const;
+};
+
+// torch's str(dtype) spellings ("torch.float32", "torch.half", ...) and, for
+// convenience, the same without the "torch." prefix.
+std::optional<DType> parse_torch_dtype(std::string_view s);
+// The canonical torch spelling: "torch.float32", "torch.bfloat16", ...
+std::string torch_dtype_name(DType t);
+
+// Parses a layout in either JSON form above. source names the file in
+// errors. Throws UsageError naming the source, the tensor entry and the field
+// (or the byte offset of a JSON syntax error).
+ModelLayout parse_model_layout_json(std::string_view text, const std::string& source);
+ModelLayout load_model_layout_file(const std::string& path);
+// The layout as the object form of the JSON format (round-trips through
+// parse_model_layout_json).
+std::string model_layout_to_json(const ModelLayout& layout);
+
+// Built-in presets (model_presets.cpp), parameters in named_parameters()
+// order with the real names and shapes: resnet50 (torchvision), bert-large
+// (transformers BertModel, bert-large-uncased), gpt2 (transformers GPT2Model,
+// the 124 M one), mlp (a small 3-layer nn.Sequential).
+std::vector<std::string> model_preset_names();
+std::optional<ModelLayout> model_preset(std::string_view name);
+
+// A preset name, or else a path to a JSON layout file. Throws UsageError
+// listing the presets when it is neither.
+ModelLayout load_model(const std::string& name_or_path);
+
+}  // namespace ddpdiag::ddp_core
