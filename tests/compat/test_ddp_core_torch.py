@@ -1,0 +1,467 @@
+#!/usr/bin/env python3
+"""ddp_core against PyTorch itself, element for element.
+
+  * bucket assignment: torch.distributed._compute_bucket_assignment_by_size on
+    random tensors (dtypes, devices cpu/meta, sizes around the limits, sparse
+    flags, explicit indices) vs `ddpdiag buckets --assign-case -`;
+  * DDP buckets of the presets vs torch's assignment the way DDP rebuilds
+    them (reversed parameters, explicit indices, [1 MiB, cap]);
+  * the presets' names and shapes vs torch.nn re-creations of the models;
+  * DistributedSampler(range(N)) and torch.randperm vs `ddpdiag sampler --json`.
+
+Run with the interpreter whose torch is the oracle (Debian's /usr/bin/python3
+has 1.13; a 2.x venv for the other run). DDPDIAG_BIN names the binary.
+Exit 77 (skip) when torch or the binary is missing. DDPDIAG_COMPAT_CASES scales
+the number of random cases (default 1).
+
+Not covered: torch 2.x's randperm for n >= 214,748,364 (torch needs 1.7 GB and
+tens of seconds per case there); the unit tests check our side of it.
+"""
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.nn as nn
+    from torch.utils.data.distributed import DistributedSampler
+except ImportError as e:  # pragma: no cover
+    print(f"skip: this interpreter has no torch ({e})")
+    sys.exit(77)
+
+BIN = os.environ.get("DDPDIAG_BIN", "")
+if not BIN or not os.access(BIN, os.X_OK):
+    print(f"skip: DDPDIAG_BIN ('{BIN}') is not an executable ddpdiag binary")
+    sys.exit(77)
+
+TORCH_MAJOR = int(torch.__version__.split(".")[0])
+TORCH_VERSION_FLAG = "2.x" if TORCH_MAJOR >= 2 else "1.13"
+SCALE = int(os.environ.get("DDPDIAG_COMPAT_CASES", "1"))
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int32": torch.int32,
+    "int64": torch.int64,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+}
+DEVICES = ["cpu", "meta"]
+MIB = 1024 * 1024
+
+# Counters reported at the end (how many cases were compared).
+STATS = {}
+
+
+def bump(key, n=1):
+    STATS[key] = STATS.get(key, 0) + n
+
+
+def run_bin(args, stdin=None):
+    p = subprocess.run([BIN] + args, input=stdin, capture_output=True, text=True, timeout=600)
+    return p
+
+
+def fake_tensor(numel, dtype, device):
+    """A tensor with numel elements that costs one element of memory."""
+    return torch.empty(1, dtype=dtype, device=device).expand(numel)
+
+
+# ---------------------------------------------------------------- buckets
+
+
+def random_bucket_case(rng):
+    n = rng.choice([1, 2, 3, 5, 10, 30, 80])
+    ndt = rng.choice([1, 1, 2, 3, 8])
+    dtypes = rng.sample(list(DTYPES), ndt)
+    devices = ["cpu"] if rng.random() < 0.6 else DEVICES
+    nlimits = rng.choice([1, 2, 2, 3, 4])
+    base = rng.choice([16, 100, 1000, 4096, MIB])
+    limits = [rng.randint(1, 4 * base) for _ in range(nlimits)]
+    if rng.random() < 0.2:  # exact hits of the >= boundary
+        limits = [base] * nlimits
+    tensors = []
+    for _ in range(n):
+        dt = rng.choice(dtypes)
+        esize = torch.empty(0, dtype=DTYPES[dt]).element_size()
+        if rng.random() < 0.2:
+            numel = base // esize  # lands on the limit exactly when base is a limit
+        else:
+            numel = rng.choice([0, 1, rng.randint(1, 64), rng.randint(1, max(1, 2 * base // esize))])
+        tensors.append(
+            {"numel": numel, "dtype": dt, "device": rng.choice(devices), "sparse": rng.random() < 0.1}
+        )
+    indices = None
+    if rng.random() < 0.5:
+        indices = list(range(n))
+        rng.shuffle(indices)
+    return tensors, limits, indices
+
+
+def torch_assignment(tensors, limits, indices):
+    ts = [fake_tensor(t["numel"], DTYPES[t["dtype"]], t["device"]) for t in tensors]
+    # torch indexes expect_sparse_gradient by tensor index (the parameter),
+    # not by position.
+    expect_sparse = [False] * len(tensors)
+    for pos, t in enumerate(tensors):
+        expect_sparse[indices[pos] if indices is not None else pos] = t["sparse"]
+    result = dist._compute_bucket_assignment_by_size(ts, limits, expect_sparse, indices or [])
+    if isinstance(result, tuple):
+        buckets, sizes = result
+    else:  # builds that return only the buckets
+        buckets, sizes = result, None
+    return [list(b) for b in buckets], (list(sizes) if sizes is not None else None)
+
+
+def our_cases(cases):
+    payload = []
+    for tensors, limits, indices in cases:
+        c = {
+            "tensors": [
+                {
+                    "bytes": t["numel"] * torch.empty(0, dtype=DTYPES[t["dtype"]]).element_size(),
+                    "dtype": t["dtype"],
+                    "device": DEVICES.index(t["device"]),
+                    "sparse": t["sparse"],
+                }
+                for t in tensors
+            ],
+            "limits": limits,
+        }
+        if indices is not None:
+            c["tensor_indices"] = indices
+        payload.append(c)
+    p = run_bin(["buckets", "--assign-case", "-"], stdin=json.dumps(payload))
+    if p.returncode != 0:
+        raise AssertionError(f"ddpdiag buckets --assign-case failed: {p.stderr}")
+    return json.loads(p.stdout)
+
+
+class BucketAssignmentTest(unittest.TestCase):
+    def test_random_cases(self):
+        rng = random.Random(20261129)
+        cases = [random_bucket_case(rng) for _ in range(600 * SCALE)]
+        ours = our_cases(cases)
+        self.assertEqual(len(ours), len(cases))
+        for k, ((tensors, limits, indices), mine) in enumerate(zip(cases, ours)):
+            tb, tl = torch_assignment(tensors, limits, indices)
+            pairs_t = list(zip(map(tuple, tb), tl if tl is not None else [None] * len(tb)))
+            pairs_o = list(zip(map(tuple, mine["buckets"]), mine["size_limits"] if tl is not None else [None] * len(tb)))
+            groups = {(t["dtype"], t["device"]) for t in tensors if not t["sparse"]}
+            if indices is not None and len(groups) > 1:
+                # Leftovers of several groups come last, in torch's hash-map
+                # order: compare everything before them exactly, them as a set.
+                tail = len(groups)
+                with self.subTest(case=k):
+                    self.assertEqual(pairs_o[:-tail], pairs_t[:-tail])
+                    self.assertEqual(sorted(pairs_o[-tail:], key=repr), sorted(pairs_t[-tail:], key=repr))
+                bump("bucket cases (leftover order as a set)")
+            else:
+                with self.subTest(case=k):
+                    self.assertEqual(pairs_o, pairs_t, f"case {k}: {tensors} {limits} {indices}")
+                bump("bucket cases (exact)")
+
+    def test_presets_as_ddp_rebuilds_them(self):
+        for model in ["resnet50", "bert-large", "gpt2", "mlp"]:
+            for cap_mb, first_mb in [(25, 1), (1, 1), (5, 0.5), (100, 1), (0.25, 0.25)]:
+                with tempfile.TemporaryDirectory() as d:
+                    out = os.path.join(d, "b.json")
+                    p = run_bin(["buckets", "--model", model, "--bucket-cap-mb", str(cap_mb),
+                                 "--first-bucket-mb", str(first_mb), "--json", out])
+                    self.assertEqual(p.returncode, 0, p.stderr)
+                    with open(out) as f:
+                        report = json.load(f)
+                self.assertEqual(report["schema"], "ddpdiag.report/1")
+                layout = dump_layout(model)
+                n = len(layout)
+                rev = list(range(n - 1, -1, -1))
+                tb, tl = torch_assignment(
+                    [{"numel": numel_of(layout[i]["shape"]), "dtype": "float32", "device": "cpu", "sparse": False}
+                     for i in rev],
+                    [int(first_mb * MIB), int(cap_mb * MIB)], rev)
+                ours = report["results"]["buckets"]
+                self.assertEqual([b["param_indices"] for b in ours], tb, f"{model} cap {cap_mb}")
+                if tl is not None:
+                    self.assertEqual([b["size_limit_bytes"] for b in ours], tl)
+                bump("preset bucket layouts")
+
+
+# ---------------------------------------------------------------- presets
+
+
+def numel_of(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+_LAYOUTS = {}
+
+
+def dump_layout(model):
+    if model not in _LAYOUTS:
+        p = run_bin(["buckets", "--model", model, "--dump-layout"])
+        assert p.returncode == 0, p.stderr
+        _LAYOUTS[model] = json.loads(p.stdout)["tensors"]
+    return _LAYOUTS[model]
+
+
+META = "meta"
+
+
+class Bottleneck(nn.Module):
+    def __init__(self, inplanes, planes, downsample):
+        super().__init__()
+        self.conv1 = nn.Conv2d(inplanes, planes, 1, bias=False, device=META)
+        self.bn1 = nn.BatchNorm2d(planes, device=META)
+        self.conv2 = nn.Conv2d(planes, planes, 3, padding=1, bias=False, device=META)
+        self.bn2 = nn.BatchNorm2d(planes, device=META)
+        self.conv3 = nn.Conv2d(planes, planes * 4, 1, bias=False, device=META)
+        self.bn3 = nn.BatchNorm2d(planes * 4, device=META)
+        self.relu = nn.ReLU()
+        self.downsample = downsample
+
+
+def resnet50_module():
+    m = nn.Module()
+    m.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False, device=META)
+    m.bn1 = nn.BatchNorm2d(64, device=META)
+    inplanes = 64
+    for stage, blocks in enumerate([3, 4, 6, 3]):
+        planes = 64 << stage
+        layer = []
+        for b in range(blocks):
+            ds = None
+            if b == 0:
+                ds = nn.Sequential(nn.Conv2d(inplanes, planes * 4, 1, bias=False, device=META),
+                                   nn.BatchNorm2d(planes * 4, device=META))
+            layer.append(Bottleneck(inplanes, planes, ds))
+            inplanes = planes * 4
+        setattr(m, f"layer{stage + 1}", nn.Sequential(*layer))
+    m.fc = nn.Linear(2048, 1000, device=META)
+    return m
+
+
+def bert_large_module():
+    H, I = 1024, 4096
+
+    def lin(i, o):
+        return nn.Linear(i, o, device=META)
+
+    m = nn.Module()
+    m.embeddings = nn.Module()
+    m.embeddings.word_embeddings = nn.Embedding(30522, H, device=META)
+    m.embeddings.position_embeddings = nn.Embedding(512, H, device=META)
+    m.embeddings.token_type_embeddings = nn.Embedding(2, H, device=META)
+    m.embeddings.LayerNorm = nn.LayerNorm(H, device=META)
+    m.encoder = nn.Module()
+    layers = []
+    for _ in range(24):
+        l = nn.Module()
+        l.attention = nn.Module()
+        l.attention.self = nn.Module()
+        l.attention.self.query, l.attention.self.key, l.attention.self.value = lin(H, H), lin(H, H), lin(H, H)
+        l.attention.output = nn.Module()
+        l.attention.output.dense = lin(H, H)
+        l.attention.output.LayerNorm = nn.LayerNorm(H, device=META)
+        l.intermediate = nn.Module()
+        l.intermediate.dense = lin(H, I)
+        l.output = nn.Module()
+        l.output.dense = lin(I, H)
+        l.output.LayerNorm = nn.LayerNorm(H, device=META)
+        layers.append(l)
+    m.encoder.layer = nn.ModuleList(layers)
+    m.pooler = nn.Module()
+    m.pooler.dense = lin(H, H)
+    return m
+
+
+class Conv1D(nn.Module):
+    """transformers' Conv1D: weight [nx, nf]."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(nx, nf, device=META))
+        self.bias = nn.Parameter(torch.empty(nf, device=META))
+
+
+def gpt2_module():
+    H = 768
+    m = nn.Module()
+    m.wte = nn.Embedding(50257, H, device=META)
+    m.wpe = nn.Embedding(1024, H, device=META)
+    blocks = []
+    for _ in range(12):
+        b = nn.Module()
+        b.ln_1 = nn.LayerNorm(H, device=META)
+        b.attn = nn.Module()
+        b.attn.c_attn = Conv1D(3 * H, H)
+        b.attn.c_proj = Conv1D(H, H)
+        b.ln_2 = nn.LayerNorm(H, device=META)
+        b.mlp = nn.Module()
+        b.mlp.c_fc = Conv1D(4 * H, H)
+        b.mlp.c_proj = Conv1D(H, 4 * H)
+        blocks.append(b)
+    m.h = nn.ModuleList(blocks)
+    m.ln_f = nn.LayerNorm(H, device=META)
+    return m
+
+
+def mlp_module():
+    return nn.Sequential(nn.Linear(784, 1024, device=META), nn.ReLU(), nn.Linear(1024, 1024, device=META),
+                         nn.ReLU(), nn.Linear(1024, 10, device=META))
+
+
+class PresetTest(unittest.TestCase):
+    EXPECTED = {
+        "resnet50": (resnet50_module, 161, 25_557_032),
+        "bert-large": (bert_large_module, 391, 335_141_888),
+        "gpt2": (gpt2_module, 148, 124_439_808),
+        "mlp": (mlp_module, 6, 1_863_690),
+    }
+
+    def test_presets_match_torch_modules(self):
+        for name, (build, ntensors, nparams) in self.EXPECTED.items():
+            module = build()
+            theirs = [(n, list(p.shape), str(p.dtype)) for n, p in module.named_parameters()]
+            ours = [(t["name"], t["shape"], t["dtype"]) for t in dump_layout(name)]
+            self.assertEqual(ours, theirs, name)
+            self.assertEqual(len(theirs), ntensors, name)
+            self.assertEqual(sum(p.numel() for p in module.parameters()), nparams, name)
+            bump("presets matched")
+
+    def test_exported_file_loads(self):
+        # The three lines of Python the README gives, on a small model.
+        model = nn.Sequential(nn.Embedding(100, 8), nn.Linear(8, 4).to(torch.float16), nn.Linear(4, 2).double())
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "m.json")
+            with open(path, "w") as f:
+                json.dump([(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()], f)
+            p = run_bin(["buckets", "--model", path, "--dump-layout"])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            ours = [(t["name"], t["shape"], t["dtype"]) for t in json.loads(p.stdout)["tensors"]]
+            theirs = [(n, list(q.shape), str(q.dtype)) for n, q in model.named_parameters()]
+            self.assertEqual(ours, theirs)
+            with open(path, "w") as f:
+                f.write('[["a", [1, 2], "torch.float32"],\n ["b", [3] "torch.float32"]]')
+            p = run_bin(["buckets", "--model", path])
+            self.assertEqual(p.returncode, 2)
+            self.assertIn(path, p.stderr)
+            self.assertIn("line 2", p.stderr)
+
+
+# ---------------------------------------------------------------- sampler
+
+
+def torch_sampler(n, r, rank, seed, epoch, shuffle, drop_last):
+    s = DistributedSampler(range(n), num_replicas=r, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+    s.set_epoch(epoch)
+    return list(iter(s))
+
+
+def our_sampler(n, r, rank, seed, epoch, shuffle, drop_last, extra=()):
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "s.json")
+        args = ["sampler", "--dataset-size", str(n), "--world-size", str(r), "--rank", str(rank),
+                f"--seed={seed}", "--epoch", str(epoch), "--torch-version", TORCH_VERSION_FLAG,
+                "--json", out, "--count-only"]
+        if drop_last:
+            args.append("--drop-last")
+        if not shuffle:
+            args.append("--no-shuffle")
+        args += list(extra)
+        p = run_bin(args)
+        if p.returncode != 0:
+            return p.returncode, p.stderr
+        with open(out) as f:
+            return 0, json.load(f)["results"]
+
+
+def random_seed(rng):
+    kind = rng.random()
+    if kind < 0.4:
+        return rng.randint(0, 1000)
+    if kind < 0.6:
+        return rng.randint(-(2 ** 63), -1)
+    if kind < 0.8:
+        return rng.randint(2 ** 32, 2 ** 64 - 100)
+    return rng.randint(0, 2 ** 32 - 1)
+
+
+class SamplerTest(unittest.TestCase):
+    def test_random_cases(self):
+        rng = random.Random(7)
+        for k in range(250 * SCALE):
+            n = rng.choice([0, 1, 2, 3, 5, 10, 17, 100, rng.randint(0, 5000), rng.randint(0, 100000)])
+            r = rng.choice([1, 2, 3, 4, 7, 8, 16, 33])
+            rank = rng.randrange(r)
+            seed, epoch = random_seed(rng), rng.randint(0, 20)
+            shuffle, drop_last = rng.random() < 0.8, rng.random() < 0.5
+            expected = torch_sampler(n, r, rank, seed, epoch, shuffle, drop_last)
+            rc, got = our_sampler(n, r, rank, seed, epoch, shuffle, drop_last)
+            with self.subTest(case=k, n=n, r=r, rank=rank, seed=seed, epoch=epoch, shuffle=shuffle,
+                              drop_last=drop_last):
+                self.assertEqual(rc, 0, got)
+                self.assertEqual(got["indices"], expected)
+                self.assertEqual(got["num_samples"], len(expected))
+            bump("sampler cases")
+            if len(expected) > 4 and k % 5 == 0:
+                start = rng.randrange(len(expected))
+                count = rng.randint(0, len(expected) - start)
+                rc, part = our_sampler(n, r, rank, seed, epoch, shuffle, drop_last,
+                                       ["--start", str(start), "--count", str(count)])
+                self.assertEqual(rc, 0, part)
+                self.assertEqual(part["indices"], expected[start:start + count])
+                bump("sampler range cases")
+
+    def test_large_dataset(self):
+        # One case past the L2-cache sizes, with padding.
+        n, r = 3_000_017, 8
+        for rank in (0, 7):
+            expected = torch_sampler(n, r, rank, 1234, 5, True, False)
+            rc, got = our_sampler(n, r, rank, 1234, 5, True, False)
+            self.assertEqual(rc, 0, got)
+            self.assertEqual(got["indices"], expected)
+            bump("sampler cases")
+
+    def test_seed_overflow_is_a_usage_error(self):
+        with self.assertRaises((OverflowError, RuntimeError)):
+            torch_sampler(10, 2, 0, 2 ** 64 - 1, 1, True, False)
+        rc, err = our_sampler(10, 2, 0, 2 ** 64 - 1, 1, True, False)
+        self.assertEqual(rc, 2)
+        self.assertIn("seed", err)
+        with self.assertRaises(ValueError):
+            torch_sampler(10, 2, 2, 0, 0, True, False)
+        rc, err = our_sampler(10, 2, 2, 0, 0, True, False)
+        self.assertEqual(rc, 2)
+        self.assertIn("rank 2", err)
+
+    def test_randperm(self):
+        rng = random.Random(99)
+        self.assertEqual(torch.randperm(10, generator=torch.Generator().manual_seed(0)).tolist(),
+                         [4, 1, 7, 5, 3, 9, 0, 8, 6, 2])
+        for k in range(150 * SCALE):
+            n = rng.choice([0, 1, 2, 10, rng.randint(0, 1000), rng.randint(0, 200000)])
+            seed = random_seed(rng)
+            expected = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+            rc, got = our_sampler(n, 1, 0, seed, 0, True, False)
+            with self.subTest(case=k, n=n, seed=seed):
+                self.assertEqual(rc, 0, got)
+                self.assertEqual(got["indices"], expected)
+            bump("randperm cases")
+
+
+if __name__ == "__main__":
+    print(f"torch {torch.__version__} ({TORCH_VERSION_FLAG}), ddpdiag {BIN}")
+    prog = unittest.main(exit=False, verbosity=2)
+    for key, n in sorted(STATS.items()):
+        print(f"compared: {n} {key}")
+    sys.exit(0 if prog.result.wasSuccessful() else 1)
