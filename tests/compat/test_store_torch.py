@@ -1,0 +1,219 @@
+"""ddpdiag's TCP store against PyTorch's TCPStore, with whichever torch the
+interpreter running this file has (Debian's 1.13 or a 2.x):
+
+- torch.distributed.TCPStore(is_master=False) as a client of
+  `ddpdiag store serve`;
+- `ddpdiag store ping` against a store hosted by torch (is_master=True),
+  reporting the protocol of that torch;
+- values set by one side visible to the other (`ddpdiag store set/get`).
+
+Run: DDPDIAG_BIN=build/diag/ddpdiag python3 tests/compat/test_store_torch.py
+Exits 77 (ctest: skipped) when this interpreter has no torch.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+from datetime import timedelta
+
+try:
+    import torch
+    import torch.distributed as dist
+except ImportError as e:  # pragma: no cover - depends on the machine
+    print(f"SKIP: {sys.executable} cannot import torch ({e})")
+    sys.exit(77)
+
+BIN = os.environ.get("DDPDIAG_BIN", "")
+TORCH_MAJOR = int(torch.__version__.split(".")[0])
+TORCH2 = TORCH_MAJOR >= 2
+EXPECTED_PROTOCOL = "torch-2.x" if TORCH2 else "torch-1.13"
+TIMEOUT = timedelta(seconds=10)
+
+
+def ddpdiag(*args, timeout=30):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=timeout)
+
+
+def torch_client(port):
+    return dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
+
+
+def torch_master():
+    kwargs = dict(is_master=True, timeout=TIMEOUT, wait_for_workers=False)
+    return dist.TCPStore("127.0.0.1", 0, **kwargs)
+
+
+class DdpdiagServes(unittest.TestCase):
+    """torch's client against `ddpdiag store serve`."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.proc = subprocess.Popen([BIN, "store", "serve", "--port", "0", "--host", "127.0.0.1"],
+                                    stdout=subprocess.PIPE, text=True)
+        line = cls.proc.stdout.readline()
+        if "serving on" not in line:
+            cls.proc.kill()
+            raise RuntimeError(f"ddpdiag store serve printed {line!r}")
+        # "ddpdiag store serving on 127.0.0.1:PORT (protocols: ...)"
+        cls.port = int(line.split("serving on ")[1].split()[0].rsplit(":", 1)[1])
+        assert "torch-1.13" in line and "torch-2.x" in line, line
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.proc.terminate()
+        rc = cls.proc.wait(timeout=10)
+        assert rc == 0, f"serve exited {rc} on SIGTERM"
+
+    def test_basic_ops(self):
+        s = torch_client(self.port)
+        s.set("basic/a", "alpha")
+        self.assertEqual(s.get("basic/a"), b"alpha")
+        self.assertEqual(s.add("basic/n", 5), 5)
+        self.assertEqual(s.add("basic/n", -2), 3)
+        self.assertEqual(s.get("basic/n"), b"3")
+        s.wait(["basic/a", "basic/n"])
+        before = s.num_keys()
+        s.set("basic/extra", b"\x00\x01")
+        self.assertEqual(s.num_keys(), before + 1)
+        self.assertTrue(s.delete_key("basic/extra"))
+        self.assertFalse(s.delete_key("basic/extra"))
+        self.assertEqual(s.num_keys(), before)
+        if hasattr(s, "check"):
+            self.assertTrue(s.check(["basic/a"]))
+            self.assertFalse(s.check(["basic/absent"]))
+
+    def test_compare_set(self):
+        s = torch_client(self.port)
+        self.assertEqual(s.compare_set("cs/k", "x", "y"), b"x")  # missing, expected non-empty
+        self.assertEqual(s.compare_set("cs/k", "", "first"), b"first")  # missing, expected empty
+        self.assertEqual(s.compare_set("cs/k", "wrong", "z"), b"first")  # present, unequal
+        self.assertEqual(s.compare_set("cs/k", "first", "second"), b"second")  # present, equal
+        self.assertEqual(s.get("cs/k"), b"second")
+
+    def test_wait_woken_by_another_client(self):
+        a, b = torch_client(self.port), torch_client(self.port)
+        import threading
+        t = threading.Timer(0.2, lambda: b.set("wake/k", "1"))
+        t.start()
+        t0 = time.monotonic()
+        a.wait(["wake/k"], timedelta(seconds=5))
+        t.join()
+        self.assertGreaterEqual(time.monotonic() - t0, 0.15)
+
+    def test_wait_timeout(self):
+        s = torch_client(self.port)
+        t0 = time.monotonic()
+        with self.assertRaises(Exception) as cm:
+            s.wait(["timeout/never"], timedelta(milliseconds=300))
+        self.assertLess(time.monotonic() - t0, 5)
+        if TORCH2:
+            self.assertIn("timeout/never", str(cm.exception))
+            # 2.x cancels the wait on our server; the connection stays usable.
+            s.set("timeout/after", "ok")
+            self.assertEqual(s.get("timeout/after"), b"ok")
+
+    @unittest.skipUnless(TORCH2, "append/multi_get/multi_set are torch 2.x APIs")
+    def test_v2_only_ops(self):
+        s = torch_client(self.port)
+        s.append("v2/ap", "ab")
+        s.append("v2/ap", "c")
+        self.assertEqual(s.get("v2/ap"), b"abc")
+        s.multi_set(["v2/m1", "v2/m2"], ["1", "22"])
+        self.assertEqual(s.multi_get(["v2/m1", "v2/m2", "v2/ap"]), [b"1", b"22", b"abc"])
+
+    def test_ddpdiag_client_and_torch_see_the_same_keys(self):
+        s = torch_client(self.port)
+        r = ddpdiag("store", "set", "shared/from_ddpdiag", "hello", "--addr", f"127.0.0.1:{self.port}")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(s.get("shared/from_ddpdiag"), b"hello")
+        s.set("shared/from_torch", "world")
+        r = ddpdiag("store", "get", "shared/from_torch", "--addr", f"127.0.0.1:{self.port}")
+        self.assertEqual((r.returncode, r.stdout), (0, "world\n"), r.stderr)
+
+    def test_ping_our_server(self):
+        r = ddpdiag("store", "ping", f"127.0.0.1:{self.port}", "--count", "5")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("torch-2.x (detected)", r.stdout)  # our server answers the 2.x probe
+
+
+class TorchServes(unittest.TestCase):
+    """ddpdiag's client against a store hosted by torch (as torchrun's agent does)."""
+
+    def setUp(self):
+        self.store = torch_master()
+        self.port = self.store.port
+        self.addr = f"127.0.0.1:{self.port}"
+
+    def test_ping_reports_torch_protocol(self):
+        self.store.set("k", "v")
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "ping.json")
+            r = ddpdiag("store", "ping", self.addr, "--json", path)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn(f"{EXPECTED_PROTOCOL} (detected)", r.stdout)
+            with open(path) as f:
+                rep = json.load(f)
+            self.assertFalse(os.path.exists(path + ".tmp"))
+        self.assertEqual(rep["schema"], "ddpdiag.report/1")
+        self.assertEqual(rep["command"], "store ping")
+        res = rep["results"]
+        self.assertTrue(res["reachable"])
+        self.assertEqual(res["protocol"], EXPECTED_PROTOCOL)
+        self.assertEqual(res["num_keys"], self.store.num_keys())
+        self.assertGreater(res["rtt_us_median"], 0)
+        # Detection left the torch store intact.
+        self.assertEqual(self.store.get("k"), b"v")
+        self.assertEqual(self.store.num_keys(), res["num_keys"])
+
+    def test_forced_protocol(self):
+        r = ddpdiag("store", "ping", self.addr, "--protocol", "2.x" if TORCH2 else "1.13")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        # The wrong protocol fails within the timeout with exit 3, and the
+        # torch store survives it.
+        r = ddpdiag("store", "ping", self.addr, "--protocol", "1.13" if TORCH2 else "2.x",
+                    "--timeout", "1")
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn("unreachable", r.stdout)
+        self.store.set("still", "alive")
+        self.assertEqual(self.store.get("still"), b"alive")
+
+    def test_values_cross_both_ways(self):
+        r = ddpdiag("store", "set", "from_ddpdiag", "1234", "--addr", self.addr)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(self.store.get("from_ddpdiag"), b"1234")
+        self.store.set("from_torch", "abcd")
+        self.store.add("counter", 7)
+        r = ddpdiag("store", "get", "from_torch", "--addr", self.addr)
+        self.assertEqual((r.returncode, r.stdout), (0, "abcd\n"), r.stderr)
+        r = ddpdiag("store", "get", "counter", "--addr", self.addr)
+        self.assertEqual(r.stdout, "7\n")
+
+    def test_get_timeout_names_key(self):
+        t0 = time.monotonic()
+        r = ddpdiag("store", "get", "never/set", "--addr", self.addr, "--timeout", "0.5")
+        self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
+        self.assertIn("never/set", r.stderr)
+        self.assertLess(time.monotonic() - t0, 10)
+
+
+class Unreachable(unittest.TestCase):
+    def test_ping_refused(self):
+        import socket
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        r = ddpdiag("store", "ping", f"127.0.0.1:{port}", "--timeout", "0.5")
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("refused", r.stdout)
+
+
+if __name__ == "__main__":
+    if not BIN or not os.access(BIN, os.X_OK):
+        print(f"DDPDIAG_BIN={BIN!r} is not an executable ddpdiag")
+        sys.exit(2)
+    print(f"torch {torch.__version__} ({sys.executable}), ddpdiag {BIN}", flush=True)
+    unittest.main(verbosity=2)
