@@ -1,1 +1,452 @@
-// placeholder
+// The Gloo backend with ranks as threads over one MemoryStore.
+//
+// Catch2 assertions are not thread-safe, so rank threads collect failure
+// messages and the test thread checks them. Values are small integers (and
+// {1, 2} for prod) so every reduction is exact in any order and results are
+// compared bit for bit.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/errors.h"
+#include "comm/store/store.h"
+#include "comm/types.h"
+
+using namespace ddpdiag;
+using namespace std::chrono_literals;
+
+namespace {
+
+using Failures = std::vector<std::string>;
+using Body = std::function<void(Communicator&, int rank, Failures&)>;
+
+CommOptions options(int rank, int n, std::shared_ptr<Store> store, Millis timeout) {
+  CommOptions o;
+  o.backend = Backend::kGloo;
+  o.rank = rank;
+  o.world_size = n;
+  o.local_rank = rank;
+  o.store = std::move(store);
+  o.timeout = timeout;
+  o.gloo_hostname = "127.0.0.1";
+  return o;
+}
+
+// Runs body on n ranks (threads) and returns every failure of every rank.
+Failures run_ranks(int n, const Body& body, Millis timeout = 20s) {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<Failures> per_rank(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      Failures& f = per_rank[static_cast<std::size_t>(r)];
+      try {
+        auto comm = make_communicator(options(r, n, store, timeout));
+        body(*comm, r, f);
+      } catch (const std::exception& e) {
+        f.push_back("rank " + std::to_string(r) + " threw: " + e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  Failures all;
+  for (auto& f : per_rank) all.insert(all.end(), f.begin(), f.end());
+  return all;
+}
+
+std::string describe(const Failures& f) {
+  std::string s;
+  for (std::size_t i = 0; i < f.size() && i < 10; ++i) s += f[i] + "\n";
+  return s;
+}
+
+double input_value(DType t, ReduceOp op, int rank, std::size_t i) {
+  if (op == ReduceOp::kProd) return 1.0 + static_cast<double>((i + static_cast<std::size_t>(rank)) % 2);
+  const double v = static_cast<double>((i * 7 + static_cast<std::size_t>(rank) * 3) % 11);
+  return t == DType::kUInt8 ? v : v - 5.0;
+}
+
+std::vector<std::uint8_t> fill(DType t, ReduceOp op, int rank, std::size_t count) {
+  std::vector<std::uint8_t> b(count * dtype_size(t));
+  for (std::size_t i = 0; i < count; ++i) store_from_double(t, b.data(), i, input_value(t, op, rank, i));
+  return b;
+}
+
+// The reduction over ranks computed in double (exact for our values), stored
+// in the dtype and, for avg, divided by the same routine the backend uses.
+std::vector<std::uint8_t> expected_reduction(DType t, ReduceOp op, int n, std::size_t count,
+                                             std::size_t offset = 0) {
+  std::vector<std::uint8_t> b(count * dtype_size(t));
+  for (std::size_t i = 0; i < count; ++i) {
+    double acc = input_value(t, op, 0, offset + i);
+    for (int r = 1; r < n; ++r) {
+      const double v = input_value(t, op, r, offset + i);
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg: acc += v; break;
+        case ReduceOp::kProd: acc *= v; break;
+        case ReduceOp::kMin: acc = std::min(acc, v); break;
+        case ReduceOp::kMax: acc = std::max(acc, v); break;
+      }
+    }
+    store_from_double(t, b.data(), i, acc);
+  }
+  if (op == ReduceOp::kAvg) divide_host(t, b.data(), count, n);
+  return b;
+}
+
+void compare(const std::vector<std::uint8_t>& got, const std::vector<std::uint8_t>& want, DType t,
+             const std::string& what, int rank, Failures& f) {
+  if (got == want) return;
+  const std::size_t es = dtype_size(t);
+  for (std::size_t i = 0; i * es < want.size(); ++i) {
+    if (std::memcmp(got.data() + i * es, want.data() + i * es, es) != 0) {
+      f.push_back("rank " + std::to_string(rank) + " " + what + ": element " + std::to_string(i) +
+                  " is " + std::to_string(load_as_double(t, got.data(), i)) + ", expected " +
+                  std::to_string(load_as_double(t, want.data(), i)));
+      return;
+    }
+  }
+}
+
+std::string label(const char* op, DType t, ReduceOp r, bool in_place) {
+  return std::string(op) + " " + std::string(dtype_name(t)) + " " + std::string(reduce_op_name(r)) +
+         (in_place ? " in-place" : " out-of-place");
+}
+
+}  // namespace
+
+TEST_CASE("gloo: world size 1 and communicator facts", "[gloo]") {
+  const Failures f = run_ranks(1, [](Communicator& c, int rank, Failures& fail) {
+    if (c.backend() != Backend::kGloo || c.memory_kind() != MemoryKind::kHost)
+      fail.push_back("wrong backend or memory kind");
+    if (c.library_version().rfind("gloo ", 0) != 0) fail.push_back("version " + c.library_version());
+    if (c.device_name().rfind("cpu (", 0) != 0) fail.push_back("device " + c.device_name());
+    CommBuffer buf(c, 3 * sizeof(float));
+    if (reinterpret_cast<std::uintptr_t>(buf.get()) % 64 != 0) fail.push_back("alloc not 64-byte aligned");
+    float v[3] = {1, 2, 3};
+    c.copy_from_host(buf.get(), v, sizeof(v));
+    c.allreduce(buf.get(), buf.get(), 3, DType::kFloat32, ReduceOp::kAvg)->wait(5s);
+    float out[3] = {};
+    c.copy_to_host(out, buf.get(), sizeof(out));
+    if (out[0] != 1 || out[1] != 2 || out[2] != 3) fail.push_back("allreduce on one rank changed data");
+    std::vector<float> rs(3);
+    c.reduce_scatter(v, rs.data(), 3, DType::kFloat32, ReduceOp::kSum)->wait(5s);
+    if (rs[2] != 3) fail.push_back("reduce_scatter on one rank");
+    c.barrier()->wait(5s);
+    (void)rank;
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("gloo: allreduce, every dtype x op, in-place and out-of-place", "[gloo]") {
+  const int n = GENERATE(2, 3, 4);
+  CAPTURE(n);
+  const std::size_t count = 67;  // not a multiple of the world size or segment counts
+  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    for (DType t : kAllDTypes) {
+      for (ReduceOp op : kAllReduceOps) {
+        const auto want = expected_reduction(t, op, n, count);
+        // Out of place: send is untouched.
+        auto send = fill(t, op, rank, count);
+        const auto send0 = send;
+        std::vector<std::uint8_t> recv(send.size());
+        c.allreduce(send.data(), recv.data(), count, t, op)->wait(10s);
+        compare(recv, want, t, label("allreduce", t, op, false), rank, fail);
+        if (send != send0) fail.push_back(label("allreduce", t, op, false) + ": send modified");
+        // In place.
+        auto buf = fill(t, op, rank, count);
+        c.allreduce(buf.data(), buf.data(), count, t, op)->wait(10s);
+        compare(buf, want, t, label("allreduce", t, op, true), rank, fail);
+      }
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("gloo: large allreduce spans several segments; back-to-back ops", "[gloo]") {
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  // 2^19 floats = 2 MiB: more than Gloo's 1 MiB segment, so the ring pipelines.
+  const std::size_t count = std::size_t{1} << 19;
+  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    auto buf = fill(DType::kFloat32, ReduceOp::kSum, rank, count);
+    c.allreduce(buf.data(), buf.data(), count, DType::kFloat32, ReduceOp::kSum)->wait(20s);
+    compare(buf, expected_reduction(DType::kFloat32, ReduceOp::kSum, n, count), DType::kFloat32,
+            "large allreduce", rank, fail);
+    // Several ops issued before any wait run in issue order on the worker.
+    std::vector<std::vector<std::uint8_t>> bufs;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int k = 0; k < 8; ++k) bufs.push_back(fill(DType::kInt32, ReduceOp::kSum, rank, 33));
+    for (auto& b : bufs) works.push_back(c.allreduce(b.data(), b.data(), 33, DType::kInt32, ReduceOp::kSum));
+    for (auto& w : works) w->wait(10s);
+    for (auto& b : bufs)
+      compare(b, expected_reduction(DType::kInt32, ReduceOp::kSum, n, 33), DType::kInt32,
+              "queued allreduce", rank, fail);
+    if (!works.back()->is_completed()) fail.push_back("is_completed false after wait");
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("gloo: broadcast, reduce, allgather", "[gloo]") {
+  const int n = GENERATE(2, 3, 4);
+  CAPTURE(n);
+  const std::size_t count = 29;
+  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kUInt8}) {
+      for (int root = 0; root < n; ++root) {
+        // Broadcast: every rank ends with the root's values.
+        auto buf = fill(t, ReduceOp::kSum, rank, count);
+        c.broadcast(buf.data(), count, t, root)->wait(10s);
+        compare(buf, fill(t, ReduceOp::kSum, root, count), t,
+                "broadcast root " + std::to_string(root), rank, fail);
+        // Reduce: the root gets the reduction; non-roots' send stays as it was.
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kAvg}) {
+          auto send = fill(t, op, rank, count);
+          const auto send0 = send;
+          std::vector<std::uint8_t> recv(send.size(), 0xee);
+          const auto recv0 = recv;
+          c.reduce(send.data(), recv.data(), count, t, op, root)->wait(10s);
+          const std::string what = label("reduce", t, op, false) + " root " + std::to_string(root);
+          if (rank == root)
+            compare(recv, expected_reduction(t, op, n, count), t, what, rank, fail);
+          else if (recv != recv0)
+            fail.push_back(what + ": non-root recv was written");
+          if (send != send0) fail.push_back(what + ": send modified");
+        }
+      }
+      // Allgather, out of place and in place (send is this rank's block of recv).
+      std::vector<std::uint8_t> want;
+      for (int r = 0; r < n; ++r) {
+        auto b = fill(t, ReduceOp::kSum, r, count);
+        want.insert(want.end(), b.begin(), b.end());
+      }
+      auto send = fill(t, ReduceOp::kSum, rank, count);
+      std::vector<std::uint8_t> recv(want.size());
+      c.allgather(send.data(), recv.data(), count, t)->wait(10s);
+      compare(recv, want, t, "allgather out-of-place", rank, fail);
+      std::vector<std::uint8_t> inplace(want.size(), 0);
+      std::memcpy(inplace.data() + static_cast<std::size_t>(rank) * send.size(), send.data(), send.size());
+      c.allgather(inplace.data() + static_cast<std::size_t>(rank) * send.size(), inplace.data(), count, t)
+          ->wait(10s);
+      compare(inplace, want, t, "allgather in-place", rank, fail);
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("gloo: reduce_scatter (ring over unbound buffers)", "[gloo]") {
+  const int n = GENERATE(2, 3, 4);
+  CAPTURE(n);
+  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    for (std::size_t count : {std::size_t{1}, std::size_t{13}, std::size_t{4096}}) {
+      for (DType t : kAllDTypes) {
+        for (ReduceOp op : kAllReduceOps) {
+          const std::size_t total = count * static_cast<std::size_t>(n);
+          const auto full = expected_reduction(t, op, n, total);
+          const std::size_t block = count * dtype_size(t);
+          const std::vector<std::uint8_t> want(full.begin() + static_cast<std::ptrdiff_t>(rank * block),
+                                               full.begin() + static_cast<std::ptrdiff_t>((rank + 1) * block));
+          auto send = fill(t, op, rank, total);
+          const auto send0 = send;
+          std::vector<std::uint8_t> recv(block);
+          c.reduce_scatter(send.data(), recv.data(), count, t, op)->wait(10s);
+          const std::string what = label("reduce_scatter", t, op, false) + " count " + std::to_string(count);
+          compare(recv, want, t, what, rank, fail);
+          if (send != send0) fail.push_back(what + ": send modified");
+          if (count != 13) continue;  // in place once per dtype x op is enough
+          auto buf = fill(t, op, rank, total);
+          std::uint8_t* mine = buf.data() + static_cast<std::size_t>(rank) * block;
+          c.reduce_scatter(buf.data(), mine, count, t, op)->wait(10s);
+          compare(std::vector<std::uint8_t>(mine, mine + block), want, t,
+                  label("reduce_scatter", t, op, true), rank, fail);
+        }
+      }
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("gloo: send/recv around a ring, with tags", "[gloo]") {
+  const int n = GENERATE(2, 3, 4);
+  CAPTURE(n);
+  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    const int right = (rank + 1) % n;
+    const int left = (rank + n - 1) % n;
+    const std::size_t count = 1000;
+    std::vector<std::int32_t> out(count), in(count, -1), out7(count), in7(count, -1);
+    for (std::size_t i = 0; i < count; ++i) {
+      out[i] = rank * 100000 + static_cast<int>(i);
+      out7[i] = -out[i] - 7;
+    }
+    // Ops run one at a time in issue order, so an exchange is ordered by
+    // parity (like a blocking send/recv): even ranks send first. Rank n-1
+    // of an odd ring is even and sends to 0, which receives after its send.
+    std::vector<std::shared_ptr<Work>> w;
+    auto send_both = [&] {
+      w.push_back(c.send(out.data(), count, DType::kInt32, right, 0));
+      w.push_back(c.send(out7.data(), count, DType::kInt32, right, 7));
+    };
+    auto recv_both = [&] {
+      w.push_back(c.recv(in.data(), count, DType::kInt32, left, 0));
+      w.push_back(c.recv(in7.data(), count, DType::kInt32, left, 7));
+    };
+    if (rank % 2 == 0) {
+      send_both();
+      recv_both();
+    } else {
+      recv_both();
+      send_both();
+    }
+    for (auto& x : w) x->wait(10s);
+    for (std::size_t i = 0; i < count; ++i) {
+      if (in[i] != left * 100000 + static_cast<int>(i) || in7[i] != -(left * 100000 + static_cast<int>(i)) - 7) {
+        fail.push_back("rank " + std::to_string(rank) + " recv from " + std::to_string(left) +
+                       " wrong at " + std::to_string(i));
+        break;
+      }
+    }
+    c.barrier()->wait(10s);
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("gloo: barrier holds until every rank arrives", "[gloo]") {
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  std::atomic<int> arrived{0};
+  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    if (rank == n - 1) std::this_thread::sleep_for(200ms);
+    arrived.fetch_add(1);
+    c.barrier()->wait(10s);
+    if (arrived.load() != n) fail.push_back("rank " + std::to_string(rank) + " left the barrier early");
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("gloo: bad arguments are usage errors", "[gloo]") {
+  const Failures f = run_ranks(2, [](Communicator& c, int rank, Failures& fail) {
+    int x = 0;
+    try {
+      c.send(&x, 1, DType::kInt32, rank);
+      fail.push_back("send to self accepted");
+    } catch (const UsageError&) {
+    }
+    try {
+      c.broadcast(&x, 1, DType::kInt32, 5);
+      fail.push_back("root 5 accepted");
+    } catch (const UsageError&) {
+    }
+    c.barrier()->wait(10s);
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("gloo: a peer that never joins gives a TimeoutError, not a hang", "[gloo]") {
+  const auto started = std::chrono::steady_clock::now();
+  const Failures f = run_ranks(
+      2,
+      [](Communicator& c, int rank, Failures& fail) {
+        if (rank == 1) {
+          // Never issues the allreduce; stays alive past rank 0's wait.
+          std::this_thread::sleep_for(1200ms);
+          return;
+        }
+        float v = 1;
+        auto w = c.allreduce(&v, &v, 1, DType::kFloat32, ReduceOp::kSum);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          w->wait(1000ms);
+          fail.push_back("allreduce without a peer completed");
+        } catch (const TimeoutError& e) {
+          const std::string msg = e.what();
+          if (msg.find("allreduce #1") == std::string::npos)
+            fail.push_back("timeout message does not name the op: " + msg);
+          if (e.context().phase != "allreduce") fail.push_back("phase " + e.context().phase);
+        }
+        const auto waited = std::chrono::steady_clock::now() - t0;
+        if (waited < 900ms || waited > 1500ms)
+          fail.push_back("wait returned after " +
+                         std::to_string(std::chrono::duration_cast<Millis>(waited).count()) + " ms");
+      },
+      1500ms);
+  INFO(describe(f));
+  CHECK(f.empty());
+  // Both communicators are gone, the stuck op included.
+  CHECK(std::chrono::steady_clock::now() - started < 6s);
+}
+
+TEST_CASE("gloo: a peer that dies mid-way fails the others within the timeout", "[gloo]") {
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  const auto started = std::chrono::steady_clock::now();
+  const Failures f = run_ranks(
+      n,
+      [&](Communicator& c, int rank, Failures& fail) {
+        std::int64_t v = rank;
+        c.allreduce(&v, &v, 1, DType::kInt64, ReduceOp::kSum)->wait(10s);
+        c.barrier()->wait(10s);
+        if (rank == n - 1) return;  // dies: run_ranks destroys its communicator
+        std::this_thread::sleep_for(100ms);
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          std::vector<float> buf(1024, 1.0f);
+          c.allreduce(buf.data(), buf.data(), buf.size(), DType::kFloat32, ReduceOp::kSum)->wait(4s);
+          fail.push_back("rank " + std::to_string(rank) + ": allreduce with a dead peer succeeded");
+        } catch (const PeerError&) {
+        } catch (const TimeoutError&) {
+        } catch (const std::exception& e) {
+          fail.push_back("rank " + std::to_string(rank) + ": unexpected error " + e.what());
+        }
+        if (std::chrono::steady_clock::now() - t0 > 3500ms)
+          fail.push_back("rank " + std::to_string(rank) + " took too long to fail");
+      },
+      2000ms);
+  INFO(describe(f));
+  CHECK(f.empty());
+  CHECK(std::chrono::steady_clock::now() - started < 10s);
+}
+
+TEST_CASE("gloo: abort fails queued work and later ops", "[gloo]") {
+  const Failures f = run_ranks(
+      2,
+      [](Communicator& c, int rank, Failures& fail) {
+        c.barrier()->wait(10s);
+        if (rank == 0) {
+          float v = 1;
+          auto w = c.allreduce(&v, &v, 1, DType::kFloat32, ReduceOp::kSum);  // never matched
+          c.abort();
+          try {
+            w->wait(2s);
+            fail.push_back("aborted work succeeded");
+          } catch (const Error&) {
+          }
+          try {
+            c.barrier()->wait(2s);
+            fail.push_back("barrier after abort succeeded");
+          } catch (const Error&) {
+          }
+        }
+      },
+      1500ms);
+  INFO(describe(f));
+  CHECK(f.empty());
+}

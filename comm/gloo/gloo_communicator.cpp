@@ -1,1 +1,849 @@
-// placeholder
+// The Gloo backend.
+//
+// Execution model. Every operation is queued to ONE worker thread per
+// communicator and runs there in issue order, so all ranks run their
+// collectives in the same order, which is what lets Gloo match messages by
+// (pair, slot) in FIFO order. The issuing thread gets a Work at once.
+//
+// Two hand-offs sit on the hot path of a loop of small collectives (issue ->
+// worker, worker -> waiter). A futex wake-up costs several microseconds, as
+// much as a whole 4-byte all_reduce on loopback, so both sides first spin
+// briefly (yielding, so an oversubscribed machine is not starved) before they
+// block on a condition variable:
+//  - the worker drains the queue without sleeping while ops are queued, and
+//    after the queue empties it spins for kWorkerSpin before it sleeps; a
+//    producer signals the condition variable only when the worker sleeps;
+//  - Work::wait spins for kWaiterSpin before it blocks.
+//
+// Timeouts. Each Gloo op gets the communicator's default timeout at issue
+// time, so a stuck op ends on the worker by itself; Work::wait takes its own,
+// possibly shorter, deadline. When Gloo times out it closes every pair of the
+// context (its own design), so the communicator is unusable afterwards.
+#include "comm/gloo/gloo_communicator.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/config.h>
+#include <gloo/reduce.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
+#include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+#include <gloo/types.h>
+
+namespace ddpdiag::gloo_backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Spin budgets of the two hand-offs (see the top of the file). 100 us covers
+// a small all_reduce among a few ranks on one host, so a back-to-back loop of
+// small ops never sleeps; for large ops it is noise next to the op itself.
+constexpr auto kWorkerSpin = std::chrono::microseconds(100);
+constexpr auto kWaiterSpin = std::chrono::microseconds(100);
+
+// Slot prefixes of our own protocols; Gloo's collectives use 0x01..0x08.
+constexpr std::uint8_t kPointToPointSlotPrefix = 0x40;
+constexpr std::uint8_t kReduceScatterSlotPrefix = 0x41;
+
+// Host buffers are aligned for AVX-512 loads and whole cache lines.
+constexpr std::size_t kHostAlignment = 64;
+
+// steady_clock::now() + timeout without overflow for "forever"-like values.
+Clock::time_point deadline_after(Millis timeout) {
+  const auto now = Clock::now();
+  const auto room = std::chrono::duration_cast<Millis>(Clock::time_point::max() - now);
+  return timeout >= room ? Clock::time_point::max() : now + timeout;
+}
+
+// Remaining time to a deadline for a Gloo wait: at least 1 ms, because Gloo
+// reads 0 as "no timeout" and -1 as "the context's default".
+Millis remaining(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+  return std::max(left, Millis(1));
+}
+
+std::string local_hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+bool hostname_resolves(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (res) ::freeaddrinfo(res);
+  return rc == 0;
+}
+
+// ---------------------------------------------------------------------------
+// Rendezvous: Gloo's store interface over ours.
+//
+// connectFullMesh publishes "rank_<r>" (hostname) and "<r>" (the listening
+// addresses of r's pairs, one per peer in rank order without r itself) and
+// reads the others'. All keys go under "gloo/". While Gloo reads a peer's
+// addresses we remember the one it will connect to, so that an IoException
+// naming that address can be attributed to a rank later.
+class StoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(std::shared_ptr<ddpdiag::Store> store, Millis timeout, int rank, int size)
+      : store_(std::move(store)), timeout_(timeout), rank_(rank), size_(size) {}
+
+  static std::string key_of(const std::string& key) { return "gloo/" + key; }
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_->set(key_of(key), Bytes(data.begin(), data.end()));
+  }
+
+  std::vector<char> get(const std::string& key) override {
+    const Bytes value = store_->get(key_of(key), timeout_);
+    std::vector<char> out(value.begin(), value.end());
+    remember_peer_address(key, out);
+    return out;
+  }
+
+  void wait(const std::vector<std::string>& keys) override { wait(keys, timeout_); }
+
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    std::vector<std::string> ours;
+    ours.reserve(keys.size());
+    for (const auto& k : keys) ours.push_back(key_of(k));
+    store_->wait(ours, timeout);
+  }
+
+  std::map<std::string, int> take_peer_addresses() { return std::move(peer_addresses_); }
+
+ private:
+  void remember_peer_address(const std::string& key, const std::vector<char>& all) {
+    if (key.empty() || key.find_first_not_of("0123456789") != std::string::npos) return;
+    const int peer = std::atoi(key.c_str());
+    if (peer == rank_ || peer < 0 || peer >= size_ || size_ < 2) return;
+    const std::size_t each = all.size() / static_cast<std::size_t>(size_ - 1);
+    const std::size_t index = static_cast<std::size_t>(rank_ > peer ? rank_ - 1 : rank_);
+    if (each == 0 || (index + 1) * each > all.size()) return;
+    try {
+      std::vector<char> mine(all.begin() + static_cast<std::ptrdiff_t>(index * each),
+                             all.begin() + static_cast<std::ptrdiff_t>((index + 1) * each));
+      peer_addresses_[gloo::transport::tcp::Address(mine).str()] = peer;
+    } catch (const std::exception&) {
+      // Only a diagnostic aid: an address we cannot parse is simply not named.
+    }
+  }
+
+  std::shared_ptr<ddpdiag::Store> store_;
+  Millis timeout_;
+  int rank_;
+  int size_;
+  std::map<std::string, int> peer_addresses_;
+};
+
+// ---------------------------------------------------------------------------
+// Operations and their Work handles
+
+enum class OpKind : std::uint8_t {
+  kAllreduce,
+  kBroadcast,
+  kReduce,
+  kAllgather,
+  kReduceScatter,
+  kSend,
+  kRecv,
+  kBarrier,
+};
+
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kAllgather: return "allgather";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kSend: return "send";
+    case OpKind::kRecv: return "recv";
+    case OpKind::kBarrier: return "barrier";
+  }
+  return "op";
+}
+
+bool is_collective(OpKind k) { return k != OpKind::kSend && k != OpKind::kRecv; }
+
+struct OpArgs {
+  OpKind kind = OpKind::kBarrier;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  std::size_t count = 0;
+  DType dtype = DType::kUInt8;
+  ReduceOp op = ReduceOp::kSum;
+  int root_or_peer = -1;  // root of broadcast/reduce, peer of send/recv
+  std::uint32_t tag = 0;  // user tag (p2p) or the collective's sequence tag
+  Millis timeout{0};      // Gloo's own timeout for this op
+};
+
+class Core;
+
+class GlooWork final : public Work {
+ public:
+  GlooWork(std::weak_ptr<Core> core, const OpArgs& args, int rank)
+      : args(args), rank(rank), core_(std::move(core)) {}
+
+  bool is_completed() override { return done_.load(std::memory_order_acquire); }
+  void wait(Millis timeout) override;
+  void abort() override;
+
+  // First call wins: an abort may complete a running op before the worker
+  // finishes it.
+  void complete(std::exception_ptr error) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (done_.load(std::memory_order_relaxed)) return;
+      error_ = std::move(error);
+      done_.store(true, std::memory_order_release);
+    }
+    cv_.notify_all();
+  }
+
+  std::string describe() const {
+    std::string s = std::string(op_name(args.kind)) + " #" + std::to_string(seq);
+    if (args.kind == OpKind::kBarrier) return s;
+    s += " (" + std::to_string(args.count) + " x " + std::string(dtype_name(args.dtype));
+    if (args.kind == OpKind::kAllreduce || args.kind == OpKind::kReduce ||
+        args.kind == OpKind::kReduceScatter)
+      s += ", " + std::string(reduce_op_name(args.op));
+    if (args.kind == OpKind::kBroadcast || args.kind == OpKind::kReduce)
+      s += ", root " + std::to_string(args.root_or_peer);
+    if (args.kind == OpKind::kSend) s += ", to rank " + std::to_string(args.root_or_peer);
+    if (args.kind == OpKind::kRecv) s += ", from rank " + std::to_string(args.root_or_peer);
+    return s + ")";
+  }
+
+  OpArgs args;
+  std::uint64_t seq = 0;  // 1-based issue order on this rank
+  int rank;
+
+ private:
+  std::weak_ptr<Core> core_;
+  std::atomic<bool> done_{false};
+  std::exception_ptr error_;  // written before done_ is released
+  std::mutex mutex_;
+  std::condition_variable cv_;
+};
+
+class Core : public std::enable_shared_from_this<Core> {
+ public:
+  Core(const CommOptions& opts, std::shared_ptr<gloo::rendezvous::Context> context,
+       std::map<std::string, int> peer_addresses)
+      : rank_(opts.rank),
+        size_(opts.world_size),
+        context_(std::move(context)),
+        peer_addresses_(std::move(peer_addresses)) {}
+
+  void start() { worker_ = std::thread([this] { worker_loop(); }); }
+
+  std::shared_ptr<Work> submit(OpArgs args) {
+    auto work = std::make_shared<GlooWork>(weak_from_this(), args, rank_);
+    bool wake = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      work->seq = ++issued_;
+      if (is_collective(args.kind)) work->args.tag = next_collective_tag_++;
+      if (aborted_.load(std::memory_order_relaxed) || stop_.load(std::memory_order_relaxed)) {
+        work->complete(std::make_exception_ptr(unusable_error(*work)));
+        return work;
+      }
+      queue_.push_back(work);
+      queued_.fetch_add(1, std::memory_order_release);
+      wake = worker_sleeping_;
+    }
+    if (wake) cv_.notify_one();
+    return work;
+  }
+
+  // Fails queued ops and the running one (best effort: the running Gloo op
+  // itself ends at its own timeout or when a peer's connection drops), and
+  // closes our connections so that peers notice at once.
+  void abort(const std::string& why) {
+    std::deque<std::shared_ptr<GlooWork>> pending;
+    std::shared_ptr<GlooWork> running;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (aborted_.load()) return;
+      abort_reason_ = why;  // published by the store to aborted_ below
+      aborted_.store(true);
+      pending.swap(queue_);
+      queued_.store(0, std::memory_order_relaxed);
+      running = running_;
+    }
+    if (running) running->complete(std::make_exception_ptr(unusable_error(*running)));
+    for (auto& w : pending) w->complete(std::make_exception_ptr(unusable_error(*w)));
+    try {
+      context_->closeConnections();
+    } catch (const std::exception&) {
+      // Already closed or never connected: nothing left to tell the peers.
+    }
+  }
+
+  // Stops the worker after the running op (bounded by that op's timeout) and
+  // fails what was still queued.
+  void shutdown() {
+    std::deque<std::shared_ptr<GlooWork>> pending;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_.store(true, std::memory_order_relaxed);
+      pending.swap(queue_);
+      queued_.store(0, std::memory_order_relaxed);
+    }
+    cv_.notify_one();
+    for (auto& w : pending) w->complete(std::make_exception_ptr(unusable_error(*w)));
+    if (worker_.joinable()) worker_.join();
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+ private:
+  BackendError unusable_error(const GlooWork& w) const {
+    const std::string why = aborted_.load() ? "the communicator was aborted (" + abort_reason_ + ")"
+                                            : "the communicator was destroyed";
+    return BackendError(w.describe() + " on rank " + std::to_string(rank_) + " did not run: " + why,
+                        ErrorContext{op_name(w.args.kind), rank_, -1,
+                                     "create a new communicator after an abort"});
+  }
+
+  void worker_loop() {
+    for (;;) {
+      std::shared_ptr<GlooWork> work;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (queue_.empty() && !stop_.load(std::memory_order_relaxed)) {
+          lock.unlock();
+          const auto until = Clock::now() + kWorkerSpin;
+          while (queued_.load(std::memory_order_acquire) == 0 &&
+                 !stop_.load(std::memory_order_relaxed) && Clock::now() < until)
+            std::this_thread::yield();
+          lock.lock();
+          worker_sleeping_ = true;
+          cv_.wait(lock, [&] { return !queue_.empty() || stop_.load(std::memory_order_relaxed); });
+          worker_sleeping_ = false;
+        }
+        if (queue_.empty()) return;  // stopping
+        work = std::move(queue_.front());
+        queue_.pop_front();
+        queued_.fetch_sub(1, std::memory_order_relaxed);
+        running_ = work;
+      }
+      work->complete(execute(*work));
+      std::lock_guard<std::mutex> lock(mutex_);
+      running_.reset();
+    }
+  }
+
+  std::exception_ptr execute(GlooWork& w) {
+    try {
+      if (aborted_.load(std::memory_order_relaxed))
+        return std::make_exception_ptr(unusable_error(w));
+      dispatch(w.args);
+      return nullptr;
+    } catch (const Error&) {
+      return std::current_exception();
+    } catch (const gloo::IoException& e) {
+      return map_io_error(w, e.what());
+    } catch (const std::exception& e) {
+      // gloo::Exception, gloo::EnforceNotMet and the like: Gloo refused the op.
+      return std::make_exception_ptr(BackendError(
+          "gloo: " + w.describe() + " failed on rank " + std::to_string(rank_) + ": " + e.what(),
+          ErrorContext{op_name(w.args.kind), rank_, -1,
+                       "this is Gloo's own message; check buffer sizes and that every rank "
+                       "issues the same op with the same count"}));
+    }
+  }
+
+  // Gloo reports a peer by address ("[10.0.0.2]:4711$3"), from the side of a
+  // pair that connected; we map the addresses we saw at rendezvous to ranks.
+  int peer_from_message(const std::string& msg, const OpArgs& args) const {
+    for (const auto& [address, peer] : peer_addresses_)
+      if (msg.find(address) != std::string::npos) return peer;
+    if (args.kind == OpKind::kSend || args.kind == OpKind::kRecv) return args.root_or_peer;
+    return -1;
+  }
+
+  std::exception_ptr map_io_error(const GlooWork& w, const std::string& msg) const {
+    const std::string op = op_name(w.args.kind);
+    const std::string where = w.describe() + " on rank " + std::to_string(rank_);
+    if (msg.find("Timed out waiting") != std::string::npos)
+      return std::make_exception_ptr(TimeoutError(
+          where + " timed out after " + std::to_string(w.args.timeout.count()) +
+              " ms in Gloo: a peer did not take part in time (gloo: " + msg + ")",
+          ErrorContext{op, rank_, -1,
+                       "every rank must issue the same collectives in the same order; look "
+                       "for a rank that is stuck or slow; raise --timeout if it is only slow"}));
+    if (msg.find("Application timeout caused pair closure") != std::string::npos)
+      return std::make_exception_ptr(TimeoutError(
+          where + " failed: an earlier operation timed out and Gloo closed every connection "
+                  "(gloo: " + msg + ")",
+          ErrorContext{op, rank_, -1, "the first timeout on any rank is the cause"}));
+    const int peer = peer_from_message(msg, w.args);
+    const std::string who = peer >= 0 ? "rank " + std::to_string(peer) : "a peer";
+    return std::make_exception_ptr(PeerError(
+        where + " failed: " + who + " closed its connection or failed (gloo: " + msg + ")",
+        ErrorContext{op, rank_, peer,
+                     peer >= 0 ? "check the log of rank " + std::to_string(peer) +
+                                     ": it died, was killed or hit an error first"
+                               : "check the logs of the other ranks: one died, was killed or "
+                                 "hit an error first"}));
+  }
+
+  // Grow-only scratch of the worker thread (reduce on non-roots,
+  // reduce_scatter staging), so steady-state ops do not allocate.
+  std::uint8_t* scratch(std::size_t bytes) {
+    if (scratch_.size() < bytes) scratch_.resize(bytes);
+    return scratch_.data();
+  }
+
+  template <typename F>
+  static void with_element_type(DType t, F&& f) {
+    // Gloo's options only need sizeof(T); the arithmetic is our reduce_host.
+    switch (dtype_size(t)) {
+      case 1: return f(std::uint8_t{});
+      case 2: return f(std::uint16_t{});
+      case 4: return f(std::uint32_t{});
+      case 8: return f(std::uint64_t{});
+    }
+    DDPDIAG_ASSERT(false && "unsupported element size");
+  }
+
+  static auto reduce_function(DType dtype, ReduceOp op) {
+    // Two bytes of capture: fits std::function's small buffer, no allocation.
+    return [dtype, op](void* out, const void* a, const void* b, std::size_t n) {
+      reduce_host(dtype, op, out, a, b, n);
+    };
+  }
+
+  void dispatch(const OpArgs& a) {
+    switch (a.kind) {
+      case OpKind::kAllreduce: return run_allreduce(a);
+      case OpKind::kBroadcast: return run_broadcast(a);
+      case OpKind::kReduce: return run_reduce(a);
+      case OpKind::kAllgather: return run_allgather(a);
+      case OpKind::kReduceScatter: return run_reduce_scatter(a);
+      case OpKind::kSend: return run_send(a);
+      case OpKind::kRecv: return run_recv(a);
+      case OpKind::kBarrier: return run_barrier(a);
+    }
+  }
+
+  void run_allreduce(const OpArgs& a) {
+    if (a.count == 0) return;
+    with_element_type(a.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::AllreduceOptions o(context_);
+      // Without an input Gloo reduces the output in place.
+      if (a.send != a.recv) o.setInput<T>(const_cast<T*>(static_cast<const T*>(a.send)), a.count);
+      o.setOutput<T>(static_cast<T*>(a.recv), a.count);
+      o.setReduceFunction(reduce_function(a.dtype, a.op));
+      o.setTag(a.tag);
+      o.setTimeout(a.timeout);
+      gloo::allreduce(o);
+    });
+    if (a.op == ReduceOp::kAvg) divide_host(a.dtype, a.recv, a.count, size_);
+  }
+
+  void run_broadcast(const OpArgs& a) {
+    if (a.count == 0) return;
+    with_element_type(a.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::BroadcastOptions o(context_);
+      o.setOutput<T>(static_cast<T*>(a.recv), a.count);  // the root sends from it in place
+      o.setRoot(a.root_or_peer);
+      o.setTag(a.tag);
+      o.setTimeout(a.timeout);
+      gloo::broadcast(o);
+    });
+  }
+
+  void run_reduce(const OpArgs& a) {
+    if (a.count == 0) return;
+    const bool root = rank_ == a.root_or_peer;
+    // Gloo's ring reduce uses the output as working memory on every rank;
+    // off the root the caller's recv "does not matter", so it is not touched.
+    void* out = root ? a.recv : scratch(a.count * dtype_size(a.dtype));
+    with_element_type(a.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::ReduceOptions o(context_);
+      if (a.send != out) o.setInput<T>(const_cast<T*>(static_cast<const T*>(a.send)), a.count);
+      o.setOutput<T>(static_cast<T*>(out), a.count);
+      o.setRoot(a.root_or_peer);
+      o.setReduceFunction(reduce_function(a.dtype, a.op));
+      o.setTag(a.tag);
+      o.setTimeout(a.timeout);
+      gloo::reduce(o);
+    });
+    if (root && a.op == ReduceOp::kAvg) divide_host(a.dtype, a.recv, a.count, size_);
+  }
+
+  void run_allgather(const OpArgs& a) {
+    if (a.count == 0) return;
+    const std::size_t block = a.count * dtype_size(a.dtype);
+    auto* out = static_cast<std::uint8_t*>(a.recv);
+    const bool in_place = a.send == out + static_cast<std::size_t>(rank_) * block;
+    with_element_type(a.dtype, [&](auto zero) {
+      using T = decltype(zero);
+      gloo::AllgatherOptions o(context_);
+      if (!in_place) o.setInput<T>(const_cast<T*>(static_cast<const T*>(a.send)), a.count);
+      o.setOutput<T>(static_cast<T*>(a.recv), a.count * static_cast<std::size_t>(size_));
+      o.setTag(a.tag);
+      o.setTimeout(a.timeout);
+      gloo::allgather(o);
+    });
+  }
+
+  // Gloo has no new-style reduce_scatter, so this is our own ring over
+  // unbound buffers (bandwidth-optimal: each rank sends and receives n-1
+  // blocks). The partial sum of block b starts at rank b+1 and travels
+  // b+1 -> b+2 -> ... -> b, each rank adding its own block b, so it arrives
+  // complete at its owner after n-1 steps. At step s (0..n-2) rank r
+  //   sends the partial of block (r-s-1) to r+1 (its raw block at s = 0),
+  //   receives the partial of block (r-s-2) from r-1 and adds its own block.
+  // Two staging buffers alternate (receive into one while the other is on
+  // the wire); the last step receives into recv itself when recv does not
+  // overlap send, so the result needs no extra copy.
+  void run_reduce_scatter(const OpArgs& a) {
+    if (a.count == 0) return;
+    const int n = size_;
+    const int r = rank_;
+    const std::size_t block = a.count * dtype_size(a.dtype);
+    const auto* send = static_cast<const std::uint8_t*>(a.send);
+    auto* recv = static_cast<std::uint8_t*>(a.recv);
+    if (n == 1) {
+      if (recv != send) std::memmove(recv, send, block);
+      return;  // avg over one rank is the value itself
+    }
+    const auto deadline = deadline_after(a.timeout);
+    const auto block_index = [n](int b) { return static_cast<std::size_t>(((b % n) + n) % n); };
+    const bool overlaps = recv < send + static_cast<std::size_t>(n) * block && send < recv + block;
+    std::uint8_t* stage[2];
+    const int last = (n - 2) % 2;
+    if (overlaps) {
+      std::uint8_t* s = scratch(2 * block);
+      stage[0] = s;
+      stage[1] = s + block;
+    } else {
+      stage[last] = recv;
+      stage[1 - last] = scratch(block);
+    }
+    auto own = context_->createUnboundBuffer(const_cast<std::uint8_t*>(send),
+                                             static_cast<std::size_t>(n) * block);
+    std::unique_ptr<gloo::transport::UnboundBuffer> staged[2] = {
+        context_->createUnboundBuffer(stage[0], block),
+        context_->createUnboundBuffer(stage[1], block)};
+    const int right = (r + 1) % n;
+    const int left = (r - 1 + n) % n;
+    const std::uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, a.tag);
+    for (int s = 0; s + 1 < n; ++s) {
+      auto& in = staged[s % 2];
+      in->recv(left, slot);
+      gloo::transport::UnboundBuffer* out = nullptr;
+      if (s == 0) {
+        out = own.get();
+        out->send(right, slot, block_index(r - 1) * block, block);
+      } else {
+        out = staged[(s - 1) % 2].get();
+        out->send(right, slot);
+      }
+      if (!in->waitRecv(remaining(deadline)) || !out->waitSend(remaining(deadline)))
+        throw BackendError("reduce_scatter: a Gloo wait was aborted",
+                           ErrorContext{"reduce_scatter", rank_, -1, ""});
+      reduce_host(a.dtype, a.op, stage[s % 2], stage[s % 2], send + block_index(r - s - 2) * block,
+                  a.count);
+    }
+    if (overlaps) std::memmove(recv, stage[last], block);
+    if (a.op == ReduceOp::kAvg) divide_host(a.dtype, recv, a.count, n);
+  }
+
+  void run_send(const OpArgs& a) {
+    const std::size_t bytes = a.count * dtype_size(a.dtype);
+    if (bytes == 0) return;
+    auto buf = context_->createUnboundBuffer(const_cast<void*>(a.send), bytes);
+    buf->send(a.root_or_peer, gloo::Slot::build(kPointToPointSlotPrefix, a.tag));
+    if (!buf->waitSend(a.timeout))
+      throw BackendError("send: the Gloo wait was aborted", ErrorContext{"send", rank_, a.root_or_peer, ""});
+  }
+
+  void run_recv(const OpArgs& a) {
+    const std::size_t bytes = a.count * dtype_size(a.dtype);
+    if (bytes == 0) return;
+    auto buf = context_->createUnboundBuffer(a.recv, bytes);
+    buf->recv(a.root_or_peer, gloo::Slot::build(kPointToPointSlotPrefix, a.tag));
+    if (!buf->waitRecv(a.timeout))
+      throw BackendError("recv: the Gloo wait was aborted", ErrorContext{"recv", rank_, a.root_or_peer, ""});
+  }
+
+  void run_barrier(const OpArgs& a) {
+    gloo::BarrierOptions o(context_);
+    o.setTag(a.tag);
+    o.setTimeout(a.timeout);
+    gloo::barrier(o);
+  }
+
+  const int rank_;
+  const int size_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  const std::map<std::string, int> peer_addresses_;
+
+  std::mutex mutex_;  // guards queue_, running_, worker_sleeping_, issued_, tags
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<GlooWork>> queue_;
+  std::shared_ptr<GlooWork> running_;
+  std::atomic<std::size_t> queued_{0};  // mirrors queue_.size() for the lock-free spin
+  bool worker_sleeping_ = false;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;  // written once, before aborted_ is observed by completions
+  std::uint64_t issued_ = 0;
+  // Collectives are tagged by their order among collectives, the same on
+  // every rank; point-to-point ops keep the caller's tag.
+  std::uint32_t next_collective_tag_ = 0;
+  std::vector<std::uint8_t> scratch_;
+  std::thread worker_;
+};
+
+void GlooWork::wait(Millis timeout) {
+  if (!done_.load(std::memory_order_acquire)) {
+    const auto deadline = deadline_after(timeout);
+    const auto spin_until = std::min(deadline, Clock::now() + kWaiterSpin);
+    while (!done_.load(std::memory_order_acquire) && Clock::now() < spin_until)
+      std::this_thread::yield();
+    if (!done_.load(std::memory_order_acquire)) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!cv_.wait_until(lock, deadline, [&] { return done_.load(std::memory_order_relaxed); }))
+        throw TimeoutError(describe() + " did not complete within " +
+                               std::to_string(timeout.count()) + " ms on rank " +
+                               std::to_string(rank),
+                           ErrorContext{op_name(args.kind), rank, -1,
+                                        "a peer has not joined this operation or is stuck; every "
+                                        "rank must issue the same collectives in the same order"});
+    }
+  }
+  if (error_) std::rethrow_exception(error_);
+}
+
+void GlooWork::abort() {
+  if (auto core = core_.lock()) core->abort("Work::abort on " + describe());
+}
+
+// ---------------------------------------------------------------------------
+// The communicator
+
+class GlooCommunicator final : public Communicator {
+ public:
+  GlooCommunicator(const CommOptions& opts, std::shared_ptr<Core> core, std::string device)
+      : core_(std::move(core)), device_(std::move(device)) {
+    timeout_ = opts.timeout;
+  }
+  ~GlooCommunicator() override { core_->shutdown(); }
+
+  int rank() const override { return core_->rank(); }
+  int size() const override { return core_->size(); }
+  Backend backend() const override { return Backend::kGloo; }
+  MemoryKind memory_kind() const override { return MemoryKind::kHost; }
+  std::string library_version() const override { return gloo_version(); }
+  std::string device_name() const override { return device_; }
+
+  std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                  ReduceOp op) override {
+    check_buffers("allreduce", count, send, recv);
+    return submit({OpKind::kAllreduce, send, recv, count, dtype, op, -1, 0, timeout_});
+  }
+  std::shared_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    check_rank("broadcast", "root", root, true);
+    check_buffers("broadcast", count, buf, buf);
+    return submit({OpKind::kBroadcast, buf, buf, count, dtype, ReduceOp::kSum, root, 0, timeout_});
+  }
+  std::shared_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                               ReduceOp op, int root) override {
+    check_rank("reduce", "root", root, true);
+    check_buffers("reduce", count, send, rank() == root ? recv : send);
+    return submit({OpKind::kReduce, send, recv, count, dtype, op, root, 0, timeout_});
+  }
+  std::shared_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
+                                  DType dtype) override {
+    check_buffers("allgather", count, send, recv);
+    return submit({OpKind::kAllgather, send, recv, count, dtype, ReduceOp::kSum, -1, 0, timeout_});
+  }
+  std::shared_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                       DType dtype, ReduceOp op) override {
+    check_buffers("reduce_scatter", recv_count, send, recv);
+    return submit({OpKind::kReduceScatter, send, recv, recv_count, dtype, op, -1, 0, timeout_});
+  }
+  std::shared_ptr<Work> send(const void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t tag) override {
+    check_rank("send", "peer", peer, false);
+    check_buffers("send", count, buf, buf);
+    return submit({OpKind::kSend, buf, nullptr, count, dtype, ReduceOp::kSum, peer, tag, timeout_});
+  }
+  std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t tag) override {
+    check_rank("recv", "peer", peer, false);
+    check_buffers("recv", count, buf, buf);
+    return submit({OpKind::kRecv, nullptr, buf, count, dtype, ReduceOp::kSum, peer, tag, timeout_});
+  }
+  std::shared_ptr<Work> barrier() override {
+    return submit({OpKind::kBarrier, nullptr, nullptr, 0, DType::kUInt8, ReduceOp::kSum, -1, 0,
+                   timeout_});
+  }
+
+  void* alloc(std::size_t bytes) override {
+    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kHostAlignment - 1) /
+                                kHostAlignment * kHostAlignment;
+    void* p = std::aligned_alloc(kHostAlignment, rounded);
+    if (!p)
+      throw BackendError("gloo: could not allocate " + std::to_string(bytes) + " bytes of host memory",
+                         ErrorContext{"alloc", rank(), -1, "use smaller sizes"});
+    return p;
+  }
+  void free(void* ptr) override { std::free(ptr); }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    if (bytes) std::memcpy(host_dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
+    if (bytes) std::memcpy(dst, host_src, bytes);
+  }
+
+  void abort() override { core_->abort("Communicator::abort"); }
+
+ private:
+  std::shared_ptr<Work> submit(const OpArgs& args) { return core_->submit(args); }
+
+  void check_rank(const char* op, const char* what, int r, bool self_ok) const {
+    if (r < 0 || r >= size() || (!self_ok && r == rank()))
+      throw UsageError(std::string(op) + ": " + what + " " + std::to_string(r) +
+                           (r == rank() ? " is this rank itself" : " is outside the world of " +
+                                                                      std::to_string(size()) + " ranks"),
+                       ErrorContext{op, rank(), r, "pass a rank in 0..world_size-1"});
+  }
+  void check_buffers(const char* op, std::size_t count, const void* a, const void* b) const {
+    if (count > 0 && (a == nullptr || b == nullptr))
+      throw UsageError(std::string(op) + ": null buffer with a non-zero count",
+                       ErrorContext{op, rank(), -1, "allocate the buffers with Communicator::alloc"});
+  }
+
+  std::shared_ptr<Core> core_;
+  std::string device_;
+};
+
+// Picks where Gloo binds, in order: the interface the caller named, the
+// GLOO_SOCKET_IFNAME variable (first entry of a comma-separated list, as
+// PyTorch reads it), the hostname/address the caller named, this host's
+// hostname if it resolves, loopback.
+std::shared_ptr<gloo::transport::Device> create_device(const CommOptions& opts) {
+  gloo::transport::tcp::attr attr;
+  std::string iface = opts.gloo_interface;
+  if (iface.empty()) {
+    if (const char* env = std::getenv("GLOO_SOCKET_IFNAME")) {
+      iface = env;
+      iface = iface.substr(0, iface.find(','));
+    }
+  }
+  const auto fail = [&](const std::string& what, const std::exception& e) -> UsageError {
+    return UsageError("gloo: cannot bind to " + what + ": " + e.what(),
+                      ErrorContext{"backend.init", opts.rank, -1,
+                                   "pass an existing interface (--gloo-interface / "
+                                   "GLOO_SOCKET_IFNAME) or an address of this host"});
+  };
+  if (!iface.empty()) {
+    attr.iface = iface;
+    try {
+      return gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw fail("interface '" + iface + "'", e);
+    }
+  }
+  if (!opts.gloo_hostname.empty()) {
+    attr.hostname = opts.gloo_hostname;
+    try {
+      return gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception& e) {
+      throw fail("'" + opts.gloo_hostname + "'", e);
+    }
+  }
+  const std::string host = local_hostname();
+  if (hostname_resolves(host)) {
+    attr.hostname = host;
+    try {
+      return gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception&) {
+      // The hostname resolves to an address this host cannot bind: loopback.
+    }
+  }
+  attr = gloo::transport::tcp::attr("127.0.0.1");
+  try {
+    return gloo::transport::tcp::CreateDevice(attr);
+  } catch (const std::exception& e) {
+    throw fail("127.0.0.1", e);
+  }
+}
+
+}  // namespace
+
+std::string gloo_version() {
+  return "gloo " + std::to_string(GLOO_VERSION_MAJOR) + "." + std::to_string(GLOO_VERSION_MINOR) +
+         "." + std::to_string(GLOO_VERSION_PATCH);
+}
+
+std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
+  auto device = create_device(opts);
+  auto context = std::make_shared<gloo::rendezvous::Context>(opts.rank, opts.world_size);
+  context->setTimeout(opts.timeout);
+  StoreAdapter adapter(opts.store, opts.timeout, opts.rank, opts.world_size);
+  try {
+    context->connectFullMesh(adapter, device);
+  } catch (const TimeoutError& e) {
+    // Name the ranks that never published their addresses.
+    std::string missing;
+    for (int r = 0; r < opts.world_size; ++r) {
+      if (opts.store->check({StoreAdapter::key_of(std::to_string(r))})) continue;
+      missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    }
+    throw TimeoutError(
+        "gloo rendezvous timed out after " + std::to_string(opts.timeout.count()) + " ms on rank " +
+            std::to_string(opts.rank) +
+            (missing.empty() ? std::string(" (") + e.what() + ")"
+                             : ": rank(s) " + missing + " never published their address"),
+        ErrorContext{"backend.init", opts.rank, -1,
+                     "start every rank with the same world size and store address; check that "
+                     "the missing ranks are running"});
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw RendezvousError("gloo: rank " + std::to_string(opts.rank) +
+                              " could not connect to its peers: " + e.what(),
+                          ErrorContext{"backend.init", opts.rank, -1,
+                                       "check that the ranks can reach each other (firewall, "
+                                       "--gloo-interface / GLOO_SOCKET_IFNAME)"});
+  }
+  auto core = std::make_shared<Core>(opts, std::move(context), adapter.take_peer_addresses());
+  core->start();
+  return std::make_unique<GlooCommunicator>(opts, std::move(core), "cpu (" + local_hostname() + ")");
+}
+
+}  // namespace ddpdiag::gloo_backend

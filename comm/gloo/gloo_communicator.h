@@ -1,0 +1,21 @@
+// The Gloo backend: collectives on host memory over Gloo's TCP transport.
+// Only this folder includes Gloo headers; the rest of ddpdiag reaches the
+// backend through make_communicator().
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace ddpdiag::gloo_backend {
+
+// Rendezvouses through opts.store (keys under "gloo/") and connects a full
+// mesh. Throws RendezvousError/TimeoutError/BackendError with phase
+// "backend.init".
+std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts);
+
+// "gloo 0.5.0": the version of the Gloo headers this build used.
+std::string gloo_version();
+
+}  // namespace ddpdiag::gloo_backend

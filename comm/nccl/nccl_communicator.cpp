@@ -1,0 +1,591 @@
+// The NCCL backend.
+//
+// Init protocol (every step has the caller's deadline):
+//  1. cudaGetDeviceCount: no driver or no GPU is a BackendError naming CUDA's
+//     message, never a crash.
+//  2. cudaSetDevice(opts.device, else local_rank).
+//  3. Every rank publishes "nccl/device/<rank>" = uuid|pci bus id|host|ordinal
+//     and waits for all the others; two ranks on one GPU are a UsageError
+//     naming both ranks and the device, found before NCCL would fail with
+//     "Duplicate GPU detected".
+//  4. Rank 0 creates the unique id and publishes "nccl/unique_id"; the others
+//     wait for it.
+//  5. ncclCommInitRankConfig with blocking = 0, then ncclCommGetAsyncError is
+//     polled until the state leaves ncclInProgress; on error or at the
+//     deadline the communicator is aborted (ncclCommAbort) and we throw.
+//
+// Operations are enqueued on one non-blocking stream; each Work records a
+// CUDA event after its op and waits by polling cudaEventQuery together with
+// ncclCommGetAsyncError, so a peer that never joins becomes a TimeoutError
+// and an asynchronous NCCL failure an error, not a hang. Aborting is the
+// caller's choice (Work::abort / Communicator::abort).
+#include "comm/nccl/nccl_communicator.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+#include <thread>
+
+#include "comm/nccl/nccl_compat.h"
+
+namespace ddpdiag::nccl_backend {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Polling of events and of NCCL's state: spin (yielding) for the first
+// kPollSpin, which covers small collectives, then sleep kPollSleep between
+// queries so a long wait does not burn a core.
+constexpr auto kPollSpin = std::chrono::microseconds(200);
+constexpr auto kPollSleep = std::chrono::microseconds(50);
+
+Clock::time_point deadline_after(Millis timeout) {
+  const auto now = Clock::now();
+  const auto room = std::chrono::duration_cast<Millis>(Clock::time_point::max() - now);
+  return timeout >= room ? Clock::time_point::max() : now + timeout;
+}
+
+void poll_pause(Clock::time_point started) {
+  if (Clock::now() - started < kPollSpin)
+    std::this_thread::yield();
+  else
+    std::this_thread::sleep_for(kPollSleep);
+}
+
+std::string cuda_message(cudaError_t e) {
+  return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+}
+
+std::string nccl_message(ncclResult_t r, ncclComm_t comm) {
+  std::string s = ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last && *last) s += " (" + std::string(last) + ")";
+  return s;
+}
+
+std::string hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
+  return buf;
+}
+
+ncclDataType_t to_nccl(DType t) {
+  switch (t) {
+    case DType::kFloat32: return ncclFloat32;
+    case DType::kFloat64: return ncclFloat64;
+    case DType::kFloat16: return ncclFloat16;
+    case DType::kBFloat16: return ncclBfloat16;
+    case DType::kInt32: return ncclInt32;
+    case DType::kInt64: return ncclInt64;
+    case DType::kInt8: return ncclInt8;
+    case DType::kUInt8: return ncclUint8;
+  }
+  return ncclUint8;
+}
+
+ncclRedOp_t to_nccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return ncclSum;
+    case ReduceOp::kProd: return ncclProd;
+    case ReduceOp::kMin: return ncclMin;
+    case ReduceOp::kMax: return ncclMax;
+    case ReduceOp::kAvg: return ncclAvg;
+  }
+  return ncclSum;
+}
+
+// An asynchronous NCCL failure: a remote error is the peer's fault.
+[[noreturn]] void throw_async(ncclResult_t st, ncclComm_t comm, const std::string& where,
+                              int rank) {
+  const std::string msg = where + " failed on rank " + std::to_string(rank) + ": NCCL " +
+                          nccl_message(st, comm);
+  if (st == ncclRemoteError)
+    throw PeerError(msg, ErrorContext{where, rank, -1,
+                                      "a peer failed or closed its connection; check the logs "
+                                      "of the other ranks (NCCL_DEBUG=INFO shows which)"});
+  throw BackendError(msg, ErrorContext{where, rank, -1,
+                                       "rerun with NCCL_DEBUG=INFO for NCCL's own diagnosis"});
+}
+
+// State shared by the communicator and its Work handles, so that a Work can
+// abort the communicator and outlive it safely.
+struct Shared {
+  ncclComm_t comm = nullptr;
+  int rank = 0;
+  int device = 0;
+  std::mutex mutex;  // serialises abort against destruction
+  std::atomic<bool> aborted{false};
+  bool destroyed = false;
+
+  void abort() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (aborted.exchange(true) || destroyed || !comm) return;
+    cudaSetDevice(device);
+    ncclCommAbort(comm);
+    comm = nullptr;
+  }
+};
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<Shared> shared, cudaEvent_t event, std::string what)
+      : shared_(std::move(shared)), event_(event), what_(std::move(what)) {}
+  ~NcclWork() override {
+    if (event_) cudaEventDestroy(event_);
+  }
+
+  bool is_completed() override {
+    if (done_) return true;
+    if (shared_->aborted.load()) return true;
+    const cudaError_t q = cudaEventQuery(event_);
+    if (q == cudaSuccess) done_ = true;
+    return q != cudaErrorNotReady;
+  }
+
+  void wait(Millis timeout) override {
+    if (done_) return;
+    const auto started = Clock::now();
+    const auto deadline = deadline_after(timeout);
+    for (;;) {
+      if (shared_->aborted.load())
+        throw BackendError(what_ + " on rank " + std::to_string(shared_->rank) +
+                               " was aborted: the communicator is no longer usable",
+                           ErrorContext{what_, shared_->rank, -1, "create a new communicator"});
+      const cudaError_t q = cudaEventQuery(event_);
+      if (q == cudaSuccess) {
+        done_ = true;
+        return;
+      }
+      if (q != cudaErrorNotReady)
+        throw BackendError(what_ + " failed on rank " + std::to_string(shared_->rank) + ": CUDA " +
+                               cuda_message(q),
+                           ErrorContext{what_, shared_->rank, -1, "a CUDA error; check the GPU"});
+      ncclResult_t st = ncclSuccess;
+      {
+        std::lock_guard<std::mutex> lock(shared_->mutex);
+        if (shared_->comm && ncclCommGetAsyncError(shared_->comm, &st) != ncclSuccess)
+          st = ncclInternalError;
+      }
+      if (st != ncclSuccess && st != ncclInProgress) throw_async(st, shared_->comm, what_, shared_->rank);
+      if (Clock::now() >= deadline)
+        throw TimeoutError(what_ + " did not complete within " + std::to_string(timeout.count()) +
+                               " ms on rank " + std::to_string(shared_->rank),
+                           ErrorContext{what_, shared_->rank, -1,
+                                        "a peer has not joined this operation or is stuck; every "
+                                        "rank must issue the same collectives in the same order; "
+                                        "abort the communicator before giving up"});
+      poll_pause(started);
+    }
+  }
+
+  void abort() override { shared_->abort(); }
+
+ private:
+  std::shared_ptr<Shared> shared_;
+  cudaEvent_t event_ = nullptr;
+  std::string what_;
+  bool done_ = false;
+};
+
+// Waits for the communicator to leave ncclInProgress (after a non-blocking
+// init, an enqueue that returned ncclInProgress, or ncclCommFinalize).
+// Returns the final state, or ncclInProgress at the deadline.
+ncclResult_t wait_comm_state(ncclComm_t comm, Clock::time_point deadline) {
+  const auto started = Clock::now();
+  for (;;) {
+    ncclResult_t st = ncclSuccess;
+    const ncclResult_t r = ncclCommGetAsyncError(comm, &st);
+    if (r != ncclSuccess) return r;
+    if (st != ncclInProgress) return st;
+    if (Clock::now() >= deadline) return ncclInProgress;
+    poll_pause(started);
+  }
+}
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(const CommOptions& opts, std::shared_ptr<Shared> shared, cudaStream_t stream,
+                   std::string device_name)
+      : shared_(std::move(shared)),
+        size_(opts.world_size),
+        stream_(stream),
+        device_name_(std::move(device_name)) {
+    timeout_ = opts.timeout;
+  }
+
+  ~NcclCommunicator() override {
+    // Normal shutdown: finalize (flushes outstanding work; the state goes
+    // through ncclInProgress), then destroy. If finalize does not finish
+    // within the default timeout, a peer is gone: abort instead.
+    {
+      std::lock_guard<std::mutex> lock(shared_->mutex);
+      if (!shared_->aborted.load() && shared_->comm) {
+        cudaSetDevice(shared_->device);
+        ncclResult_t st = ncclCommFinalize(shared_->comm);
+        if (st == ncclSuccess || st == ncclInProgress)
+          st = wait_comm_state(shared_->comm, deadline_after(timeout_));
+        if (st == ncclSuccess)
+          ncclCommDestroy(shared_->comm);
+        else
+          ncclCommAbort(shared_->comm);
+        shared_->comm = nullptr;
+      }
+      shared_->destroyed = true;
+    }
+    if (barrier_buf_) cudaFree(barrier_buf_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  int rank() const override { return shared_->rank; }
+  int size() const override { return size_; }
+  Backend backend() const override { return Backend::kNccl; }
+  MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
+  std::string library_version() const override {
+    int code = 0;
+    if (ncclGetVersion(&code) != ncclSuccess) return "nccl unknown";
+    return "nccl " + compat::version_string(code);
+  }
+  std::string device_name() const override { return device_name_; }
+
+  std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                  ReduceOp op) override {
+    return enqueue("allreduce", [&](ncclComm_t c) {
+      return ncclAllReduce(send, recv, count, to_nccl(dtype), to_nccl(op), c, stream_);
+    });
+  }
+  std::shared_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    check_rank("broadcast", root);
+    return enqueue("broadcast", [&](ncclComm_t c) {
+      return ncclBroadcast(buf, buf, count, to_nccl(dtype), root, c, stream_);
+    });
+  }
+  std::shared_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                               ReduceOp op, int root) override {
+    check_rank("reduce", root);
+    return enqueue("reduce", [&](ncclComm_t c) {
+      return ncclReduce(send, recv, count, to_nccl(dtype), to_nccl(op), root, c, stream_);
+    });
+  }
+  std::shared_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
+                                  DType dtype) override {
+    return enqueue("allgather", [&](ncclComm_t c) {
+      return ncclAllGather(send, recv, count, to_nccl(dtype), c, stream_);
+    });
+  }
+  std::shared_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                       DType dtype, ReduceOp op) override {
+    return enqueue("reduce_scatter", [&](ncclComm_t c) {
+      return ncclReduceScatter(send, recv, recv_count, to_nccl(dtype), to_nccl(op), c, stream_);
+    });
+  }
+  // NCCL has no tags: messages between one pair match in issue order, which
+  // is what callers that issue in the same order on both sides get anyway.
+  std::shared_ptr<Work> send(const void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t /*tag*/) override {
+    check_peer("send", peer);
+    return enqueue("send", [&](ncclComm_t c) {
+      return ncclSend(buf, count, to_nccl(dtype), peer, c, stream_);
+    });
+  }
+  std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t /*tag*/) override {
+    check_peer("recv", peer);
+    return enqueue("recv", [&](ncclComm_t c) {
+      return ncclRecv(buf, count, to_nccl(dtype), peer, c, stream_);
+    });
+  }
+  // A barrier is an all_reduce of one int on the device: it completes only
+  // when every rank has issued it.
+  std::shared_ptr<Work> barrier() override {
+    if (!barrier_buf_) barrier_buf_ = alloc(sizeof(int));
+    return enqueue("barrier", [&](ncclComm_t c) {
+      return ncclAllReduce(barrier_buf_, barrier_buf_, 1, ncclInt32, ncclSum, c, stream_);
+    });
+  }
+
+  void* alloc(std::size_t bytes) override {
+    cudaSetDevice(shared_->device);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+    if (e != cudaSuccess)
+      throw BackendError("cudaMalloc of " + std::to_string(bytes) + " bytes failed on rank " +
+                             std::to_string(rank()) + ": " + cuda_message(e),
+                         ErrorContext{"alloc", rank(), -1, "use smaller sizes or free GPU memory"});
+    return p;
+  }
+  void free(void* ptr) override {
+    if (ptr) cudaFree(ptr);
+  }
+  // Synchronous copies; the caller waits on the Work of an op before it
+  // copies that op's buffers (our stream does not synchronise with them).
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    copy(host_dst, src, bytes, cudaMemcpyDeviceToHost, "copy_to_host");
+  }
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
+    copy(dst, host_src, bytes, cudaMemcpyHostToDevice, "copy_from_host");
+  }
+
+  void abort() override { shared_->abort(); }
+
+ private:
+  template <typename Launch>
+  std::shared_ptr<Work> enqueue(const char* what, Launch&& launch) {
+    if (shared_->aborted.load())
+      throw BackendError(std::string(what) + " on rank " + std::to_string(rank()) +
+                             ": the communicator was aborted",
+                         ErrorContext{what, rank(), -1, "create a new communicator"});
+    cudaSetDevice(shared_->device);
+    const std::string label = std::string(what) + " #" + std::to_string(++issued_);
+    ncclResult_t r = launch(shared_->comm);
+    // A non-blocking communicator may answer ncclInProgress while it
+    // enqueues; it must be ncclSuccess before the next NCCL call.
+    if (r == ncclInProgress) r = wait_comm_state(shared_->comm, deadline_after(timeout_));
+    if (r == ncclInProgress)
+      throw TimeoutError(label + " could not be enqueued within " + std::to_string(timeout_.count()) +
+                             " ms on rank " + std::to_string(rank()),
+                         ErrorContext{what, rank(), -1, "abort the communicator"});
+    if (r != ncclSuccess) throw_async(r, shared_->comm, label, rank());
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(ev, stream_);
+    if (e != cudaSuccess) {
+      if (ev) cudaEventDestroy(ev);
+      throw BackendError(label + ": recording its CUDA event failed: " + cuda_message(e),
+                         ErrorContext{what, rank(), -1, "a CUDA error; check the GPU"});
+    }
+    return std::make_shared<NcclWork>(shared_, ev, label);
+  }
+
+  void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, const char* what) {
+    if (bytes == 0) return;
+    cudaSetDevice(shared_->device);
+    const cudaError_t e = cudaMemcpy(dst, src, bytes, kind);
+    if (e != cudaSuccess)
+      throw BackendError(std::string(what) + " of " + std::to_string(bytes) + " bytes failed: " +
+                             cuda_message(e),
+                         ErrorContext{what, rank(), -1, "a CUDA error; check the GPU"});
+  }
+
+  void check_rank(const char* op, int r) const {
+    if (r < 0 || r >= size_)
+      throw UsageError(std::string(op) + ": root " + std::to_string(r) + " is outside the world of " +
+                           std::to_string(size_) + " ranks",
+                       ErrorContext{op, rank(), r, "pass a rank in 0..world_size-1"});
+  }
+  void check_peer(const char* op, int r) const {
+    check_rank(op, r);
+    if (r == rank())
+      throw UsageError(std::string(op) + ": peer " + std::to_string(r) + " is this rank itself",
+                       ErrorContext{op, rank(), r, "pass another rank"});
+  }
+
+  std::shared_ptr<Shared> shared_;
+  int size_;
+  cudaStream_t stream_ = nullptr;
+  std::string device_name_;
+  void* barrier_buf_ = nullptr;
+  std::uint64_t issued_ = 0;
+};
+
+// "uuid|pci bus id|host|ordinal" of a device, as published at rendezvous.
+struct DeviceIdentity {
+  std::string uuid, bus_id, host;
+  int ordinal = 0;
+
+  std::string encode() const { return uuid + "|" + bus_id + "|" + host + "|" + std::to_string(ordinal); }
+  static DeviceIdentity decode(const std::string& s) {
+    DeviceIdentity d;
+    std::size_t a = s.find('|'), b = s.find('|', a + 1), c = s.find('|', b + 1);
+    if (a == std::string::npos || b == std::string::npos || c == std::string::npos) return d;
+    d.uuid = s.substr(0, a);
+    d.bus_id = s.substr(a + 1, b - a - 1);
+    d.host = s.substr(b + 1, c - b - 1);
+    d.ordinal = std::atoi(s.c_str() + c + 1);
+    return d;
+  }
+};
+
+std::string hex(const char* bytes, std::size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto v = static_cast<unsigned char>(bytes[i]);
+    out += digits[v >> 4];
+    out += digits[v & 15];
+  }
+  return out;
+}
+
+Millis left_until(Clock::time_point deadline) {
+  return std::max(std::chrono::duration_cast<Millis>(deadline - Clock::now()), Millis(1));
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return n;
+}
+
+std::string unavailable_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return cuda_message(e);
+  }
+  if (n == 0) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return std::string("no CUDA device is visible") +
+           (visible ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "");
+  }
+  return "";
+}
+
+std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
+  const auto deadline = deadline_after(opts.timeout);
+  const int rank = opts.rank;
+  const auto ctx = [&](std::string hint, int peer = -1) {
+    return ErrorContext{"backend.init", rank, peer, std::move(hint)};
+  };
+
+  // 1. A GPU at all.
+  int count = 0;
+  const cudaError_t ce = cudaGetDeviceCount(&count);
+  if (ce != cudaSuccess || count == 0) {
+    if (ce != cudaSuccess) cudaGetLastError();
+    const std::string why = ce != cudaSuccess ? cuda_message(ce) : unavailable_reason();
+    throw BackendError("no GPU: " + why + "; use --backend gloo",
+                       ctx("run on a machine with a GPU and its driver, or use --backend gloo"));
+  }
+
+  // 2. Our device.
+  const int device = opts.device >= 0 ? opts.device : opts.local_rank;
+  if (device >= count)
+    throw UsageError("rank " + std::to_string(rank) + " wants cuda:" + std::to_string(device) +
+                         " but only " + std::to_string(count) + " GPU(s) are visible",
+                     ctx("start at most one rank per visible GPU on each host (--nproc), or "
+                         "set --device"));
+  if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
+    throw BackendError("cudaSetDevice(" + std::to_string(device) + ") failed on rank " +
+                           std::to_string(rank) + ": " + cuda_message(e),
+                       ctx("check the GPU with nvidia-smi"));
+  cudaDeviceProp prop{};
+  if (const cudaError_t e = cudaGetDeviceProperties(&prop, device); e != cudaSuccess)
+    throw BackendError("cudaGetDeviceProperties(" + std::to_string(device) + ") failed: " +
+                           cuda_message(e),
+                       ctx("check the GPU with nvidia-smi"));
+  char bus_id[64] = {};
+  if (cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device) != cudaSuccess) {
+    cudaGetLastError();
+    std::strcpy(bus_id, "unknown");
+  }
+
+  // 3. One GPU per rank, checked before NCCL's own "Duplicate GPU detected".
+  DeviceIdentity me{hex(prop.uuid.bytes, sizeof(prop.uuid.bytes)), bus_id, hostname(), device};
+  opts.store->set("nccl/device/" + std::to_string(rank), to_bytes(me.encode()));
+  std::vector<std::string> keys;
+  for (int r = 0; r < opts.world_size; ++r) keys.push_back("nccl/device/" + std::to_string(r));
+  try {
+    opts.store->wait(keys, left_until(deadline));
+  } catch (const TimeoutError&) {
+    std::string missing;
+    for (int r = 0; r < opts.world_size; ++r)
+      if (!opts.store->check({keys[static_cast<std::size_t>(r)]}))
+        missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+    throw TimeoutError("NCCL rendezvous timed out on rank " + std::to_string(rank) +
+                           ": rank(s) " + missing + " never published their GPU",
+                       ctx("check that every rank started and has a GPU"));
+  }
+  for (int r = 0; r < opts.world_size; ++r) {
+    if (r == rank) continue;
+    const auto other =
+        DeviceIdentity::decode(to_string(opts.store->get(keys[static_cast<std::size_t>(r)], left_until(deadline))));
+    if (other.uuid == me.uuid) {
+      const int lo = std::min(r, rank), hi = std::max(r, rank);
+      throw UsageError(
+          "ranks " + std::to_string(lo) + " and " + std::to_string(hi) +
+              " both use the same GPU (cuda:" + std::to_string(device) + ", PCI " + me.bus_id +
+              ", host " + me.host + "); NCCL needs one GPU per rank (it would fail with "
+              "\"Duplicate GPU detected\")",
+          ctx("start at most one rank per GPU (--nproc <= number of GPUs), give each rank its "
+              "own device (LOCAL_RANK, --device, CUDA_VISIBLE_DEVICES); to test multi-rank "
+              "logic on one GPU use --backend gloo",
+              r));
+    }
+  }
+
+  // 4. The unique id, from rank 0.
+  ncclUniqueId id{};
+  const std::string id_key = "nccl/unique_id";
+  if (rank == 0) {
+    if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
+      throw BackendError("ncclGetUniqueId failed: " + nccl_message(r, nullptr),
+                         ctx("rerun with NCCL_DEBUG=INFO; check NCCL_SOCKET_IFNAME"));
+    opts.store->set(id_key, Bytes(reinterpret_cast<const std::uint8_t*>(id.internal),
+                                  reinterpret_cast<const std::uint8_t*>(id.internal) + sizeof(id.internal)));
+  } else {
+    Bytes b;
+    try {
+      b = opts.store->get(id_key, left_until(deadline));
+    } catch (const TimeoutError&) {
+      throw TimeoutError("rank " + std::to_string(rank) +
+                             " timed out waiting for NCCL's unique id from rank 0",
+                         ctx("check that rank 0 is running and reached NCCL init", 0));
+    }
+    if (b.size() != sizeof(id.internal))
+      throw RendezvousError("NCCL unique id from the store has " + std::to_string(b.size()) +
+                                " bytes, expected " + std::to_string(sizeof(id.internal)),
+                            ctx("another program uses the same store keys; use a fresh port", 0));
+    std::memcpy(id.internal, b.data(), b.size());
+  }
+
+  // 5. Non-blocking init with a deadline.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  ncclResult_t r = ncclCommInitRankConfig(&comm, opts.world_size, id, rank, &config);
+  if ((r == ncclSuccess || r == ncclInProgress) && comm) r = wait_comm_state(comm, deadline);
+  if (r != ncclSuccess) {
+    const std::string msg = r == ncclInProgress ? "" : nccl_message(r, comm);
+    if (comm) ncclCommAbort(comm);
+    if (r == ncclInProgress)
+      throw TimeoutError("NCCL init did not finish within " + std::to_string(opts.timeout.count()) +
+                             " ms on rank " + std::to_string(rank),
+                         ctx("a rank did not reach init or the network between ranks is blocked; "
+                             "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,NET"));
+    if (msg.find("Duplicate GPU") != std::string::npos)
+      throw UsageError("NCCL refused two ranks on one GPU: " + msg,
+                       ctx("start at most one rank per GPU, or use --backend gloo"));
+    throw BackendError("NCCL init failed on rank " + std::to_string(rank) + ": " + msg,
+                       ctx("rerun with NCCL_DEBUG=INFO for NCCL's own diagnosis"));
+  }
+
+  auto shared = std::make_shared<Shared>();
+  shared->comm = comm;
+  shared->rank = rank;
+  shared->device = device;
+  cudaStream_t stream = nullptr;
+  if (const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); e != cudaSuccess) {
+    shared->abort();
+    throw BackendError("cudaStreamCreateWithFlags failed: " + cuda_message(e),
+                       ctx("a CUDA error; check the GPU"));
+  }
+  return std::make_unique<NcclCommunicator>(
+      opts, std::move(shared), stream, "cuda:" + std::to_string(device) + " " + prop.name);
+}
+
+}  // namespace ddpdiag::nccl_backend

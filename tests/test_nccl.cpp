@@ -1,0 +1,97 @@
+// The NCCL backend at world size 1 over a MemoryStore. Built only with CUDA
+// and NCCL; the "[gpu]" cases skip with a reason where there is no GPU, and
+// the no-GPU case checks the error a CPU machine gets.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/errors.h"
+#include "comm/store/store.h"
+#include "comm/types.h"
+
+using namespace ddpdiag;
+using namespace std::chrono_literals;
+
+namespace {
+
+CommOptions nccl_options() {
+  CommOptions o;
+  o.backend = Backend::kNccl;
+  o.rank = 0;
+  o.world_size = 1;
+  o.store = std::make_shared<MemoryStore>();
+  o.timeout = 60s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("nccl: the build has NCCL", "[nccl]") { CHECK(nccl_supported()); }
+
+TEST_CASE("nccl: without a GPU make_communicator says so", "[nccl]") {
+  if (cuda_device_count() > 0) {
+    WARN("a GPU is present: the no-GPU error path is not exercised here");
+    return;
+  }
+  CHECK_FALSE(cuda_unavailable_reason().empty());
+  try {
+    auto comm = make_communicator(nccl_options());
+    FAIL("make_communicator(NCCL) succeeded without a GPU");
+  } catch (const BackendError& e) {
+    const std::string msg = e.what();
+    INFO(msg);
+    CHECK(msg.find("no GPU") != std::string::npos);
+    CHECK(msg.find("--backend gloo") != std::string::npos);
+    CHECK(e.context().phase == "backend.init");
+  }
+}
+
+TEST_CASE("nccl: collectives on device memory at world size 1", "[nccl][gpu]") {
+  if (cuda_device_count() == 0) {
+    WARN("skipped: no GPU (" << cuda_unavailable_reason() << ")");
+    return;
+  }
+  auto comm = make_communicator(nccl_options());
+  REQUIRE(comm->memory_kind() == MemoryKind::kDevice);
+  INFO(comm->library_version() << " on " << comm->device_name());
+  CHECK(comm->library_version().rfind("nccl ", 0) == 0);
+  const std::size_t count = 1000;
+  std::vector<float> host(count), back(count);
+  for (std::size_t i = 0; i < count; ++i) host[i] = static_cast<float>(i % 17);
+  CommBuffer a(*comm, count * sizeof(float)), b(*comm, count * sizeof(float));
+  comm->copy_from_host(a.get(), host.data(), count * sizeof(float));
+
+  for (ReduceOp op : kAllReduceOps) {
+    comm->allreduce(a.get(), b.get(), count, DType::kFloat32, op)->wait(30s);
+    comm->copy_to_host(back.data(), b.get(), count * sizeof(float));
+    CHECK(back == host);  // one rank: every op is the identity
+  }
+  comm->allreduce(a.get(), a.get(), count, DType::kFloat32, ReduceOp::kSum)->wait(30s);
+  comm->broadcast(a.get(), count, DType::kFloat32, 0)->wait(30s);
+  comm->copy_to_host(back.data(), a.get(), count * sizeof(float));
+  CHECK(back == host);
+
+  comm->allgather(a.get(), b.get(), count, DType::kFloat32)->wait(30s);
+  comm->copy_to_host(back.data(), b.get(), count * sizeof(float));
+  CHECK(back == host);
+
+  comm->reduce_scatter(a.get(), b.get(), count, DType::kFloat32, ReduceOp::kSum)->wait(30s);
+  comm->copy_to_host(back.data(), b.get(), count * sizeof(float));
+  CHECK(back == host);
+
+  // Every dtype goes through NCCL's type mapping.
+  for (DType t : kAllDTypes) {
+    std::vector<std::uint8_t> h(64 * dtype_size(t)), r(h.size());
+    for (std::size_t i = 0; i < 64; ++i) store_from_double(t, h.data(), i, static_cast<double>(i % 5));
+    CommBuffer d(*comm, h.size());
+    comm->copy_from_host(d.get(), h.data(), h.size());
+    comm->allreduce(d.get(), d.get(), 64, t, ReduceOp::kMax)->wait(30s);
+    comm->copy_to_host(r.data(), d.get(), r.size());
+    CHECK(r == h);
+  }
+  comm->barrier()->wait(30s);
+}
