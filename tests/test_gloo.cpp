@@ -189,7 +189,8 @@ TEST_CASE("gloo: large allreduce spans several segments; back-to-back ops", "[gl
     // Several ops issued before any wait run in issue order on the worker.
     std::vector<std::vector<std::uint8_t>> bufs;
     std::vector<std::shared_ptr<Work>> works;
-    for (int k = 0; k < 8; ++k) bufs.push_back(fill(DType::kInt32, ReduceOp::kSum, rank, 33));
+    // 40 > the initial 16 queue slots, so the queue grows while it wraps.
+    for (int k = 0; k < 40; ++k) bufs.push_back(fill(DType::kInt32, ReduceOp::kSum, rank, 33));
     for (auto& b : bufs) works.push_back(c.allreduce(b.data(), b.data(), 33, DType::kInt32, ReduceOp::kSum));
     for (auto& w : works) w->wait(10s);
     for (auto& b : bufs)
@@ -449,4 +450,52 @@ TEST_CASE("gloo: abort fails queued work and later ops", "[gloo]") {
       1500ms);
   INFO(describe(f));
   CHECK(f.empty());
+}
+
+// The store under every test above, and under Gloo's rendezvous: the
+// behaviours the rendezvous relies on.
+TEST_CASE("MemoryStore: waits, timeouts naming keys, counters, compare_set", "[memory_store]") {
+  MemoryStore m;
+  // get waits for a key set later by another thread.
+  std::thread setter([&] {
+    std::this_thread::sleep_for(30ms);
+    m.set("late", to_bytes("v"));
+  });
+  CHECK(to_string(m.get("late", 5s)) == "v");
+  setter.join();
+  // A timeout names exactly the missing keys.
+  m.set("here", {});
+  try {
+    m.wait({"here", "gone1", "gone2"}, 20ms);
+    FAIL("wait did not time out");
+  } catch (const TimeoutError& e) {
+    const std::string msg = e.what();
+    CHECK(msg.find("gone1") != std::string::npos);
+    CHECK(msg.find("gone2") != std::string::npos);
+    CHECK(msg.find("'here'") == std::string::npos);
+  }
+  CHECK_THROWS_AS(m.get("never", 10ms), TimeoutError);
+  // Counters are decimal ASCII; a non-counter value is a usage error.
+  CHECK(m.add("c", 5) == 5);
+  CHECK(m.add("c", -7) == -2);
+  CHECK(to_string(m.get("c", 10ms)) == "-2");
+  m.set("text", to_bytes("abc"));
+  CHECK_THROWS_AS(m.add("text", 1), UsageError);
+  // compare_set, c10d semantics.
+  CHECK(to_string(m.compare_set("k", {}, to_bytes("new"))) == "new");       // missing, empty expected: set
+  CHECK(to_string(m.compare_set("k2", to_bytes("x"), to_bytes("y"))) == "x");  // missing: echo expected
+  CHECK_FALSE(m.check({"k2"}));
+  CHECK(to_string(m.compare_set("k", to_bytes("old"), to_bytes("z"))) == "new");  // mismatch: unchanged
+  CHECK(to_string(m.compare_set("k", to_bytes("new"), to_bytes("z"))) == "z");    // match: swapped
+  // compare_set wakes a waiter.
+  std::thread cas([&] {
+    std::this_thread::sleep_for(20ms);
+    m.compare_set("woken", {}, to_bytes("1"));
+  });
+  m.wait({"woken"}, 5s);
+  cas.join();
+  const auto before = m.num_keys();
+  CHECK(m.delete_key("k"));
+  CHECK_FALSE(m.delete_key("k"));
+  CHECK(m.num_keys() == before - 1);
 }

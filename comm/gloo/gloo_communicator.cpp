@@ -29,7 +29,6 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -249,6 +248,43 @@ class GlooWork final : public Work {
   std::condition_variable cv_;
 };
 
+// FIFO of queued ops: a ring over a vector that only grows (doubling), so a
+// steady stream of ops allocates nothing, unlike std::deque, which frees and
+// allocates a block every few dozen push/pop pairs.
+template <typename T>
+class RingQueue {
+ public:
+  bool empty() const { return size_ == 0; }
+  void push_back(T v) {
+    if (size_ == slots_.size()) grow();
+    slots_[(head_ + size_) % slots_.size()] = std::move(v);
+    ++size_;
+  }
+  T pop_front() {
+    T v = std::move(slots_[head_]);
+    head_ = (head_ + 1) % slots_.size();
+    --size_;
+    return v;
+  }
+  std::vector<T> take_all() {
+    std::vector<T> out;
+    out.reserve(size_);
+    while (!empty()) out.push_back(pop_front());
+    return out;
+  }
+
+ private:
+  void grow() {
+    std::vector<T> bigger(std::max<std::size_t>(16, slots_.size() * 2));
+    for (std::size_t i = 0; i < size_; ++i) bigger[i] = std::move(slots_[(head_ + i) % slots_.size()]);
+    slots_ = std::move(bigger);
+    head_ = 0;
+  }
+  std::vector<T> slots_;
+  std::size_t head_ = 0;
+  std::size_t size_ = 0;
+};
+
 class Core : public std::enable_shared_from_this<Core> {
  public:
   Core(const CommOptions& opts, std::shared_ptr<gloo::rendezvous::Context> context,
@@ -283,14 +319,14 @@ class Core : public std::enable_shared_from_this<Core> {
   // itself ends at its own timeout or when a peer's connection drops), and
   // closes our connections so that peers notice at once.
   void abort(const std::string& why) {
-    std::deque<std::shared_ptr<GlooWork>> pending;
+    std::vector<std::shared_ptr<GlooWork>> pending;
     std::shared_ptr<GlooWork> running;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (aborted_.load()) return;
       abort_reason_ = why;  // published by the store to aborted_ below
       aborted_.store(true);
-      pending.swap(queue_);
+      pending = queue_.take_all();
       queued_.store(0, std::memory_order_relaxed);
       running = running_;
     }
@@ -306,11 +342,11 @@ class Core : public std::enable_shared_from_this<Core> {
   // Stops the worker after the running op (bounded by that op's timeout) and
   // fails what was still queued.
   void shutdown() {
-    std::deque<std::shared_ptr<GlooWork>> pending;
+    std::vector<std::shared_ptr<GlooWork>> pending;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_.store(true, std::memory_order_relaxed);
-      pending.swap(queue_);
+      pending = queue_.take_all();
       queued_.store(0, std::memory_order_relaxed);
     }
     cv_.notify_one();
@@ -347,8 +383,7 @@ class Core : public std::enable_shared_from_this<Core> {
           worker_sleeping_ = false;
         }
         if (queue_.empty()) return;  // stopping
-        work = std::move(queue_.front());
-        queue_.pop_front();
+        work = queue_.pop_front();
         queued_.fetch_sub(1, std::memory_order_relaxed);
         running_ = work;
       }
@@ -612,7 +647,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   std::mutex mutex_;  // guards queue_, running_, worker_sleeping_, issued_, tags
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<GlooWork>> queue_;
+  RingQueue<std::shared_ptr<GlooWork>> queue_;
   std::shared_ptr<GlooWork> running_;
   std::atomic<std::size_t> queued_{0};  // mirrors queue_.size() for the lock-free spin
   bool worker_sleeping_ = false;
