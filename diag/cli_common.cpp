@@ -238,8 +238,10 @@ void start_job(Job& job, const CommonOptions& o) {
   co.gloo_interface = o.gloo_interface;
   job.comm = make_communicator(co);
   job.comm->set_default_timeout(job.timeout);
-  // Record the device the backend actually chose.
-  job.ranks[me].device = job.comm->device_name();
+  // Record the device each rank's backend actually chose.
+  auto devices = job.gather_to_root("device", job.comm->device_name());
+  for (std::size_t r = 0; r < devices.size() && r < job.ranks.size(); ++r)
+    job.ranks[r].device = devices[r].get<std::string>();
 }
 
 // Rank 0 hosts the store in-process; it must outlive every other rank's last

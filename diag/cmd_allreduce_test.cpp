@@ -16,7 +16,7 @@ namespace {
 
 struct AllreduceTestOptions {
   CommonOptions common;
-  std::string min_bytes = "8";
+  std::string min_bytes = "16";
   std::string max_bytes = "64M";
   double step_factor = 4;
   std::string step_bytes = "0";
