@@ -6,6 +6,7 @@ interpreter running this file has (Debian's 1.13 or a 2.x):
 - the real torchrun: torch 2.x's `torchrun`, or for 1.13 the module
   torch.distributed.run with the fix in scripts/torchrun113.py.
 """
+import json
 import os
 import subprocess
 import sys
@@ -52,7 +53,10 @@ class TorchHostedStore(unittest.TestCase):
         self.assertEqual(rep["world"]["launcher"], "torchrun")
         # ddpdiag's keys are under the attempt prefix and its own prefix, as
         # torch names them, and it left torch's own key alone.
-        self.assertTrue(store.check(["/worker/attempt_1/ddpdiag/rank/0"]))
+        store.set_timeout(timedelta(seconds=5))
+        info = json.loads(store.get("/worker/attempt_1/ddpdiag/rank/0"))
+        self.assertEqual(info["rank"], 0)
+        self.assertEqual(info["world_size"], n)
         self.assertEqual(store.get("/worker/attempt_1/user_key"), b"torch")
 
     def test_store_ping_reports_the_protocol(self):
