@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
 
@@ -115,14 +116,23 @@ std::uint64_t splitmix64_mix(std::uint64_t z) {
 // Fills out[j] = padded[p_j] for p_j = rank + (start + j) * R, where
 // padded[p] = perm(p mod N). The padded list is never built: position mod N
 // advances by R mod N each step.
+// Position j of this rank in the padded list, reduced mod N. The padded
+// list is never built: padded[p] = perm(p mod N). rank + j * R stays below
+// total_size + R <= N + 2R, which fits in 64 bits for the sizes validated.
+std::uint64_t padded_position(const SamplerOptions& o, std::int64_t j) {
+  return (static_cast<std::uint64_t>(j) * static_cast<std::uint64_t>(o.world_size) +
+          static_cast<std::uint64_t>(o.rank)) %
+         static_cast<std::uint64_t>(o.dataset_size);
+}
+
+// Fills out[j] = padded[p_j] for p_j = rank + (start + j) * R; the position
+// mod N advances by R mod N each step.
 template <class PermAt>
 void stride_positions(const SamplerOptions& o, std::int64_t start, std::int64_t count,
                       std::int64_t* out, PermAt&& perm_at) {
   const auto n = static_cast<std::uint64_t>(o.dataset_size);
-  const auto r = static_cast<std::uint64_t>(o.world_size);
-  const std::uint64_t step = r % n;
-  std::uint64_t q = static_cast<std::uint64_t>(
-      (static_cast<unsigned __int128>(start) * r + static_cast<std::uint64_t>(o.rank)) % n);
+  const std::uint64_t step = static_cast<std::uint64_t>(o.world_size) % n;
+  std::uint64_t q = padded_position(o, start);
   for (std::int64_t j = 0; j < count; ++j) {
     out[j] = perm_at(q);
     q += step;
@@ -233,6 +243,9 @@ void validate_sampler_options(const SamplerOptions& o) {
     bad(fmt::format("rank {} is out of range for world size {}", o.rank, o.world_size),
         fmt::format("ranks run from 0 to {} (DistributedSampler raises ValueError here)",
                     o.world_size - 1));
+  // Keeps rank + j * R (< N + 2R) and num_samples * R inside 64-bit integers.
+  if (o.world_size > (std::int64_t{1} << 40))
+    bad(fmt::format("world size {} is larger than any real job (limit 2^40)", o.world_size), "");
   if (o.dataset_size < 0) bad(fmt::format("dataset size must be >= 0, got {}", o.dataset_size), "");
   if (o.dataset_size >= (std::int64_t{1} << 53))
     bad(fmt::format("dataset size {} is beyond 2^53, where DistributedSampler's float "
@@ -260,18 +273,20 @@ std::vector<std::int64_t> distributed_sampler_indices(const SamplerOptions& o, s
   const std::uint64_t seed = torch_manual_seed(o.seed + o.epoch);
   // The last padded position this call reads; below N it bounds the steps
   // the swap algorithm must run (position i is final after step i).
-  const unsigned __int128 last_pos =
-      static_cast<unsigned __int128>(start + count - 1) * static_cast<std::uint64_t>(o.world_size) +
-      static_cast<std::uint64_t>(o.rank);
-  const std::uint64_t settled = last_pos < n ? static_cast<std::uint64_t>(last_pos) + 1 : 0;
+  const std::uint64_t last_pos = static_cast<std::uint64_t>(start + count - 1) *
+                                     static_cast<std::uint64_t>(o.world_size) +
+                                 static_cast<std::uint64_t>(o.rank);
+  const std::uint64_t settled = last_pos < n ? last_pos + 1 : 0;
+  // Uninitialised storage: randperm writes every slot before reading it, and
+  // skipping the zero fill saves a pass over up to gigabytes.
   if (n <= (std::uint64_t{1} << 32)) {
-    std::vector<std::uint32_t> perm(n);
-    randperm_into(std::span<std::uint32_t>(perm), seed, o.torch_version, settled);
+    std::unique_ptr<std::uint32_t[]> perm(new std::uint32_t[n]);
+    randperm_into(std::span<std::uint32_t>(perm.get(), n), seed, o.torch_version, settled);
     stride_positions(o, start, count, out.data(),
                      [&](std::uint64_t q) { return static_cast<std::int64_t>(perm[q]); });
   } else {
-    std::vector<std::int64_t> perm(n);
-    randperm_into(std::span<std::int64_t>(perm), seed, o.torch_version, settled);
+    std::unique_ptr<std::int64_t[]> perm(new std::int64_t[n]);
+    randperm_into(std::span<std::int64_t>(perm.get(), n), seed, o.torch_version, settled);
     stride_positions(o, start, count, out.data(), [&](std::uint64_t q) { return perm[q]; });
   }
   return out;
@@ -318,21 +333,32 @@ StreamingSampler::StreamingSampler(const SamplerOptions& o)
     : opts_(o),
       shape_((validate_sampler_options(o), sampler_shape(o.dataset_size, o.world_size, o.drop_last))),
       perm_(static_cast<std::uint64_t>(std::max<std::int64_t>(o.dataset_size, 1)),
-            torch_manual_seed(o.seed + o.epoch)) {}
+            torch_manual_seed(o.seed + o.epoch)) {
+  if (o.dataset_size > 0) {
+    step_ = static_cast<std::uint64_t>(o.world_size) % static_cast<std::uint64_t>(o.dataset_size);
+    q_ = padded_position(o, 0);
+  }
+}
 
 std::int64_t StreamingSampler::at(std::int64_t j) const {
   DDPDIAG_ASSERT(j >= 0 && j < shape_.num_samples);
-  const auto n = static_cast<std::uint64_t>(opts_.dataset_size);
-  const std::uint64_t q = static_cast<std::uint64_t>(
-      (static_cast<unsigned __int128>(j) * static_cast<std::uint64_t>(opts_.world_size) +
-       static_cast<std::uint64_t>(opts_.rank)) %
-      n);
+  const std::uint64_t q = padded_position(opts_, j);
   return static_cast<std::int64_t>(opts_.shuffle ? perm_(q) : q);
+}
+
+void StreamingSampler::seek(std::int64_t j) {
+  pos_ = j;
+  if (j >= 0 && j < shape_.num_samples) q_ = padded_position(opts_, j);
 }
 
 std::optional<std::int64_t> StreamingSampler::next() {
   if (pos_ < 0 || pos_ >= shape_.num_samples) return std::nullopt;
-  return at(pos_++);
+  // q_ is padded_position(pos_), advanced without a division.
+  const std::uint64_t q = q_;
+  ++pos_;
+  q_ += step_;
+  if (q_ >= static_cast<std::uint64_t>(opts_.dataset_size)) q_ -= static_cast<std::uint64_t>(opts_.dataset_size);
+  return static_cast<std::int64_t>(opts_.shuffle ? perm_(q) : q);
 }
 
 }  // namespace ddpdiag::ddp_core

@@ -144,7 +144,7 @@ class StreamingSampler {
   // The j-th index of this rank, 0 <= j < size().
   std::int64_t at(std::int64_t j) const;
   // Iteration: next() yields indices from the current position on.
-  void seek(std::int64_t j) { pos_ = j; }
+  void seek(std::int64_t j);
   std::int64_t position() const { return pos_; }
   std::optional<std::int64_t> next();
 
@@ -153,6 +153,8 @@ class StreamingSampler {
   SamplerShape shape_;
   FeistelPermutation perm_;
   std::int64_t pos_ = 0;
+  std::uint64_t q_ = 0;     // padded position of pos_, mod N
+  std::uint64_t step_ = 0;  // R mod N
 };
 
 }  // namespace ddpdiag::ddp_core
