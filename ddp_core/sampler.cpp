@@ -7,6 +7,7 @@
 #include <string>
 
 #include <fmt/core.h>
+#include <sys/mman.h>
 
 #include "comm/errors.h"
 
@@ -116,6 +117,35 @@ std::uint64_t splitmix64_mix(std::uint64_t z) {
 // Fills out[j] = padded[p_j] for p_j = rank + (start + j) * R, where
 // padded[p] = perm(p mod N). The padded list is never built: position mod N
 // advances by R mod N each step.
+// Storage for a whole permutation. Uninitialised (randperm writes every slot
+// before reading it: no zero-fill pass over gigabytes), and backed by
+// transparent huge pages where the kernel offers them: Fisher-Yates reads
+// and writes at random places, and with 4 KiB pages nearly every step would
+// also miss the TLB.
+template <class T>
+class PermBuffer {
+ public:
+  explicit PermBuffer(std::uint64_t n) : n_(n), bytes_(std::max<std::uint64_t>(n, 1) * sizeof(T)) {
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED)
+      throw UsageError(fmt::format("cannot allocate {} MiB for a permutation of {} indices",
+                                   bytes_ >> 20, n),
+                       ErrorContext{"sampler", -1, -1, "use --streaming for O(1) memory"});
+    (void)madvise(p, bytes_, MADV_HUGEPAGE);  // advice only: fine to fail
+    data_ = static_cast<T*>(p);
+  }
+  ~PermBuffer() { munmap(data_, bytes_); }
+  PermBuffer(const PermBuffer&) = delete;
+  PermBuffer& operator=(const PermBuffer&) = delete;
+  std::span<T> span() { return {data_, n_}; }
+  T operator[](std::uint64_t i) const { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  std::uint64_t n_;
+  std::uint64_t bytes_;
+};
+
 // Position j of this rank in the padded list, reduced mod N. The padded
 // list is never built: padded[p] = perm(p mod N). rank + j * R stays below
 // total_size + R <= N + 2R, which fits in 64 bits for the sizes validated.
@@ -277,16 +307,14 @@ std::vector<std::int64_t> distributed_sampler_indices(const SamplerOptions& o, s
                                      static_cast<std::uint64_t>(o.world_size) +
                                  static_cast<std::uint64_t>(o.rank);
   const std::uint64_t settled = last_pos < n ? last_pos + 1 : 0;
-  // Uninitialised storage: randperm writes every slot before reading it, and
-  // skipping the zero fill saves a pass over up to gigabytes.
   if (n <= (std::uint64_t{1} << 32)) {
-    std::unique_ptr<std::uint32_t[]> perm(new std::uint32_t[n]);
-    randperm_into(std::span<std::uint32_t>(perm.get(), n), seed, o.torch_version, settled);
+    PermBuffer<std::uint32_t> perm(n);
+    randperm_into(perm.span(), seed, o.torch_version, settled);
     stride_positions(o, start, count, out.data(),
                      [&](std::uint64_t q) { return static_cast<std::int64_t>(perm[q]); });
   } else {
-    std::unique_ptr<std::int64_t[]> perm(new std::int64_t[n]);
-    randperm_into(std::span<std::int64_t>(perm.get(), n), seed, o.torch_version, settled);
+    PermBuffer<std::int64_t> perm(n);
+    randperm_into(perm.span(), seed, o.torch_version, settled);
     stride_positions(o, start, count, out.data(), [&](std::uint64_t q) { return perm[q]; });
   }
   return out;
