@@ -22,5 +22,6 @@ Subcommand add_allreduce_test_command(CLI::App& parent);
 Subcommand add_store_command(CLI::App& parent);    // store ping | serve
 Subcommand add_buckets_command(CLI::App& parent);  // DDP bucket layout of a model
 Subcommand add_sampler_command(CLI::App& parent);  // DistributedSampler indices
+Subcommand add_report_command(CLI::App& parent);   // report validate | compare | render
 
 }  // namespace ddpdiag::cli

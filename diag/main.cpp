@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
       cli::add_store_command(app),
       cli::add_buckets_command(app),
       cli::add_sampler_command(app),
+      cli::add_report_command(app),
   };
   try {
     app.parse(argc, argv);

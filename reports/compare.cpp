@@ -1,0 +1,432 @@
+#include "reports/compare.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <stdexcept>
+
+#include <fmt/core.h>
+
+#include "reports/format.h"
+
+namespace ddpdiag::reports {
+
+using nlohmann::json;
+
+namespace {
+
+// Figures the gate knows, with their direction. algbw is busbw times a
+// constant, so it is compared only where a row has no busbw.
+struct KnownFigure {
+  const char* name;
+  bool higher_is_better;
+};
+constexpr KnownFigure kFigures[] = {
+    {"busbw_gbps", true},          {"algbw_gbps", true},         {"bandwidth_gbps", true},
+    {"indices_per_second", true},  {"time_us", false},           {"exposed_comm_time_us", false},
+    {"comm_time_us", false},       {"step_time_us", false},      {"total_time_us", false},
+    {"latency_us", false},         {"rtt_us_median", false},     {"peak_bytes", false},
+    {"init_time_s", false},
+};
+
+// Fields that say which measurement a row is, in label order.
+constexpr const char* kIdentity[] = {"collective", "algorithm", "model",  "bytes", "size",
+                                     "dtype",      "op",        "bucket_cap_mb", "bucket_cap_bytes",
+                                     "src",        "dst",       "rank",   "peer",  "phase", "name"};
+
+bool is_rate(const std::string& f) { return f.size() > 5 && f.compare(f.size() - 5, 5, "_gbps") == 0; }
+bool is_us(const std::string& f) { return f.size() > 3 && f.compare(f.size() - 3, 3, "_us") == 0; }
+
+// A string field, or dflt when o is not an object or the field is not a string.
+std::string str_or(const json& o, const char* key, const std::string& dflt) {
+  if (!o.is_object()) return dflt;
+  auto it = o.find(key);
+  return it != o.end() && it->is_string() ? it->get<std::string>() : dflt;
+}
+
+double number_or(const json& o, const char* key, double dflt) {
+  if (!o.is_object()) return dflt;
+  auto it = o.find(key);
+  return it != o.end() && it->is_number() ? it->get<double>() : dflt;
+}
+
+// The spread of one figure in one report, in the figure's unit (see compare.h).
+double noise_abs(const json& o, const std::string& fig, double value) {
+  const double lo = number_or(o, "min_rank_time_us", NAN), hi = number_or(o, "max_rank_time_us", NAN);
+  const double t = number_or(o, "time_us", NAN);
+  if (std::isfinite(lo) && std::isfinite(hi) && hi >= lo) {
+    if (fig == "time_us") return hi - lo;
+    if (is_rate(fig) && t > 0) return (hi - lo) / t * std::fabs(value);
+  }
+  if (double s = number_or(o, (fig + "_spread").c_str(), NAN); std::isfinite(s)) return std::fabs(s);
+  if (double s = number_or(o, (fig + "_stddev").c_str(), NAN); std::isfinite(s)) return 2 * std::fabs(s);
+  if (is_us(fig)) {
+    if (double s = number_or(o, "spread_us", NAN); std::isfinite(s)) return std::fabs(s);
+    if (double s = number_or(o, "stddev_us", NAN); std::isfinite(s)) return 2 * std::fabs(s);
+  }
+  if (double s = number_or(o, "spread", NAN); std::isfinite(s)) return std::fabs(s * value);
+  if (double s = number_or(o, "stddev", NAN); std::isfinite(s)) return 2 * std::fabs(s * value);
+  return 0;
+}
+
+struct Figure {
+  std::string name;
+  double value = 0;
+  double noise = 0;  // absolute
+  bool higher_is_better = true;
+};
+
+struct Row {
+  std::string key;
+  std::string label;
+  std::vector<Figure> figures;
+};
+
+std::vector<Figure> figures_of(const json& o) {
+  std::vector<Figure> out;
+  const bool has_busbw = o.contains("busbw_gbps") && o["busbw_gbps"].is_number();
+  for (const auto& f : kFigures) {
+    auto it = o.find(f.name);
+    if (it == o.end() || !it->is_number()) continue;
+    if (std::string(f.name) == "algbw_gbps" && has_busbw) continue;
+    double v = it->get<double>();
+    out.push_back({f.name, v, noise_abs(o, f.name, v), f.higher_is_better});
+  }
+  return out;
+}
+
+struct RowContext {
+  std::string command, table, collective, world;
+};
+
+void add_row(std::vector<Row>& rows, const RowContext& ctx, const json& row, const json& figs_obj,
+             const std::string& placement, std::size_t index) {
+  auto figs = figures_of(figs_obj);
+  if (figs.empty()) return;
+  std::string key = ctx.command + "|" + ctx.table;
+  std::vector<std::string> label;
+  bool have_collective = false, identified = false;
+  for (const char* id : kIdentity) {
+    auto it = row.find(id);
+    if (it == row.end() || !(it->is_string() || it->is_number())) continue;
+    identified = true;
+    std::string v = it->is_string() ? it->get<std::string>() : format_cell(*it);
+    key += fmt::format("|{}={}", id, v);
+    if (std::string(id) == "collective") have_collective = true;
+    if (std::string(id) == "bytes" || std::string(id) == "size")
+      label.push_back(it->is_number() ? human_bytes(it->get<double>()) : v);
+    else if (std::string(id) == "collective" || std::string(id) == "dtype" || std::string(id) == "op" ||
+             std::string(id) == "model" || std::string(id) == "algorithm")
+      label.push_back(v);
+    else
+      label.push_back(fmt::format("{}={}", id, v));
+  }
+  if (!have_collective && !ctx.collective.empty()) {
+    key += "|collective=" + ctx.collective;
+    label.insert(label.begin(), ctx.collective);
+  }
+  if (!identified && index != static_cast<std::size_t>(-1)) {
+    // Rows without identity fields are matched by position.
+    key += fmt::format("|#{}", index);
+    label.push_back(fmt::format("{}[{}]", ctx.table, index));
+  }
+  if (!placement.empty()) {
+    key += "|" + placement;
+    label.push_back(placement);
+  }
+  key += "|" + ctx.world;
+  std::string text;
+  for (const auto& l : label) text += (text.empty() ? "" : " ") + l;
+  if (text.empty()) text = ctx.table.empty() ? ctx.command : ctx.table;
+  rows.push_back({key, fmt::format("{} [{}]", text, ctx.world), std::move(figs)});
+}
+
+std::vector<Row> extract_rows(const json& report) {
+  std::vector<Row> rows;
+  RowContext ctx;
+  ctx.command = str_or(report, "command", "?");
+  const json w = report.is_object() && report.contains("world") ? report["world"] : json();
+  if (w.is_object())
+    ctx.world = fmt::format("{} {}", format_cell(w.contains("size") ? w["size"] : json()), str_or(w, "backend", "?"));
+  else
+    ctx.world = "1 local";
+  const json res = report.is_object() && report.contains("results") ? report["results"] : json();
+  if (!res.is_object()) return rows;
+  if (res.contains("collective") && res["collective"].is_string())
+    ctx.collective = res["collective"].get<std::string>();
+  // Figures at the top of results (e.g. store ping's rtt_us_median).
+  {
+    RowContext top = ctx;
+    top.collective.clear();
+    add_row(rows, top, json::object(), res, "", static_cast<std::size_t>(-1));
+  }
+  for (auto it = res.begin(); it != res.end(); ++it) {
+    if (!it->is_array()) continue;
+    RowContext t = ctx;
+    t.table = it.key();
+    for (std::size_t i = 0; i < it->size(); ++i) {
+      const json& row = (*it)[i];
+      if (!row.is_object()) continue;
+      add_row(rows, t, row, row, "", i);
+      // Nested blocks, as allreduce-test's out_of_place / in_place.
+      for (auto b = row.begin(); b != row.end(); ++b)
+        if (b->is_object()) add_row(rows, t, row, *b, b.key(), i);
+    }
+  }
+  return rows;
+}
+
+std::string check_status(const json& c) { return str_or(c, "status", ""); }
+
+int verdict_rank(const std::string& v) {
+  if (v == "PASS") return 0;
+  if (v == "FAIL") return 1;
+  if (v == "ERROR") return 2;
+  return -1;
+}
+
+std::string report_label(const json& r) {
+  std::string world = "no world";
+  if (r.is_object() && r.contains("world") && r["world"].is_object())
+    world = fmt::format("{} rank(s), {}", format_cell(r["world"].contains("size") ? r["world"]["size"] : json()),
+                        str_or(r["world"], "backend", "?"));
+  return fmt::format("{}, {}, {}", str_or(r, "command", "?"), world, str_or(r, "started_at", "no start time"));
+}
+
+std::string verdict_of(const json& r) { return str_or(r, "verdict", ""); }
+
+std::string percent(double f) {
+  if (!std::isfinite(f)) return f > 0 ? "+inf%" : "-inf%";
+  return fmt::format("{:+.1f}%", f * 100);
+}
+
+ChangeKind row_kind(const std::vector<const FigureChange*>& figs) {
+  auto any = [&](ChangeKind k) {
+    return std::any_of(figs.begin(), figs.end(), [k](const FigureChange* f) { return f->kind == k; });
+  };
+  for (auto k : {ChangeKind::kMissing, ChangeKind::kNew, ChangeKind::kRegressed, ChangeKind::kImproved,
+                 ChangeKind::kNoise})
+    if (any(k)) return k;
+  return ChangeKind::kUnchanged;
+}
+
+// Figures grouped by row label, in order.
+std::vector<std::pair<std::string, std::vector<const FigureChange*>>> by_row(const Comparison& c) {
+  std::vector<std::pair<std::string, std::vector<const FigureChange*>>> out;
+  std::map<std::string, std::size_t> where;
+  for (const auto& f : c.figures) {
+    auto [it, fresh] = where.emplace(f.row, out.size());
+    if (fresh) out.push_back({f.row, {}});
+    out[it->second].second.push_back(&f);
+  }
+  return out;
+}
+
+std::string value_cell(const std::optional<double>& v) { return v ? format_figure(*v) : "-"; }
+
+}  // namespace
+
+std::string_view change_kind_name(ChangeKind k) {
+  switch (k) {
+    case ChangeKind::kImproved: return "improved";
+    case ChangeKind::kRegressed: return "regressed";
+    case ChangeKind::kUnchanged: return "unchanged";
+    case ChangeKind::kNoise: return "noise";
+    case ChangeKind::kMissing: return "missing";
+    case ChangeKind::kNew: return "new";
+  }
+  return "?";
+}
+
+int Comparison::rows(ChangeKind k) const {
+  int n = 0;
+  for (const auto& [label, figs] : by_row(*this))
+    if (row_kind(figs) == k) ++n;
+  return n;
+}
+
+bool Comparison::regressed() const {
+  if (verdict_regressed) return true;
+  for (const auto& ch : checks)
+    if (ch.regressed) return true;
+  for (const auto& f : figures)
+    if (f.kind == ChangeKind::kRegressed || (fail_on_missing && f.kind == ChangeKind::kMissing))
+      return true;
+  return false;
+}
+
+Comparison compare_reports(const json& base, const json& now, const CompareOptions& o) {
+  Comparison c;
+  c.max_regression = o.max_regression;
+  c.fail_on_missing = o.fail_on_missing;
+  c.base_command = str_or(base, "command", "?");
+  c.new_command = str_or(now, "command", "?");
+  c.base_label = report_label(base);
+  c.new_label = report_label(now);
+
+  const auto base_rows = extract_rows(base), new_rows = extract_rows(now);
+  std::map<std::string, const Row*> new_by_key;
+  for (const auto& r : new_rows) new_by_key.emplace(r.key, &r);
+  std::map<std::string, const Row*> base_by_key;
+  for (const auto& r : base_rows) base_by_key.emplace(r.key, &r);
+
+  for (const auto& b : base_rows) {
+    auto it = new_by_key.find(b.key);
+    if (it == new_by_key.end()) {
+      c.figures.push_back({b.label, "", true, std::nullopt, std::nullopt, 0, 0, ChangeKind::kMissing});
+      continue;
+    }
+    const Row& n = *it->second;
+    for (const auto& bf : b.figures) {
+      auto nf = std::find_if(n.figures.begin(), n.figures.end(),
+                             [&](const Figure& f) { return f.name == bf.name; });
+      if (nf == n.figures.end()) continue;
+      FigureChange fc;
+      fc.row = b.label;
+      fc.figure = bf.name;
+      fc.higher_is_better = bf.higher_is_better;
+      fc.base = bf.value;
+      fc.now = nf->value;
+      const double d = nf->value - bf.value;
+      const double scale = std::fabs(bf.value);
+      fc.change = scale > 0 ? d / scale : (d == 0 ? 0.0 : (d > 0 ? INFINITY : -INFINITY));
+      const double band = std::max(bf.noise, nf->noise);
+      fc.noise = scale > 0 ? band / scale : 0;
+      const double worse = bf.higher_is_better ? -fc.change : fc.change;
+      if (std::fabs(worse) <= o.max_regression)
+        fc.kind = ChangeKind::kUnchanged;
+      else if (std::fabs(d) <= band)
+        fc.kind = ChangeKind::kNoise;
+      else
+        fc.kind = worse > 0 ? ChangeKind::kRegressed : ChangeKind::kImproved;
+      c.figures.push_back(fc);
+    }
+  }
+  for (const auto& n : new_rows)
+    if (!base_by_key.count(n.key))
+      c.figures.push_back({n.label, "", true, std::nullopt, std::nullopt, 0, 0, ChangeKind::kNew});
+
+  // Checks by name, in BASE's order then NEW's new ones.
+  std::vector<std::pair<std::string, std::string>> bchecks, nchecks;
+  if (base.is_object() && base.contains("checks") && base["checks"].is_array())
+    for (const auto& ch : base["checks"]) bchecks.push_back({str_or(ch, "name", "?"), check_status(ch)});
+  if (now.is_object() && now.contains("checks") && now["checks"].is_array())
+    for (const auto& ch : now["checks"]) nchecks.push_back({str_or(ch, "name", "?"), check_status(ch)});
+  auto find = [](const auto& v, const std::string& name) -> std::string {
+    for (const auto& [n, s] : v)
+      if (n == name) return s;
+    return "";
+  };
+  for (const auto& [name, st] : bchecks) {
+    std::string ns = find(nchecks, name);
+    c.checks.push_back({name, st, ns, ns == "fail" && st != "fail"});
+  }
+  for (const auto& [name, st] : nchecks)
+    if (find(bchecks, name).empty() &&
+        std::none_of(bchecks.begin(), bchecks.end(), [&](const auto& b) { return b.first == name; }))
+      c.checks.push_back({name, "", st, st == "fail"});
+
+  c.base_verdict = verdict_of(base);
+  c.new_verdict = verdict_of(now);
+  c.verdict_regressed = verdict_rank(c.new_verdict) > verdict_rank(c.base_verdict) &&
+                        verdict_rank(c.base_verdict) >= 0;
+  return c;
+}
+
+std::string render_comparison_text(const Comparison& c) {
+  std::string out;
+  out += fmt::format("base: {}\nnew:  {}\n", c.base_label, c.new_label);
+  if (c.base_command != c.new_command)
+    out += fmt::format("note: the reports are of different commands ({} vs {}); only rows with the "
+                       "same identity are compared\n",
+                       c.base_command, c.new_command);
+  out += fmt::format(
+      "a figure regresses when it is worse by more than {:.1f}% and by more than the measured "
+      "spread\n\n",
+      c.max_regression * 100);
+  std::size_t w = 3;
+  for (const auto& f : c.figures) w = std::max(w, f.row.size());
+  w = std::min<std::size_t>(w, 60);
+  out += fmt::format("{:<10} {:<{}} {:<22} {:>12} {:>12} {:>9} {:>8}\n", "status", "row", w, "figure",
+                     "base", "new", "change", "spread");
+  for (const auto& f : c.figures) {
+    std::string fig = f.figure.empty() ? "-" : f.figure + (f.higher_is_better ? " (+)" : " (-)");
+    std::string change = f.base && f.now ? percent(f.change) : "-";
+    std::string spread = f.base && f.now && f.noise > 0 ? fmt::format("±{:.1f}%", f.noise * 100) : "-";
+    out += fmt::format("{:<10} {:<{}} {:<22} {:>12} {:>12} {:>9} {:>8}\n", change_kind_name(f.kind), f.row,
+                       w, fig, value_cell(f.base), value_cell(f.now), change, spread);
+  }
+  if (!c.checks.empty()) {
+    out += "\nchecks:\n";
+    for (const auto& ch : c.checks)
+      out += fmt::format("  {:<20} {:>6} -> {:<6}{}\n", ch.name, ch.base.empty() ? "(none)" : ch.base,
+                         ch.now.empty() ? "(none)" : ch.now, ch.regressed ? "  REGRESSED" : "");
+  }
+  out += fmt::format("verdict: {} -> {}{}\n", c.base_verdict.empty() ? "?" : c.base_verdict,
+                     c.new_verdict.empty() ? "?" : c.new_verdict, c.verdict_regressed ? "  REGRESSED" : "");
+  out += fmt::format("rows: {} improved, {} regressed, {} unchanged, {} within noise, {} missing, {} new\n",
+                     c.rows(ChangeKind::kImproved), c.rows(ChangeKind::kRegressed),
+                     c.rows(ChangeKind::kUnchanged), c.rows(ChangeKind::kNoise),
+                     c.rows(ChangeKind::kMissing), c.rows(ChangeKind::kNew));
+  out += fmt::format("result: {}\n", c.regressed() ? "REGRESSION" : "no regression");
+  return out;
+}
+
+std::string render_comparison_markdown(const Comparison& c) {
+  std::string out;
+  out += fmt::format("## ddpdiag report compare: {}\n\n",
+                     c.regressed() ? "❌ regression" : "✅ no regression");
+  out += fmt::format("- base: {}\n- new: {}\n- tolerance: {:.1f}% (and outside the measured spread)\n\n",
+                     markdown_cell(c.base_label), markdown_cell(c.new_label), c.max_regression * 100);
+  out += "| improved | regressed | unchanged | within noise | missing | new |\n|---:|---:|---:|---:|---:|---:|\n";
+  out += fmt::format("| {} | {} | {} | {} | {} | {} |\n\n", c.rows(ChangeKind::kImproved),
+                     c.rows(ChangeKind::kRegressed), c.rows(ChangeKind::kUnchanged),
+                     c.rows(ChangeKind::kNoise), c.rows(ChangeKind::kMissing), c.rows(ChangeKind::kNew));
+  out += fmt::format("Verdict: **{}** → **{}**{}\n\n", c.base_verdict.empty() ? "?" : c.base_verdict,
+                     c.new_verdict.empty() ? "?" : c.new_verdict, c.verdict_regressed ? " (regressed)" : "");
+  if (!c.checks.empty()) {
+    out += "| check | base | new | |\n|---|---|---|---|\n";
+    for (const auto& ch : c.checks)
+      out += fmt::format("| {} | {} | {} | {} |\n", markdown_cell(ch.name), ch.base.empty() ? "–" : ch.base,
+                         ch.now.empty() ? "–" : ch.now, ch.regressed ? "❌ regressed" : "");
+    out += "\n";
+  }
+  auto table = [&](bool notable) {
+    std::string t = "| status | row | figure | base | new | change | spread |\n|---|---|---|---:|---:|---:|---:|\n";
+    int n = 0;
+    for (const auto& f : c.figures) {
+      bool is_notable = f.kind != ChangeKind::kUnchanged;
+      if (is_notable != notable) continue;
+      ++n;
+      std::string change = f.base && f.now ? percent(f.change) : "–";
+      std::string spread = f.base && f.now && f.noise > 0 ? fmt::format("±{:.1f}%", f.noise * 100) : "–";
+      t += fmt::format("| {} | {} | {} | {} | {} | {} | {} |\n", change_kind_name(f.kind), markdown_cell(f.row),
+                       f.figure.empty() ? "–" : f.figure, value_cell(f.base), value_cell(f.now), change, spread);
+    }
+    return std::pair{t, n};
+  };
+  auto [changed, nchanged] = table(true);
+  if (nchanged) out += "### Changes\n\n" + changed + "\n";
+  auto [same, nsame] = table(false);
+  if (nsame)
+    out += fmt::format("<details><summary>{} unchanged figure(s)</summary>\n\n{}\n</details>\n", nsame, same);
+  return out;
+}
+
+double parse_percentage(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == ' ') t.pop_back();
+  if (!t.empty() && t.back() == '%') t.pop_back();
+  std::size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(t, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (t.empty() || used != t.size() || !std::isfinite(v) || v < 0)
+    throw std::invalid_argument("'" + s + "' is not a percentage (e.g. 10%)");
+  return v / 100.0;
+}
+
+}  // namespace ddpdiag::reports

@@ -1,0 +1,87 @@
+// report compare: a baseline gate. Result rows of two reports are matched by
+// (command, table, collective, size, dtype, op, placement, world size,
+// backend, and other identity fields a row carries); known figures are
+// compared with a direction (busbw higher is better, times lower is better).
+//
+// Noise rule. A figure's spread in one report is, in the figure's unit:
+//  - max_rank_time_us - min_rank_time_us of the same row, for time_us, and
+//    as the same fraction of the value for rates (busbw_gbps, algbw_gbps),
+//    since a rate is bytes over time;
+//  - otherwise <figure>_spread, or 2 x <figure>_stddev, when the row has them;
+//  - otherwise spread_us / 2 x stddev_us for the row's *_us figures;
+//  - otherwise "spread" / 2 x "stddev" as a fraction of the value (0.05 = 5%).
+// The noise band of a comparison is the larger of the two reports' spreads.
+// A change is a regression only when it is worse than the tolerance AND its
+// size is outside the noise band; a change beyond the tolerance but inside
+// the band is reported as "noise", not as a regression. Without any spread
+// the band is zero and the tolerance alone decides.
+//
+// Checks are matched by name: a check that was not failing and now fails is
+// always a regression (PASS->FAIL, SKIP->FAIL, or a new failing check), and
+// so is a worse verdict (PASS < FAIL < ERROR). Rows only in BASE are
+// "missing" and rows only in NEW are "new"; neither is a regression unless
+// fail_on_missing is set.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace ddpdiag::reports {
+
+struct CompareOptions {
+  double max_regression = 0.10;  // fraction: 0.10 = 10%
+  bool fail_on_missing = false;  // rows missing from NEW count as regressions
+};
+
+enum class ChangeKind { kImproved, kRegressed, kUnchanged, kNoise, kMissing, kNew };
+std::string_view change_kind_name(ChangeKind k);  // "improved", "regressed", ...
+
+// One figure of one matched row, or a whole row that is missing or new.
+struct FigureChange {
+  std::string row;     // human label, e.g. "all_reduce 1M float sum out_of_place [2 gloo]"
+  std::string figure;  // "busbw_gbps"; empty for a missing/new row
+  bool higher_is_better = true;
+  std::optional<double> base, now;
+  double change = 0;   // (now - base) / |base|
+  double noise = 0;    // noise band as a fraction of |base|
+  ChangeKind kind = ChangeKind::kUnchanged;
+};
+
+struct CheckChange {
+  std::string name;
+  std::string base;  // "pass", "fail", "skip", or "" when absent
+  std::string now;
+  bool regressed = false;
+};
+
+struct Comparison {
+  std::string base_command, new_command;
+  std::string base_label, new_label;  // command, world and start time, for headers
+  double max_regression = 0.10;
+  std::vector<FigureChange> figures;
+  std::vector<CheckChange> checks;
+  std::string base_verdict, new_verdict;
+  bool verdict_regressed = false;
+  bool fail_on_missing = false;
+
+  // Rows (not figures) of each kind: a row is regressed if any figure is,
+  // else improved if any is, else noise if any is, else unchanged.
+  int rows(ChangeKind k) const;
+  bool regressed() const;
+};
+
+Comparison compare_reports(const nlohmann::json& base, const nlohmann::json& now,
+                           const CompareOptions& options = {});
+
+// Plain-text table for a terminal.
+std::string render_comparison_text(const Comparison& c);
+// Markdown for a CI summary ($GITHUB_STEP_SUMMARY).
+std::string render_comparison_markdown(const Comparison& c);
+
+// "10%", "10" (percent) or "0.5%" -> a fraction; throws std::invalid_argument.
+double parse_percentage(const std::string& s);
+
+}  // namespace ddpdiag::reports

@@ -1,0 +1,87 @@
+#include "reports/format.h"
+
+#include <cmath>
+
+#include <fmt/core.h>
+
+namespace ddpdiag::reports {
+
+std::string human_bytes(double bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (std::fabs(bytes) >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  if (u == 0) return fmt::format("{:.0f} B", bytes);
+  return fmt::format("{} {}", format_figure(bytes, 3), units[u]);
+}
+
+std::string short_bytes(double bytes) {
+  static const char* units[] = {"", "K", "M", "G", "T"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fmt::format("{}{}", format_figure(bytes, 3), units[u]);
+}
+
+std::string format_figure(double v, int digits) {
+  if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
+  if (v == 0) return "0";
+  double a = std::fabs(v);
+  if (a >= 1e7 || a < 1e-4) return fmt::format("{:.{}g}", v, digits);
+  // Digits after the point so that about `digits` significant ones show.
+  int before = a >= 1 ? static_cast<int>(std::floor(std::log10(a))) + 1 : 0;
+  int after = std::max(0, digits - before);
+  if (a < 1) after = digits - 1 - static_cast<int>(std::floor(std::log10(a)));
+  std::string s = fmt::format("{:.{}f}", v, after);
+  if (s.find('.') != std::string::npos) {
+    while (s.back() == '0') s.pop_back();
+    if (s.back() == '.') s.pop_back();
+  }
+  return s;
+}
+
+std::string format_cell(const nlohmann::json& v) {
+  if (v.is_null()) return "-";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+  if (v.is_number_integer()) return v.dump();
+  if (v.is_number()) return format_figure(v.get<double>());
+  std::string s = v.dump();
+  if (s.size() > 80) s = s.substr(0, 77) + "...";
+  return s;
+}
+
+std::string html_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string markdown_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|')
+      out += "\\|";
+    else if (c == '\n' || c == '\r')
+      out += ' ';
+    else
+      out += c;
+  }
+  return out;
+}
+
+}  // namespace ddpdiag::reports

@@ -1,0 +1,25 @@
+// Small formatting helpers shared by the report renderers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ddpdiag::reports {
+
+// 8 -> "8 B", 1024 -> "1 KiB", 1572864 -> "1.5 MiB".
+std::string human_bytes(double bytes);
+// Compact axis label for a byte count: 8, 1K, 64M, 2G (nccl-tests' style).
+std::string short_bytes(double bytes);
+// A figure with about `digits` significant digits, no exponent for everyday values.
+std::string format_figure(double v, int digits = 4);
+// A JSON scalar as a table cell: strings bare, numbers via format_figure,
+// null as "-", arrays/objects compact.
+std::string format_cell(const nlohmann::json& v);
+// &, <, >, ", ' escaped for HTML text and attribute values.
+std::string html_escape(const std::string& s);
+// | and newlines made safe inside a Markdown table cell.
+std::string markdown_cell(const std::string& s);
+
+}  // namespace ddpdiag::reports

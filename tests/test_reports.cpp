@@ -1,0 +1,484 @@
+// The reports layer: JSON Schema validator, the report schema against what
+// the report writer produces, the compare gate, the Markdown and HTML renderers.
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "reports/compare.h"
+#include "reports/json_schema.h"
+#include "reports/render.h"
+#include "reports/report.h"
+#include "reports/report_schema.h"
+
+using namespace ddpdiag::reports;
+using nlohmann::json;
+
+namespace {
+
+std::vector<SchemaViolation> check(const json& schema, const json& instance) {
+  return JsonSchema(schema).validate(instance);
+}
+
+bool has_error_at(const std::vector<SchemaViolation>& errs, const std::string& pointer,
+                  const std::string& rule_suffix = "") {
+  for (const auto& e : errs)
+    if (e.instance_path == pointer &&
+        (rule_suffix.empty() || (e.schema_path.size() >= rule_suffix.size() &&
+                                 e.schema_path.compare(e.schema_path.size() - rule_suffix.size(),
+                                                       rule_suffix.size(), rule_suffix) == 0)))
+      return true;
+  return false;
+}
+
+std::string dump(const std::vector<SchemaViolation>& errs) {
+  std::string s;
+  for (const auto& e : errs) s += e.to_string() + "\n";
+  return s;
+}
+
+// One measured size: busbw and time, and the ranks' time spread.
+struct Point {
+  std::size_t bytes;
+  double busbw_gbps;
+  double min_rank_time_us;
+  double max_rank_time_us;
+};
+
+json block(const Point& p) {
+  const double time_us = (p.min_rank_time_us + p.max_rank_time_us) / 2;
+  return {{"time_us", time_us},       {"algbw_gbps", p.busbw_gbps},
+          {"busbw_gbps", p.busbw_gbps}, {"wrong", 0},
+          {"min_rank_time_us", p.min_rank_time_us}, {"max_rank_time_us", p.max_rank_time_us},
+          {"fastest_rank", 0},        {"slowest_rank", 1}};
+}
+
+// A report as the allreduce-test command writes it, through the real writer.
+json allreduce_report(const std::vector<Point>& points, CheckStatus correctness = CheckStatus::kPass,
+                      int world_size = 2, const std::string& backend = "gloo") {
+  Report r("allreduce-test", {"ddpdiag", "allreduce-test", "--json", "r.json"});
+  std::vector<RankInfo> ranks;
+  for (int i = 0; i < world_size; ++i) ranks.push_back({i, i, "node0", 100 + i, "cpu (node0)"});
+  r.set_world(world_size, backend, "ddpdiag", ranks, {{"gloo", "0.5.0"}});
+  r.set_environment({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
+  auto& res = r.results();
+  res["collective"] = "all_reduce";
+  res["dtypes"] = {"float"};
+  res["ops"] = {"sum"};
+  res["iters"] = 20;
+  res["warmup_iters"] = 5;
+  res["check_iters"] = 1;
+  res["sizes"] = json::array();
+  double sum = 0;
+  for (const auto& p : points) {
+    res["sizes"].push_back({{"bytes", p.bytes}, {"count", p.bytes / 4}, {"dtype", "float"}, {"op", "sum"},
+                            {"out_of_place", block(p)}, {"in_place", block(p)}});
+    sum += p.busbw_gbps;
+  }
+  res["avg_busbw_gbps"] = points.empty() ? 0.0 : sum / static_cast<double>(points.size());
+  res["wrong_total"] = 0;
+  r.add_check({"correctness", correctness, "0 wrong element(s)"});
+  return r.finish();
+}
+
+std::vector<Point> baseline_points() {
+  return {{1024, 1.0, 99, 101}, {65536, 5.0, 99, 101}, {1 << 20, 10.0, 99, 101}};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- validator
+
+TEST_CASE("validator: type, including lists of types and integers written as 1.0", "[reports][schema]") {
+  CHECK(check({{"type", "integer"}}, 3).empty());
+  CHECK(check({{"type", "integer"}}, 3.0).empty());
+  CHECK_FALSE(check({{"type", "integer"}}, 3.5).empty());
+  CHECK(check({{"type", "number"}}, 3).empty());
+  CHECK(check({{"type", json::array({"string", "null"})}}, nullptr).empty());
+  auto errs = check({{"type", json::array({"string", "null"})}}, 1);
+  REQUIRE(errs.size() == 1);
+  CHECK(errs[0].instance_path.empty());
+  CHECK(errs[0].schema_path == "#/type");
+  CHECK(errs[0].message.find("string or null") != std::string::npos);
+}
+
+TEST_CASE("validator: properties, required and additionalProperties name the pointer", "[reports][schema]") {
+  json schema = {{"type", "object"},
+                 {"required", {"a"}},
+                 {"properties", {{"a", {{"type", "object"}, {"properties", {{"b/c", {{"minimum", 0}}}}}}}}},
+                 {"additionalProperties", false}};
+  CHECK(check(schema, {{"a", {{"b/c", 1}}}}).empty());
+  auto errs = check(schema, {{"a", {{"b/c", -1}}}, {"x~y", 1}});
+  CHECK(has_error_at(errs, "/a/b~1c", "/minimum"));
+  CHECK(has_error_at(errs, "/x~0y", "/additionalProperties"));
+  auto missing = check(schema, json::object());
+  REQUIRE(missing.size() == 1);
+  CHECK(missing[0].schema_path == "#/required");
+  CHECK(missing[0].message.find("'a'") != std::string::npos);
+  CHECK(check({{"additionalProperties", {{"type", "string"}}}}, {{"k", 1}})[0].instance_path == "/k");
+}
+
+TEST_CASE("validator: enum, const, numbers, strings and patterns", "[reports][schema]") {
+  CHECK(check({{"enum", {"pass", "fail"}}}, "pass").empty());
+  CHECK_FALSE(check({{"enum", {"pass", "fail"}}}, "PASS").empty());
+  CHECK(check({{"const", 1}}, 1.0).empty());
+  CHECK_FALSE(check({{"const", "a"}}, "b").empty());
+  CHECK_FALSE(check({{"maximum", 10}}, 11).empty());
+  CHECK(check({{"maximum", 10}}, 10).empty());
+  CHECK_FALSE(check({{"exclusiveMinimum", 0}}, 0).empty());
+  CHECK(check({{"minimum", 0}}, "not a number").empty());  // numeric rules ignore other types
+  CHECK_FALSE(check({{"minLength", 2}}, "é").empty());     // one code point, two bytes
+  // Patterns are unanchored, as the spec says.
+  CHECK(check({{"pattern", "[0-9]+"}}, "abc123").empty());
+  CHECK_FALSE(check({{"pattern", "^[a-z_]+$"}}, "camelCase").empty());
+}
+
+TEST_CASE("validator: arrays with items, prefixItems, minItems and contains", "[reports][schema]") {
+  json schema = {{"type", "array"},
+                 {"prefixItems", {{{"type", "string"}}}},
+                 {"items", {{"type", "integer"}}},
+                 {"minItems", 2}};
+  CHECK(check(schema, {"a", 1, 2}).empty());
+  CHECK(has_error_at(check(schema, {"a", 1, "b"}), "/2", "/items/type"));
+  CHECK(has_error_at(check(schema, {1, 1}), "/0", "/prefixItems/0/type"));
+  CHECK(has_error_at(check(schema, {"a"}), "", "/minItems"));
+  json contains = {{"contains", {{"const", 3}}}};
+  CHECK(check(contains, {1, 3}).empty());
+  CHECK_FALSE(check(contains, {1, 2}).empty());
+  CHECK(check({{"not", {{"contains", {{"const", 3}}}}}}, {1, 2}).empty());
+  CHECK_FALSE(check({{"not", {{"contains", {{"const", 3}}}}}}, {3}).empty());
+}
+
+TEST_CASE("validator: $ref, allOf, anyOf, oneOf and if/then/else", "[reports][schema]") {
+  json schema = {
+      {"$defs", {{"pos", {{"type", "integer"}, {"minimum", 1}}}, {"a/b", {{"type", "string"}}}}},
+      {"properties",
+       {{"n", {{"$ref", "#/$defs/pos"}}},
+        {"s", {{"$ref", "#/$defs/a~1b"}}},
+        {"both", {{"allOf", {{{"type", "integer"}}, {{"minimum", 5}}}}}},
+        {"one", {{"oneOf", {{{"type", "integer"}}, {{"type", "number"}}}}}},
+        {"maybe", {{"anyOf", {{{"type", "null"}}, {{"$ref", "#/$defs/pos"}}}}}}}},
+      {"if", {{"properties", {{"kind", {{"const", "a"}}}}}, {"required", {"kind"}}}},
+      {"then", {{"required", {"n"}}}},
+      {"else", {{"required", {"s"}}}}};
+  CHECK(check(schema, {{"kind", "a"}, {"n", 2}}).empty());
+  CHECK(has_error_at(check(schema, {{"kind", "a"}}), "", "#/then/required"));
+  CHECK(has_error_at(check(schema, {{"kind", "b"}}), "", "#/else/required"));
+  CHECK(has_error_at(check(schema, {{"s", "x"}, {"n", 0}}), "/n", "#/$defs/pos/minimum"));
+  CHECK(has_error_at(check(schema, {{"s", 1}}), "/s", "#/$defs/a~1b/type"));
+  CHECK(has_error_at(check(schema, {{"s", "x"}, {"both", 3}}), "/both", "/allOf/1/minimum"));
+  // 2 is an integer and a number: oneOf wants exactly one.
+  CHECK(has_error_at(check(schema, {{"s", "x"}, {"one", 2}}), "/one", "/oneOf"));
+  CHECK(check(schema, {{"s", "x"}, {"one", 2.5}}).empty());
+  // anyOf of null or a positive integer: for 0 the error that matters is the
+  // minimum of the branch whose type fits, not "0 is not null".
+  auto errs = check(schema, {{"s", "x"}, {"maybe", 0}});
+  REQUIRE(errs.size() == 1);
+  CHECK(errs[0].schema_path == "#/$defs/pos/minimum");
+  CHECK(check(schema, {{"s", "x"}, {"maybe", nullptr}}).empty());
+  // Neither branch fits by type: one error listing both reasons.
+  auto both = check(schema, {{"s", "x"}, {"maybe", "str"}});
+  REQUIRE(both.size() == 1);
+  CHECK(both[0].message.find("none of the 2 alternatives") != std::string::npos);
+}
+
+TEST_CASE("validator: propertyNames and boolean schemas", "[reports][schema]") {
+  json schema = {{"propertyNames", {{"pattern", "^[a-z][a-z0-9_]*$"}}}};
+  CHECK(check(schema, {{"busbw_gbps", 1}}).empty());
+  CHECK(has_error_at(check(schema, {{"busBW", 1}}), "/busBW", "/propertyNames"));
+  CHECK(check(true, 1).empty());
+  CHECK_FALSE(check(false, 1).empty());
+}
+
+TEST_CASE("validator: a schema with an unsupported keyword or a dangling $ref is refused", "[reports][schema]") {
+  CHECK_THROWS_AS(JsonSchema(json{{"unevaluatedProperties", false}}), SchemaError);
+  CHECK_THROWS_AS(JsonSchema(json{{"minimun", 0}}), SchemaError);
+  CHECK_THROWS_AS(JsonSchema(json{{"$ref", "#/$defs/nowhere"}}), SchemaError);
+  CHECK_THROWS_AS(JsonSchema(json{{"$ref", "other.json#/x"}}), SchemaError);
+  CHECK_THROWS_AS(JsonSchema(json{{"pattern", "("}}), SchemaError);
+  CHECK_NOTHROW(JsonSchema(json{{"title", "t"}, {"description", "d"}, {"$comment", "c"}}));
+}
+
+// ---------------------------------------------------------- report schema
+
+TEST_CASE("report schema: the built-in schema is draft 2020-12 and loads", "[reports][schema]") {
+  auto s = json::parse(report_schema_text());
+  CHECK(s["$schema"] == "https://json-schema.org/draft/2020-12/schema");
+  CHECK(s["properties"]["schema"]["const"] == kSchema);
+  CHECK_NOTHROW(report_schema());
+}
+
+TEST_CASE("report schema: what the report writer produces is valid", "[reports][schema]") {
+  auto pass = allreduce_report(baseline_points());
+  INFO(dump(validate_report(pass)));
+  CHECK(validate_report(pass).empty());
+  auto fail = allreduce_report(baseline_points(), CheckStatus::kFail);
+  CHECK(fail["verdict"] == "FAIL");
+  INFO(dump(validate_report(fail)));
+  CHECK(validate_report(fail).empty());
+
+  // A run that died at rendezvous: no world, results empty, error recorded.
+  Report died("allreduce-test", {"ddpdiag", "allreduce-test"});
+  died.set_error({"rendezvous", "rank 1 never arrived", "rendezvous", 0, 1, "check the network", 3});
+  INFO(dump(validate_report(died.finish())));
+  CHECK(validate_report(died.finish()).empty());
+
+  // Single-process commands have no world.
+  Report buckets("buckets", {"ddpdiag", "buckets", "--model", "mlp"});
+  buckets.results() = {{"model", "mlp"}, {"bucket_cap_bytes", 26214400}, {"bucket_count", 1},
+                       {"buckets", {{{"index", 0}, {"bytes", 100}, {"tensor_count", 2}, {"param_indices", {1, 0}}}}}};
+  INFO(dump(validate_report(buckets.finish())));
+  CHECK(validate_report(buckets.finish()).empty());
+}
+
+TEST_CASE("report schema: violations are found where they are", "[reports][schema]") {
+  auto r = allreduce_report(baseline_points());
+  SECTION("a size row with an unknown dtype") {
+    r["results"]["sizes"][1]["dtype"] = "float33";
+    CHECK(has_error_at(validate_report(r), "/results/sizes/1/dtype", "#/$defs/dtype/enum"));
+  }
+  SECTION("a negative bandwidth") {
+    r["results"]["sizes"][0]["in_place"]["busbw_gbps"] = -1;
+    CHECK(has_error_at(validate_report(r), "/results/sizes/0/in_place/busbw_gbps", "/minimum"));
+  }
+  SECTION("PASS with a failed check") {
+    r["checks"][0]["status"] = "fail";
+    CHECK(has_error_at(validate_report(r), "/checks", "/not"));
+  }
+  SECTION("ERROR without an error") {
+    r["verdict"] = "ERROR";
+    CHECK(has_error_at(validate_report(r), "/error", "/type"));
+  }
+  SECTION("camelCase keys in results") {
+    r["results"]["avgBusBw"] = 1.0;
+    CHECK(has_error_at(validate_report(r), "/results/avgBusBw", "/propertyNames"));
+  }
+  SECTION("missing context") {
+    r.erase("started_at");
+    CHECK(has_error_at(validate_report(r), "", "#/required"));
+  }
+  SECTION("an unknown top-level field and an unknown command") {
+    r["tool_version"] = "0.1.0";
+    r["command"] = "allreduce-tset";
+    auto errs = validate_report(r);
+    CHECK(has_error_at(errs, "/tool_version", "#/additionalProperties"));
+    CHECK(has_error_at(errs, "/command", "#/properties/command/enum"));
+  }
+  SECTION("a completed allreduce-test needs its summary figures") {
+    r["results"].erase("wrong_total");
+    CHECK(has_error_at(validate_report(r), "/results", "/required"));
+  }
+}
+
+// ------------------------------------------------------------------ compare
+
+TEST_CASE("compare: identical reports have no change", "[reports][compare]") {
+  auto a = allreduce_report(baseline_points());
+  auto c = compare_reports(a, a);
+  CHECK_FALSE(c.regressed());
+  CHECK(c.rows(ChangeKind::kUnchanged) == 6);  // 3 sizes x 2 placements
+  CHECK(c.rows(ChangeKind::kRegressed) == 0);
+}
+
+TEST_CASE("compare: improvement, regression beyond and within tolerance", "[reports][compare]") {
+  auto base = allreduce_report(baseline_points());
+  auto pts = baseline_points();
+  SECTION("faster is an improvement") {
+    pts[2].busbw_gbps = 13;  // +30%
+    auto c = compare_reports(base, allreduce_report(pts));
+    CHECK_FALSE(c.regressed());
+    CHECK(c.rows(ChangeKind::kImproved) == 2);
+  }
+  SECTION("30% less bandwidth is a regression") {
+    pts[2].busbw_gbps = 7;
+    auto c = compare_reports(base, allreduce_report(pts));
+    CHECK(c.regressed());
+    CHECK(c.rows(ChangeKind::kRegressed) == 2);
+    bool found = false;
+    for (const auto& f : c.figures)
+      if (f.kind == ChangeKind::kRegressed) {
+        found = true;
+        CHECK(f.figure == "busbw_gbps");
+        CHECK(f.change == Approx(-0.3));
+        CHECK(f.row.find("all_reduce 1 MiB float sum") != std::string::npos);
+      }
+    CHECK(found);
+    CHECK(render_comparison_text(c).find("REGRESSION") != std::string::npos);
+  }
+  SECTION("5% less is within a 10% tolerance, but not within 2%") {
+    pts[2].busbw_gbps = 9.5;
+    CHECK_FALSE(compare_reports(base, allreduce_report(pts)).regressed());
+    CHECK(compare_reports(base, allreduce_report(pts), {0.02, false}).regressed());
+  }
+  SECTION("a slower time is a regression (lower is better)") {
+    pts[0].min_rank_time_us = 139;
+    pts[0].max_rank_time_us = 141;
+    auto c = compare_reports(base, allreduce_report(pts));
+    CHECK(c.regressed());
+    bool time_regressed = false;
+    for (const auto& f : c.figures)
+      if (f.figure == "time_us" && f.kind == ChangeKind::kRegressed) time_regressed = !f.higher_is_better;
+    CHECK(time_regressed);
+  }
+}
+
+TEST_CASE("compare: a change inside the measured spread is noise, not a regression", "[reports][compare]") {
+  // Ranks disagree by 60 us around 100 us: a 20% drop is inside that spread.
+  std::vector<Point> noisy = {{1 << 20, 10.0, 70, 130}};
+  auto base = allreduce_report(noisy);
+  noisy[0].busbw_gbps = 8;  // -20%
+  auto c = compare_reports(base, allreduce_report(noisy));
+  CHECK_FALSE(c.regressed());
+  CHECK(c.rows(ChangeKind::kNoise) == 2);
+  // The same drop with a tight spread is a regression.
+  std::vector<Point> tight = {{1 << 20, 10.0, 99, 101}};
+  auto tbase = allreduce_report(tight);
+  tight[0].busbw_gbps = 8;
+  CHECK(compare_reports(tbase, allreduce_report(tight)).regressed());
+}
+
+TEST_CASE("compare: missing and new rows", "[reports][compare]") {
+  auto base = allreduce_report(baseline_points());
+  auto pts = baseline_points();
+  pts.erase(pts.begin());                // 1K gone
+  pts.push_back({4 << 20, 12.0, 99, 101});  // 4M new
+  auto now = allreduce_report(pts);
+  auto c = compare_reports(base, now);
+  CHECK(c.rows(ChangeKind::kMissing) == 2);
+  CHECK(c.rows(ChangeKind::kNew) == 2);
+  CHECK_FALSE(c.regressed());
+  CHECK(compare_reports(base, now, {0.10, true}).regressed());
+  // Another world size or backend is another row.
+  auto other = compare_reports(base, allreduce_report(baseline_points(), CheckStatus::kPass, 4));
+  CHECK(other.rows(ChangeKind::kMissing) == 6);
+  CHECK(other.rows(ChangeKind::kNew) == 6);
+}
+
+TEST_CASE("compare: a check going from pass to fail is always a regression", "[reports][compare]") {
+  auto base = allreduce_report(baseline_points());
+  auto now = allreduce_report(baseline_points(), CheckStatus::kFail);
+  auto c = compare_reports(base, now, {1000.0, false});  // any figure tolerance
+  CHECK(c.regressed());
+  REQUIRE(c.checks.size() == 1);
+  CHECK(c.checks[0].regressed);
+  CHECK(c.verdict_regressed);
+  // Fail to pass is not.
+  CHECK_FALSE(compare_reports(now, base).regressed());
+}
+
+TEST_CASE("compare: generic rows of other commands, with their own spread", "[reports][compare]") {
+  auto sweep = [](double exposed_us, double stddev_us) {
+    Report r("bucket-sweep", {"ddpdiag", "bucket-sweep"});
+    r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu"}, {1, 1, "h", 2, "cpu"}}, {});
+    r.results()["caps"] = json::array();
+    for (double cap : {1.0, 25.0})
+      r.results()["caps"].push_back({{"bucket_cap_mb", cap}, {"exposed_comm_time_us", exposed_us},
+                                     {"exposed_comm_time_us_stddev", stddev_us}});
+    r.results()["recommended_cap_mb"] = 25;
+    return r.finish();
+  };
+  CHECK(validate_report(sweep(100, 1)).empty());
+  auto c = compare_reports(sweep(100, 1), sweep(150, 1));
+  CHECK(c.regressed());
+  CHECK(c.rows(ChangeKind::kRegressed) == 2);
+  CHECK_FALSE(compare_reports(sweep(100, 30), sweep(150, 30)).regressed());  // 2 x 30 us band
+}
+
+TEST_CASE("compare: tolerance parsing and the Markdown summary", "[reports][compare]") {
+  CHECK(parse_percentage("10%") == Approx(0.10));
+  CHECK(parse_percentage("2.5") == Approx(0.025));
+  CHECK_THROWS_AS(parse_percentage("ten"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_percentage("-5%"), std::invalid_argument);
+  auto pts = baseline_points();
+  pts[1].busbw_gbps = 2;
+  auto md = render_comparison_markdown(compare_reports(allreduce_report(baseline_points()), allreduce_report(pts)));
+  CHECK(md.find("## ddpdiag report compare: ❌ regression") != std::string::npos);
+  CHECK(md.find("### Changes") != std::string::npos);
+  CHECK(md.find("| regressed |") != std::string::npos);
+  CHECK(md.find("<details>") != std::string::npos);
+}
+
+// ---------------------------------------------------------------- renderers
+
+TEST_CASE("markdown: title with verdict, context, checks and results", "[reports][render]") {
+  auto md = render_markdown(allreduce_report(baseline_points()));
+  CHECK(md.find("## ddpdiag allreduce-test: ✅ PASS") != std::string::npos);
+  CHECK(md.find("| backend | gloo |") != std::string::npos);
+  CHECK(md.find("### Checks") != std::string::npos);
+  CHECK(md.find("| correctness | ✅ pass |") != std::string::npos);
+  CHECK(md.find("#### Sizes (all_reduce)") != std::string::npos);
+  CHECK(md.find("| 1 MiB |") != std::string::npos);
+  CHECK(md.find("<summary>Environment (2 variables)</summary>") != std::string::npos);
+  CHECK(md.find("### Error") == std::string::npos);
+
+  Report died("allreduce-test", {"ddpdiag", "allreduce-test"});
+  died.set_error({"timeout", "all_reduce | stuck", "allreduce", 1, -1, "check rank 1", 4});
+  auto emd = render_markdown(died.finish());
+  CHECK(emd.find("💥 ERROR") != std::string::npos);
+  CHECK(emd.find("### Error") != std::string::npos);
+  CHECK(emd.find("all_reduce | stuck") != std::string::npos);  // lists are not tables: no escaping needed
+}
+
+TEST_CASE("html: self-contained page with a bandwidth chart", "[reports][render]") {
+  auto r = allreduce_report(baseline_points());
+  r["argv"].push_back("<script>alert(1)</script>");
+  auto html = render_html(r);
+  CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
+  CHECK(html.find("name=\"viewport\"") != std::string::npos);
+  CHECK(html.find("<script") == std::string::npos);
+  CHECK(html.find("&lt;script&gt;") != std::string::npos);
+  CHECK(html.find(" src=") == std::string::npos);
+  CHECK(html.find(" href=") == std::string::npos);
+  CHECK(html.find("<svg class=\"chart\" viewBox=") != std::string::npos);
+  CHECK(html.find("Bus bandwidth vs message size — all_reduce") != std::string::npos);
+  CHECK(html.find("message size (bytes, log scale)") != std::string::npos);
+  CHECK(html.find("bus bandwidth (GB/s)") != std::string::npos);
+  CHECK(html.find("float sum out-of-place") != std::string::npos);
+  CHECK(html.find("verdict v-PASS") != std::string::npos);
+  CHECK(html.find("<h2>Checks</h2>") != std::string::npos);
+}
+
+TEST_CASE("html: charts for bucket-sweep, link-health, memory and init-check results", "[reports][render]") {
+  auto report = [](const std::string& command, json results) {
+    Report r(command, {"ddpdiag", command});
+    r.set_world(2, "nccl", "torchrun", {{0, 0, "a", 1, "cuda:0"}, {1, 1, "a", 2, "cuda:1"}}, {{"nccl", "2.28.3"}});
+    r.results() = std::move(results);
+    auto j = r.finish();
+    INFO(command << "\n" << dump(validate_report(j)));
+    CHECK(validate_report(j).empty());
+    return render_html(j);
+  };
+  auto sweep = report("bucket-sweep", {{"caps", {{{"bucket_cap_mb", 1}, {"exposed_comm_time_us", 900}},
+                                                 {{"bucket_cap_mb", 25}, {"exposed_comm_time_us", 300}},
+                                                 {{"bucket_cap_mb", 100}, {"exposed_comm_time_us", 500}}}},
+                                        {"recommended_cap_mb", 25}});
+  CHECK(sweep.find("Bucket sweep: exposed comm time vs bucket cap") != std::string::npos);
+  CHECK(sweep.find("recommended: 25 MiB") != std::string::npos);
+  CHECK(sweep.find("bucket_cap_mb (MiB)") != std::string::npos);
+
+  auto links = report("link-health", {{"ranks", 2}, {"busbw_gbps", {{nullptr, 10.0}, {2.0, nullptr}}}, {"slow_pairs", {{1, 0}}}});
+  CHECK(links.find("Link health: bandwidth between ranks") != std::string::npos);
+  CHECK(links.find("slow pair") != std::string::npos);
+  CHECK(links.find("stroke=\"#d00000\"") != std::string::npos);
+
+  auto mem = report("memory", {{"ranks", {{{"rank", 0}, {"categories", {{"buffers", 1 << 20}, {"workspace", 1 << 21}}}},
+                                          {{"rank", 1}, {"categories", {{"buffers", 1 << 20}}}}}}});
+  CHECK(mem.find("Memory per rank") != std::string::npos);
+  CHECK(mem.find("memory (MiB)") != std::string::npos);
+
+  auto init = report("init-check", {{"ranks", {{{"rank", 0}, {"phases", {{{"name", "store"}, {"start_s", 0}, {"end_s", 0.2}},
+                                                                           {{"name", "backend"}, {"start_s", 0.2}, {"end_s", 1.5}}}}},
+                                               {{"rank", 1}, {"phases", {{{"name", "store"}, {"duration_s", 0.4}}}}}}}});
+  CHECK(init.find("Initialisation timeline per rank") != std::string::npos);
+  CHECK(init.find("time since start (s)") != std::string::npos);
+}
+
+TEST_CASE("renderers never throw on odd input", "[reports][render]") {
+  for (const json& j : {json::array(), json(nullptr), json{{"results", 5}}, json{{"results", {{"sizes", {1, "x"}}}}},
+                        json{{"world", {{"ranks", "no"}}}, {"checks", {1}}, {"error", "x"}}}) {
+    CHECK_NOTHROW(render_markdown(j));
+    CHECK_NOTHROW(render_html(j));
+    CHECK_NOTHROW(compare_reports(j, j));
+  }
+}
