@@ -12,7 +12,8 @@ namespace ddpdiag::nccl_backend {
 namespace {
 std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
   throw UsageError(
-      "this build of ddpdiag has no NCCL backend (CUDA or NCCL was not found at build time)",
+      "this build of ddpdiag has no NCCL backend (CUDA or NCCL was not found at build time); "
+      "rebuild with -DDDPDIAG_WITH_CUDA=ON or use --backend gloo",
       ErrorContext{"backend.init", opts.rank, -1,
                    "rebuild with -DDDPDIAG_WITH_CUDA=ON (CUDA and NCCL installed), or use "
                    "--backend gloo"});

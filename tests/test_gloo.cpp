@@ -499,3 +499,25 @@ TEST_CASE("MemoryStore: waits, timeouts naming keys, counters, compare_set", "[m
   CHECK_FALSE(m.delete_key("k"));
   CHECK(m.num_keys() == before - 1);
 }
+
+TEST_CASE("make_communicator: NCCL in a build without it is a usage error", "[gloo]") {
+  CHECK(backend_name(Backend::kGloo) == "gloo");
+  CHECK(backend_name(Backend::kNccl) == "nccl");
+  if (nccl_supported()) {
+    WARN("this build has NCCL: the CPU-only dispatch is checked in CPU-only builds");
+    return;
+  }
+  CHECK(cuda_device_count() == 0);
+  CHECK_FALSE(cuda_unavailable_reason().empty());
+  CommOptions o;
+  o.backend = Backend::kNccl;
+  o.store = std::make_shared<MemoryStore>();
+  try {
+    make_communicator(o);
+    FAIL("NCCL accepted in a build without it");
+  } catch (const UsageError& e) {
+    const std::string msg = std::string(e.what()) + " " + e.context().hint;
+    CHECK(msg.find("-DDDPDIAG_WITH_CUDA=ON") != std::string::npos);
+    CHECK(msg.find("--backend gloo") != std::string::npos);
+  }
+}
