@@ -14,8 +14,8 @@ has 1.13; a 2.x venv for the other run). DDPDIAG_BIN names the binary.
 Exit 77 (skip) when torch or the binary is missing. DDPDIAG_COMPAT_CASES scales
 the number of random cases (default 1).
 
-Not covered: torch 2.x's randperm for n >= 214,748,364 (torch needs 1.7 GB and
-tens of seconds per case there); the unit tests check our side of it.
+torch 2.x's randperm for n >= 214,748,364 (its other algorithm) runs only with
+DDPDIAG_COMPAT_LARGE=1: torch needs 1.7 GB and ~35 s per case there.
 """
 import json
 import os
@@ -433,7 +433,8 @@ class SamplerTest(unittest.TestCase):
             bump("sampler cases")
 
     def test_seed_overflow_is_a_usage_error(self):
-        with self.assertRaises((OverflowError, RuntimeError)):
+        # 1.13 raises OverflowError, 2.x ValueError ("Overflow when unpacking").
+        with self.assertRaises((OverflowError, RuntimeError, ValueError)):
             torch_sampler(10, 2, 0, 2 ** 64 - 1, 1, True, False)
         rc, err = our_sampler(10, 2, 0, 2 ** 64 - 1, 1, True, False)
         self.assertEqual(rc, 2)
@@ -457,6 +458,24 @@ class SamplerTest(unittest.TestCase):
                 self.assertEqual(rc, 0, got)
                 self.assertEqual(got["indices"], expected)
             bump("randperm cases")
+
+    @unittest.skipUnless(TORCH_MAJOR >= 2 and os.environ.get("DDPDIAG_COMPAT_LARGE") == "1",
+                         "torch 2.x large-n randperm: set DDPDIAG_COMPAT_LARGE=1 (1.7 GB, ~1 min)")
+    def test_randperm_large_n_branch(self):
+        # Both sides of the threshold: the last n of the swap algorithm and the
+        # first n of the inside-out one. Compared on a strided sample (every
+        # 1000th position, from two offsets) to keep the transfer small.
+        for n in (214_748_363, 214_748_364):
+            perm = torch.randperm(n, generator=torch.Generator().manual_seed(5))
+            for rank in (0, 777):
+                rc, got = our_sampler(n, 1000, rank, 5, 0, True, False)
+                self.assertEqual(rc, 0, got)
+                # DistributedSampler's padding: position p holds perm[p % n].
+                total = -(-n // 1000) * 1000
+                expected = perm[torch.arange(rank, total, 1000) % n].tolist()
+                self.assertEqual(got["indices"], expected, f"n={n} rank={rank}")
+                bump("large-n randperm samples")
+            del perm
 
 
 if __name__ == "__main__":
