@@ -43,7 +43,9 @@ CommOptions options(int rank, int n, std::shared_ptr<Store> store, Millis timeou
 }
 
 // Runs body on n ranks (threads) and returns every failure of every rank.
-Failures run_ranks(int n, const Body& body, Millis timeout = 20s) {
+// bind: how the ranks choose their address (default: loopback by name).
+Failures run_ranks(int n, const Body& body, Millis timeout = 20s,
+                   const std::function<void(CommOptions&)>& bind = {}) {
   auto store = std::make_shared<MemoryStore>();
   std::vector<Failures> per_rank(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
@@ -51,7 +53,9 @@ Failures run_ranks(int n, const Body& body, Millis timeout = 20s) {
     threads.emplace_back([&, r] {
       Failures& f = per_rank[static_cast<std::size_t>(r)];
       try {
-        auto comm = make_communicator(options(r, n, store, timeout));
+        CommOptions o = options(r, n, store, timeout);
+        if (bind) bind(o);
+        auto comm = make_communicator(o);
         body(*comm, r, f);
       } catch (const std::exception& e) {
         f.push_back("rank " + std::to_string(r) + " threw: " + e.what());
@@ -519,5 +523,31 @@ TEST_CASE("make_communicator: NCCL in a build without it is a usage error", "[gl
     const std::string msg = std::string(e.what()) + " " + e.context().hint;
     CHECK(msg.find("-DDDPDIAG_WITH_CUDA=ON") != std::string::npos);
     CHECK(msg.find("--backend gloo") != std::string::npos);
+  }
+}
+
+TEST_CASE("gloo: where ranks bind (hostname, interface) and a bad interface", "[gloo]") {
+  const Body exchange = [](Communicator& c, int rank, Failures& fail) {
+    std::int32_t v = rank + 1;
+    c.allreduce(&v, &v, 1, DType::kInt32, ReduceOp::kSum)->wait(10s);
+    if (v != 3) fail.push_back("allreduce over the chosen address gave " + std::to_string(v));
+  };
+  SECTION("this host's hostname, falling back to loopback") {
+    const Failures f = run_ranks(2, exchange, 10s, [](CommOptions& o) { o.gloo_hostname.clear(); });
+    INFO(describe(f));
+    CHECK(f.empty());
+  }
+  SECTION("the loopback interface by name") {
+    const Failures f = run_ranks(2, exchange, 10s, [](CommOptions& o) {
+      o.gloo_hostname.clear();
+      o.gloo_interface = "lo";
+    });
+    INFO(describe(f));
+    CHECK(f.empty());
+  }
+  SECTION("an interface that does not exist is a usage error") {
+    CommOptions o = options(0, 1, std::make_shared<MemoryStore>(), 5s);
+    o.gloo_interface = "ddpdiag-no-such-if0";
+    CHECK_THROWS_AS(make_communicator(o), UsageError);
   }
 }
