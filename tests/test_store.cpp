@@ -157,7 +157,10 @@ TEST_CASE("query type codes of both versions", "[store][protocol]") {
   CHECK(*tp::op_code(P::kV2, tp::Op::kMultiSet) == 11);
   CHECK(*tp::op_code(P::kV2, tp::Op::kPing) == 13);
   CHECK_FALSE(tp::op_code(P::kV2, tp::Op::kWatchKey));
-  CHECK_FALSE(tp::op_from_code(P::kV2, 14));  // queue ops are not served
+  CHECK(*tp::op_code(P::kV2, tp::Op::kQueuePush) == 14);
+  CHECK(*tp::op_code(P::kV2, tp::Op::kQueueLen) == 16);
+  CHECK_FALSE(tp::op_code(P::kV1, tp::Op::kQueuePop));
+  CHECK_FALSE(tp::op_from_code(P::kV2, 17));
   CHECK_FALSE(tp::op_from_code(P::kV1, 9));
 }
 
@@ -182,6 +185,9 @@ TEST_CASE("every request round-trips through the incremental parser", "[store][p
     reqs.push_back({tp::Op::kMultiSet, {"a", "b"}, {to_bytes("1"), to_bytes("22")}, 0, 0});
     reqs.push_back({tp::Op::kCancelWait, {}, {}, 0, 0});
     reqs.push_back({tp::Op::kPing, {}, {}, 0, 0xdeadbeef});
+    reqs.push_back({tp::Op::kQueuePush, {"q"}, {to_bytes("item")}, 0, 0});
+    reqs.push_back({tp::Op::kQueuePop, {"q"}, {}, 0, 0});
+    reqs.push_back({tp::Op::kQueueLen, {"q"}, {}, 0, 0});
   }
   tp::ParseLimits lim;
   for (const auto& q : reqs) {
@@ -396,6 +402,39 @@ TEST_CASE("server speaks raw v1 and v2 bytes", "[store][tcp][protocol]") {
     r.send(hex({0x07}));
     CHECK(r.recv(8) == len8(3));
   }
+  SECTION("v2 GET and MULTI_GET of a missing key answer empty values, as 2.x") {
+    RawConn r(server.port());
+    r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+    r.send(cat({hex({0x03}), len8(4), to_bytes("none")}));
+    CHECK(r.recv(8) == len8(0));
+    r.send(cat({hex({0x0a}), len8(2), len8(4), to_bytes("none"), len8(2), to_bytes("no")}));
+    CHECK(r.recv(16) == cat({len8(0), len8(0)}));
+    CHECK_FALSE(r.closed_by_peer(50ms));
+  }
+  SECTION("v2 queues: push, len, pop, and a push wakes a WAIT on the queue's name") {
+    RawConn r(server.port()), w(server.port());
+    r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+    w.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+    w.send(cat({hex({0x06}), len8(1), len8(1), to_bytes("q")}));  // WAIT q
+    CHECK(w.recv(1, 100ms).empty());
+    r.send(cat({hex({0x0e}), len8(1), to_bytes("q"), len8(2), to_bytes("v1")}));
+    r.send(cat({hex({0x0e}), len8(1), to_bytes("q"), len8(2), to_bytes("v2")}));
+    CHECK(w.recv(1) == hex({0}));  // STOP_WAITING
+    r.send(cat({hex({0x10}), len8(1), to_bytes("q")}));
+    CHECK(r.recv(8) == len8(2));
+    r.send(cat({hex({0x05}), len8(1), len8(1), to_bytes("q")}));
+    CHECK(r.recv(1) == hex({0}));  // a non-empty queue counts as present
+    r.send(hex({0x07}));
+    CHECK(r.recv(8) == len8(0));   // but is not a key
+    r.send(cat({hex({0x0f}), len8(1), to_bytes("q")}));
+    CHECK(r.recv(18) == cat({len8(2), len8(2), to_bytes("v1")}));
+    r.send(cat({hex({0x0f}), len8(1), to_bytes("q")}));
+    CHECK(r.recv(18) == cat({len8(1), len8(2), to_bytes("v2")}));
+    r.send(cat({hex({0x0f}), len8(1), to_bytes("q")}));
+    CHECK(r.recv(8) == len8(0));
+    r.send(cat({hex({0x05}), len8(1), len8(1), to_bytes("q")}));
+    CHECK(r.recv(1) == hex({1}));
+  }
   SECTION("v2 cancel of a parked wait answers WAIT_CANCELED") {
     RawConn r(server.port());
     r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
@@ -464,7 +503,7 @@ TEST_CASE("hostile input closes that connection only", "[store][tcp]") {
     }
     {
       RawConn r(server.port());
-      r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x0f}));  // a 2.x QUEUE op: not served
+      r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x11}));  // after 2.x's last op (QUEUE_LEN = 16)
       CHECK(r.closed_by_peer());
     }
   }

@@ -23,14 +23,16 @@ constexpr std::uint8_t kNone = 0xff;
 // Index: Op. Value: query-type byte, kNone when the version lacks the op.
 constexpr std::uint8_t kV1Codes[] = {
     kNone, /*SET*/ 0, /*COMPARE_SET*/ 1, /*GET*/ 2, /*ADD*/ 3, /*CHECK*/ 4, /*WAIT*/ 5,
-    /*GETNUMKEYS*/ 6, /*WATCH_KEY*/ 7, /*DELETE_KEY*/ 8, kNone, kNone, kNone, kNone, kNone};
+    /*GETNUMKEYS*/ 6, /*WATCH_KEY*/ 7, /*DELETE_KEY*/ 8, kNone, kNone, kNone, kNone, kNone,
+    kNone, kNone, kNone};
 constexpr std::uint8_t kV2Codes[] = {
     /*VALIDATE*/ 0, /*SET*/ 1, /*COMPARE_SET*/ 2, /*GET*/ 3, /*ADD*/ 4, /*CHECK*/ 5, /*WAIT*/ 6,
     /*GETNUMKEYS*/ 7, kNone, /*DELETE_KEY*/ 8, /*APPEND*/ 9, /*MULTI_GET*/ 10,
-    /*MULTI_SET*/ 11, /*CANCEL_WAIT*/ 12, /*PING*/ 13};
+    /*MULTI_SET*/ 11, /*CANCEL_WAIT*/ 12, /*PING*/ 13,
+    /*QUEUE_PUSH*/ 14, /*QUEUE_POP*/ 15, /*QUEUE_LEN*/ 16};
 constexpr std::size_t kNumOps = sizeof(kV1Codes);
 static_assert(sizeof(kV2Codes) == kNumOps);
-static_assert(static_cast<std::size_t>(Op::kPing) + 1 == kNumOps);
+static_assert(static_cast<std::size_t>(Op::kQueueLen) + 1 == kNumOps);
 
 const std::uint8_t* codes(StoreProtocol p) {
   if (p == StoreProtocol::kV1) return kV1Codes;
@@ -131,7 +133,8 @@ Step read_count(Reader& r, const ParseLimits& lim, std::string& error, std::size
 std::string_view op_name(Op op) {
   static constexpr std::string_view kNames[] = {
       "VALIDATE",   "SET",    "COMPARE_SET", "GET",       "ADD",       "CHECK",       "WAIT", "GETNUMKEYS",
-      "WATCH_KEY",  "DELETE_KEY", "APPEND",  "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "PING"};
+      "WATCH_KEY",  "DELETE_KEY", "APPEND",  "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "PING",
+      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN"};
   auto i = static_cast<std::size_t>(op);
   return i < kNumOps ? kNames[i] : "UNKNOWN";
 }
@@ -207,6 +210,7 @@ Bytes encode_request(StoreProtocol p, const Request& req) {
     case Op::kPing: append_u32(out, req.nonce); break;
     case Op::kSet:
     case Op::kAppend:
+    case Op::kQueuePush:
       key(0);
       append_bytes(out, req.values.at(0));
       break;
@@ -217,7 +221,9 @@ Bytes encode_request(StoreProtocol p, const Request& req) {
       break;
     case Op::kGet:
     case Op::kDeleteKey:
-    case Op::kWatchKey: key(0); break;
+    case Op::kWatchKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen: key(0); break;
     case Op::kAdd:
       key(0);
       append_i64(out, req.delta);
@@ -290,6 +296,7 @@ ParseResult parse_request(StoreProtocol p, const std::uint8_t* data, std::size_t
       break;
     case Op::kSet:
     case Op::kAppend:
+    case Op::kQueuePush:
       DDPDIAG_STEP(read_key(r, lim, res.error, q.keys));
       DDPDIAG_STEP(read_value(r, lim, res.error, q.values));
       break;
@@ -300,7 +307,9 @@ ParseResult parse_request(StoreProtocol p, const std::uint8_t* data, std::size_t
       break;
     case Op::kGet:
     case Op::kDeleteKey:
-    case Op::kWatchKey: DDPDIAG_STEP(read_key(r, lim, res.error, q.keys)); break;
+    case Op::kWatchKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen: DDPDIAG_STEP(read_key(r, lim, res.error, q.keys)); break;
     case Op::kAdd:
       DDPDIAG_STEP(read_key(r, lim, res.error, q.keys));
       if (!r.have(8)) return need_more();

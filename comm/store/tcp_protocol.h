@@ -49,6 +49,9 @@ enum class Op : std::uint8_t {
   kMultiSet,
   kCancelWait,
   kPing,
+  kQueuePush,  // QUEUE_PUSH(key, value), no reply
+  kQueuePop,   // QUEUE_POP(key) -> int64 length before the pop, then the value if it was > 0
+  kQueueLen,   // QUEUE_LEN(key) -> int64
 };
 std::string_view op_name(Op op);
 
@@ -64,8 +67,8 @@ enum class WaitReply : std::uint8_t { kStopWaiting = 0, kWaitCanceled = 1 };
 inline constexpr std::uint8_t kWatchCallbackRegistered = 3;
 
 // One decoded request. Which fields are used depends on op:
-//   SET/APPEND: keys[0], values[0]      COMPARE_SET: keys[0], values[0]=expected, values[1]=desired
-//   GET/DELETE_KEY/WATCH_KEY: keys[0]   ADD: keys[0], delta
+//   SET/APPEND/QUEUE_PUSH: keys[0], values[0]      COMPARE_SET: keys[0], values[0]=expected, values[1]=desired
+//   GET/DELETE_KEY/WATCH_KEY/QUEUE_POP/QUEUE_LEN: keys[0]   ADD: keys[0], delta
 //   CHECK/WAIT/MULTI_GET: keys          MULTI_SET: keys, values (same count)
 //   PING: nonce   VALIDATE: nonce = magic   GETNUMKEYS/CANCEL_WAIT: nothing
 struct Request {

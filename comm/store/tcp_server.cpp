@@ -20,6 +20,15 @@
 //   MULTI_SET) wakes the waiters of that key, and a waiter whose set becomes
 //   empty is answered STOP_WAITING. CANCEL_WAIT (2.x) drops the connection's
 //   waiters and answers WAIT_CANCELED; closing a connection drops them too.
+// - Queues (2.x QUEUE_PUSH/POP/LEN) live beside the keys, not among them
+//   (GETNUMKEYS does not count them), but a non-empty queue makes its name
+//   count as present for CHECK and WAIT, and a push wakes its waiters: that
+//   is how a blocking queue_pop of a 2.x client waits. Matched against
+//   torch 2.11's server: POP answers the length before the pop, then the
+//   value when that length was not 0.
+// - GET (and MULTI_GET) of a missing key: a 1.13 server closes the
+//   connection, a 2.x server answers an empty value; each connection gets
+//   the behaviour of its protocol.
 // - 1.13's WATCH_KEY (the callback connection of its Python client) is
 //   answered by closing the connection: ddpdiag does not implement key-change
 //   notifications, and a close makes torch's watch call fail instead of hang.
@@ -36,6 +45,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -105,6 +115,7 @@ struct TcpStoreServer::Impl {
 
   // Loop-thread state.
   std::unordered_map<std::string, Bytes> kv;
+  std::unordered_map<std::string, std::deque<Bytes>> queues;  // never holds an empty deque
   std::unordered_map<std::uint64_t, Conn> conns;
   std::unordered_map<std::uint64_t, Waiter> waiters;
   std::unordered_map<std::string, std::vector<std::uint64_t>> waiters_by_key;
@@ -401,6 +412,8 @@ struct TcpStoreServer::Impl {
     arm_epollout(c, false);
   }
 
+  bool present(const std::string& key) const { return kv.count(key) > 0 || queues.count(key) > 0; }
+
   void set_key(const std::string& key, Bytes value) {
     kv[key] = std::move(value);
     key_count.store(static_cast<std::int64_t>(kv.size()), std::memory_order_relaxed);
@@ -493,8 +506,12 @@ struct TcpStoreServer::Impl {
       case tp::Op::kGet: {
         auto it = kv.find(q.keys[0]);
         if (it == kv.end()) {
-          mark_close(c);  // as 1.13: clients WAIT before GET
-          return;
+          if (*c.protocol == StoreProtocol::kV1) {
+            mark_close(c);  // as 1.13: clients WAIT before GET
+            return;
+          }
+          tp::append_bytes(out, Bytes{});  // as 2.x
+          break;
         }
         tp::append_bytes(out, it->second);
         break;
@@ -502,11 +519,7 @@ struct TcpStoreServer::Impl {
       case tp::Op::kMultiGet: {
         for (const auto& k : q.keys) {
           auto it = kv.find(k);
-          if (it == kv.end()) {
-            mark_close(c);
-            return;
-          }
-          tp::append_bytes(out, it->second);
+          tp::append_bytes(out, it == kv.end() ? Bytes{} : it->second);
         }
         break;
       }
@@ -528,7 +541,7 @@ struct TcpStoreServer::Impl {
         break;
       }
       case tp::Op::kCheck: {
-        bool all = std::all_of(q.keys.begin(), q.keys.end(), [&](const std::string& k) { return kv.count(k) > 0; });
+        bool all = std::all_of(q.keys.begin(), q.keys.end(), [&](const std::string& k) { return present(k); });
         tp::append_u8(out, static_cast<std::uint8_t>(all ? tp::CheckReply::kReady : tp::CheckReply::kNotReady));
         break;
       }
@@ -536,7 +549,7 @@ struct TcpStoreServer::Impl {
         Waiter w;
         w.conn_id = c.id;
         for (const auto& k : q.keys)
-          if (!kv.count(k)) w.missing.insert(k);
+          if (!present(k)) w.missing.insert(k);
         if (w.missing.empty()) {
           tp::append_u8(out, static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting));
           break;
@@ -563,6 +576,26 @@ struct TcpStoreServer::Impl {
       case tp::Op::kWatchKey:
         mark_close(c);  // see the file comment
         return;
+      case tp::Op::kQueuePush:
+        queues[q.keys[0]].push_back(std::move(q.values[0]));
+        wake(q.keys[0]);
+        return;
+      case tp::Op::kQueuePop: {
+        auto it = queues.find(q.keys[0]);
+        std::size_t n = it == queues.end() ? 0 : it->second.size();
+        tp::append_i64(out, static_cast<std::int64_t>(n));
+        if (n > 0) {
+          tp::append_bytes(out, it->second.front());
+          it->second.pop_front();
+          if (it->second.empty()) queues.erase(it);
+        }
+        break;
+      }
+      case tp::Op::kQueueLen: {
+        auto it = queues.find(q.keys[0]);
+        tp::append_i64(out, static_cast<std::int64_t>(it == queues.end() ? 0 : it->second.size()));
+        break;
+      }
     }
     reply(c, out);
   }

@@ -124,6 +124,24 @@ class DdpdiagServes(unittest.TestCase):
         s.multi_set(["v2/m1", "v2/m2"], ["1", "22"])
         self.assertEqual(s.multi_get(["v2/m1", "v2/m2", "v2/ap"]), [b"1", b"22", b"abc"])
 
+    @unittest.skipUnless(TORCH2 and hasattr(dist.TCPStore, "queue_push"),
+                         "queues are a torch 2.x API (2.6+)")
+    def test_v2_queues(self):
+        s = torch_client(self.port)
+        s.queue_push("v2/q", "a")
+        s.queue_push("v2/q", b"b")
+        self.assertEqual(s.queue_len("v2/q"), 2)
+        self.assertEqual(s.queue_pop("v2/q"), b"a")
+        self.assertEqual(s.queue_pop("v2/q", block=False), b"b")
+        self.assertEqual(s.queue_len("v2/q"), 0)
+        # A blocking pop waits for a push from another client.
+        import threading
+        other = torch_client(self.port)
+        t = threading.Timer(0.2, lambda: other.queue_push("v2/q", "late"))
+        t.start()
+        self.assertEqual(s.queue_pop("v2/q"), b"late")
+        t.join()
+
     def test_ddpdiag_client_and_torch_see_the_same_keys(self):
         s = torch_client(self.port)
         r = ddpdiag("store", "set", "shared/from_ddpdiag", "hello", "--addr", f"127.0.0.1:{self.port}")
