@@ -55,6 +55,13 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& opts) {
                    ErrorContext{"backend.init", opts.rank, -1, "use --backend gloo or nccl"});
 }
 
+std::shared_ptr<Work> Communicator::sendrecv(const void*, std::size_t, int, void*, std::size_t, int,
+                                             DType, std::uint32_t) {
+  throw BackendError("sendrecv is not implemented by the " + std::string(backend_name(backend())) +
+                         " communicator",
+                     ErrorContext{"sendrecv", rank(), -1, "use send and recv ordered by rank parity"});
+}
+
 bool nccl_supported() { return config::kCudaSupported; }
 
 int cuda_device_count() { return nccl_backend::device_count(); }

@@ -88,6 +88,16 @@ class Communicator {
                                      std::uint32_t tag = 0) = 0;
   virtual std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer,
                                      std::uint32_t tag = 0) = 0;
+  // One ring step: sends send_count elements to send_peer and receives
+  // recv_count elements from recv_peer as ONE operation, with both directions
+  // in flight together. Plain send then recv would run one at a time, so two
+  // ranks that both send first would wait for each other; sendrecv never
+  // does. Matches plain send/recv with the same tag on the other side (Gloo)
+  // or any send/recv (NCCL, which has no tags). Backends that do not
+  // implement it throw BackendError.
+  virtual std::shared_ptr<Work> sendrecv(const void* send_buf, std::size_t send_count,
+                                         int send_peer, void* recv_buf, std::size_t recv_count,
+                                         int recv_peer, DType dtype, std::uint32_t tag = 0);
   virtual std::shared_ptr<Work> barrier() = 0;
 
   // Memory in the kind this backend works on (device memory for NCCL).

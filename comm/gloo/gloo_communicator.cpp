@@ -168,6 +168,7 @@ enum class OpKind : std::uint8_t {
   kReduceScatter,
   kSend,
   kRecv,
+  kSendRecv,
   kBarrier,
 };
 
@@ -180,12 +181,15 @@ const char* op_name(OpKind k) {
     case OpKind::kReduceScatter: return "reduce_scatter";
     case OpKind::kSend: return "send";
     case OpKind::kRecv: return "recv";
+    case OpKind::kSendRecv: return "sendrecv";
     case OpKind::kBarrier: return "barrier";
   }
   return "op";
 }
 
-bool is_collective(OpKind k) { return k != OpKind::kSend && k != OpKind::kRecv; }
+bool is_collective(OpKind k) {
+  return k != OpKind::kSend && k != OpKind::kRecv && k != OpKind::kSendRecv;
+}
 
 struct OpArgs {
   OpKind kind = OpKind::kBarrier;
@@ -197,6 +201,9 @@ struct OpArgs {
   int root_or_peer = -1;  // root of broadcast/reduce, peer of send/recv
   std::uint32_t tag = 0;  // user tag (p2p) or the collective's sequence tag
   Millis timeout{0};      // Gloo's own timeout for this op
+  // sendrecv only: the receiving half (count/root_or_peer are the sending half).
+  std::size_t recv_count = 0;
+  int recv_peer = -1;
 };
 
 class Core;
@@ -233,6 +240,9 @@ class GlooWork final : public Work {
       s += ", root " + std::to_string(args.root_or_peer);
     if (args.kind == OpKind::kSend) s += ", to rank " + std::to_string(args.root_or_peer);
     if (args.kind == OpKind::kRecv) s += ", from rank " + std::to_string(args.root_or_peer);
+    if (args.kind == OpKind::kSendRecv)
+      s += ", to rank " + std::to_string(args.root_or_peer) + ", " + std::to_string(args.recv_count) +
+           " from rank " + std::to_string(args.recv_peer);
     return s + ")";
   }
 
@@ -419,6 +429,7 @@ class Core : public std::enable_shared_from_this<Core> {
     for (const auto& [address, peer] : peer_addresses_)
       if (msg.find(address) != std::string::npos) return peer;
     if (args.kind == OpKind::kSend || args.kind == OpKind::kRecv) return args.root_or_peer;
+    if (args.kind == OpKind::kSendRecv && args.root_or_peer == args.recv_peer) return args.recv_peer;
     return -1;
   }
 
@@ -483,6 +494,7 @@ class Core : public std::enable_shared_from_this<Core> {
       case OpKind::kReduceScatter: return run_reduce_scatter(a);
       case OpKind::kSend: return run_send(a);
       case OpKind::kRecv: return run_recv(a);
+      case OpKind::kSendRecv: return run_sendrecv(a);
       case OpKind::kBarrier: return run_barrier(a);
     }
   }
@@ -633,6 +645,26 @@ class Core : public std::enable_shared_from_this<Core> {
       throw BackendError("recv: the Gloo wait was aborted", ErrorContext{"recv", rank_, a.root_or_peer, ""});
   }
 
+  // Both halves are posted before either is waited for, so the peers' ring
+  // steps proceed together. Same slot as send/recv, so either side may use
+  // the plain calls.
+  void run_sendrecv(const OpArgs& a) {
+    const std::size_t es = dtype_size(a.dtype);
+    const std::uint64_t slot = gloo::Slot::build(kPointToPointSlotPrefix, a.tag);
+    const auto deadline = deadline_after(a.timeout);
+    std::unique_ptr<gloo::transport::UnboundBuffer> in, out;
+    if (a.recv_count > 0) {
+      in = context_->createUnboundBuffer(a.recv, a.recv_count * es);
+      in->recv(a.recv_peer, slot);
+    }
+    if (a.count > 0) {
+      out = context_->createUnboundBuffer(const_cast<void*>(a.send), a.count * es);
+      out->send(a.root_or_peer, slot);
+    }
+    if ((in && !in->waitRecv(remaining(deadline))) || (out && !out->waitSend(remaining(deadline))))
+      throw BackendError("sendrecv: a Gloo wait was aborted", ErrorContext{"sendrecv", rank_, -1, ""});
+  }
+
   void run_barrier(const OpArgs& a) {
     gloo::BarrierOptions o(context_);
     o.setTag(a.tag);
@@ -741,6 +773,19 @@ class GlooCommunicator final : public Communicator {
     check_rank("recv", "peer", peer, false);
     check_buffers("recv", count, buf, buf);
     return submit({OpKind::kRecv, nullptr, buf, count, dtype, ReduceOp::kSum, peer, tag, timeout_});
+  }
+  std::shared_ptr<Work> sendrecv(const void* send_buf, std::size_t send_count, int send_peer,
+                                void* recv_buf, std::size_t recv_count, int recv_peer, DType dtype,
+                                std::uint32_t tag) override {
+    check_rank("sendrecv", "send peer", send_peer, false);
+    check_rank("sendrecv", "recv peer", recv_peer, false);
+    check_buffers("sendrecv", send_count, send_buf, send_buf);
+    check_buffers("sendrecv", recv_count, recv_buf, recv_buf);
+    OpArgs args{OpKind::kSendRecv, send_buf, recv_buf, send_count, dtype, ReduceOp::kSum, send_peer,
+                tag, timeout_};
+    args.recv_count = recv_count;
+    args.recv_peer = recv_peer;
+    return submit(args);
   }
   std::shared_ptr<Work> barrier() override {
     return submit({OpKind::kBarrier, nullptr, nullptr, 0, DType::kUInt8, ReduceOp::kSum, -1, 0,

@@ -303,6 +303,27 @@ class NcclCommunicator final : public Communicator {
       return ncclRecv(buf, count, to_nccl(dtype), peer, c, stream_);
     });
   }
+  // Both halves in one NCCL group, so they progress together.
+  std::shared_ptr<Work> sendrecv(const void* send_buf, std::size_t send_count, int send_peer,
+                                void* recv_buf, std::size_t recv_count, int recv_peer, DType dtype,
+                                std::uint32_t /*tag*/) override {
+    check_peer("sendrecv", send_peer);
+    check_peer("sendrecv", recv_peer);
+    return enqueue("sendrecv", [&](ncclComm_t c) {
+      ncclResult_t r = ncclGroupStart();
+      if (r != ncclSuccess) return r;
+      // ncclGroupEnd must follow ncclGroupStart even when a call in between failed.
+      ncclResult_t s = send_count ? ncclSend(send_buf, send_count, to_nccl(dtype), send_peer, c, stream_)
+                                  : ncclSuccess;
+      ncclResult_t v = (s == ncclSuccess && recv_count)
+                           ? ncclRecv(recv_buf, recv_count, to_nccl(dtype), recv_peer, c, stream_)
+                           : ncclSuccess;
+      const ncclResult_t e = ncclGroupEnd();
+      if (s != ncclSuccess) return s;
+      if (v != ncclSuccess) return v;
+      return e;
+    });
+  }
   // A barrier is an all_reduce of one int on the device: it completes only
   // when every rank has issued it.
   std::shared_ptr<Work> barrier() override {
