@@ -17,7 +17,7 @@ done
 
 packages=(build-essential cmake git pkg-config libfmt-dev nlohmann-json3-dev catch2
           libbenchmark-dev libgloo-dev libcli11-dev python3 python3-venv python3-torch
-          iproute2)
+          iproute2 chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
