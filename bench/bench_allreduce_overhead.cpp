@@ -1,0 +1,250 @@
+// What the harness costs: ddpdiag's all_reduce loop (Communicator on Gloo,
+// ops launched back to back and ended by one wait, as allreduce-test times
+// them) against a bare loop of gloo::allreduce calls on the same buffers,
+// 2 ranks on this machine, 4 B to 64 MiB.
+//
+// The binary starts its own two ranks (it forks itself; rank 1's output is
+// discarded). Both ranks must run exactly the same collectives, so every
+// benchmark has a fixed iteration and repetition count: Google Benchmark's
+// automatic iteration estimate differs between processes and would
+// deadlock them. Time is manual: one batch of K all_reduces per iteration.
+//
+// Run: build/bench/ddpdiag_bench_allreduce_overhead [--benchmark_format=json ...]
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "comm/communicator.h"
+#include "comm/store/tcp_store.h"
+
+namespace {
+
+using namespace ddpdiag;
+using Clock = std::chrono::steady_clock;
+
+// Gloo's store interface over ours, for the bare context.
+class GlooStore final : public gloo::rendezvous::Store {
+ public:
+  explicit GlooStore(std::shared_ptr<ddpdiag::Store> s) : s_(std::move(s)) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    s_->set(key, Bytes(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    auto b = s_->get(key, std::chrono::seconds(60));
+    return std::vector<char>(b.begin(), b.end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    s_->wait(keys, std::chrono::seconds(60));
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& t) override {
+    s_->wait(keys, t);
+  }
+
+ private:
+  std::shared_ptr<ddpdiag::Store> s_;
+};
+
+struct Rank {
+  int rank = 0;
+  std::shared_ptr<gloo::Context> bare;
+  std::unique_ptr<Communicator> comm;
+  float* buf = nullptr;  // shared by both loops: the same memory, the same sizes
+};
+Rank* g_rank = nullptr;  // benchmark functions take no context argument
+
+constexpr std::size_t kMaxBytes = 64u << 20;
+
+// Ops per timed batch: enough that small sizes are not dominated by the
+// clock, few enough that 64 MiB stays quick on two cores.
+int batch_for(std::size_t bytes) {
+  if (bytes <= (16u << 10)) return 200;
+  if (bytes <= (256u << 10)) return 50;
+  if (bytes <= (1u << 20)) return 20;
+  if (bytes <= (4u << 20)) return 10;
+  if (bytes <= (16u << 20)) return 4;
+  return 2;
+}
+
+// Plain figures from the measured batch times (no rate flags, so the
+// console shows them in the units their names say).
+void report(benchmark::State& state, std::size_t bytes, int batch, double total_s) {
+  const double ops = static_cast<double>(state.iterations()) * batch;
+  const double factor = busbw_factor(Collective::kAllReduce, 2);
+  state.counters["bytes"] = static_cast<double>(bytes);
+  state.counters["us_per_op"] = total_s * 1e6 / ops;
+  state.counters["busbw_GBps"] = static_cast<double>(bytes) * factor * ops / total_s / 1e9;
+}
+
+void BM_BareGloo(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / sizeof(float);
+  const int batch = batch_for(bytes);
+  double total_s = 0;
+  for (auto _ : state) {
+    gloo::BarrierOptions bo(g_rank->bare);
+    gloo::barrier(bo);
+    auto t0 = Clock::now();
+    for (int i = 0; i < batch; ++i) {
+      gloo::AllreduceOptions o(g_rank->bare);
+      o.setOutput(g_rank->buf, count);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+          &gloo::sum<float>));
+      gloo::allreduce(o);
+    }
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    total_s += dt;
+  }
+  report(state, bytes, batch, total_s);
+}
+
+void BM_Ddpdiag(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / sizeof(float);
+  const int batch = batch_for(bytes);
+  double total_s = 0;
+  auto& comm = *g_rank->comm;
+  for (auto _ : state) {
+    comm.barrier()->wait(std::chrono::seconds(60));
+    auto t0 = Clock::now();
+    std::shared_ptr<Work> last;
+    for (int i = 0; i < batch; ++i)
+      last = comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum);
+    last->wait(std::chrono::seconds(60));
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    total_s += dt;
+  }
+  report(state, bytes, batch, total_s);
+}
+
+// The same, waiting on every op: what a caller that needs each result pays
+// for the hand-off to the worker thread and back.
+void BM_DdpdiagWaitEach(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / sizeof(float);
+  const int batch = batch_for(bytes);
+  double total_s = 0;
+  auto& comm = *g_rank->comm;
+  for (auto _ : state) {
+    comm.barrier()->wait(std::chrono::seconds(60));
+    auto t0 = Clock::now();
+    for (int i = 0; i < batch; ++i)
+      comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum)
+          ->wait(std::chrono::seconds(60));
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    state.SetIterationTime(dt);
+    total_s += dt;
+  }
+  report(state, bytes, batch, total_s);
+}
+
+void register_all() {
+  std::vector<std::int64_t> sizes;
+  for (std::size_t b = 4; b <= kMaxBytes; b *= 4) sizes.push_back(static_cast<std::int64_t>(b));
+  // Interleaved per size (bare, ours, ours waiting each), so a change of
+  // machine load hits all three alike; medians of 5 repetitions.
+  for (auto s : sizes) {
+    for (auto [name, fn] : {std::pair{"bare_gloo", &BM_BareGloo},
+                            std::pair{"ddpdiag", &BM_Ddpdiag},
+                            std::pair{"ddpdiag_wait_each", &BM_DdpdiagWaitEach}}) {
+      benchmark::RegisterBenchmark(name, fn)
+          ->Arg(s)
+          ->UseManualTime()
+          ->Iterations(5)
+          ->Repetitions(5)
+          ->ReportAggregatesOnly(true)
+          ->Unit(benchmark::kMicrosecond);
+    }
+  }
+}
+
+int run_rank(int rank, int port, int argc, char** argv) {
+  TcpStoreClientOptions co;
+  co.port = port;
+  co.rank = rank;
+  auto store = std::make_shared<TcpStoreClient>(co);
+
+  Rank r;
+  r.rank = rank;
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto dev = gloo::transport::tcp::CreateDevice(attr);
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, 2);
+  GlooStore gs(std::make_shared<PrefixStore>("bare", store));
+  ctx->connectFullMesh(gs, dev);
+  ctx->setTimeout(std::chrono::seconds(60));
+  r.bare = ctx;
+
+  CommOptions opts;
+  opts.backend = Backend::kGloo;
+  opts.rank = rank;
+  opts.world_size = 2;
+  opts.store = std::make_shared<PrefixStore>("ddpdiag", store);
+  opts.gloo_hostname = "127.0.0.1";
+  r.comm = make_communicator(opts);
+  r.buf = static_cast<float*>(r.comm->alloc(kMaxBytes));
+  for (std::size_t i = 0; i < kMaxBytes / sizeof(float); ++i) r.buf[i] = 1.0f;
+  g_rank = &r;
+
+  register_all();
+  benchmark::Initialize(&argc, argv);
+  if (rank == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    // Same collectives, output discarded.
+    std::ofstream null("/dev/null");
+    benchmark::ConsoleReporter quiet;
+    quiet.SetOutputStream(&null);
+    quiet.SetErrorStream(&null);
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  r.comm->free(r.buf);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (const char* rank = std::getenv("DDPDIAG_BENCH_RANK"))
+    return run_rank(std::atoi(rank), std::atoi(std::getenv("DDPDIAG_BENCH_PORT")), argc, argv);
+  TcpStoreServerOptions so;
+  so.host = "127.0.0.1";
+  TcpStoreServer server(so);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < 2; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("DDPDIAG_BENCH_RANK", std::to_string(r).c_str(), 1);
+      setenv("DDPDIAG_BENCH_PORT", std::to_string(server.port()).c_str(), 1);
+      execv("/proc/self/exe", argv);
+      std::perror("exec");
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int rc = 0;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) rc = 1;
+  }
+  return rc;
+}
