@@ -357,6 +357,9 @@ struct TcpStoreClient::Impl {
       return;
     }
     connect_socket();
+    // The reconnect after the probe is part of detection, not a retry: keep
+    // connect_attempts() meaning "tries until the server answered".
+    --attempts;
     if (v1_probe(Clock::now() + opts.io_timeout)) {
       protocol = StoreProtocol::kV1;
       return;
