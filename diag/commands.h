@@ -23,5 +23,7 @@ Subcommand add_store_command(CLI::App& parent);    // store ping | serve
 Subcommand add_buckets_command(CLI::App& parent);  // DDP bucket layout of a model
 Subcommand add_sampler_command(CLI::App& parent);  // DistributedSampler indices
 Subcommand add_report_command(CLI::App& parent);   // report validate | compare | render
+Subcommand add_ddp_step_command(CLI::App& parent);        // simulated backward + reducer
+Subcommand add_broadcast_test_command(CLI::App& parent);  // parameter broadcast + checksums
 
 }  // namespace ddpdiag::cli

@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
       cli::add_buckets_command(app),
       cli::add_sampler_command(app),
       cli::add_report_command(app),
+      cli::add_ddp_step_command(app),
+      cli::add_broadcast_test_command(app),
   };
   try {
     app.parse(argc, argv);

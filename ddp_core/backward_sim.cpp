@@ -1,0 +1,149 @@
+#include "ddp_core/backward_sim.h"
+
+#include <algorithm>
+#include <cmath>
+#include <thread>
+
+namespace ddpdiag::ddp_core {
+
+namespace {
+
+// k of the header's formula; & 15 is mod 16 for the unsigned sum.
+inline int k_of(std::uint64_t base, std::size_t i) {
+  return static_cast<int>((base + i) & 15u) - 8;
+}
+
+std::uint64_t base_of(int rank, std::size_t param, std::uint64_t iteration) {
+  return 7u * param + 3u * static_cast<std::uint64_t>(rank) + 5u * iteration;
+}
+
+void fill(DType t, void* buf, std::size_t n, int world, int rank, std::size_t p,
+          std::uint64_t it, double scale) {
+  const std::uint64_t base = base_of(rank, p, it);
+  if (t == DType::kFloat32) {
+    auto* d = static_cast<float*>(buf);
+    const float m = static_cast<float>(world * scale);
+    for (std::size_t i = 0; i < n; ++i) d[i] = m * static_cast<float>(k_of(base, i));
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    store_from_double(t, buf, i, world * scale * k_of(base, i));
+}
+
+// Waits until t, polling the reducer: sleeps while far away (the machine may
+// have fewer cores than ranks, and the communicators' threads need them),
+// spins for the last stretch, where sleeps overshoot.
+void wait_until(ReducerClock::time_point t, Reducer& reducer) {
+  using namespace std::chrono;
+  constexpr auto kSpinWindow = microseconds(300);
+  for (;;) {
+    reducer.poll();
+    const auto now = ReducerClock::now();
+    if (now >= t) return;
+    if (t - now > kSpinWindow)
+      std::this_thread::sleep_for(std::min<ReducerClock::duration>(t - now - kSpinWindow,
+                                                                   microseconds(500)));
+    else
+      std::this_thread::yield();
+  }
+}
+
+}  // namespace
+
+double BackwardSimResult::backward_us() const {
+  return std::chrono::duration<double, std::micro>(end - start).count();
+}
+
+double sim_gradient_value(int world_size, int rank, std::size_t param, std::size_t i,
+                          std::uint64_t iteration, double scale) {
+  return world_size * scale * k_of(base_of(rank, param, iteration), i);
+}
+
+BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::uint64_t iteration,
+                                    const BackwardSimOptions& o) {
+  const auto& tensors = reducer.layout().tensors;
+  const int world = comm.size(), rank = comm.rank();
+  const bool device = comm.memory_kind() == MemoryKind::kDevice;
+  std::vector<std::uint8_t> skip(tensors.size(), 0);
+  for (std::size_t p : o.unused)
+    if (p < skip.size()) skip[p] = 1;
+  if (o.declare_unused && !o.unused.empty())
+    reducer.prepare_for_backward(o.unused);
+  else
+    reducer.prepare_for_backward();
+
+  BackwardSimResult r;
+  r.start = ReducerClock::now();
+  // Each tensor's end time is on a schedule from the start, so sleeping
+  // overshoots do not accumulate over 161 (or 400) tensors.
+  double scheduled_s = 0;
+  std::vector<std::uint8_t> staging;
+  for (std::size_t k = tensors.size(); k-- > 0;) {
+    if (skip[k]) continue;
+    const auto& t = tensors[k];
+    const auto n = static_cast<std::size_t>(t.numel());
+    if (device) {
+      staging.resize(t.bytes());
+      fill(t.dtype, staging.data(), n, world, rank, k, iteration, o.value_scale);
+      comm.copy_from_host(reducer.grad(k), staging.data(), t.bytes());
+    } else {
+      fill(t.dtype, reducer.grad(k), n, world, rank, k, iteration, o.value_scale);
+    }
+    if (o.compute_gbps > 0) {
+      scheduled_s += static_cast<double>(t.bytes()) / (o.compute_gbps * 1e9);
+      wait_until(r.start + std::chrono::duration_cast<ReducerClock::duration>(
+                               std::chrono::duration<double>(scheduled_s)),
+                 reducer);
+    }
+    reducer.mark_ready(k);
+  }
+  r.end = ReducerClock::now();
+  return r;
+}
+
+GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::uint64_t iteration,
+                              double scale, double tol, const UsedBy& used_by) {
+  const auto& tensors = reducer.layout().tensors;
+  const int world = comm.size();
+  const bool device = comm.memory_kind() == MemoryKind::kDevice;
+  GradientCheck c;
+  std::vector<std::uint8_t> host;
+  std::vector<int> users;
+  for (std::size_t p = 0; p < tensors.size(); ++p) {
+    const auto& t = tensors[p];
+    const auto n = static_cast<std::size_t>(t.numel());
+    const void* got = reducer.grad(p);
+    if (device) {
+      host.resize(t.bytes());
+      comm.copy_to_host(host.data(), got, t.bytes());
+      got = host.data();
+    }
+    users.clear();
+    for (int r = 0; r < world; ++r)
+      if (!used_by || used_by(r, p)) users.push_back(r);
+    std::vector<std::uint64_t> bases;
+    for (int r : users) bases.push_back(base_of(r, p, iteration));
+    for (std::size_t i = 0; i < n; ++i) {
+      long sum = 0, abs_sum = 0;
+      for (auto b : bases) {
+        const int k = k_of(b, i);
+        sum += k;
+        abs_sum += k < 0 ? -k : k;
+      }
+      const double want = scale * static_cast<double>(sum);
+      const double have = t.dtype == DType::kFloat32 ? static_cast<const float*>(got)[i]
+                                                     : load_as_double(t.dtype, got, i);
+      const double err = std::fabs(have - want);
+      c.max_abs_error = std::max(c.max_abs_error, err);
+      const bool ok = tol == 0 ? have == static_cast<double>(static_cast<float>(want)) ||
+                                     have == want
+                               : err <= tol * std::fabs(scale) * static_cast<double>(abs_sum + 1) +
+                                            1e-30;
+      if (!ok || std::isnan(have)) ++c.wrong;
+    }
+    c.checked += static_cast<std::int64_t>(n);
+  }
+  return c;
+}
+
+}  // namespace ddpdiag::ddp_core

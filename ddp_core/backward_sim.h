@@ -1,0 +1,73 @@
+// A backward pass without a model: walks the layout's parameters in reverse
+// order (the order autograd produces them), "computes" each gradient (writes
+// its values and, optionally, spends time proportional to its size) and marks
+// it ready on the reducer.
+//
+// Gradient values are chosen so that their mean over ranks is exactly
+// representable and exactly computed whatever the order of reduction:
+// element i of parameter p on rank r in iteration t is
+//     world_size * k * scale,   k = ((i + 7p + 3r + 5t) mod 16) - 8,
+// so after division by the world size every rank contributes k * scale, and
+// with scale 1 every partial sum is a small integer (exact in float32, fp16
+// and bf16). The true mean is scale * (sum over the ranks that used p of k).
+// A scale that is not a power of two (0.1) makes the values inexact in 16
+// bits, to exercise the compression hooks' rounding.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "ddp_core/reducer.h"
+
+namespace ddpdiag::ddp_core {
+
+struct BackwardSimOptions {
+  // Gradient "compute" rate: each tensor takes bytes / (compute_gbps * 1e9)
+  // seconds. 0: no compute time beyond writing the values.
+  double compute_gbps = 0;
+  double value_scale = 1.0;
+  // Parameters this rank produces no gradient for (a branch not taken).
+  std::vector<std::size_t> unused;
+  // Declare them to prepare_for_backward (as DDP's graph walk does) rather
+  // than leaving them for finalize() to discover.
+  bool declare_unused = true;
+};
+
+struct BackwardSimResult {
+  ReducerClock::time_point start{};
+  ReducerClock::time_point end{};  // after the last mark_ready
+  double backward_us() const;
+};
+
+// The value of element i of parameter p, before any division.
+double sim_gradient_value(int world_size, int rank, std::size_t param, std::size_t i,
+                          std::uint64_t iteration, double scale);
+
+// prepare_for_backward, then every parameter in reverse order: write, spend
+// its compute time (sleeping for long waits, spinning for short ones, polling
+// the reducer meanwhile so completions are timestamped when they happen),
+// mark_ready. The caller calls reducer.finalize(). iteration selects the
+// values (use reducer.iteration() after the call... or any counter shared by
+// the ranks).
+BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::uint64_t iteration,
+                                    const BackwardSimOptions& options = {});
+
+// Whether rank r used parameter p in this iteration (for the expected mean).
+using UsedBy = std::function<bool(int rank, std::size_t param)>;
+
+struct GradientCheck {
+  std::int64_t wrong = 0;    // elements outside tolerance
+  std::int64_t checked = 0;  // elements compared
+  double max_abs_error = 0;
+};
+
+// Compares every gradient element with the true mean. relative_tolerance 0
+// asks for exact equality; otherwise an element may differ by
+// tolerance * (sum over ranks of |contribution|) + 1e-30.
+GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::uint64_t iteration,
+                              double value_scale = 1.0, double relative_tolerance = 0,
+                              const UsedBy& used_by = {});
+
+}  // namespace ddpdiag::ddp_core

@@ -1,0 +1,247 @@
+#include "ddp_core/param_broadcast.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+
+#include <fmt/core.h>
+
+namespace ddpdiag::ddp_core {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Millis left_until(Clock::time_point deadline) {
+  return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
+}
+
+Millis effective(Communicator& comm, Millis t) {
+  return t.count() > 0 ? t : comm.default_timeout();
+}
+
+struct Chunk {
+  std::size_t first = 0, last = 0;  // tensor range [first, last)
+  std::uint64_t bytes = 0;
+  bool contiguous = true;
+};
+
+std::vector<Chunk> make_chunks(std::span<const ParamTensor> tensors, std::uint64_t cap) {
+  std::vector<Chunk> chunks;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    // A tensor over the cap makes a chunk of its own: tensors are never split.
+    if (chunks.empty() || (chunks.back().bytes > 0 && chunks.back().bytes + t.bytes > cap))
+      chunks.push_back({i, i, 0, true});
+    auto& c = chunks.back();
+    if (c.last > c.first) {
+      const auto& prev = tensors[c.last - 1];
+      if (static_cast<const std::uint8_t*>(prev.data) + prev.bytes != t.data) c.contiguous = false;
+    }
+    c.last = i + 1;
+    c.bytes += t.bytes;
+  }
+  return chunks;
+}
+
+constexpr std::uint64_t kP1 = 0x9E3779B185EBCA87ull;
+constexpr std::uint64_t kP2 = 0xC2B2AE3D27D4EB4Full;
+constexpr std::uint64_t kP3 = 0x165667B19E3779F9ull;
+constexpr std::uint64_t kP4 = 0x85EBCA77C2B2AE63ull;
+constexpr std::uint64_t kP5 = 0x27D4EB2F165667C5ull;
+
+inline std::uint64_t rotl(std::uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+inline std::uint64_t round64(std::uint64_t acc, std::uint64_t w) {
+  return rotl(acc + w * kP2, 31) * kP1;
+}
+inline std::uint64_t read64(const std::uint8_t* p) {
+  std::uint64_t v;
+  std::memcpy(&v, p, 8);
+  return v;
+}
+
+}  // namespace
+
+LayoutParams allocate_layout_params(Communicator& comm, const ModelLayout& layout) {
+  LayoutParams lp;
+  lp.flat = CommBuffer(comm, layout.total_bytes());
+  std::uint64_t off = 0;
+  for (const auto& t : layout.tensors) {
+    lp.tensors.push_back({t.name, static_cast<std::uint8_t*>(lp.flat.get()) + off, t.bytes()});
+    off += t.bytes();
+  }
+  return lp;
+}
+
+BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTensor> tensors,
+                                    const BroadcastOptions& o) {
+  if (o.chunk_bytes == 0)
+    throw UsageError("the broadcast chunk size must be positive",
+                     {"broadcast", comm.rank(), -1, "pass --chunk-mb > 0"});
+  if (o.root < 0 || o.root >= comm.size())
+    throw UsageError(fmt::format("broadcast root {} is outside the world of {}", o.root, comm.size()),
+                     {"broadcast", comm.rank(), -1, "use root 0"});
+  const auto start = Clock::now();
+  const auto deadline = start + effective(comm, o.timeout);
+  const bool device = comm.memory_kind() == MemoryKind::kDevice;
+  const bool root = comm.rank() == o.root;
+  const auto chunks = make_chunks(tensors, o.chunk_bytes);
+
+  BroadcastStats st;
+  // One staging buffer per in-flight slot, grown on demand; chunk i uses
+  // slot i % 2, so it is reused only after chunk i - 2 was waited for.
+  CommBuffer staging[kBroadcastChunksInFlight];
+  std::vector<std::uint8_t> host;  // device flatten/unflatten goes through it
+  struct InFlight {
+    std::size_t chunk;
+    std::shared_ptr<Work> work;
+  };
+  std::deque<InFlight> in_flight;
+
+  auto copy = [&](void* dst, const void* src, std::uint64_t n) {
+    if (!device) {
+      std::memcpy(dst, src, n);
+      return;
+    }
+    host.resize(n);
+    comm.copy_to_host(host.data(), src, n);
+    comm.copy_from_host(dst, host.data(), n);
+  };
+  auto complete_oldest = [&] {
+    InFlight f = std::move(in_flight.front());
+    in_flight.pop_front();
+    f.work->wait(left_until(deadline));
+    const Chunk& c = chunks[f.chunk];
+    if (!c.contiguous && !root) {
+      auto* base = static_cast<std::uint8_t*>(staging[f.chunk % kBroadcastChunksInFlight].get());
+      std::uint64_t off = 0;
+      for (std::size_t i = c.first; i < c.last; ++i) {
+        copy(tensors[i].data, base + off, tensors[i].bytes);
+        off += tensors[i].bytes;
+      }
+    }
+  };
+
+  try {
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
+      const Chunk& c = chunks[k];
+      if (in_flight.size() == kBroadcastChunksInFlight) complete_oldest();
+      void* buf = tensors[c.first].data;
+      if (!c.contiguous) {
+        auto& s = staging[k % kBroadcastChunksInFlight];
+        if (s.bytes() < c.bytes) s = CommBuffer(comm, c.bytes);
+        buf = s.get();
+        if (root) {
+          std::uint64_t off = 0;
+          for (std::size_t i = c.first; i < c.last; ++i) {
+            copy(static_cast<std::uint8_t*>(buf) + off, tensors[i].data, tensors[i].bytes);
+            off += tensors[i].bytes;
+          }
+        }
+        ++st.staged_chunks;
+      }
+      in_flight.push_back({k, comm.broadcast(buf, c.bytes, DType::kUInt8, o.root)});
+      st.bytes += c.bytes;
+      ++st.chunks;
+    }
+    while (!in_flight.empty()) complete_oldest();
+  } catch (...) {
+    // Outstanding broadcasts write into buffers that die with this frame.
+    for (auto& f : in_flight) {
+      try {
+        f.work->wait(left_until(deadline));
+      } catch (...) {
+        comm.abort();
+        break;
+      }
+    }
+    throw;
+  }
+  st.time_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  return st;
+}
+
+std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
+  const auto* p = static_cast<const std::uint8_t*>(data);
+  std::uint64_t h;
+  std::size_t i = 0;
+  if (n >= 32) {
+    std::uint64_t a = seed + kP1 + kP2, b = seed + kP2, c = seed, d = seed - kP1;
+    for (; i + 32 <= n; i += 32) {
+      a = round64(a, read64(p + i));
+      b = round64(b, read64(p + i + 8));
+      c = round64(c, read64(p + i + 16));
+      d = round64(d, read64(p + i + 24));
+    }
+    h = rotl(a, 1) + rotl(b, 7) + rotl(c, 12) + rotl(d, 18);
+    for (std::uint64_t v : {a, b, c, d}) h = (h ^ round64(0, v)) * kP1 + kP4;
+  } else {
+    h = seed + kP5;
+  }
+  h += static_cast<std::uint64_t>(n);
+  for (; i + 8 <= n; i += 8) h = rotl(h ^ round64(0, read64(p + i)), 27) * kP1 + kP4;
+  for (; i < n; ++i) h = rotl(h ^ (p[i] * kP5), 11) * kP1;
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
+std::string ChecksumVerdict::describe() const {
+  if (identical) return "every rank holds identical parameters";
+  std::string s;
+  for (int r : differing_ranks) {
+    std::vector<const ParamMismatch*> mine;
+    for (const auto& m : mismatches)
+      if (m.rank == r) mine.push_back(&m);
+    if (!s.empty()) s += "; ";
+    s += fmt::format("rank {} differs from rank 0 in {} tensor(s):", r, mine.size());
+    for (std::size_t i = 0; i < mine.size() && i < 5; ++i)
+      s += fmt::format(" {} (index {})", mine[i]->name, mine[i]->tensor);
+    if (mine.size() > 5) s += fmt::format(" and {} more", mine.size() - 5);
+  }
+  return s;
+}
+
+ChecksumVerdict verify_identical(Communicator& comm, std::span<const ParamTensor> tensors,
+                                 int root, Millis timeout) {
+  const auto start = Clock::now();
+  const bool device = comm.memory_kind() == MemoryKind::kDevice;
+  ChecksumVerdict v;
+  std::vector<std::uint8_t> host;
+  for (const auto& t : tensors) {
+    const void* p = t.data;
+    if (device) {
+      host.resize(t.bytes);
+      comm.copy_to_host(host.data(), t.data, t.bytes);
+      p = host.data();
+    }
+    v.checksums.push_back(checksum64(p, t.bytes));
+  }
+  const std::size_t n = tensors.size(), world = static_cast<std::size_t>(comm.size());
+  CommBuffer send(comm, n * 8), recv(comm, n * 8 * world);
+  if (n) {
+    comm.copy_from_host(send.get(), v.checksums.data(), n * 8);
+    comm.allgather(send.get(), recv.get(), n, DType::kInt64)->wait(effective(comm, timeout));
+  }
+  std::vector<std::uint64_t> all(n * world);
+  if (n) comm.copy_to_host(all.data(), recv.get(), n * 8 * world);
+  const std::uint64_t* ref = all.data() + static_cast<std::size_t>(root) * n;
+  for (std::size_t r = 0; r < world; ++r) {
+    bool differs = false;
+    for (std::size_t i = 0; i < n; ++i)
+      if (all[r * n + i] != ref[i]) {
+        v.mismatches.push_back({static_cast<int>(r), i, tensors[i].name, all[r * n + i], ref[i]});
+        differs = true;
+      }
+    if (differs) v.differing_ranks.push_back(static_cast<int>(r));
+  }
+  v.identical = v.mismatches.empty();
+  v.time_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  return v;
+}
+
+}  // namespace ddpdiag::ddp_core

@@ -1,0 +1,477 @@
+#include "ddp_core/reducer.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include <fmt/core.h>
+
+namespace ddpdiag::ddp_core {
+
+namespace {
+
+bool happened(ReducerClock::time_point t) { return t != ReducerClock::time_point{}; }
+
+double us_between(ReducerClock::time_point a, ReducerClock::time_point b) {
+  if (!happened(a) || !happened(b)) return 0;
+  return std::chrono::duration<double, std::micro>(b - a).count();
+}
+
+std::uint8_t* at(void* base, std::uint64_t offset) {
+  return static_cast<std::uint8_t*>(base) + offset;
+}
+
+// dst = src / world, element-wise. For float32, the common case, a float
+// division, which is what torch's div_ on a float tensor computes; other
+// dtypes go through the shared host helper.
+void copy_divided(DType t, void* dst, const void* src, std::size_t n, int world) {
+  if (t == DType::kFloat32) {
+    const float w = static_cast<float>(world);
+    const auto* s = static_cast<const float*>(src);
+    auto* d = static_cast<float*>(dst);
+    for (std::size_t i = 0; i < n; ++i) d[i] = s[i] / w;
+    return;
+  }
+  if (dst != src) std::memcpy(dst, src, n * dtype_size(t));
+  divide_host(t, dst, n, world);
+}
+
+// The hooks' compression: 16-bit value of x, then divided by the world size
+// in the 16-bit type (torch: buffer.to(torch.float16).div_(world_size), which
+// rounds twice).
+template <std::uint16_t (*To)(float), float (*From)(std::uint16_t)>
+void compress(DType src_type, const void* src, std::uint16_t* dst, std::size_t n, int world) {
+  const float w = static_cast<float>(world);
+  if (src_type == DType::kFloat32) {
+    const auto* s = static_cast<const float*>(src);
+    for (std::size_t i = 0; i < n; ++i) dst[i] = To(From(To(s[i])) / w);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    dst[i] = To(From(To(static_cast<float>(load_as_double(src_type, src, i)))) / w);
+}
+
+template <float (*From)(std::uint16_t)>
+void decompress(const std::uint16_t* src, DType dst_type, void* dst, std::size_t n) {
+  if (dst_type == DType::kFloat32) {
+    auto* d = static_cast<float*>(dst);
+    for (std::size_t i = 0; i < n; ++i) d[i] = From(src[i]);
+    return;
+  }
+  for (std::size_t i = 0; i < n; ++i) store_from_double(dst_type, dst, i, From(src[i]));
+}
+
+}  // namespace
+
+std::string_view compression_hook_name(CompressionHook h) {
+  switch (h) {
+    case CompressionHook::kNone: return "none";
+    case CompressionHook::kFp16: return "fp16";
+    case CompressionHook::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+std::optional<CompressionHook> parse_compression_hook(std::string_view s) {
+  if (s == "none" || s.empty()) return CompressionHook::kNone;
+  if (s == "fp16" || s == "half" || s == "float16") return CompressionHook::kFp16;
+  if (s == "bf16" || s == "bfloat16") return CompressionHook::kBf16;
+  return std::nullopt;
+}
+
+double IterationTiming::exposed_comm_us() const {
+  return std::max(0.0, us_between(last_mark_ready, finalize_end));
+}
+
+double IterationTiming::comm_span_us() const {
+  ReducerClock::time_point first{}, last{};
+  for (const auto& b : buckets) {
+    if (happened(b.launched) && (!happened(first) || b.launched < first)) first = b.launched;
+    if (happened(b.completed) && b.completed > last) last = b.completed;
+  }
+  return std::max(0.0, us_between(first, last));
+}
+
+double IterationTiming::iteration_us() const { return us_between(backward_start, finalize_end); }
+
+Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
+    : comm_(comm), layout_(std::move(layout)), options_(options) {
+  device_ = comm_.memory_kind() == MemoryKind::kDevice;
+  if (options_.bucket_cap_bytes == 0 || options_.first_bucket_bytes == 0)
+    throw UsageError("the bucket cap and the first bucket size must be positive",
+                     {"reducer.init", comm_.rank(), -1, "pass --bucket-cap-mb > 0"});
+  if (layout_.tensors.empty())
+    throw UsageError("the model layout '" + layout_.name + "' has no parameters",
+                     {"reducer.init", comm_.rank(), -1, "use a layout with at least one tensor"});
+  if (device_ && options_.hook != CompressionHook::kNone)
+    throw UsageError(
+        "compression hooks on NCCL need device casting, not in this build",
+        {"reducer.init", comm_.rank(), -1, "run without --hook, or with --backend gloo"});
+  // Without device kernels there is no way to divide device memory, so the
+  // device path always lets NCCL average (ncclAvg), which gives the same
+  // result up to rounding.
+  if (options_.averaging == Averaging::kAvgOp || device_) sum_op_ = ReduceOp::kAvg;
+
+  const auto specs = ddp_buckets(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes);
+  where_.resize(layout_.tensors.size());
+  buckets_.reserve(specs.size());
+  state_.resize(specs.size());
+  for (std::size_t b = 0; b < specs.size(); ++b) {
+    ReducerBucket rb;
+    rb.spec = specs[b];
+    std::uint64_t off = 0;
+    for (std::size_t p : rb.spec.param_indices) {
+      DDPDIAG_ASSERT(layout_.tensors[p].dtype == rb.spec.dtype);
+      rb.offsets.push_back(off);
+      where_[p] = {b, off};
+      off += layout_.tensors[p].bytes();
+    }
+    DDPDIAG_ASSERT(off == rb.spec.bytes);
+    rb.numel = off / dtype_size(rb.spec.dtype);
+    state_[b].buffer = CommBuffer(comm_, off);
+    if (options_.hook != CompressionHook::kNone)
+      state_[b].compressed = CommBuffer(comm_, rb.numel * 2);
+    // Zeroed buckets: a gradient view reads as zero before its first
+    // backward, as DDP's bucket views do.
+    if (off) {
+      if (device_) {
+        std::vector<std::uint8_t> zeros(off, 0);
+        comm_.copy_from_host(state_[b].buffer.get(), zeros.data(), off);
+      } else {
+        std::memset(state_[b].buffer.get(), 0, off);
+      }
+    }
+    buckets_.push_back(std::move(rb));
+  }
+  if (!options_.gradient_as_bucket_view) {
+    own_grads_.reserve(layout_.tensors.size());
+    for (const auto& t : layout_.tensors) own_grads_.emplace_back(comm_, t.bytes());
+  }
+  marked_.assign(layout_.tensors.size(), 0);
+  if (options_.find_unused_parameters) {
+    used_map_.assign(layout_.tensors.size(), 0);
+    used_map_buffer_ = CommBuffer(comm_, used_map_.size());
+  }
+  timing_.buckets.resize(buckets_.size());
+}
+
+Reducer::~Reducer() {
+  drain_in_flight(ReducerClock::now() + timeout());
+}
+
+Millis Reducer::timeout() const {
+  return options_.timeout.count() > 0 ? options_.timeout : comm_.default_timeout();
+}
+
+void* Reducer::grad(std::size_t param_index) const {
+  check_index(param_index, "grad");
+  if (!options_.gradient_as_bucket_view) return own_grads_[param_index].get();
+  const auto& w = where_[param_index];
+  return at(state_[w.bucket].buffer.get(), w.offset);
+}
+
+std::uint64_t Reducer::grad_bytes(std::size_t param_index) const {
+  check_index(param_index, "grad_bytes");
+  return layout_.tensors[param_index].bytes();
+}
+
+void Reducer::check_index(std::size_t param_index, const char* what) const {
+  if (param_index >= layout_.tensors.size())
+    throw UsageError(fmt::format("{}: parameter index {} is outside the layout '{}' of {} tensors",
+                                 what, param_index, layout_.name, layout_.tensors.size()),
+                     {"reducer", comm_.rank(), -1, "pass an index in 0..num_params-1"});
+}
+
+std::string Reducer::describe_params(const std::vector<std::size_t>& params) const {
+  constexpr std::size_t kMaxNamed = 20;  // enough to recognise the module; the count says the rest
+  std::string s;
+  for (std::size_t i = 0; i < params.size() && i < kMaxNamed; ++i) {
+    if (i) s += ", ";
+    s += fmt::format("{} (index {})", layout_.tensors[params[i]].name, params[i]);
+  }
+  if (params.size() > kMaxNamed) s += fmt::format(" and {} more", params.size() - kMaxNamed);
+  return s;
+}
+
+void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) {
+  if (in_iteration_) {
+    std::vector<std::size_t> missing;
+    for (std::size_t p = 0; p < marked_.size(); ++p)
+      if (!marked_[p]) missing.push_back(p);
+    throw UsageError(
+        fmt::format("rank {}: expected to have finished reduction in the prior iteration before "
+                    "starting a new one (finalize() was not called); parameters still without a "
+                    "gradient: {}",
+                    comm_.rank(), missing.empty() ? std::string("none") : describe_params(missing)),
+        {"reducer.prepare_for_backward", comm_.rank(), -1,
+         "call finalize() after every backward pass"});
+  }
+  if (!locally_unused.empty() && !options_.find_unused_parameters)
+    throw UsageError("parameters declared unused while find_unused_parameters is off",
+                     {"reducer.prepare_for_backward", comm_.rank(), -1,
+                      "pass --find-unused-parameters"});
+  // Collectives of the last iteration are all complete (finalize waited for
+  // them), so the buffers are free to be written again.
+  for (std::size_t b = 0; b < buckets_.size(); ++b) {
+    auto& s = state_[b];
+    s.pending = buckets_[b].spec.param_indices.size();
+    s.launched = false;
+    s.done = false;
+    s.work.reset();
+  }
+  std::fill(marked_.begin(), marked_.end(), 0);
+  marked_count_ = 0;
+  next_to_launch_ = 0;
+  globally_unused_.clear();
+  timing_ = IterationTiming{};
+  timing_.buckets.resize(buckets_.size());
+  timing_.backward_start = ReducerClock::now();
+  in_iteration_ = true;
+  ++iteration_;
+  for (std::size_t p : locally_unused) mark_ready_impl(p, false);
+}
+
+void Reducer::mark_ready(std::size_t param_index) {
+  if (!in_iteration_)
+    throw UsageError("mark_ready outside an iteration",
+                     {"reducer.mark_ready", comm_.rank(), -1, "call prepare_for_backward() first"});
+  mark_ready_impl(param_index, true);
+  timing_.last_mark_ready = ReducerClock::now();
+}
+
+void Reducer::copy_into_bucket(std::size_t p, bool zero) {
+  const auto& w = where_[p];
+  const auto& t = layout_.tensors[p];
+  void* dst = at(state_[w.bucket].buffer.get(), w.offset);
+  const std::uint64_t bytes = t.bytes();
+  if (bytes == 0) return;
+  // Hooks divide after casting, and the AVG op divides in the collective;
+  // otherwise the gradient is divided on its way in.
+  const bool divide = options_.hook == CompressionHook::kNone && sum_op_ == ReduceOp::kSum &&
+                      comm_.size() > 1;
+  if (device_) {
+    // Device memory (no divide: sum_op_ is AVG here). No device-to-device
+    // copy in the Communicator, so views-off goes through host staging.
+    if (zero) {
+      host_staging_.assign(bytes, 0);
+    } else if (options_.gradient_as_bucket_view) {
+      return;  // the gradient is the bucket slice already
+    } else {
+      host_staging_.resize(bytes);
+      comm_.copy_to_host(host_staging_.data(), own_grads_[p].get(), bytes);
+    }
+    comm_.copy_from_host(dst, host_staging_.data(), bytes);
+    return;
+  }
+  if (zero) {
+    std::memset(dst, 0, bytes);
+    return;
+  }
+  const void* src = options_.gradient_as_bucket_view ? dst : own_grads_[p].get();
+  if (divide)
+    copy_divided(t.dtype, dst, src, static_cast<std::size_t>(t.numel()), comm_.size());
+  else if (src != dst)
+    std::memcpy(dst, src, bytes);
+}
+
+void Reducer::copy_out_of_bucket(std::size_t p) {
+  if (options_.gradient_as_bucket_view) return;
+  const auto& w = where_[p];
+  const std::uint64_t bytes = layout_.tensors[p].bytes();
+  if (bytes == 0) return;
+  const void* src = at(state_[w.bucket].buffer.get(), w.offset);
+  if (device_) {
+    host_staging_.resize(bytes);
+    comm_.copy_to_host(host_staging_.data(), src, bytes);
+    comm_.copy_from_host(own_grads_[p].get(), host_staging_.data(), bytes);
+  } else {
+    std::memcpy(own_grads_[p].get(), src, bytes);
+  }
+}
+
+void Reducer::mark_ready_impl(std::size_t p, bool used) {
+  check_index(p, "mark_ready");
+  if (marked_[p])
+    throw UsageError(
+        fmt::format("rank {}: parameter {} (index {}) was marked ready twice in iteration {}",
+                    comm_.rank(), layout_.tensors[p].name, p, iteration_),
+        {"reducer.mark_ready", comm_.rank(), -1,
+         "each parameter takes part in the loss once per iteration (or declare it unused)"});
+  marked_[p] = used ? 1 : 2;
+  ++marked_count_;
+  copy_into_bucket(p, !used);
+  auto& s = state_[where_[p].bucket];
+  DDPDIAG_ASSERT(s.pending > 0);
+  if (--s.pending == 0) {
+    timing_.buckets[where_[p].bucket].ready = ReducerClock::now();
+    launch_ready_buckets();
+  }
+}
+
+// Buckets go out strictly in order: a ready bucket whose predecessor is not
+// launched yet waits, so every rank issues the same collective sequence
+// whatever the order its gradients arrive in.
+void Reducer::launch_ready_buckets() {
+  while (next_to_launch_ < buckets_.size() && state_[next_to_launch_].pending == 0)
+    launch(next_to_launch_++);
+}
+
+void Reducer::launch(std::size_t b) {
+  auto& s = state_[b];
+  const auto& rb = buckets_[b];
+  const auto n = static_cast<std::size_t>(rb.numel);
+  switch (options_.hook) {
+    case CompressionHook::kNone:
+      s.work = comm_.allreduce(s.buffer.get(), s.buffer.get(), n, rb.spec.dtype, sum_op_);
+      break;
+    case CompressionHook::kFp16: {
+      auto* c = static_cast<std::uint16_t*>(s.compressed.get());
+      compress<float_to_half, half_to_float>(rb.spec.dtype, s.buffer.get(), c, n, comm_.size());
+      s.work = comm_.allreduce(c, c, n, DType::kFloat16, ReduceOp::kSum);
+      break;
+    }
+    case CompressionHook::kBf16: {
+      auto* c = static_cast<std::uint16_t*>(s.compressed.get());
+      compress<float_to_bfloat16, bfloat16_to_float>(rb.spec.dtype, s.buffer.get(), c, n,
+                                                      comm_.size());
+      s.work = comm_.allreduce(c, c, n, DType::kBFloat16, ReduceOp::kSum);
+      break;
+    }
+  }
+  s.launched = true;
+  timing_.buckets[b].launched = ReducerClock::now();
+}
+
+void Reducer::poll() {
+  for (std::size_t b = 0; b < next_to_launch_; ++b) {
+    auto& t = timing_.buckets[b];
+    if (!happened(t.completed) && state_[b].work && state_[b].work->is_completed())
+      t.completed = ReducerClock::now();
+  }
+}
+
+void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point deadline) {
+  auto& s = state_[b];
+  const auto left = std::max(
+      Millis(1), std::chrono::duration_cast<Millis>(deadline - ReducerClock::now()));
+  try {
+    s.work->wait(left);
+  } catch (const TimeoutError& e) {
+    const auto& params = buckets_[b].spec.param_indices;
+    std::vector<std::size_t> first(params.begin(),
+                                   params.begin() + static_cast<std::ptrdiff_t>(
+                                                        std::min<std::size_t>(params.size(), 3)));
+    throw TimeoutError(
+        fmt::format("rank {}: the all_reduce of bucket {} ({} parameter(s), {} B, e.g. {}) did not "
+                    "complete within {} ms: {}",
+                    comm_.rank(), b, params.size(), buckets_[b].spec.bytes, describe_params(first),
+                    timeout().count(), e.what()),
+        {"reducer.finalize", comm_.rank(), e.context().peer,
+         "another rank may not have produced gradients for these parameters (pass "
+         "--find-unused-parameters there), or a peer is slow or dead"});
+  }
+  if (!happened(timing_.buckets[b].completed)) timing_.buckets[b].completed = ReducerClock::now();
+}
+
+void Reducer::finish_bucket(std::size_t b) {
+  auto& s = state_[b];
+  const auto& rb = buckets_[b];
+  const auto n = static_cast<std::size_t>(rb.numel);
+  if (options_.hook == CompressionHook::kFp16)
+    decompress<half_to_float>(static_cast<const std::uint16_t*>(s.compressed.get()), rb.spec.dtype,
+                              s.buffer.get(), n);
+  else if (options_.hook == CompressionHook::kBf16)
+    decompress<bfloat16_to_float>(static_cast<const std::uint16_t*>(s.compressed.get()),
+                                  rb.spec.dtype, s.buffer.get(), n);
+  for (std::size_t p : rb.spec.param_indices) copy_out_of_bucket(p);
+  s.done = true;
+}
+
+void Reducer::drain_in_flight(ReducerClock::time_point deadline) noexcept {
+  bool stuck = false;
+  auto drain = [&](const std::shared_ptr<Work>& w) {
+    if (!w || stuck) return;
+    try {
+      w->wait(std::max(Millis(1),
+                       std::chrono::duration_cast<Millis>(deadline - ReducerClock::now())));
+    } catch (const TimeoutError&) {
+      stuck = true;
+    } catch (...) {
+      // The op failed: it no longer touches our buffers.
+    }
+  };
+  for (std::size_t b = 0; b < state_.size(); ++b)
+    if (state_[b].launched && !state_[b].done) drain(state_[b].work);
+  drain(used_map_work_);
+  used_map_work_.reset();
+  // A collective that is still running may write into buffers we are about
+  // to free or reuse: stop the backend.
+  if (stuck) {
+    try {
+      comm_.abort();
+    } catch (...) {
+    }
+  }
+}
+
+void Reducer::finalize() {
+  if (!in_iteration_)
+    throw UsageError("finalize without prepare_for_backward",
+                     {"reducer.finalize", comm_.rank(), -1, "call prepare_for_backward() first"});
+  timing_.finalize_start = ReducerClock::now();
+  const auto deadline = timing_.finalize_start + timeout();
+  std::vector<std::size_t> missing;
+  for (std::size_t p = 0; p < marked_.size(); ++p)
+    if (!marked_[p]) missing.push_back(p);
+
+  if (!missing.empty() && !options_.find_unused_parameters) {
+    // The buckets holding these parameters were never launched here; the
+    // ones launched before them must finish before the buffers are reused.
+    drain_in_flight(deadline);
+    in_iteration_ = false;
+    throw UsageError(
+        fmt::format("rank {}: expected to have finished reduction in this iteration, but {} "
+                    "parameter(s) never received a gradient: {}. This happens when a module has "
+                    "parameters that were not used in producing the loss; DDP cannot tell them "
+                    "from gradients that are merely late without find_unused_parameters",
+                    comm_.rank(), missing.size(), describe_params(missing)),
+        {"reducer.finalize", comm_.rank(), -1,
+         "pass --find-unused-parameters (DDP's find_unused_parameters=True) or make sure every "
+         "parameter takes part in the loss"});
+  }
+  try {
+    // Parameters that never arrived count as locally unused: zero
+    // contributions, so their buckets complete on every rank.
+    for (std::size_t p : missing) mark_ready_impl(p, false);
+    if (options_.find_unused_parameters) {
+      // After every bucket, so all ranks issue it at the same position.
+      for (std::size_t p = 0; p < marked_.size(); ++p) used_map_[p] = marked_[p] == 1 ? 1 : 0;
+      comm_.copy_from_host(used_map_buffer_.get(), used_map_.data(), used_map_.size());
+      used_map_work_ = comm_.allreduce(used_map_buffer_.get(), used_map_buffer_.get(),
+                                       used_map_.size(), DType::kUInt8, ReduceOp::kMax);
+    }
+    DDPDIAG_ASSERT(next_to_launch_ == buckets_.size());
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      wait_bucket(b, deadline);
+      finish_bucket(b);
+    }
+    if (used_map_work_) {
+      used_map_work_->wait(std::max(
+          Millis(1), std::chrono::duration_cast<Millis>(deadline - ReducerClock::now())));
+      used_map_work_.reset();
+      comm_.copy_to_host(used_map_.data(), used_map_buffer_.get(), used_map_.size());
+      // Every rank contributed zeros for these, so their reduced gradients
+      // are zero already; the list is for the caller.
+      for (std::size_t p = 0; p < used_map_.size(); ++p)
+        if (!used_map_[p]) globally_unused_.push_back(p);
+    }
+  } catch (...) {
+    drain_in_flight(deadline);
+    in_iteration_ = false;
+    throw;
+  }
+  timing_.finalize_end = ReducerClock::now();
+  in_iteration_ = false;
+}
+
+}  // namespace ddpdiag::ddp_core

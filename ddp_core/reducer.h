@@ -1,0 +1,196 @@
+// DDP's reducer on a Communicator: gradients are marked ready one by one in
+// backward order; a bucket's all_reduce is launched as soon as its last
+// gradient is ready, buckets strictly in order 0, 1, 2, ... (a full bucket
+// waits for its predecessors, as DDP does), asynchronously, so communication
+// overlaps the rest of the backward pass. finalize() waits for every bucket.
+//
+// Protocol of one iteration (all calls from one thread; the reducer is not
+// thread-safe):
+//   prepare_for_backward([locally unused params]);
+//   for each parameter in backward order: write grad(p), mark_ready(p);
+//   (optionally poll() while computing, to observe completions early)
+//   finalize();
+// Every rank must issue the same collectives in the same order, which holds
+// because every rank launches the same buckets in the same order, followed,
+// with find_unused_parameters, by one all_reduce of the used-bitmap.
+//
+// Memory. Buckets are flat buffers from comm.alloc (host memory for Gloo,
+// device memory for NCCL). With gradient_as_bucket_view each gradient is a
+// slice of its bucket (no copy); without, each gradient owns its buffer and
+// is copied into the bucket when marked ready and back after the reduction.
+//
+// Device memory (NCCL). The Communicator offers only synchronous host<->
+// device copies and this build has no device kernels, so on device buffers:
+// averaging always uses the op AVG (NCCL divides inside the kernel), the
+// copy-in/copy-out of views-off mode goes through a host staging buffer (two
+// synchronous copies: correct, not fast), and the fp16/bf16 hooks, which
+// need a device cast, are refused with a UsageError.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "ddp_core/bucket_assignment.h"
+#include "ddp_core/model_layout.h"
+
+namespace ddpdiag::ddp_core {
+
+using ReducerClock = std::chrono::steady_clock;
+
+// DDP's default_hooks.fp16_compress_hook / bf16_compress_hook: cast the
+// bucket to 16 bits, divide by the world size, all_reduce (SUM), cast back.
+enum class CompressionHook : std::uint8_t { kNone, kFp16, kBf16 };
+std::string_view compression_hook_name(CompressionHook h);  // none, fp16, bf16
+std::optional<CompressionHook> parse_compression_hook(std::string_view s);
+
+enum class Averaging : std::uint8_t {
+  // As torch without a comm hook: each gradient is divided by the world size
+  // as it enters the bucket, and the all_reduce is a SUM.
+  kDivideThenSum,
+  // The all_reduce uses ReduceOp::kAvg (Gloo sums then divides; NCCL's
+  // ncclAvg divides in the kernel).
+  kAvgOp,
+};
+
+struct ReducerOptions {
+  std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes;
+  std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  bool gradient_as_bucket_view = true;
+  bool find_unused_parameters = false;
+  CompressionHook hook = CompressionHook::kNone;
+  Averaging averaging = Averaging::kDivideThenSum;
+  // Deadline of finalize()'s waits; zero means the communicator's default.
+  Millis timeout{0};
+};
+
+// Timestamps of one bucket in the last iteration. A time point equal to the
+// clock's epoch means "did not happen".
+struct BucketTiming {
+  ReducerClock::time_point ready{};      // its last gradient was marked ready
+  ReducerClock::time_point launched{};   // its all_reduce was issued
+  ReducerClock::time_point completed{};  // completion first observed (poll or finalize)
+};
+
+struct IterationTiming {
+  ReducerClock::time_point backward_start{};   // prepare_for_backward
+  ReducerClock::time_point last_mark_ready{};  // the last mark_ready of the iteration
+  ReducerClock::time_point finalize_start{};
+  ReducerClock::time_point finalize_end{};
+  std::vector<BucketTiming> buckets;
+
+  // Communication not hidden behind backward: finalize end - last mark_ready.
+  double exposed_comm_us() const;
+  // From the first launch to the last observed completion.
+  double comm_span_us() const;
+  // From prepare_for_backward to the end of finalize.
+  double iteration_us() const;
+};
+
+// One reducer bucket: DDP's bucket plus where each gradient lives in it.
+struct ReducerBucket {
+  DdpBucket spec;                      // params in ready order, bytes, dtype
+  std::vector<std::uint64_t> offsets;  // byte offset of spec.param_indices[k]
+  std::uint64_t numel = 0;
+};
+
+class Reducer {
+ public:
+  // Builds DDP's buckets for the layout (reverse parameter order, limits
+  // [first_bucket_bytes, bucket_cap_bytes]) and allocates them through comm.
+  // Throws UsageError for options this communicator cannot run.
+  Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options = {});
+  // Waits (bounded by the timeout) for collectives still in flight, so no
+  // backend writes into freed buffers; aborts the communicator if they do
+  // not finish.
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Starts an iteration. locally_unused: parameters this rank knows will get
+  // no gradient (what DDP finds by walking the autograd graph); they are
+  // marked ready at once with zero gradients. Only with find_unused_parameters.
+  // Throws UsageError when the previous iteration was not finalized.
+  void prepare_for_backward(std::span<const std::size_t> locally_unused = {});
+  // The gradient of parameter param_index is complete in grad(param_index).
+  void mark_ready(std::size_t param_index);
+  // Records completions of launched buckets without blocking.
+  void poll();
+  // Waits for every bucket (with the timeout), copies back / casts back, and
+  // with find_unused_parameters agrees with the other ranks on which
+  // parameters were used anywhere (those used nowhere end with zero
+  // gradients). Without it, parameters that never arrived end the iteration
+  // with a UsageError that names them.
+  void finalize();
+
+  // The gradient buffer of a parameter, in the communicator's memory kind.
+  // Valid for the reducer's lifetime.
+  void* grad(std::size_t param_index) const;
+  std::uint64_t grad_bytes(std::size_t param_index) const;
+
+  const ModelLayout& layout() const { return layout_; }
+  const ReducerOptions& options() const { return options_; }
+  const std::vector<ReducerBucket>& buckets() const { return buckets_; }
+  // Bucket index and position within it of each parameter.
+  std::size_t bucket_of(std::size_t param_index) const { return where_[param_index].bucket; }
+  const IterationTiming& last_timing() const { return timing_; }
+  // Parameters that no rank used in the last finalized iteration.
+  const std::vector<std::size_t>& globally_unused() const { return globally_unused_; }
+  std::uint64_t iteration() const { return iteration_; }
+
+ private:
+  struct Where {
+    std::size_t bucket = 0;
+    std::uint64_t offset = 0;
+  };
+  struct BucketState {
+    CommBuffer buffer;
+    CommBuffer compressed;  // 16-bit scratch of the hooks
+    std::size_t pending = 0;
+    bool launched = false;
+    bool done = false;
+    std::shared_ptr<Work> work;
+  };
+
+  void mark_ready_impl(std::size_t param_index, bool used);
+  void launch_ready_buckets();
+  void launch(std::size_t b);
+  void wait_bucket(std::size_t b, ReducerClock::time_point deadline);
+  void finish_bucket(std::size_t b);
+  void drain_in_flight(ReducerClock::time_point deadline) noexcept;
+  void agree_on_used(ReducerClock::time_point deadline);
+  void check_index(std::size_t param_index, const char* what) const;
+  Millis timeout() const;
+  std::string describe_params(const std::vector<std::size_t>& params) const;
+  void copy_into_bucket(std::size_t param_index, bool zero);
+  void copy_out_of_bucket(std::size_t param_index);
+
+  Communicator& comm_;
+  ModelLayout layout_;
+  ReducerOptions options_;
+  bool device_ = false;
+  std::vector<ReducerBucket> buckets_;
+  std::vector<BucketState> state_;
+  std::vector<Where> where_;
+  std::vector<CommBuffer> own_grads_;  // views off: one buffer per parameter
+  std::vector<std::uint8_t> host_staging_;  // device views-off copies
+  std::vector<std::uint8_t> marked_;   // this iteration: 0 no, 1 used, 2 unused
+  std::vector<std::uint8_t> used_map_;  // host copy of the bitmap (1 = used)
+  CommBuffer used_map_buffer_;          // comm memory for its all_reduce
+  std::shared_ptr<Work> used_map_work_;
+  ReduceOp sum_op_ = ReduceOp::kSum;    // the op of the buckets' all_reduce
+  std::vector<std::size_t> globally_unused_;
+  std::size_t next_to_launch_ = 0;
+  std::size_t marked_count_ = 0;
+  bool in_iteration_ = false;
+  std::uint64_t iteration_ = 0;
+  IterationTiming timing_;
+};
+
+}  // namespace ddpdiag::ddp_core

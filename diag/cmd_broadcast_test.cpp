@@ -1,0 +1,206 @@
+// ddpdiag broadcast-test: DDP's start-of-training parameter broadcast for a
+// model layout, timed per chunk size (coalesced chunks from rank 0, at most
+// two in flight), followed by the checksum all_gather that proves every rank
+// holds identical parameters or names the ranks and tensors that differ.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <sstream>
+
+#include <fmt/core.h>
+
+#include "ddp_core/model_layout.h"
+#include "ddp_core/param_broadcast.h"
+#include "diag/cli_common.h"
+#include "diag/commands.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using namespace ddp_core;
+
+struct BroadcastTestOptions {
+  CommonOptions common;
+  std::string model = "resnet50";
+  std::string chunk_mb = "250,64,16";
+  int iters = 5;
+  int warmup = 1;
+  int corrupt_rank = -1;  // testing seam: this rank flips a byte before the checksum
+};
+
+std::vector<double> parse_chunks(const std::string& s, int rank) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    double v = 0;
+    try {
+      std::size_t used = 0;
+      v = std::stod(item, &used);
+      if (used != item.size()) v = -1;
+    } catch (const std::exception&) {
+      v = -1;
+    }
+    if (!(v > 0))
+      throw UsageError(fmt::format("--chunk-mb: '{}' is not a positive number of MiB", item),
+                       {"flags", rank, -1, "pass a comma-separated list such as 250,64,16"});
+    out.push_back(v);
+  }
+  if (out.empty())
+    throw UsageError("--chunk-mb is empty", {"flags", rank, -1, "pass e.g. 250,64,16"});
+  return out;
+}
+
+// Rank-dependent bytes, so that only a working broadcast makes ranks agree.
+void fill_rank_values(const LayoutParams& lp, int rank) {
+  std::vector<std::uint8_t> host;
+  for (std::size_t i = 0; i < lp.tensors.size(); ++i) {
+    host.resize(lp.tensors[i].bytes);
+    for (std::size_t k = 0; k < host.size(); ++k)
+      host[k] = static_cast<std::uint8_t>(k * 131 + i * 7 + static_cast<std::size_t>(rank) * 29 + 1);
+    if (!host.empty()) std::memcpy(lp.tensors[i].data, host.data(), host.size());
+  }
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
+  const ModelLayout layout = load_model(o.model);
+  const auto chunks_mb = parse_chunks(o.chunk_mb, job.rank());
+  if (o.corrupt_rank >= job.size())
+    throw UsageError(fmt::format("--corrupt-rank {} is outside the world of {}", o.corrupt_rank,
+                                 job.size()),
+                     {"flags", job.rank(), -1, "pass a rank in 0..world_size-1"});
+  Communicator& comm = *job.comm;
+  LayoutParams lp = allocate_layout_params(comm, layout);
+  const bool device = comm.memory_kind() == MemoryKind::kDevice;
+
+  auto& res = report.results();
+  res["model"] = layout.name;
+  res["tensors"] = layout.tensors.size();
+  res["bytes"] = layout.total_bytes();
+  res["iters"] = o.iters;
+  res["warmup_iters"] = o.warmup;
+  res["rows"] = nlohmann::json::array();
+  if (job.rank() == 0) {
+    std::printf("# ddpdiag broadcast-test: %d rank(s), backend %s, model %s (%zu tensors, %.1f MiB)\n",
+                job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
+                layout.tensors.size(), static_cast<double>(layout.total_bytes()) / (1 << 20));
+    std::printf("# %12s %8s %12s %10s %12s %10s\n", "chunk(B)", "chunks", "time(us)",
+                "algbw(GB/s)", "checksum(us)", "identical");
+    std::fflush(stdout);
+  }
+
+  bool all_identical = true;
+  std::string detail;
+  for (std::size_t ci = 0; ci < chunks_mb.size(); ++ci) {
+    BroadcastOptions bo;
+    bo.chunk_bytes = static_cast<std::uint64_t>(chunks_mb[ci] * 1024 * 1024);
+    bo.timeout = job.timeout;
+    // Ranks start from different values each time, as models initialised
+    // with different seeds do.
+    if (device) {
+      // Fill on the host, then copy: the layout's one flat buffer.
+      std::vector<std::uint8_t> host(layout.total_bytes());
+      LayoutParams hp;
+      std::uint64_t off = 0;
+      for (const auto& t : lp.tensors) {
+        hp.tensors.push_back({t.name, host.data() + off, t.bytes});
+        off += t.bytes;
+      }
+      fill_rank_values(hp, job.rank());
+      comm.copy_from_host(lp.flat.get(), host.data(), host.size());
+    } else {
+      fill_rank_values(lp, job.rank());
+    }
+    std::vector<double> times;
+    BroadcastStats st;
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      comm.barrier()->wait(job.timeout);
+      st = broadcast_parameters(comm, lp.tensors, bo);
+      if (it >= o.warmup) times.push_back(st.time_us);
+    }
+    if (job.rank() == o.corrupt_rank && !lp.tensors.empty()) {
+      // The middle tensor's first byte, so the message has a name to show.
+      const auto& t = lp.tensors[lp.tensors.size() / 2];
+      std::uint8_t b = 0;
+      comm.copy_to_host(&b, t.data, 1);
+      b ^= 0x5a;
+      comm.copy_from_host(t.data, &b, 1);
+    }
+    const auto verdict = verify_identical(comm, lp.tensors, 0, job.timeout);
+    const auto gathered =
+        job.gather_to_root(fmt::format("broadcast-test/{}", ci), median(times));
+    if (job.rank() != 0) continue;
+    double t = 0;
+    for (const auto& g : gathered) t = std::max(t, g.get<double>());  // slowest rank
+    const double algbw = t > 0 ? static_cast<double>(st.bytes) / (t * 1e3) : 0;
+    nlohmann::json mism = nlohmann::json::array();
+    for (const auto& m : verdict.mismatches)
+      mism.push_back({{"rank", m.rank}, {"tensor", m.tensor}, {"name", m.name}});
+    res["rows"].push_back({{"chunk_bytes", bo.chunk_bytes},
+                           {"chunks", st.chunks},
+                           {"bytes", st.bytes},
+                           {"time_us", t},
+                           {"algbw_gbps", algbw},
+                           {"busbw_gbps", algbw * busbw_factor(Collective::kBroadcast, job.size())},
+                           {"checksum_us", verdict.time_us},
+                           {"identical", verdict.identical},
+                           {"differing_ranks", verdict.differing_ranks},
+                           {"mismatches", mism}});
+    std::printf("  %12llu %8zu %12.1f %10.3f %12.1f %10s\n",
+                static_cast<unsigned long long>(bo.chunk_bytes), st.chunks, t, algbw,
+                verdict.time_us, verdict.identical ? "true" : "false");
+    std::fflush(stdout);
+    if (!verdict.identical) {
+      all_identical = false;
+      if (detail.empty()) detail = verdict.describe();
+    }
+  }
+  if (job.rank() != 0) return;
+  report.add_check({"parameters_identical",
+                    all_identical ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                    all_identical ? fmt::format("checksums of all {} tensors agree on {} rank(s) "
+                                                "after every broadcast",
+                                                layout.tensors.size(), job.size())
+                                  : detail});
+  for (const auto& ch : report.finish()["checks"])
+    std::printf("# Check %-20s: %s (%s)\n", ch["name"].get<std::string>().c_str(),
+                ch["status"].get<std::string>().c_str(), ch["detail"].get<std::string>().c_str());
+  std::printf("# Verdict: %s\n", report.verdict().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+Subcommand add_broadcast_test_command(CLI::App& parent) {
+  auto opts = std::make_shared<BroadcastTestOptions>();
+  auto* app = parent.add_subcommand(
+      "broadcast-test",
+      "DDP's initial parameter broadcast per chunk size, then a checksum proof that all ranks agree");
+  add_common_options(app, opts->common);
+  app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file")
+      ->capture_default_str();
+  app->add_option("--chunk-mb", opts->chunk_mb, "Chunk sizes in MiB, comma-separated")
+      ->capture_default_str();
+  app->add_option("-n,--iters", opts->iters, "Timed broadcasts per chunk size")
+      ->check(CLI::PositiveNumber);
+  app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up broadcasts per chunk size")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--corrupt-rank", opts->corrupt_rank,
+                  "(testing) this rank alters one byte after the broadcast; the check must name it")
+      ->group("");
+  return {app, [opts] {
+            return run_distributed(opts->common, "broadcast-test",
+                                   [opts](Job& job, reports::Report& r) { run(job, r, *opts); });
+          }};
+}
+
+}  // namespace ddpdiag::cli

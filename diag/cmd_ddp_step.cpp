@@ -1,0 +1,224 @@
+// ddpdiag ddp-step: one DDP training step without a model. A simulated
+// backward pass produces the layout's gradients in reverse order (with a
+// compute time proportional to size, or none) while the bucketed reducer
+// all-reduces them; reports the time per iteration, the communication time,
+// the part of it not hidden behind backward, and whether every gradient
+// element is the true mean on every rank.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+
+#include <fmt/core.h>
+
+#include "ddp_core/backward_sim.h"
+#include "ddp_core/model_layout.h"
+#include "ddp_core/reducer.h"
+#include "diag/cli_common.h"
+#include "diag/commands.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using namespace ddp_core;
+
+struct DdpStepOptions {
+  CommonOptions common;
+  std::string model = "resnet50";
+  double bucket_cap_mb = 25;
+  double first_bucket_mb = 1;
+  int iters = 10;
+  int warmup = 2;
+  double compute_gbps = 0;
+  bool no_views = false;
+  std::string hook = "none";
+  bool find_unused = false;
+  bool avg_op = false;
+  bool no_check = false;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+std::uint64_t mib_to_bytes(double mb, const char* flag, int rank) {
+  if (!(mb > 0) || mb > 1e12)
+    throw UsageError(fmt::format("{} must be a positive number of MiB, got {}", flag, mb),
+                     {"flags", rank, -1, "DDP's default is 25 (first bucket 1)"});
+  return static_cast<std::uint64_t>(mb * 1024 * 1024);
+}
+
+void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
+  const ModelLayout layout = load_model(o.model);
+  ReducerOptions ro;
+  ro.bucket_cap_bytes = mib_to_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
+  ro.first_bucket_bytes = mib_to_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
+  ro.gradient_as_bucket_view = !o.no_views;
+  ro.find_unused_parameters = o.find_unused;
+  ro.averaging = o.avg_op ? Averaging::kAvgOp : Averaging::kDivideThenSum;
+  ro.timeout = job.timeout;
+  const auto hook = parse_compression_hook(o.hook);
+  if (!hook)
+    throw UsageError(fmt::format("unknown --hook '{}'", o.hook),
+                     {"flags", job.rank(), -1, "use none, fp16 or bf16"});
+  ro.hook = *hook;
+  if (o.compute_gbps < 0)
+    throw UsageError("--compute-gbps must be >= 0", {"flags", job.rank(), -1, "0 means no compute time"});
+
+  Reducer red(*job.comm, layout, ro);
+  BackwardSimOptions so;
+  so.compute_gbps = o.compute_gbps;
+  // Hooks round in 16 bits: the values are small integers, exact there too,
+  // so the check stays exact with every option.
+  auto& res = report.results();
+  res["model"] = layout.name;
+  res["params"] = layout.tensors.size();
+  res["param_bytes"] = layout.total_bytes();
+  res["bucket_cap_bytes"] = ro.bucket_cap_bytes;
+  res["first_bucket_bytes"] = ro.first_bucket_bytes;
+  res["buckets"] = red.buckets().size();
+  res["gradient_as_bucket_view"] = ro.gradient_as_bucket_view;
+  res["hook"] = std::string(compression_hook_name(ro.hook));
+  res["find_unused_parameters"] = ro.find_unused_parameters;
+  res["averaging"] = o.avg_op ? "avg_op" : "divide_then_sum";
+  res["compute_gbps"] = o.compute_gbps;
+  res["iters"] = o.iters;
+  res["warmup_iters"] = o.warmup;
+
+  if (job.rank() == 0) {
+    std::printf("# ddpdiag ddp-step: %d rank(s), backend %s, model %s (%zu tensors, %.1f MiB)\n",
+                job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
+                layout.tensors.size(), static_cast<double>(layout.total_bytes()) / (1 << 20));
+    std::printf("# %zu buckets, cap %.1f MiB, first %.1f MiB, views %s, hook %s, averaging %s, "
+                "find_unused_parameters %s, compute %.3g GB/s\n",
+                red.buckets().size(), o.bucket_cap_mb, o.first_bucket_mb,
+                ro.gradient_as_bucket_view ? "on" : "off", o.hook.c_str(),
+                o.avg_op ? "avg op" : "divide then sum", o.find_unused ? "on" : "off",
+                o.compute_gbps);
+    std::fflush(stdout);
+  }
+
+  std::vector<double> iter_us, backward_us, comm_us, exposed_us;
+  std::int64_t wrong = 0, checked = 0;
+  nlohmann::json timeline = nlohmann::json::array();
+  for (int it = 0; it < o.warmup + o.iters; ++it) {
+    job.comm->barrier()->wait(job.timeout);
+    const auto bw = simulate_backward(red, *job.comm, static_cast<std::uint64_t>(it), so);
+    red.finalize();
+    const auto& tm = red.last_timing();
+    if (!o.no_check) {
+      const auto c = check_gradients(red, *job.comm, static_cast<std::uint64_t>(it));
+      wrong += c.wrong;
+      checked += c.checked;
+    }
+    if (it < o.warmup) continue;
+    iter_us.push_back(tm.iteration_us());
+    backward_us.push_back(bw.backward_us());
+    comm_us.push_back(tm.comm_span_us());
+    exposed_us.push_back(tm.exposed_comm_us());
+    if (it == o.warmup + o.iters - 1) {
+      auto rel = [&](ReducerClock::time_point t) {
+        return t == ReducerClock::time_point{} ? nlohmann::json(nullptr)
+                                                : nlohmann::json(std::chrono::duration<double, std::micro>(t - bw.start).count());
+      };
+      for (std::size_t b = 0; b < tm.buckets.size(); ++b)
+        timeline.push_back({{"bucket", b},
+                            {"bytes", red.buckets()[b].spec.bytes},
+                            {"tensors", red.buckets()[b].spec.tensor_count()},
+                            {"ready_us", rel(tm.buckets[b].ready)},
+                            {"launched_us", rel(tm.buckets[b].launched)},
+                            {"completed_us", rel(tm.buckets[b].completed)}});
+      timeline.push_back({{"backward_end_us", rel(bw.end)}, {"finalize_end_us", rel(tm.finalize_end)}});
+    }
+    job.progress_line(fmt::format("[progress] iteration {} of {}", it + 1, o.warmup + o.iters));
+  }
+
+  const nlohmann::json mine = {{"time_per_iter_us", median(iter_us)},
+                               {"backward_us", median(backward_us)},
+                               {"comm_us", median(comm_us)},
+                               {"exposed_comm_us", median(exposed_us)},
+                               {"wrong", wrong},
+                               {"checked", checked},
+                               {"timeline", timeline}};
+  const auto all = job.gather_to_root("ddp-step/result", mine);
+  if (job.rank() != 0) return;
+  double t = 0, b = 0, c = 0, e = 0;
+  std::int64_t wrong_total = 0, checked_total = 0;
+  nlohmann::json per_rank = nlohmann::json::array();
+  for (std::size_t r = 0; r < all.size(); ++r) {
+    const auto& j = all[r];
+    // The slowest rank sets the step time, as in training.
+    t = std::max(t, j["time_per_iter_us"].get<double>());
+    b = std::max(b, j["backward_us"].get<double>());
+    c = std::max(c, j["comm_us"].get<double>());
+    e = std::max(e, j["exposed_comm_us"].get<double>());
+    wrong_total += j["wrong"].get<std::int64_t>();
+    checked_total += j["checked"].get<std::int64_t>();
+    nlohmann::json pr = j;
+    pr.erase("timeline");
+    pr["rank"] = r;
+    per_rank.push_back(pr);
+  }
+  res["time_per_iter_us"] = t;
+  res["backward_us"] = b;
+  res["comm_us"] = c;
+  res["exposed_comm_us"] = e;
+  res["wrong"] = wrong_total;
+  res["checked_elements"] = checked_total;
+  res["per_rank"] = per_rank;
+  res["timeline_rank0"] = all.empty() ? nlohmann::json::array() : all[0]["timeline"];
+  if (o.no_check)
+    report.add_check({"gradients_correct", reports::CheckStatus::kSkip, "--no-check"});
+  else
+    report.add_check({"gradients_correct",
+                      wrong_total == 0 ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                      fmt::format("{} wrong of {} gradient elements, summed over {} rank(s) and "
+                                  "{} iteration(s)",
+                                  wrong_total, checked_total, job.size(), o.warmup + o.iters)});
+  std::printf("# %14s %14s %14s %14s %10s\n", "time/iter(us)", "backward(us)", "comm(us)",
+              "exposed(us)", "#wrong");
+  std::printf("  %14.1f %14.1f %14.1f %14.1f %10lld\n", t, b, c, e,
+              static_cast<long long>(wrong_total));
+  for (const auto& ch : report.finish()["checks"])
+    std::printf("# Check %-18s: %s (%s)\n", ch["name"].get<std::string>().c_str(),
+                ch["status"].get<std::string>().c_str(), ch["detail"].get<std::string>().c_str());
+  std::printf("# Verdict: %s\n", report.verdict().c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+Subcommand add_ddp_step_command(CLI::App& parent) {
+  auto opts = std::make_shared<DdpStepOptions>();
+  auto* app = parent.add_subcommand(
+      "ddp-step",
+      "Simulated backward + DDP's bucketed reducer: time per step, exposed communication, "
+      "gradient correctness");
+  add_common_options(app, opts->common);
+  app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file")
+      ->capture_default_str();
+  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
+  app->add_option("--first-bucket-mb", opts->first_bucket_mb, "Size limit of the first bucket")
+      ->capture_default_str();
+  app->add_option("-n,--iters", opts->iters, "Timed iterations")->check(CLI::PositiveNumber);
+  app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--compute-gbps", opts->compute_gbps,
+                  "Simulated gradient compute rate in GB/s (0: no compute time)");
+  app->add_flag("--no-views", opts->no_views,
+                "gradient_as_bucket_view=False: gradients copied into and out of buckets");
+  app->add_option("--hook", opts->hook, "Compression hook: none, fp16, bf16")->capture_default_str();
+  app->add_flag("--find-unused-parameters", opts->find_unused, "DDP's find_unused_parameters=True");
+  app->add_flag("--avg-op", opts->avg_op, "Average with the AVG op instead of dividing first");
+  app->add_flag("--no-check", opts->no_check, "Skip the gradient check");
+  return {app, [opts] {
+            return run_distributed(opts->common, "ddp-step", [opts](Job& job, reports::Report& r) {
+              run(job, r, *opts);
+            });
+          }};
+}
+
+}  // namespace ddpdiag::cli

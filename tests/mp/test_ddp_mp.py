@@ -1,0 +1,114 @@
+"""ddp-step and broadcast-test through the built-in launcher: 2, 3 and 4
+processes on the mlp and resnet50 layouts; the reports are parsed and every
+gradient must be the true mean on every rank and every rank must hold
+identical parameters after the broadcast. A rank corrupted on purpose must
+be named. Gloo spins while it waits, so resnet50 runs few iterations."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import load, run, tmp_json, main  # noqa: E402
+
+
+def check(name, rep):
+    return next(c for c in rep["checks"] if c["name"] == name)
+
+
+class DdpStep(unittest.TestCase):
+    def run_step(self, n, model, extra=(), iters="2"):
+        path = tmp_json()
+        p = run(["ddp-step", "--nproc", str(n), "--model", model, "--json", path,
+                 "--iters", iters, "--warmup-iters", "1"] + list(extra))
+        self.assertEqual(p.returncode, 0, p.stderr + p.stdout)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["schema"], "ddpdiag.report/1")
+        self.assertEqual(rep["command"], "ddp-step")
+        self.assertEqual(rep["world"]["size"], n)
+        self.assertEqual(rep["verdict"], "PASS")
+        res = rep["results"]
+        self.assertEqual(res["wrong"], 0)
+        self.assertGreater(res["checked_elements"], 0)
+        self.assertGreater(res["time_per_iter_us"], 0)
+        self.assertLessEqual(res["exposed_comm_us"], res["time_per_iter_us"])
+        self.assertEqual(len(res["per_rank"]), n)
+        self.assertEqual(check("gradients_correct", rep)["status"], "pass")
+        self.assertIn("# Verdict: PASS", p.stdout)
+        return res
+
+    def test_mlp_2_3_4_ranks_every_option(self):
+        for n in (2, 3, 4):
+            for extra in ([], ["--no-views"], ["--hook", "fp16"], ["--hook", "bf16"],
+                          ["--find-unused-parameters", "--avg-op"]):
+                with self.subTest(ranks=n, extra=extra):
+                    res = self.run_step(n, "mlp", ["--bucket-cap-mb", "0.05",
+                                                   "--first-bucket-mb", "0.01"] + extra)
+                    self.assertGreater(res["buckets"], 1)
+
+    def test_resnet50_2_3_4_ranks(self):
+        for n in (2, 3, 4):
+            with self.subTest(ranks=n):
+                res = self.run_step(n, "resnet50", ["--bucket-cap-mb", "25"], iters="1")
+                self.assertEqual(res["params"], 161)
+                self.assertEqual(res["checked_elements"], 2 * n * 25557032)
+
+    def test_overlap_timeline(self):
+        # At 2 GB/s resnet50's backward takes ~50 ms: bucket 0 goes out long
+        # before it ends.
+        res = self.run_step(2, "resnet50", ["--compute-gbps", "2"], iters="1")
+        tl = res["timeline_rank0"]
+        end = tl[-1]["backward_end_us"]
+        self.assertLess(tl[0]["launched_us"], end / 2)
+        self.assertLess(tl[0]["completed_us"], end)
+
+    def test_bad_hook_is_usage_error(self):
+        p = run(["ddp-step", "--nproc", "2", "--model", "mlp", "--hook", "int8"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--hook", p.stderr)
+
+
+class BroadcastTest(unittest.TestCase):
+    def run_bcast(self, n, model, extra=(), rc=0):
+        path = tmp_json()
+        p = run(["broadcast-test", "--nproc", str(n), "--model", model, "--json", path,
+                 "--iters", "2", "--warmup-iters", "1"] + list(extra))
+        self.assertEqual(p.returncode, rc, p.stderr + p.stdout)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["command"], "broadcast-test")
+        self.assertEqual(rep["world"]["size"], n)
+        return rep, p
+
+    def test_mlp_and_resnet50_2_3_4_ranks(self):
+        for n in (2, 3, 4):
+            for model, chunks in (("mlp", "250,0.01"), ("resnet50", "250,16")):
+                with self.subTest(ranks=n, model=model):
+                    rep, p = self.run_bcast(n, model, ["--chunk-mb", chunks])
+                    self.assertEqual(rep["verdict"], "PASS")
+                    rows = rep["results"]["rows"]
+                    self.assertEqual(len(rows), 2)
+                    for row in rows:
+                        self.assertTrue(row["identical"], row)
+                        self.assertGreater(row["time_us"], 0)
+                        self.assertGreater(row["algbw_gbps"], 0)
+                        self.assertEqual(row["bytes"], rep["results"]["bytes"])
+                    self.assertEqual(check("parameters_identical", rep)["status"], "pass")
+                    if model == "resnet50":
+                        # 16 MiB chunks over 97.5 MiB of parameters.
+                        self.assertGreaterEqual(rows[1]["chunks"], 7)
+
+    def test_corrupted_rank_is_named(self):
+        rep, p = self.run_bcast(3, "mlp", ["--chunk-mb", "1", "--corrupt-rank", "2"], rc=1)
+        self.assertEqual(rep["verdict"], "FAIL")
+        row = rep["results"]["rows"][0]
+        self.assertFalse(row["identical"])
+        self.assertEqual(row["differing_ranks"], [2])
+        c = check("parameters_identical", rep)
+        self.assertEqual(c["status"], "fail")
+        self.assertIn("rank 2", c["detail"])
+        self.assertIn(row["mismatches"][0]["name"], c["detail"])
+
+
+if __name__ == "__main__":
+    main()
