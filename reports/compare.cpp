@@ -26,13 +26,16 @@ constexpr KnownFigure kFigures[] = {
     {"indices_per_second", true},  {"time_us", false},           {"exposed_comm_time_us", false},
     {"comm_time_us", false},       {"step_time_us", false},      {"total_time_us", false},
     {"latency_us", false},         {"rtt_us_median", false},     {"peak_bytes", false},
-    {"init_time_s", false},
+    {"init_time_s", false},        {"exposed_comm_us", false},   {"time_per_iter_us", false},
+    {"comm_us", false},
 };
 
 // Fields that say which measurement a row is, in label order.
-constexpr const char* kIdentity[] = {"collective", "algorithm", "model",  "bytes", "size",
-                                     "dtype",      "op",        "bucket_cap_mb", "bucket_cap_bytes",
-                                     "src",        "dst",       "rank",   "peer",  "phase", "name"};
+constexpr const char* kIdentity[] = {"collective", "algorithm",  "model",         "bytes",
+                                     "size",       "chunk_bytes", "dtype",        "op",
+                                     "world_size", "bucket_cap_mb", "bucket_cap_bytes", "src",
+                                     "dst",        "rank",        "peer",          "phase",
+                                     "name"};
 
 bool is_rate(const std::string& f) { return f.size() > 5 && f.compare(f.size() - 5, 5, "_gbps") == 0; }
 bool is_us(const std::string& f) { return f.size() > 3 && f.compare(f.size() - 3, 3, "_us") == 0; }

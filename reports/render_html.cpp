@@ -106,6 +106,9 @@ std::vector<std::string> bandwidth_charts(const json& res) {
     std::string base;
     for (const char* k : {"algorithm", "dtype", "op"})
       if (at(r, k).is_string()) base += (base.empty() ? "" : " ") + at(r, k).get<std::string>();
+    // dp-vs-ring measures several world sizes in one report.
+    if (at(r, "world_size").is_number_integer())
+      base += fmt::format("{}n={}", base.empty() ? "" : " ", at(r, "world_size").get<int>());
     if (!by_collective.count(coll)) order.push_back(coll);
     auto& series = by_collective[coll];
     auto add = [&](const std::string& name, bool dashed, const json& b) {

@@ -147,7 +147,9 @@ std::vector<std::pair<std::string, std::string>> context(const json& r) {
       out.push_back({"libraries", l});
     }
   } else {
-    out.push_back({"world", "single process"});
+    // No world: a single-process command, or a run that ended before rendezvous.
+    out.push_back({"world", field(r, "error").is_object() ? "unknown (the run ended before rendezvous)"
+                                                          : "single process"});
   }
   return out;
 }

@@ -143,8 +143,9 @@ std::string x_title(const Frame& f, const std::string& label) {
 }  // namespace
 
 const char* palette(std::size_t i) {
-  static const char* colors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7",
-                                 "#E69F00", "#56B4E9", "#000000"};
+  // Okabe-Ito first, then Tol's muted colours, so ten series stay distinct.
+  static const char* colors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
+                                 "#56B4E9", "#882255", "#44AA99", "#999933", "#000000"};
   return colors[i % (sizeof colors / sizeof colors[0])];
 }
 

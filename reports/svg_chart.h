@@ -74,7 +74,7 @@ struct Timeline {
 };
 std::string timeline(const Timeline& t);
 
-// Colour-blind-safe palette (Okabe and Ito), cycled.
+// Colour-blind-safe palette (Okabe and Ito, then Tol), cycled after ten.
 const char* palette(std::size_t i);
 
 }  // namespace ddpdiag::reports::svg

@@ -482,3 +482,21 @@ TEST_CASE("renderers never throw on odd input", "[reports][render]") {
     CHECK_NOTHROW(compare_reports(j, j));
   }
 }
+
+TEST_CASE("report schema: every command ddpdiag has or plans is accepted, others are not", "[reports][schema]") {
+  for (const char* command : {"allreduce-test", "buckets", "sampler", "bucket-sweep", "dp-vs-ring", "memory",
+                              "link-health", "init-check", "broadcast-test", "ddp-step"}) {
+    Report r(command, {"ddpdiag", command});
+    if (std::string(command) == "buckets")
+      r.results() = {{"model", "m"}, {"bucket_cap_bytes", 1}, {"bucket_count", 0}, {"buckets", json::array()}};
+    if (std::string(command) == "sampler")
+      r.results() = {{"dataset_size", 10}, {"world_size", 2}, {"rank", 0}, {"epoch", 0}, {"count", 5}};
+    if (std::string(command) == "allreduce-test")
+      r.set_error({"usage", "bad flag", "flags", 0, -1, "", 2});  // partial results are fine on ERROR
+    auto j = r.finish();
+    INFO(command << "\n" << dump(validate_report(j)));
+    CHECK(validate_report(j).empty());
+  }
+  Report unknown("no-such-command", {"ddpdiag"});
+  CHECK(has_error_at(validate_report(unknown.finish()), "/command", "/enum"));
+}

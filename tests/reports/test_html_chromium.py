@@ -163,6 +163,23 @@ class HtmlReportInChromium(unittest.TestCase):
                 if path not in FIXTURES or not self.generated and name == "allreduce-test":
                     self.save_example(path, html, os.path.join(self.workdir, name + "-desktop.png"))
 
+    def test_the_checks_would_catch_a_broken_page(self):
+        # The two assertions above are only worth something if this browser
+        # reports console errors on stderr and a blank page counts as blank.
+        bad = os.path.join(self.workdir, "broken.html")
+        with open(bad, "w") as f:
+            f.write("<!DOCTYPE html><html><body><script>console.error('boom'); no_such_fn();"
+                    "</script></body></html>")
+        png = os.path.join(self.workdir, "broken.png")
+        r = screenshot(bad, png, 400, 300, self.workdir)
+        self.assertEqual(r.returncode, 0, r.stderr[-3000:])
+        console = [l for l in r.stderr.splitlines() if "CONSOLE" in l or "Uncaught" in l]
+        self.assertTrue(any("boom" in l for l in console), r.stderr[-3000:])
+        self.assertTrue(any("Uncaught" in l for l in console), r.stderr[-3000:])
+        colours, ink = pixel_stats(png)
+        self.assertLessEqual(colours, 40)
+        self.assertLessEqual(ink, 0.01)
+
     def save_example(self, json_path, html, png):
         dest = os.environ.get("DDPDIAG_EXAMPLES_DIR")
         if not dest:
