@@ -72,6 +72,6 @@ TEST_CASE("a writer killed mid-write leaves the old file intact", "[report]") {
   int status = 0;
   waitpid(pid, &status, 0);
   auto j = read_json(path);
-  CHECK((j["generation"] == "old" || (j["generation"] == "new" && j["payload"].size() == big.size())));
+  CHECK((j["generation"] == "old" || (j["generation"] == "new" && j["payload"].get<std::string>().size() == big.size())));
   fs::remove_all(dir);
 }

@@ -209,7 +209,7 @@ TEST_CASE("the 2.x large-n algorithm is a permutation and differs from 1.13", "[
   CHECK(small == randperm(1000, 7, TorchVersion::k1_13));
 }
 
-TEST_CASE("Feistel permutation is a bijection of [0, n)", "[sampler]") {
+TEST_CASE("Feistel permutation is a bijection of 0..n-1", "[sampler]") {
   for (std::uint64_t n : {1ull, 2ull, 3ull, 16ull, 17ull, 1000ull, 65536ull, 100003ull}) {
     FeistelPermutation p(n, 1234);
     std::vector<char> seen(n, 0);

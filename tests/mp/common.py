@@ -8,6 +8,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reports"))
+from validate_hook import validate  # noqa: E402
+
 BIN = os.environ.get("DDPDIAG_BIN", "ddpdiag")
 # Generous: Gloo spins while it waits, so with more ranks than cores small
 # messages cost a scheduler tick each.
@@ -73,6 +76,9 @@ def tmp_json():
 
 
 def load(path):
+    """Reads a report; every report a test reads is first checked against the
+    schema."""
+    validate(path)
     with open(path) as f:
         return json.load(f)
 
