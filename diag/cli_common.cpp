@@ -48,6 +48,14 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   g->add_option("--store-protocol", o.store_protocol,
                 "Store wire protocol: auto (detect), 1.13 or 2.x")
       ->check(CLI::IsMember({"auto", "1.13", "2.x"}));
+  g->add_flag("--desync-check", o.desync_check,
+              "All-gather every collective's fingerprint before it runs and stop at the first "
+              "rank that disagrees (as TORCH_DISTRIBUTED_DEBUG=DETAIL; costs latency)");
+  // Tests only (hidden): fault injection in the monitored communicator and
+  // per-rank host names, so fault tests need no sleeps and bisect can see
+  // "hosts" on one machine. See comm/monitor.h for the fault syntax.
+  g->add_option("--inject-fault", o.inject_fault, "")->group("");
+  g->add_option("--test-hosts", o.test_hosts, "")->group("");
 }
 
 std::size_t parse_size(const std::string& s) {
@@ -81,12 +89,26 @@ std::string format_size(std::size_t b) {
   return std::to_string(b);
 }
 
-namespace {
-
-std::string host_name() {
+std::string machine_name() {
   char host[256] = {0};
   gethostname(host, sizeof host - 1);
   return host;
+}
+
+std::string reported_host_name(const CommonOptions& o, int rank) {
+  if (!o.test_hosts.empty()) {
+    std::vector<std::string> names;
+    std::size_t start = 0;
+    for (;;) {
+      auto comma = o.test_hosts.find(',', start);
+      names.push_back(o.test_hosts.substr(start, comma - start));
+      if (comma == std::string::npos) break;
+      start = comma + 1;
+    }
+    if (rank >= 0 && rank < static_cast<int>(names.size()) && !names[rank].empty())
+      return names[rank];
+  }
+  return machine_name();
 }
 
 Backend choose_backend(const CommonOptions& o) {
@@ -95,27 +117,28 @@ Backend choose_backend(const CommonOptions& o) {
   return (nccl_supported() && cuda_device_count() > 0) ? Backend::kNccl : Backend::kGloo;
 }
 
-StoreProtocol parse_protocol(const std::string& s) {
+StoreProtocol parse_store_protocol(const std::string& s) {
   if (s == "1.13") return StoreProtocol::kV1;
   if (s == "2.x") return StoreProtocol::kV2;
   return StoreProtocol::kAuto;
 }
 
 // Rendezvous protocol, under the job's ddpdiag prefix:
-//   rank/<r>   JSON {rank, world_size, local_rank, host, pid, device}, set by
-//              compare_set so a second process claiming the same rank sees
-//              the first one's value and both are named;
+//   rank/<r>   JSON {rank, world_size, local_rank, host, machine, pid, device},
+//              set by compare_set so a second process claiming the same rank
+//              sees the first one's value and both are named;
 //   joined     counter of ranks that registered;
 //   abort      set by a rank that found the world inconsistent, so the others
 //              stop waiting at once and report the same cause.
 // Ranks poll (joined, abort) rather than blocking in WAIT, so a rank that
 // never comes is named when the deadline passes.
-void rendezvous(Job& job, const std::string& device) {
+void register_rank(Job& job, const std::string& device, const std::string& host) {
   const int n = job.size();
   const int me = job.rank();
   nlohmann::json info = {{"rank", me},          {"world_size", n},
                          {"local_rank", job.world.local_rank},
-                         {"host", host_name()}, {"pid", static_cast<long>(getpid())},
+                         {"host", host},        {"machine", machine_name()},
+                         {"pid", static_cast<long>(getpid())},
                          {"device", device}};
   const std::string mine = info.dump();
   Bytes current = job.store->compare_set("rank/" + std::to_string(me), {}, to_bytes(mine));
@@ -126,14 +149,18 @@ void rendezvous(Job& job, const std::string& device) {
                                         other.value("host", std::string("?")))
                           : "another process";
     std::string msg = fmt::format("rank {} is claimed twice: by {} and by pid {} on host {}", me,
-                                  who, static_cast<long>(getpid()), host_name());
+                                  who, static_cast<long>(getpid()), host);
     job.store->set("abort", to_bytes(msg));
     throw RendezvousError(msg, {"rendezvous", me, -1,
                                 "two processes were given the same rank; check RANK / "
                                 "--rank / the launcher's task counts"});
   }
   job.store->add("joined", 1);
+}
 
+void wait_for_ranks(Job& job) {
+  const int n = job.size();
+  const int me = job.rank();
   const auto deadline = std::chrono::steady_clock::now() + job.timeout;
   for (;;) {
     if (job.store->check({"abort"})) {
@@ -164,6 +191,7 @@ void rendezvous(Job& job, const std::string& device) {
 
   // Everyone registered: check that they agree on the world.
   job.ranks.clear();
+  job.machines.assign(n, std::string());
   std::vector<std::string> disagree;
   for (int r = 0; r < n; ++r) {
     auto j = nlohmann::json::parse(
@@ -174,6 +202,7 @@ void rendezvous(Job& job, const std::string& device) {
                                                 j.value("pid", 0L), j.value("host", ""), ws));
     job.ranks.push_back({r, j.value("local_rank", 0), j.value("host", std::string()),
                          static_cast<int>(j.value("pid", 0L)), j.value("device", "")});
+    job.machines[r] = j.value("machine", j.value("host", std::string()));
   }
   if (std::int64_t joined = job.store->add("joined", 0); joined > n)
     disagree.push_back(fmt::format("{} processes joined a world of {}", joined, n));
@@ -186,48 +215,52 @@ void rendezvous(Job& job, const std::string& device) {
   }
 }
 
-// Sets up store and communicator for this rank.
-void start_job(Job& job, const CommonOptions& o) {
-  job.world = discover_world(o.world, process_env());
-  job.backend = choose_backend(o);
-  job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
-  const int me = job.world.rank;
+void host_store(Job& job) {
+  if (job.world.world_size == 1 && !job.world.agent_store) return;
+  if (!job.world.hosts_store()) return;
+  TcpStoreServerOptions so;
+  so.port = job.world.master_port;
+  try {
+    job.server = std::make_unique<TcpStoreServer>(so);
+  } catch (Error& e) {
+    e.context().rank = job.world.rank;
+    if (e.context().phase.empty()) e.context().phase = "store.serve";
+    throw;
+  }
+}
 
+std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o) {
   std::shared_ptr<Store> base;
   if (job.world.world_size == 1 && !job.world.agent_store) {
     base = std::make_shared<MemoryStore>();
   } else {
-    if (job.world.hosts_store()) {
-      TcpStoreServerOptions so;
-      so.port = job.world.master_port;
-      try {
-        job.server = std::make_unique<TcpStoreServer>(so);
-      } catch (Error& e) {
-        e.context().rank = me;
-        if (e.context().phase.empty()) e.context().phase = "store.serve";
-        throw;
-      }
-    }
     TcpStoreClientOptions co;
     co.host = job.world.hosts_store() ? std::string("127.0.0.1") : job.world.master_addr;
     co.port = job.world.master_port;
-    co.protocol = parse_protocol(o.store_protocol);
+    co.protocol = parse_store_protocol(o.store_protocol);
     co.connect_timeout = job.timeout;
     co.io_timeout = job.timeout;
-    co.rank = me;
+    co.rank = job.world.rank;
     base = std::make_shared<TcpStoreClient>(co);
+    job.store_client = co;
   }
   // Our keys live under our own prefix, inside torchrun's attempt prefix when
   // its agent hosts the store, so we never collide with other store users.
   std::string prefix = job.world.store_prefix.empty() ? std::string("ddpdiag")
                                                       : job.world.store_prefix + "/ddpdiag";
   job.store = std::make_shared<PrefixStore>(prefix, base);
+  return base;
+}
 
-  std::string device = job.backend == Backend::kNccl
-                           ? fmt::format("cuda:{}", job.world.local_rank)
-                           : std::string("cpu");
-  rendezvous(job, device);
-
+void create_communicator(Job& job, const CommonOptions& o) {
+  const int me = job.world.rank;
+  std::vector<Fault> faults;
+  try {
+    if (!o.inject_fault.empty()) faults = parse_faults(o.inject_fault);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(fmt::format("--inject-fault: {}", e.what()),
+                     {"flags", me, -1, "see comm/monitor.h for the fault syntax"});
+  }
   CommOptions co;
   co.backend = job.backend;
   co.rank = me;
@@ -236,13 +269,65 @@ void start_job(Job& job, const CommonOptions& o) {
   co.store = std::make_shared<PrefixStore>("comm", job.store);
   co.timeout = job.timeout;
   co.gloo_interface = o.gloo_interface;
-  job.comm = make_communicator(co);
-  job.comm->set_default_timeout(job.timeout);
+  job.comm_options = co;
+  auto inner = make_communicator(co);
+  inner->set_default_timeout(job.timeout);
+
+  // The watchdog talks to the store over a connection of its own, so a main
+  // thread blocked in a store wait never delays it.
+  MonitorOptions mo;
+  mo.rank = me;
+  mo.size = job.world.world_size;
+  std::shared_ptr<Store> monitor_base = job.store;
+  if (job.store_client) {
+    auto own = *job.store_client;
+    own.connect_timeout = std::min(job.timeout, Millis(10000));
+    monitor_base = std::make_shared<PrefixStore>(
+        std::static_pointer_cast<PrefixStore>(job.store)->prefix(),
+        std::make_shared<TcpStoreClient>(own));
+  }
+  mo.store = std::make_shared<PrefixStore>("monitor", monitor_base);
+  mo.timeout = job.timeout;
+  mo.gather_wait = std::clamp(Millis(job.timeout.count() / 4), Millis(1000), Millis(5000));
+  mo.desync_check = o.desync_check;
+  mo.faults = std::move(faults);
+  const std::string here = machine_name();
+  for (const auto& r : job.ranks) {
+    MonitorOptions::Peer p;
+    p.host = r.host;
+    p.pid = r.pid;
+    p.same_machine = r.rank < static_cast<int>(job.machines.size()) &&
+                     job.machines[r.rank] == here;
+    mo.peers.push_back(p);
+  }
+  mo.host = reported_host_name(o, me);
+  auto monitored = std::make_unique<MonitoredCommunicator>(std::move(inner), std::move(mo));
+  job.monitor = monitored.get();
+  job.comm = std::move(monitored);
+}
+
+namespace {
+
+// Sets up store and communicator for this rank.
+void start_job(Job& job, const CommonOptions& o) {
+  job.world = discover_world(o.world, process_env());
+  job.backend = choose_backend(o);
+  job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
+  host_store(job);
+  connect_store(job, o);
+  std::string device = job.backend == Backend::kNccl
+                           ? fmt::format("cuda:{}", job.world.local_rank)
+                           : std::string("cpu");
+  register_rank(job, device, reported_host_name(o, job.world.rank));
+  wait_for_ranks(job);
+  create_communicator(job, o);
   // Record the device each rank's backend actually chose.
   auto devices = job.gather_to_root("device", job.comm->device_name());
   for (std::size_t r = 0; r < devices.size() && r < job.ranks.size(); ++r)
     job.ranks[r].device = devices[r].get<std::string>();
 }
+
+}  // namespace
 
 // Rank 0 hosts the store in-process; it must outlive every other rank's last
 // use of it. Each rank counts itself out; rank 0 waits (bounded) for all.
@@ -269,8 +354,6 @@ reports::ErrorInfo to_error_info(const Error& e) {
   return {e.kind(), e.what(), c.phase, c.rank, c.peer, c.hint, static_cast<int>(e.exit_code())};
 }
 
-}  // namespace
-
 std::vector<nlohmann::json> Job::gather_to_root(const std::string& key,
                                                 const nlohmann::json& mine) {
   store->set(fmt::format("gather/{}/{}", key, rank()), to_bytes(mine.dump()));
@@ -286,7 +369,7 @@ void Job::progress_line(const std::string& line) const {
   if (progress && world.rank == 0) std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body) {
+std::optional<int> launch_if_asked(const CommonOptions& o) {
   auto env = process_env();
   const bool under_launcher = launched_by_launcher(env);
   const bool explicit_world = o.world.rank.has_value() || o.world.world_size.has_value();
@@ -316,7 +399,12 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     lo.progress = isatty(STDERR_FILENO) && !o.quiet;
     return launch_local(lo);
   }
+  return std::nullopt;
+}
 
+int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body) {
+  if (auto rc = launch_if_asked(o)) return *rc;
+  auto env = process_env();
   reports::Report report(command, own_command_line());
   report.set_environment(recorded_environment());
   Job job;
@@ -334,6 +422,10 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     print_error(e);
     report.set_error(to_error_info(e));
     rc = static_cast<int>(e.exit_code());
+    if (job.monitor) {
+      auto watchdog = job.monitor->failure_report();
+      if (!watchdog.is_null()) report.results()["watchdog"] = watchdog;
+    }
     if (job.comm) job.comm->abort();
     if (job.store) {
       try {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 
 #include "comm/communicator.h"
 #include "comm/errors.h"
+#include "comm/monitored_communicator.h"
 #include "comm/store/tcp_store.h"
 #include "comm/world.h"
 #include "reports/report.h"
@@ -31,10 +33,14 @@ struct CommonOptions {
   std::string gloo_interface;
   std::string store_protocol = "auto";  // auto | 1.13 | 2.x
   bool quiet = false;
+  bool desync_check = false;      // all-gather fingerprints before every collective
+  std::string inject_fault;       // hidden, tests only: monitor.h's Fault spec
+  std::string test_hosts;         // hidden, tests only: host name per rank "a,a,b,b"
 };
 
 // Adds --rank, --world-size, --local-rank, --master-addr, --master-port,
-// --backend, --nproc, --timeout, --json, --gloo-interface, --store-protocol.
+// --backend, --nproc, --timeout, --json, --gloo-interface, --store-protocol,
+// --desync-check and the hidden test flags --inject-fault and --test-hosts.
 void add_common_options(CLI::App* app, CommonOptions& o);
 
 // One rank of a running job.
@@ -44,8 +50,13 @@ struct Job {
   Millis timeout{60000};
   std::unique_ptr<TcpStoreServer> server;  // rank 0 when it hosts the store
   std::shared_ptr<Store> store;            // under this job's ddpdiag prefix
-  std::unique_ptr<Communicator> comm;
+  std::unique_ptr<Communicator> comm;     // a MonitoredCommunicator over the backend's
+  MonitoredCommunicator* monitor = nullptr;  // comm, as its watchdog
+  CommOptions comm_options;                // what comm was made with (sub-groups reuse it)
   std::vector<reports::RankInfo> ranks;    // every rank's identity, from rendezvous
+  std::vector<std::string> machines;       // every rank's real host name (ranks[].host may be
+                                           // a --test-hosts name)
+  std::optional<TcpStoreClientOptions> store_client;  // how this rank reached the store
   bool progress = false;                   // rank 0 shows progress on stderr
 
   int rank() const { return world.rank; }
@@ -56,6 +67,29 @@ struct Job {
   void progress_line(const std::string& line) const;
 };
 
+// The phases of starting a job, in order (start_job in cli_common.cpp runs
+// them all; init-check runs and times them one by one).
+Backend choose_backend(const CommonOptions& o);
+StoreProtocol parse_store_protocol(const std::string& s);
+// This rank's host name as reported at rendezvous (--test-hosts overrides it).
+std::string reported_host_name(const CommonOptions& o, int rank);
+std::string machine_name();  // gethostname()
+// Rank 0 hosts the store unless an agent does (no-op otherwise).
+void host_store(Job& job);
+// Connects this rank to the store (a MemoryStore for a world of 1) and sets
+// job.store under the job's ddpdiag prefix. Returns the raw client.
+std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o);
+// Rendezvous: registers this rank (rank/<r>, compare_set so duplicates are
+// named), then waits for every rank, naming the missing ones at the deadline
+// and the ones that disagree on the world size.
+void register_rank(Job& job, const std::string& device, const std::string& host);
+void wait_for_ranks(Job& job);
+// Creates the backend's communicator, wrapped in a MonitoredCommunicator.
+void create_communicator(Job& job, const CommonOptions& o);
+// Rank 0 keeps the store up until every rank has left (bounded).
+void leave_job(Job& job, bool after_error);
+reports::ErrorInfo to_error_info(const Error& e);
+
 using JobBody = std::function<void(Job&, reports::Report&)>;
 
 // Runs a distributed command from start to end on this process: hands off to
@@ -63,6 +97,10 @@ using JobBody = std::function<void(Job&, reports::Report&)>;
 // the default world), else discovers the world, rendezvouses, creates the
 // communicator, runs the body, writes the report on rank 0 (also after a
 // failure, with what was measured) and returns the exit code.
+// Hands off to the built-in launcher when asked (--nproc, or no launcher and
+// no rank flags) and returns its exit code; nullopt when this process is a rank.
+std::optional<int> launch_if_asked(const CommonOptions& o);
+
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body);
 
 // Parses sizes with binary suffixes as nccl-tests does: 8, 1K, 64M, 1G.

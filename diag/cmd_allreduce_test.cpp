@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include "comm/measure.h"
+#include "diag/bisect.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
 
@@ -28,6 +29,7 @@ struct AllreduceTestOptions {
   bool no_in_place = false;
   bool no_out_of_place = false;
   double min_busbw_gbps = 0;
+  bool bisect = false;
 };
 
 nlohmann::json block_json(const std::optional<TimingBlock>& b) {
@@ -205,6 +207,10 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     throw;
   }
   auto [wrong, avg] = judge();
+  if (o.bisect) {
+    auto verdict = run_bisect(job, o.common, BisectOptions{}, report);
+    if (job.rank() == 0) res["bisect"] = verdict;
+  }
   if (job.rank() == 0) {
     std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
                 wrong == 0 ? "OK" : "FAILED");
@@ -242,6 +248,9 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   app->add_flag("--no-out-of-place", opts->no_out_of_place, "Skip the out-of-place block");
   app->add_option("--min-busbw", opts->min_busbw_gbps,
                   "FAIL when bus bandwidth at the largest size is under this many GB/s");
+  app->add_flag("--bisect", opts->bisect,
+                "After the sweep, test sub-groups (each host alone, pairs of hosts, halves) and "
+                "name the smallest failing or slow set and the rank/host it points to");
   return {app, [opts] {
             return run_distributed(opts->common, "allreduce-test",
                                    [opts](Job& job, reports::Report& report) {

@@ -25,5 +25,6 @@ Subcommand add_sampler_command(CLI::App& parent);  // DistributedSampler indices
 Subcommand add_report_command(CLI::App& parent);   // report validate | compare | render
 Subcommand add_ddp_step_command(CLI::App& parent);        // simulated backward + reducer
 Subcommand add_broadcast_test_command(CLI::App& parent);  // parameter broadcast + checksums
+Subcommand add_init_check_command(CLI::App& parent);  // init phase by phase, per-rank timeline
 
 }  // namespace ddpdiag::cli

@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
       cli::add_report_command(app),
       cli::add_ddp_step_command(app),
       cli::add_broadcast_test_command(app),
+      cli::add_init_check_command(app),
   };
   try {
     app.parse(argc, argv);

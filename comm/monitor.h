@@ -1,0 +1,125 @@
+// The pure parts of hang and desync detection: what a collective looks like
+// (its fingerprint), what a rank knows about its own progress (its state, with
+// a flight recorder of its last collectives), how the states of every rank
+// turn into a diagnosis ("rank 1 is behind", "rank 0 runs all_reduce but rank
+// 2 runs broadcast", "rank 3 is gone"), and the test-only fault injection
+// spec. No I/O here: MonitoredCommunicator (monitored_communicator.h) moves
+// the states through the store and calls diagnose().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/types.h"
+
+namespace ddpdiag {
+
+// What every rank must agree on for one collective: c10d's
+// TORCH_DISTRIBUTED_DEBUG=DETAIL compares the same fields.
+struct Fingerprint {
+  std::string op;          // "all_reduce", "broadcast", "reduce", "all_gather",
+                           // "reduce_scatter", "barrier", "send", "recv", "sendrecv"
+  std::string dtype;       // dtype_name(), "" for barrier
+  std::uint64_t count = 0; // elements (per rank for all_gather / reduce_scatter)
+  int root = -1;           // root of broadcast/reduce, peer of send/recv, -1 otherwise
+  std::string reduce_op;   // "sum", ... for reductions, "" otherwise
+
+  // "all_reduce(float, 1024, sum)", "broadcast(float, 1024, root=0)", "barrier()".
+  std::string describe() const;
+  bool operator==(const Fingerprint& o) const = default;
+  // Point-to-point ops legitimately differ between ranks (send on one side,
+  // recv on the other), so they never count as a desync.
+  bool is_collective() const;
+};
+
+// One entry of the flight recorder: a collective this rank issued.
+struct FlightEntry {
+  std::int64_t seq = 0;
+  Fingerprint fp;
+  double started_s = 0;     // seconds since the monitor started
+  double duration_ms = -1;  // -1 while not completed
+  std::string state;        // "started", "completed", "failed"
+};
+
+// What one rank publishes when a hang or failure is suspected.
+struct RankState {
+  int rank = 0;
+  std::string host;
+  long pid = 0;
+  std::int64_t last_started = 0;    // sequence number of the last collective issued (0: none)
+  std::int64_t last_completed = 0;  // ... of the last one known complete
+  std::string reason;               // why it published ("timeout in all_reduce #5", "alarm from rank 0")
+  std::vector<FlightEntry> recent;  // flight recorder, oldest first
+
+  // The fingerprint of collective `seq` if the recorder still holds it.
+  const Fingerprint* at(std::int64_t seq) const;
+};
+
+nlohmann::json to_json(const Fingerprint& f);
+Fingerprint fingerprint_from_json(const nlohmann::json& j);
+nlohmann::json to_json(const RankState& s);
+// Throws std::invalid_argument (nlohmann's parse/type errors) on bad input.
+RankState rank_state_from_json(const nlohmann::json& j);
+
+// A mismatch: at collective `seq`, ranks run different collectives.
+struct Mismatch {
+  std::int64_t seq = 0;
+  // Ranks grouped by what they run at seq; the largest group first.
+  std::vector<std::pair<Fingerprint, std::vector<int>>> groups;
+};
+
+struct Diagnosis {
+  std::vector<int> gone;       // published no state: dead, stopped or unreachable
+  std::vector<int> behind;     // issued fewer collectives than the most advanced rank
+  std::vector<Mismatch> mismatches;
+  std::int64_t stuck_seq = 0;  // the first collective not completed everywhere (0: unknown)
+  std::vector<std::string> lines;  // one sentence per finding, most telling first
+  // One paragraph: lines joined.
+  std::string summary() const;
+  bool desync() const { return !mismatches.empty(); }
+  nlohmann::json to_json() const;
+};
+
+// Why a rank that published nothing is gone, when the caller could tell
+// (same host: "was killed (process gone)", "is stopped (SIGSTOP)"), indexed by
+// rank; empty strings where unknown.
+using GoneNotes = std::vector<std::string>;
+
+// states[r] is rank r's state, or nullopt when it published none in time.
+Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
+                   const GoneNotes& gone_notes = {});
+
+// Ranks as "1", "1 and 2", "0, 2 and 3".
+std::string rank_list(const std::vector<int>& ranks);
+
+// ---------------------------------------------------------------------------
+// Fault injection (tests only; hidden flag --inject-fault). A spec is a list
+// separated by ';' of KIND@key=value,...:
+//   hang@seq=5,rank=1     rank 1 stalls before issuing collective 5 (until
+//                         another rank raises the alarm, or 3 x timeout)
+//   skip@seq=3,rank=2     rank 2 does not issue collective 3 (a rank that
+//                         skipped a call: its later collectives shift by one)
+//   desync@seq=3,rank=1   rank 1 runs broadcast(root=0) instead of
+//                         collective 3, which never completes (a rank in a
+//                         different collective)
+//   exit@seq=4,rank=1     rank 1 is SIGKILLed just before collective 4
+//   slow@rank=2,ms=20     rank 2 adds 20 ms before every collective
+//   corrupt@rank=2        rank 2's all_reduce results are off by one
+// seq is 1-based and counts this communicator's collectives; seq-free kinds
+// apply to every collective. rank is the world rank.
+struct Fault {
+  enum class Kind { kHang, kSkip, kDesync, kExit, kSlow, kCorrupt };
+  Kind kind = Kind::kHang;
+  int rank = -1;
+  std::int64_t seq = 0;  // 0: every collective (slow, corrupt)
+  int ms = 0;            // slow
+};
+// Throws std::invalid_argument naming the bad part.
+std::vector<Fault> parse_faults(const std::string& spec);
+
+}  // namespace ddpdiag

@@ -1,0 +1,572 @@
+#include "comm/monitored_communicator.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/core.h>
+
+namespace ddpdiag {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Fingerprint words exchanged by --desync-check: seq, op, dtype, count, root,
+// reduce op. Ops and dtypes travel as small codes (index in the lists below).
+constexpr std::size_t kFpWords = 6;
+const char* const kOps[] = {"all_reduce", "broadcast", "reduce",  "all_gather", "reduce_scatter",
+                            "barrier",    "send",      "recv",    "sendrecv"};
+
+std::int64_t op_code(const std::string& op) {
+  for (std::size_t i = 0; i < std::size(kOps); ++i)
+    if (op == kOps[i]) return static_cast<std::int64_t>(i);
+  return -1;
+}
+
+Fingerprint make_fp(const char* op, std::size_t count, DType dtype, int root,
+                    std::optional<ReduceOp> rop) {
+  Fingerprint f;
+  f.op = op;
+  f.dtype = std::string(dtype_name(dtype));
+  f.count = count;
+  f.root = root;
+  if (rop) f.reduce_op = std::string(reduce_op_name(*rop));
+  return f;
+}
+
+class MonitoredWork final : public Work {
+ public:
+  MonitoredWork(MonitoredCommunicator* owner, std::int64_t seq, Fingerprint fp,
+                std::shared_ptr<Work> inner, void* corrupt_target, DType dtype, std::size_t count)
+      : owner_(owner), seq_(seq), fp_(std::move(fp)), inner_(std::move(inner)),
+        corrupt_target_(corrupt_target), dtype_(dtype), count_(count) {}
+
+  bool is_completed() override { return !inner_ || inner_->is_completed(); }
+
+  void wait(Millis timeout) override {
+    if (!inner_) {
+      // A phantom collective (injected desync): it never completes, as a
+      // collective that no peer joins; it ends at its deadline or the alarm.
+      const auto deadline = Clock::now() + timeout;
+      while (Clock::now() < deadline && !owner_->alarm_seen())
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      owner_->fail(seq_, TimeoutError(fmt::format("{} #{} on rank {} did not complete within {} ms",
+                                                  fp_.describe(), seq_, owner_->rank(),
+                                                  timeout.count()),
+                                      ErrorContext{fp_.op, owner_->rank(), -1, ""}));
+    }
+    try {
+      inner_->wait(timeout);
+    } catch (const Error& e) {
+      owner_->fail(seq_, e);
+    }
+    if (seq_ > 0) owner_->mark_completed(seq_);
+    if (corrupt_target_ && !corrupted_) {
+      corrupted_ = true;
+      owner_->corrupt_result(corrupt_target_, dtype_, count_);
+    }
+  }
+
+  void abort() override {
+    if (inner_) inner_->abort();
+  }
+
+ private:
+  MonitoredCommunicator* owner_;
+  std::int64_t seq_;
+  Fingerprint fp_;
+  std::shared_ptr<Work> inner_;
+  void* corrupt_target_;
+  DType dtype_;
+  std::size_t count_;
+  bool corrupted_ = false;
+};
+
+class DoneWork final : public Work {
+ public:
+  bool is_completed() override { return true; }
+  void wait(Millis) override {}
+  void abort() override {}
+};
+
+// Linux: the state letter of /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...), or 0
+// when the process does not exist.
+char process_state(long pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  if (!in) return 0;
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = all.rfind(')');
+  if (close == std::string::npos || close + 2 >= all.size()) return 0;
+  return all[close + 2];
+}
+
+}  // namespace
+
+MonitoredCommunicator::MonitoredCommunicator(std::unique_ptr<Communicator> inner,
+                                             MonitorOptions opts)
+    : inner_(std::move(inner)), opts_(std::move(opts)), t0_(Clock::now()) {
+  if (opts_.world_rank < 0) opts_.world_rank = opts_.rank;
+  timeout_ = inner_->default_timeout();
+  if (opts_.desync_check) fp_buf_ = inner_->alloc(kFpWords * sizeof(std::int64_t) * (size() + 1));
+  if (opts_.store) watchdog_ = std::thread([this] { watchdog_loop(); });
+}
+
+MonitoredCommunicator::~MonitoredCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(wd_mutex_);
+    stop_ = true;
+  }
+  wd_cv_.notify_all();
+  if (watchdog_.joinable()) watchdog_.join();
+  if (fp_buf_) inner_->free(fp_buf_);
+}
+
+double MonitoredCommunicator::now_s() const {
+  return std::chrono::duration<double>(Clock::now() - t0_).count();
+}
+
+const Fault* MonitoredCommunicator::fault_at(Fault::Kind kind, std::int64_t seq) const {
+  for (const auto& f : opts_.faults)
+    if (f.kind == kind && f.rank == opts_.world_rank && (f.seq == 0 || f.seq == seq)) return &f;
+  return nullptr;
+}
+
+template <typename MakeFn>
+std::shared_ptr<Work> MonitoredCommunicator::issue(Fingerprint fp, MakeFn make,
+                                                   void* corrupt_target, DType dtype,
+                                                   std::size_t count) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_) std::rethrow_exception(failure_);
+  }
+  const std::int64_t seq = started_.load() + 1;
+  if (fault_at(Fault::Kind::kExit, seq)) {
+    std::fprintf(stderr, "ddpdiag: injected fault: rank %d kills itself before collective #%lld\n",
+                 opts_.world_rank, static_cast<long long>(seq));
+    std::fflush(stderr);
+    ::kill(::getpid(), SIGKILL);
+  }
+  if (fault_at(Fault::Kind::kSkip, seq) && !skipped_) {
+    // The call is dropped and not counted: the next one takes this number.
+    skipped_ = true;
+    return std::make_shared<DoneWork>();
+  }
+  if (const Fault* slow = fault_at(Fault::Kind::kSlow, seq))
+    std::this_thread::sleep_for(std::chrono::milliseconds(slow->ms));
+  if (fault_at(Fault::Kind::kHang, seq)) stall(seq, fp);
+  const bool phantom = fault_at(Fault::Kind::kDesync, seq) != nullptr;
+  if (phantom) {
+    fp.op = "broadcast";
+    fp.root = 0;
+    fp.reduce_op.clear();
+  }
+  if (opts_.desync_check) check_fingerprints(seq, fp);
+
+  // A rank stuck in a collective that no peer joins runs nothing after it
+  // either (backends execute in order): later ops queue behind the phantom.
+  if (phantom) blocked_ = true;
+  std::shared_ptr<Work> work = blocked_ ? nullptr : make();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ring_.push_back({{seq, fp, now_s(), -1, "started"}, Clock::now(), work});
+    while (ring_.size() > opts_.flight_size) ring_.pop_front();
+  }
+  started_.store(seq);
+  if (!fault_at(Fault::Kind::kCorrupt, seq)) corrupt_target = nullptr;
+  return std::make_shared<MonitoredWork>(this, seq, std::move(fp), std::move(work),
+                                         corrupt_target, dtype, count);
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::issue_p2p(Fingerprint fp, std::shared_ptr<Work> work) {
+  // Point-to-point ops differ between ranks by design; they get no sequence
+  // number but are watched like collectives.
+  return std::make_shared<MonitoredWork>(this, 0, std::move(fp), std::move(work), nullptr,
+                                         DType::kFloat32, 0);
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::allreduce(const void* send, void* recv,
+                                                       std::size_t count, DType dtype,
+                                                       ReduceOp op) {
+  return issue(make_fp("all_reduce", count, dtype, -1, op),
+               [&] { return inner_->allreduce(send, recv, count, dtype, op); }, recv, dtype, count);
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::broadcast(void* buf, std::size_t count, DType dtype,
+                                                       int root) {
+  return issue(make_fp("broadcast", count, dtype, root, std::nullopt),
+               [&] { return inner_->broadcast(buf, count, dtype, root); });
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::reduce(const void* send, void* recv,
+                                                    std::size_t count, DType dtype, ReduceOp op,
+                                                    int root) {
+  return issue(make_fp("reduce", count, dtype, root, op),
+               [&] { return inner_->reduce(send, recv, count, dtype, op, root); });
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::allgather(const void* send, void* recv,
+                                                       std::size_t count, DType dtype) {
+  return issue(make_fp("all_gather", count, dtype, -1, std::nullopt),
+               [&] { return inner_->allgather(send, recv, count, dtype); });
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::reduce_scatter(const void* send, void* recv,
+                                                            std::size_t recv_count, DType dtype,
+                                                            ReduceOp op) {
+  return issue(make_fp("reduce_scatter", recv_count, dtype, -1, op),
+               [&] { return inner_->reduce_scatter(send, recv, recv_count, dtype, op); });
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::barrier() {
+  Fingerprint f;
+  f.op = "barrier";
+  return issue(f, [&] { return inner_->barrier(); });
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::send(const void* buf, std::size_t count, DType dtype,
+                                                  int peer, std::uint32_t tag) {
+  return issue_p2p(make_fp("send", count, dtype, peer, std::nullopt),
+                   inner_->send(buf, count, dtype, peer, tag));
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::recv(void* buf, std::size_t count, DType dtype,
+                                                  int peer, std::uint32_t tag) {
+  return issue_p2p(make_fp("recv", count, dtype, peer, std::nullopt),
+                   inner_->recv(buf, count, dtype, peer, tag));
+}
+
+std::shared_ptr<Work> MonitoredCommunicator::sendrecv(const void* send_buf, std::size_t send_count,
+                                                      int send_peer, void* recv_buf,
+                                                      std::size_t recv_count, int recv_peer,
+                                                      DType dtype, std::uint32_t tag) {
+  return issue_p2p(make_fp("sendrecv", send_count, dtype, send_peer, std::nullopt),
+                   inner_->sendrecv(send_buf, send_count, send_peer, recv_buf, recv_count,
+                                    recv_peer, dtype, tag));
+}
+
+void MonitoredCommunicator::abort() {
+  aborted_ = true;
+  inner_->abort();
+}
+
+void MonitoredCommunicator::mark_completed(std::int64_t seq) {
+  std::int64_t cur = completed_.load();
+  while (cur < seq && !completed_.compare_exchange_weak(cur, seq)) {
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto now = Clock::now();
+  for (auto& e : ring_)
+    if (e.rec.seq <= seq && e.rec.state == "started") {
+      e.rec.state = "completed";
+      e.rec.duration_ms = std::chrono::duration<double, std::milli>(now - e.started).count();
+      e.work.reset();
+    }
+}
+
+void MonitoredCommunicator::corrupt_result(void* recv, DType dtype, std::size_t count) {
+  if (count == 0) return;
+  std::vector<std::uint8_t> first(dtype_size(dtype));
+  inner_->copy_to_host(first.data(), recv, first.size());
+  store_from_double(dtype, first.data(), 0, load_as_double(dtype, first.data(), 0) + 1);
+  inner_->copy_from_host(recv, first.data(), first.size());
+}
+
+RankState MonitoredCommunicator::state(const std::string& reason) const {
+  RankState s;
+  s.rank = rank();
+  s.host = opts_.host;
+  s.pid = static_cast<long>(::getpid());
+  s.last_started = started_.load();
+  s.last_completed = completed_.load();
+  s.reason = reason;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& e : ring_) {
+    FlightEntry f = e.rec;
+    if (f.state == "started")
+      f.duration_ms = std::chrono::duration<double, std::milli>(Clock::now() - e.started).count();
+    s.recent.push_back(std::move(f));
+  }
+  return s;
+}
+
+nlohmann::json MonitoredCommunicator::failure_report() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return failure_report_;
+}
+
+void MonitoredCommunicator::publish(const std::string& reason) {
+  if (!opts_.store) return;
+  try {
+    opts_.store->set(fmt::format("state/{}", rank()), to_bytes(to_json(state(reason)).dump()));
+  } catch (const Error&) {
+    // The store is gone too: the others will list this rank as gone.
+  }
+}
+
+bool MonitoredCommunicator::raise_alarm(const std::string& reason) {
+  if (!opts_.store) return false;
+  try {
+    const Bytes mine = to_bytes(reason);
+    return opts_.store->compare_set("alarm", {}, mine) == mine;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states() {
+  const int n = size();
+  std::vector<std::optional<RankState>> states(n);
+  if (!opts_.store) {
+    states[rank()] = state("");
+    return states;
+  }
+  const auto deadline = Clock::now() + opts_.gather_wait;
+  std::vector<std::string> keys;
+  for (int r = 0; r < n; ++r) keys.push_back(fmt::format("state/{}", r));
+  try {
+    while (Clock::now() < deadline && !opts_.store->check(keys))
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    for (int r = 0; r < n; ++r) {
+      if (!opts_.store->check({keys[r]})) continue;
+      try {
+        states[r] = rank_state_from_json(
+            nlohmann::json::parse(to_string(opts_.store->get(keys[r], Millis(1000)))));
+      } catch (const std::invalid_argument&) {
+      } catch (const nlohmann::json::exception&) {
+      }
+    }
+  } catch (const Error&) {
+    // Store unreachable: only what we know about ourselves.
+  }
+  if (!states[rank()]) states[rank()] = state("");
+  return states;
+}
+
+GoneNotes MonitoredCommunicator::gone_notes(
+    const std::vector<std::optional<RankState>>& states) const {
+  GoneNotes notes(states.size());
+  for (std::size_t r = 0; r < states.size() && r < opts_.peers.size(); ++r) {
+    if (states[r]) continue;
+    const auto& p = opts_.peers[r];
+    if (!p.same_machine || p.pid <= 0) {
+      notes[r] = fmt::format("is dead, stopped or cannot reach the store (host {}, pid {})",
+                             p.host, p.pid);
+      continue;
+    }
+    char st = process_state(p.pid);
+    if (st == 0 || st == 'Z' || st == 'X')
+      notes[r] = fmt::format("is dead: its process {} on this machine has exited or was killed",
+                             p.pid);
+    else if (st == 'T' || st == 't')
+      notes[r] = fmt::format("is stopped: its process {} on this machine exists but does not "
+                             "run (SIGSTOP or a debugger)", p.pid);
+    else
+      notes[r] = fmt::format("is alive (process {}, state {}) but did not answer: stuck without "
+                             "its watchdog, or cannot reach the store", p.pid, st);
+  }
+  return notes;
+}
+
+void MonitoredCommunicator::stall(std::int64_t seq, const Fingerprint& fp) {
+  std::fprintf(stderr, "ddpdiag: injected fault: rank %d stalls before collective #%lld %s\n",
+               opts_.world_rank, static_cast<long long>(seq), fp.describe().c_str());
+  std::fflush(stderr);
+  const auto until = Clock::now() + 3 * timeout_;
+  while (Clock::now() < until && !alarm_seen_ && !aborted_)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  fail(seq, TimeoutError(fmt::format("rank {} stalled before collective #{} {} (injected hang)",
+                                     rank(), seq, fp.describe()),
+                         ErrorContext{fp.op, rank(), -1, ""}));
+}
+
+void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerprint& fp) {
+  const int n = size();
+  std::vector<std::int64_t> mine = {seq,
+                                    op_code(fp.op),
+                                    fp.dtype.empty() ? -1 : static_cast<std::int64_t>(
+                                                               parse_dtype(fp.dtype).value_or(DType::kUInt8)),
+                                    static_cast<std::int64_t>(fp.count),
+                                    fp.root,
+                                    fp.reduce_op.empty() ? -1 : static_cast<std::int64_t>(
+                                                                    parse_reduce_op(fp.reduce_op).value_or(ReduceOp::kSum))};
+  auto* base = static_cast<std::uint8_t*>(fp_buf_);
+  const std::size_t row = kFpWords * sizeof(std::int64_t);
+  inner_->copy_from_host(base, mine.data(), row);
+  try {
+    inner_->allgather(base, base + row, kFpWords, DType::kInt64)->wait(timeout_);
+  } catch (const Error& e) {
+    fail(seq, e);
+  }
+  std::vector<std::int64_t> all(kFpWords * n);
+  inner_->copy_to_host(all.data(), base + row, row * n);
+  std::vector<std::optional<RankState>> states(n);
+  bool differ = false;
+  for (int r = 0; r < n; ++r) {
+    const std::int64_t* w = &all[kFpWords * r];
+    Fingerprint f;
+    f.op = w[1] >= 0 && w[1] < static_cast<std::int64_t>(std::size(kOps)) ? kOps[w[1]] : "?";
+    if (w[2] >= 0) f.dtype = std::string(dtype_name(static_cast<DType>(w[2])));
+    f.count = static_cast<std::uint64_t>(w[3]);
+    f.root = static_cast<int>(w[4]);
+    if (w[5] >= 0) f.reduce_op = std::string(reduce_op_name(static_cast<ReduceOp>(w[5])));
+    RankState s;
+    s.rank = r;
+    s.last_started = w[0];
+    s.last_completed = w[0] - 1;
+    s.recent.push_back({w[0], f, 0, -1, "checked"});
+    if (w[0] != seq || !(f == fp)) differ = true;
+    states[r] = std::move(s);
+  }
+  if (!differ) return;
+  Diagnosis d = diagnose(states);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    nlohmann::json ranks = nlohmann::json::array();
+    for (auto& s : states) ranks.push_back(to_json(*s));
+    failure_report_ = {{"diagnosis", d.to_json()}, {"ranks", ranks},
+                       {"cause", "--desync-check: fingerprints differ before the collective ran"},
+                       {"detected_by", "desync_check"}};
+  }
+  int peer = -1;
+  if (!d.mismatches.empty() && d.mismatches.front().groups.size() > 1)
+    peer = d.mismatches.front().groups[1].second.front();
+  PeerError err(fmt::format("collective #{} on rank {}: the ranks disagree on the collective "
+                            "(--desync-check). {}",
+                            seq, rank(), d.summary()),
+                ErrorContext{fp.op, rank(), peer,
+                             "every rank must issue the same collectives in the same order with "
+                             "the same dtype, count and root; the named rank took a different "
+                             "code path"});
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_ = std::make_exception_ptr(err);
+  }
+  inner_->abort();
+  throw err;
+}
+
+void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause) {
+  std::lock_guard<std::mutex> guard(fail_mutex_);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (failure_) std::rethrow_exception(failure_);
+    for (auto& e : ring_)
+      if (e.rec.seq == seq && e.rec.state == "started") e.rec.state = "failed";
+  }
+  const std::string what = fmt::format("rank {}: {}", rank(), cause.what());
+  publish(what);
+  raise_alarm(what);
+  alarm_seen_ = true;
+  inner_->abort();
+  auto states = gather_states();
+  Diagnosis d = diagnose(states, gone_notes(states));
+
+  std::string hint;
+  int peer = cause.context().peer;
+  if (!d.gone.empty()) {
+    peer = d.gone.front();
+    hint = fmt::format("look at the log and host of {}{}: it died, was killed (OOM killer?), was "
+                       "stopped or lost its network",
+                       d.gone.size() == 1 ? "rank " : "ranks ", rank_list(d.gone));
+  } else if (d.desync()) {
+    const auto& g = d.mismatches.front().groups;
+    if (g.size() > 1) peer = g[1].second.front();
+    hint = "every rank must issue the same collectives in the same order with the same dtype, "
+           "count and root; the minority rank took a different code path";
+  } else if (!d.behind.empty()) {
+    peer = d.behind.front();
+    hint = fmt::format("{} stopped issuing collectives: see what it does between collectives "
+                       "(data loading, a deadlock, a branch the others did not take); rerun "
+                       "with --desync-check to catch skipped calls at once",
+                       d.behind.size() == 1 ? "rank " + rank_list(d.behind)
+                                            : "ranks " + rank_list(d.behind));
+  } else {
+    hint = "every rank is in the same collective: check the network between the hosts "
+           "(GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, firewall), or raise --timeout if it is "
+           "only slow";
+  }
+  std::string where = seq > 0 ? fmt::format("collective #{}", seq) : std::string("a point-to-point op");
+  std::string msg = fmt::format("{} did not complete on rank {} ({}). Watchdog: {}", where,
+                                rank(), cause.what(), d.summary());
+  ErrorContext ctx{cause.context().phase.empty() ? std::string("collective") : cause.context().phase,
+                   rank(), peer, hint};
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& s : states)
+    if (s) ranks.push_back(to_json(*s));
+  const nlohmann::json recorder = to_json(state(""))["flight_recorder"];
+  std::exception_ptr ep;
+  if (!d.gone.empty()) ep = std::make_exception_ptr(PeerError(msg, ctx));
+  else ep = std::make_exception_ptr(TimeoutError(msg, ctx));
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failure_report_ = {{"diagnosis", d.to_json()},
+                       {"ranks", ranks},
+                       {"cause", cause.what()},
+                       {"detected_by", "watchdog"},
+                       {"flight_recorder", recorder}};
+    failure_ = ep;
+  }
+  std::rethrow_exception(ep);
+}
+
+void MonitoredCommunicator::watchdog_loop() {
+  bool store_ok = true;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(wd_mutex_);
+      wd_cv_.wait_for(lock, opts_.poll_interval, [&] { return stop_.load(); });
+      if (stop_) return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (failure_) continue;
+    }
+    // Completion of ops nobody waits for yet.
+    std::int64_t done_up_to = 0;
+    bool overdue = false;
+    std::string overdue_what;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& e : ring_) {
+        if (e.rec.state != "started") continue;
+        if (e.work && e.work->is_completed()) {
+          done_up_to = e.rec.seq;
+          continue;
+        }
+        // A grace of one poll over the deadline: the waiting thread, if any,
+        // reports first with its own wording.
+        if (Clock::now() - e.started > timeout_ + 2 * opts_.poll_interval && !overdue) {
+          overdue = true;
+          overdue_what = fmt::format("collective #{} {} outstanding for more than {} ms",
+                                     e.rec.seq, e.rec.fp.describe(), timeout_.count());
+        }
+        break;
+      }
+    }
+    if (done_up_to > 0) mark_completed(done_up_to);
+    if (!store_ok) continue;
+    try {
+      if (!alarm_seen_ && opts_.store->check({"alarm"})) {
+        alarm_seen_ = true;
+        std::string why = to_string(opts_.store->get("alarm", Millis(1000)));
+        publish("alarm raised by " + why);
+        inner_->abort();
+      } else if (overdue && !alarm_seen_) {
+        const std::string what = fmt::format("rank {}: {}", rank(), overdue_what);
+        publish(what);
+        raise_alarm(what);
+        alarm_seen_ = true;
+        inner_->abort();
+      }
+    } catch (const Error&) {
+      store_ok = false;  // nothing more to learn from a store that is gone
+    }
+  }
+}
+
+}  // namespace ddpdiag

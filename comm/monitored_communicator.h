@@ -1,0 +1,166 @@
+// A Communicator that wraps another and watches it, as c10d's NCCL watchdog
+// and flight recorder do:
+//
+//  - every collective gets a sequence number (1, 2, ...) and a fingerprint
+//    (op, dtype, count, root); the last N are kept in a flight recorder;
+//  - when a Work's wait fails (its deadline passed, a peer closed its
+//    connection) or the watchdog thread sees a collective outstanding past its
+//    deadline, this rank publishes its state through the STORE (never the
+//    stuck communicator) under "<prefix>/state/<rank>", raises the job-wide
+//    alarm key, aborts the wrapped communicator, waits briefly for the other
+//    ranks' states and throws one error that says which ranks are behind,
+//    which run a different collective and which are gone;
+//  - the watchdog thread polls the alarm key, so a rank that is not inside a
+//    collective (stuck in its own code) still publishes its state when another
+//    rank raises the alarm, and a rank blocked in a healthy-looking collective
+//    stops at once instead of at its own deadline.
+//
+// Protocol (keys under the monitor's store prefix):
+//   alarm          first writer wins (compare_set): "rank R: <what failed>"
+//   state/<r>      JSON of RankState (monitor.h), rewritten on each publication
+//
+// Optional: --desync-check all-gathers the fingerprint before every
+// collective (TORCH_DISTRIBUTED_DEBUG=DETAIL style) and fails at once on a
+// mismatch, at the price of one extra small all_gather per collective.
+// Fault injection for tests (monitor.h: Fault) is applied here.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "comm/monitor.h"
+
+namespace ddpdiag {
+
+struct MonitorOptions {
+  int rank = 0;       // in this communicator
+  int world_rank = -1;  // for fault specs; defaults to rank
+  int size = 1;
+  // A store connection of its own (so that a main thread blocked in a store
+  // wait does not block the watchdog), prefixed for this communicator.
+  std::shared_ptr<Store> store;
+  Millis timeout = Store::kDefaultTimeout;  // deadline of a collective
+  // How long a rank that detected a failure waits for the others' states.
+  Millis gather_wait{3000};
+  Millis poll_interval{500};  // watchdog: alarm key and overdue collectives
+  std::size_t flight_size = 32;
+  bool desync_check = false;
+  std::vector<Fault> faults;
+  // Every rank's host and pid (from rendezvous), and whether it runs on this
+  // machine, so a rank that published nothing can be told dead or stopped.
+  struct Peer {
+    std::string host;
+    long pid = 0;
+    bool same_machine = false;
+  };
+  std::vector<Peer> peers;
+  std::string host;  // this rank's host name as reported
+};
+
+class MonitoredCommunicator final : public Communicator {
+ public:
+  MonitoredCommunicator(std::unique_ptr<Communicator> inner, MonitorOptions opts);
+  ~MonitoredCommunicator() override;
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Backend backend() const override { return inner_->backend(); }
+  MemoryKind memory_kind() const override { return inner_->memory_kind(); }
+  std::string library_version() const override { return inner_->library_version(); }
+  std::string device_name() const override { return inner_->device_name(); }
+
+  std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                  ReduceOp op) override;
+  std::shared_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root) override;
+  std::shared_ptr<Work> reduce(const void* send, void* recv, std::size_t count, DType dtype,
+                               ReduceOp op, int root) override;
+  std::shared_ptr<Work> allgather(const void* send, void* recv, std::size_t count,
+                                  DType dtype) override;
+  std::shared_ptr<Work> reduce_scatter(const void* send, void* recv, std::size_t recv_count,
+                                       DType dtype, ReduceOp op) override;
+  std::shared_ptr<Work> send(const void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t tag) override;
+  std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t tag) override;
+  std::shared_ptr<Work> sendrecv(const void* send_buf, std::size_t send_count, int send_peer,
+                                 void* recv_buf, std::size_t recv_count, int recv_peer,
+                                 DType dtype, std::uint32_t tag) override;
+  std::shared_ptr<Work> barrier() override;
+
+  void* alloc(std::size_t bytes) override { return inner_->alloc(bytes); }
+  void free(void* ptr) override { inner_->free(ptr); }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    inner_->copy_to_host(host_dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
+    inner_->copy_from_host(dst, host_src, bytes);
+  }
+  void abort() override;
+
+  Communicator& inner() { return *inner_; }
+  std::int64_t last_started() const { return started_.load(); }
+  std::int64_t last_completed() const { return completed_.load(); }
+  // This rank's state now (flight recorder included).
+  RankState state(const std::string& reason) const;
+  // After a failure: {"diagnosis", "ranks" (every published state), "cause"};
+  // null before.
+  nlohmann::json failure_report() const;
+
+  // Called by the Work handles.
+  [[noreturn]] void fail(std::int64_t seq, const Error& cause);
+  void mark_completed(std::int64_t seq);
+  void corrupt_result(void* recv, DType dtype, std::size_t count);
+  bool alarm_seen() const { return alarm_seen_.load(); }
+
+ private:
+  struct Entry {
+    FlightEntry rec;
+    std::chrono::steady_clock::time_point started;
+    std::shared_ptr<Work> work;  // until completed, for the watchdog's polling
+  };
+  template <typename MakeFn>
+  std::shared_ptr<Work> issue(Fingerprint fp, MakeFn make, void* corrupt_target = nullptr,
+                              DType dtype = DType::kFloat32, std::size_t count = 0);
+  std::shared_ptr<Work> issue_p2p(Fingerprint fp, std::shared_ptr<Work> work);
+  const Fault* fault_at(Fault::Kind kind, std::int64_t seq) const;
+  void stall(std::int64_t seq, const Fingerprint& fp);
+  void check_fingerprints(std::int64_t seq, const Fingerprint& fp);
+  void publish(const std::string& reason);
+  bool raise_alarm(const std::string& reason);
+  std::vector<std::optional<RankState>> gather_states();
+  GoneNotes gone_notes(const std::vector<std::optional<RankState>>& states) const;
+  void watchdog_loop();
+  double now_s() const;
+
+  std::unique_ptr<Communicator> inner_;
+  MonitorOptions opts_;
+  std::chrono::steady_clock::time_point t0_;
+  std::atomic<std::int64_t> started_{0};
+  std::atomic<std::int64_t> completed_{0};
+  mutable std::mutex mutex_;  // ring_, failure_*
+  std::deque<Entry> ring_;
+  std::exception_ptr failure_;
+  nlohmann::json failure_report_;
+  std::mutex fail_mutex_;     // one failure analysis at a time
+  bool skipped_ = false;      // skip fault: applied once
+  bool blocked_ = false;      // desync fault: a phantom collective blocks the rest
+  std::atomic<bool> alarm_seen_{false};
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> stop_{false};
+  std::mutex wd_mutex_;
+  std::condition_variable wd_cv_;
+  std::thread watchdog_;
+  void* fp_buf_ = nullptr;  // desync check: size() x kFpWords int64, in the backend's memory
+};
+
+}  // namespace ddpdiag

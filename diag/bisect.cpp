@@ -1,0 +1,136 @@
+#include "diag/bisect.h"
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include <fmt/core.h>
+
+#include "comm/group.h"
+#include "comm/monitored_communicator.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One group's test on one member: init, warm-up, timed all_reduces, then a
+// checked one. Inputs are rank+1 so the sum is exact in float.
+GroupOutcome test_group(Job& job, const std::vector<Fault>& faults, const BisectGroup& g,
+                        std::size_t index, const BisectOptions& bo) {
+  GroupOutcome out;
+  out.group = g;
+  out.ran = true;
+  try {
+    auto inner = make_group_communicator(job.comm_options, g.ranks,
+                                         fmt::format("bisect/{}", index));
+    inner->set_default_timeout(job.timeout);
+    MonitorOptions mo;  // no store: faults only, no watchdog
+    mo.rank = inner->rank();
+    mo.world_rank = job.rank();
+    mo.size = inner->size();
+    mo.timeout = job.timeout;
+    for (const auto& f : faults)
+      if (f.kind == Fault::Kind::kSlow || f.kind == Fault::Kind::kCorrupt) mo.faults.push_back(f);
+    MonitoredCommunicator comm(std::move(inner), mo);
+    const std::size_t count = std::max<std::size_t>(bo.bytes / sizeof(float), 1);
+    CommBuffer buf(comm, count * sizeof(float));
+    std::vector<float> host(count, static_cast<float>(job.rank() + 1));
+    comm.copy_from_host(buf.get(), host.data(), count * sizeof(float));
+    for (int i = 0; i < bo.warmup; ++i)
+      comm.allreduce(buf.get(), buf.get(), count, DType::kFloat32, ReduceOp::kSum)
+          ->wait(job.timeout);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < bo.iters; ++i)
+      comm.allreduce(buf.get(), buf.get(), count, DType::kFloat32, ReduceOp::kSum)
+          ->wait(job.timeout);
+    out.time_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                  std::max(bo.iters, 1);
+    comm.copy_from_host(buf.get(), host.data(), count * sizeof(float));
+    comm.allreduce(buf.get(), buf.get(), count, DType::kFloat32, ReduceOp::kSum)
+        ->wait(job.timeout);
+    comm.copy_to_host(host.data(), buf.get(), count * sizeof(float));
+    float expect = 0;
+    for (int r : g.ranks) expect += static_cast<float>(r + 1);
+    for (float v : host) out.wrong += v != expect;
+  } catch (const Error& e) {
+    out.error = e.what();
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions& bo,
+                          reports::Report& report) {
+  std::vector<std::string> hosts(job.size());
+  for (const auto& r : job.ranks)
+    if (r.rank >= 0 && r.rank < job.size()) hosts[r.rank] = r.host;
+  const auto groups = plan_bisect(hosts);
+  std::vector<Fault> faults;
+  if (!o.inject_fault.empty()) faults = parse_faults(o.inject_fault);
+  // A fresh key space per call: init-check and allreduce-test may both run it.
+  const std::string base = fmt::format("bisect/{}", job.store->add("bisect/runs", 0));
+  if (job.rank() == 0)
+    std::printf("# bisect: %zu sub-group(s) of %d rank(s)\n", groups.size(), job.size());
+  std::vector<GroupOutcome> outcomes;
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const auto& g = groups[i];
+    const bool member = std::find(g.ranks.begin(), g.ranks.end(), job.rank()) != g.ranks.end();
+    const std::string key = fmt::format("{}/{}", base, i);
+    if (member) {
+      GroupOutcome mine = test_group(job, faults, g, i, bo);
+      job.store->set(fmt::format("{}/result/{}", key, job.rank()),
+                     to_bytes(nlohmann::json({{"error", mine.error},
+                                              {"wrong", mine.wrong},
+                                              {"time_us", mine.time_us}})
+                                  .dump()));
+    }
+    // Barrier: every rank, members or not, before the next group forms.
+    job.store->add(key + "/done", 1);
+    const auto deadline = Clock::now() + 2 * job.timeout + Millis(5000);
+    while (job.store->add(key + "/done", 0) < job.size()) {
+      if (Clock::now() >= deadline)
+        throw TimeoutError(fmt::format("bisect: not every rank finished sub-group {} ({}) in time",
+                                       i, g.label),
+                           {"bisect", job.rank(), -1,
+                            "a rank is gone or stuck; see the other ranks' logs"});
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (job.rank() != 0) continue;
+    GroupOutcome merged;
+    merged.group = g;
+    merged.ran = true;
+    for (int r : g.ranks) {
+      auto j = nlohmann::json::parse(
+          to_string(job.store->get(fmt::format("{}/result/{}", key, r), job.timeout)), nullptr,
+          false);
+      if (!j.is_object()) continue;
+      std::string err = j.value("error", std::string());
+      if (!err.empty() && merged.error.empty()) merged.error = fmt::format("rank {}: {}", r, err);
+      merged.wrong += j.value("wrong", std::int64_t{0});
+      merged.time_us = std::max(merged.time_us, j.value("time_us", 0.0));
+    }
+    outcomes.push_back(merged);
+  }
+  // Bump the run counter only after everyone read it above.
+  if (job.rank() != 0) return nullptr;
+  job.store->add("bisect/runs", 1);
+  BisectVerdict v = judge_bisect(outcomes, hosts);
+  std::printf("# %-28s %-6s %12s %8s  %s\n", "sub-group", "ranks", "time (us)", "#wrong",
+              "verdict");
+  for (const auto& g : outcomes)
+    std::printf("  %-28s %-6zu %12.1f %8lld  %s%s\n", g.group.label.c_str(), g.group.ranks.size(),
+                g.time_us, static_cast<long long>(g.wrong),
+                g.bad() ? (g.slow ? "SLOW" : "FAIL") : "ok",
+                g.error.empty() ? "" : (" (" + g.error.substr(0, 120) + ")").c_str());
+  std::printf("# bisect: %s\n", v.summary.c_str());
+  std::fflush(stdout);
+  report.add_check({"bisect",
+                    v.smallest_failing ? reports::CheckStatus::kFail : reports::CheckStatus::kPass,
+                    v.summary});
+  return v.to_json(outcomes);
+}
+
+}  // namespace ddpdiag::cli

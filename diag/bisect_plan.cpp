@@ -1,0 +1,186 @@
+#include "diag/bisect_plan.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include <fmt/core.h>
+
+namespace ddpdiag::cli {
+
+namespace {
+
+std::string ranks_label(const std::vector<int>& ranks) {
+  // "rank 3", "ranks 0-3", "ranks 0,2,5"
+  if (ranks.empty()) return "no rank";
+  if (ranks.size() == 1) return fmt::format("rank {}", ranks[0]);
+  bool contiguous = true;
+  for (std::size_t i = 1; i < ranks.size(); ++i) contiguous &= ranks[i] == ranks[i - 1] + 1;
+  if (contiguous) return fmt::format("ranks {}-{}", ranks.front(), ranks.back());
+  std::string s = "ranks ";
+  for (std::size_t i = 0; i < ranks.size(); ++i) s += (i ? "," : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+}  // namespace
+
+std::vector<BisectGroup> plan_bisect(const std::vector<std::string>& host_of_rank,
+                                     std::size_t max_groups) {
+  const int n = static_cast<int>(host_of_rank.size());
+  // Units: hosts in order of first appearance, or ranks when there is one host.
+  std::vector<std::string> hosts;
+  std::map<std::string, std::vector<int>> by_host;
+  for (int r = 0; r < n; ++r) {
+    if (!by_host.count(host_of_rank[r])) hosts.push_back(host_of_rank[r]);
+    by_host[host_of_rank[r]].push_back(r);
+  }
+  struct Unit {
+    std::string name;
+    std::vector<int> ranks;
+  };
+  std::vector<Unit> units;
+  const bool per_host = hosts.size() > 1;
+  if (per_host)
+    for (const auto& h : hosts) units.push_back({h, by_host[h]});
+  else
+    for (int r = 0; r < n; ++r) units.push_back({std::to_string(r), {r}});
+
+  std::vector<BisectGroup> out;
+  std::set<std::vector<int>> seen;
+  auto add = [&](const std::string& kind, const std::string& label, std::vector<int> ranks) {
+    std::sort(ranks.begin(), ranks.end());
+    if (ranks.empty() || static_cast<int>(ranks.size()) >= n) return;
+    if (!seen.insert(ranks).second) return;
+    out.push_back({kind, label, std::move(ranks)});
+  };
+  for (const auto& u : units)
+    add(per_host ? "host" : "rank", per_host ? "host " + u.name : "rank " + u.name, u.ranks);
+  // Pairs: every pair while that stays small, else neighbours (and the wrap).
+  const std::size_t k = units.size();
+  auto pair = [&](std::size_t a, std::size_t b) {
+    std::vector<int> r = units[a].ranks;
+    r.insert(r.end(), units[b].ranks.begin(), units[b].ranks.end());
+    add("pair", per_host ? "hosts " + units[a].name + "+" + units[b].name
+                         : "ranks " + units[a].name + "+" + units[b].name,
+        r);
+  };
+  if (k <= 6) {
+    for (std::size_t a = 0; a < k; ++a)
+      for (std::size_t b = a + 1; b < k; ++b) pair(a, b);
+  } else {
+    for (std::size_t a = 0; a < k; ++a) pair(a, (a + 1) % k);
+  }
+  // Halves of the unit list, then quarters when there are many units.
+  for (std::size_t parts : {2u, 4u}) {
+    if (k < 2 * parts && parts > 2) break;
+    for (std::size_t p = 0; p < parts; ++p) {
+      std::size_t lo = k * p / parts, hi = k * (p + 1) / parts;
+      std::vector<int> r;
+      for (std::size_t u = lo; u < hi; ++u)
+        r.insert(r.end(), units[u].ranks.begin(), units[u].ranks.end());
+      if (r.empty()) continue;
+      std::vector<int> sorted = r;
+      std::sort(sorted.begin(), sorted.end());
+      add("half", (parts == 2 ? "half: " : "quarter: ") + ranks_label(sorted), r);
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.ranks.size() < b.ranks.size(); });
+  if (out.size() > max_groups) out.resize(max_groups);
+  return out;
+}
+
+BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
+                           const std::vector<std::string>& host_of_rank, double slow_factor,
+                           double min_slow_us) {
+  std::map<std::size_t, double> fastest;  // by group size
+  for (const auto& o : outcomes)
+    if (o.ran && o.error.empty() && o.time_us > 0) {
+      auto [it, fresh] = fastest.emplace(o.group.ranks.size(), o.time_us);
+      if (!fresh) it->second = std::min(it->second, o.time_us);
+    }
+  for (auto& o : outcomes) {
+    o.slow = false;
+    if (!o.ran || !o.error.empty()) continue;
+    auto it = fastest.find(o.group.ranks.size());
+    if (it != fastest.end() && o.time_us > slow_factor * it->second &&
+        o.time_us > it->second + min_slow_us)
+      o.slow = true;
+  }
+  BisectVerdict v;
+  std::set<int> in_good;
+  std::optional<std::set<int>> in_every_bad;
+  for (const auto& o : outcomes) {
+    if (!o.ran) continue;
+    std::set<int> members(o.group.ranks.begin(), o.group.ranks.end());
+    if (!o.bad()) {
+      in_good.insert(members.begin(), members.end());
+      continue;
+    }
+    if (!v.smallest_failing || o.group.ranks.size() < v.smallest_failing->ranks.size())
+      v.smallest_failing = o.group;
+    if (!in_every_bad) {
+      in_every_bad = members;
+    } else {
+      std::set<int> both;
+      std::set_intersection(in_every_bad->begin(), in_every_bad->end(), members.begin(),
+                            members.end(), std::inserter(both, both.begin()));
+      in_every_bad = both;
+    }
+  }
+  if (!in_every_bad) {
+    v.summary = "every sub-group passed: no single rank or host is at fault (the failure needs "
+                "the whole world, e.g. a limit that only the full size reaches)";
+    return v;
+  }
+  std::vector<int> suspects;
+  for (int r : *in_every_bad)
+    if (!in_good.count(r)) suspects.push_back(r);
+  if (suspects.empty()) suspects.assign(in_every_bad->begin(), in_every_bad->end());
+  v.suspect_ranks = suspects;
+  for (int r : suspects) {
+    const std::string& h = r < static_cast<int>(host_of_rank.size()) ? host_of_rank[r] : "";
+    if (!h.empty() && std::find(v.suspect_hosts.begin(), v.suspect_hosts.end(), h) ==
+                          v.suspect_hosts.end())
+      v.suspect_hosts.push_back(h);
+  }
+  std::string who;
+  for (std::size_t i = 0; i < suspects.size(); ++i)
+    who += (i ? ", " : "") + std::to_string(suspects[i]);
+  std::string hosts;
+  for (std::size_t i = 0; i < v.suspect_hosts.size(); ++i)
+    hosts += (i ? ", " : "") + v.suspect_hosts[i];
+  if (suspects.empty())
+    v.summary = fmt::format("the smallest failing set is {}, but no single rank stands out",
+                            v.smallest_failing->label);
+  else
+    v.summary = fmt::format("smallest failing set: {} ({}); it points to {} {} on host{} {}",
+                            v.smallest_failing->label, ranks_label(v.smallest_failing->ranks),
+                            suspects.size() == 1 ? "rank" : "ranks", who,
+                            v.suspect_hosts.size() == 1 ? "" : "s", hosts);
+  return v;
+}
+
+nlohmann::json BisectVerdict::to_json(const std::vector<GroupOutcome>& outcomes) const {
+  nlohmann::json groups = nlohmann::json::array();
+  for (const auto& o : outcomes)
+    groups.push_back({{"kind", o.group.kind},
+                      {"label", o.group.label},
+                      {"ranks", o.group.ranks},
+                      {"ran", o.ran},
+                      {"error", o.error.empty() ? nlohmann::json() : nlohmann::json(o.error)},
+                      {"wrong", o.wrong},
+                      {"time_us", o.time_us},
+                      {"slow", o.slow},
+                      {"verdict", !o.ran ? "skip" : o.bad() ? "fail" : "pass"}});
+  nlohmann::json smallest = nullptr;
+  if (smallest_failing)
+    smallest = {{"label", smallest_failing->label}, {"ranks", smallest_failing->ranks}};
+  return {{"groups", groups},
+          {"smallest_failing_set", smallest},
+          {"suspect_ranks", suspect_ranks},
+          {"suspect_hosts", suspect_hosts},
+          {"summary", summary}};
+}
+
+}  // namespace ddpdiag::cli

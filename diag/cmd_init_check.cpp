@@ -1,0 +1,577 @@
+// ddpdiag init-check: initialisation one phase at a time on every rank, each
+// phase with its own deadline, and a per-rank timeline of what happened:
+//
+//   environment        rank/size/launcher from flags and env, every variable echoed
+//   resolve_master     MASTER_ADDR through getaddrinfo: families and addresses
+//   store_connect      rank 0 (no agent) binds the store; TCP connect with
+//                      retries; refused / timed out / unreachable told apart
+//   store_handshake    wire protocol detected (torch 1.13 or 2.x), round trip
+//   register           rank, host, pid, device written (duplicates named)
+//   wait_for_ranks     every rank arrived (missing ranks and world size
+//                      disagreements named)
+//   backend_init       Gloo full mesh / NCCL id exchange + non-blocking init
+//   first_allreduce    1024 floats, result checked
+//   barrier
+//
+// Timelines meet on rank 0 through the store (a rank that never reached the
+// store prints its own on stderr); rank 0 prints the table and writes the
+// report (results.ranks[].phases, one check per phase). Each failure ends
+// with a hint for its usual cause.
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include <fmt/core.h>
+
+#include "diag/bisect.h"
+#include "diag/cli_common.h"
+#include "diag/commands.h"
+#include "diag/launcher.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct InitCheckOptions {
+  CommonOptions common;
+  bool nccl_debug = false;
+  bool bisect = false;
+};
+
+struct PhaseRecord {
+  explicit PhaseRecord(std::string n) : name(std::move(n)) {}
+  std::string name;
+  double start_s = 0;
+  double duration_ms = 0;
+  std::string status = "skip";  // ok | fail | skip
+  std::string detail;
+  std::string hint;
+};
+
+// The phases in order; a phase after a failed one is recorded as skipped.
+const char* const kPhases[] = {"environment",    "resolve_master", "store_connect",
+                               "store_handshake", "register",       "wait_for_ranks",
+                               "backend_init",    "first_allreduce", "barrier"};
+
+class Timeline {
+ public:
+  explicit Timeline(Clock::time_point t0) : t0_(t0) {
+    for (const char* p : kPhases) phases_.emplace_back(p);
+  }
+
+  // Runs f (returns the detail) as phase `name`; records ok / fail. On
+  // failure the error is kept and rethrown.
+  template <typename F>
+  void run(const std::string& name, F&& f) {
+    PhaseRecord& p = find(name);
+    const auto start = Clock::now();
+    p.start_s = std::chrono::duration<double>(start - t0_).count();
+    try {
+      p.detail = f();
+      p.status = "ok";
+      p.duration_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    } catch (const Error& e) {
+      p.duration_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+      p.status = "fail";
+      p.detail = e.what();
+      p.hint = e.context().hint;
+      throw;
+    }
+  }
+  void skip(const std::string& name, const std::string& why) {
+    PhaseRecord& p = find(name);
+    p.status = "skip";
+    p.detail = why;
+  }
+  nlohmann::json to_json() const {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& p : phases_)
+      out.push_back({{"name", p.name},
+                     {"start_s", p.start_s},
+                     {"end_s", p.start_s + p.duration_ms / 1000.0},
+                     {"duration_ms", p.duration_ms},
+                     {"status", p.status},
+                     {"detail", p.detail},
+                     {"hint", p.hint}});
+    return out;
+  }
+  PhaseRecord& find(const std::string& name) {
+    for (auto& p : phases_)
+      if (p.name == name) return p;
+    phases_.emplace_back(name);
+    return phases_.back();
+  }
+
+ private:
+  Clock::time_point t0_;
+  std::vector<PhaseRecord> phases_;
+};
+
+// getaddrinfo has no timeout of its own: run it on a thread and stop waiting
+// at the deadline (the thread finishes on its own; it owns its data).
+std::string resolve(const std::string& host, Millis timeout, int rank) {
+  auto task = std::make_shared<std::packaged_task<std::pair<int, std::vector<std::string>>()>>(
+      [host] {
+        addrinfo hints{};
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* res = nullptr;
+        int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+        std::vector<std::string> out;
+        if (rc != 0) {
+          out.push_back(gai_strerror(rc));
+          return std::pair{rc, out};
+        }
+        for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+          char buf[INET6_ADDRSTRLEN] = {0};
+          const void* addr = ai->ai_family == AF_INET
+                                 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr)
+                                 : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr);
+          inet_ntop(ai->ai_family, addr, buf, sizeof buf);
+          std::string s = fmt::format("{} ({})", buf, ai->ai_family == AF_INET ? "IPv4" : "IPv6");
+          if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
+        }
+        freeaddrinfo(res);
+        return std::pair{0, out};
+      });
+  auto fut = task->get_future();
+  std::thread([task] { (*task)(); }).detach();
+  const std::string hint =
+      "wrong MASTER_ADDR? Set MASTER_ADDR (or --master-addr) to the host name or IP address of "
+      "the machine that hosts the store (rank 0's, or the launcher agent's), one that resolves "
+      "on every node; an IP address avoids DNS altogether";
+  if (fut.wait_for(timeout) != std::future_status::ready)
+    throw TimeoutError(fmt::format("resolving MASTER_ADDR='{}' took longer than {} ms", host,
+                                   timeout.count()),
+                       {"resolve_master", rank, -1, hint + " (DNS does not answer)"});
+  auto [rc, list] = fut.get();
+  if (rc != 0)
+    throw RendezvousError(fmt::format("MASTER_ADDR='{}' does not resolve: {}", host,
+                                      list.empty() ? "" : list.front()),
+                          {"resolve_master", rank, -1, hint});
+  std::string joined;
+  for (const auto& a : list) joined += (joined.empty() ? "" : ", ") + a;
+  return fmt::format("MASTER_ADDR '{}' -> {}", host, joined);
+}
+
+// NCCL's own log, when --nccl-debug asked for it: the lines of the init,
+// bootstrap and network subsystems, and warnings.
+nlohmann::json nccl_log_lines(const std::string& path) {
+  nlohmann::json out = nlohmann::json::array();
+  std::ifstream in(path);
+  std::string line;
+  std::vector<std::string> keep;
+  while (std::getline(in, line))
+    if (line.find("INIT") != std::string::npos || line.find("BOOTSTRAP") != std::string::npos ||
+        line.find("NET") != std::string::npos || line.find("WARN") != std::string::npos)
+      keep.push_back(line);
+  const std::size_t from = keep.size() > 80 ? keep.size() - 80 : 0;
+  for (std::size_t i = from; i < keep.size(); ++i) out.push_back(keep[i]);
+  return out;
+}
+
+std::string describe_env(const World& w) {
+  std::string s = fmt::format("launcher {}; rank {} of {}, local rank {} of {}",
+                              launcher_name(w.launcher), w.rank, w.world_size, w.local_rank,
+                              w.local_world_size);
+  if (w.agent_store) s += "; store hosted by the launcher's agent";
+  else if (w.world_size > 1) s += w.hosts_store() ? "; this rank hosts the store" : "";
+  std::string vars;
+  for (const auto& [k, v] : w.env_read) vars += fmt::format(" {}={}", k, v);
+  for (const auto& [k, v] : recorded_environment())
+    if ((k.rfind("NCCL_", 0) == 0 || k.rfind("GLOO_", 0) == 0) && !w.env_read.count(k))
+      vars += fmt::format(" {}={}", k, v);
+  if (!vars.empty()) s += ";" + vars;
+  return s;
+}
+
+void print_timeline(FILE* to, int rank, const std::string& host, const nlohmann::json& phases) {
+  for (const auto& p : phases) {
+    std::string detail = p.value("detail", std::string());
+    if (detail.size() > 110) detail = detail.substr(0, 107) + "...";
+    const std::string status = p.value("status", std::string());
+    std::fprintf(to, "  %4d %-12s %-16s %9.3f %10.1f  %-4s  %s\n", rank, host.c_str(),
+                 p.value("name", std::string()).c_str(), p.value("start_s", 0.0),
+                 p.value("duration_ms", 0.0), status.c_str(), detail.c_str());
+  }
+}
+
+int run_init_check(const InitCheckOptions& io) {
+  const CommonOptions& o = io.common;
+  if (auto rc = launch_if_asked(o)) return *rc;
+  const auto t0 = Clock::now();
+  reports::Report report("init-check", own_command_line());
+  report.set_environment(recorded_environment());
+  Timeline tl(t0);
+  Job job;
+  job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
+  std::optional<reports::ErrorInfo> failure;
+  int rc = 0;
+  bool reached_store = false, rendezvous_ok = false;
+  std::string host;
+  std::string nccl_log_path;
+  nlohmann::json nccl_log;
+
+  auto phase = [&](const std::string& name, auto&& f) { tl.run(name, f); };
+  try {
+    phase("environment", [&] {
+      try {
+        job.world = discover_world(o.world, process_env());
+      } catch (Error& e) {
+        if (e.context().phase.empty() || e.context().phase == "world") e.context().phase = "environment";
+        throw;
+      }
+      job.backend = choose_backend(o);
+      host = reported_host_name(o, job.world.rank);
+      return describe_env(job.world) + fmt::format("; backend {}", backend_name(job.backend));
+    });
+    const int me = job.world.rank;
+    if (io.nccl_debug) {
+      if (job.backend == Backend::kNccl) {
+        // NCCL reads these when it initialises; %h/%p are NCCL's own
+        // placeholders, the rank makes the file ours.
+        nccl_log_path = fmt::format("/tmp/ddpdiag-nccl-{}-rank{}.log", static_cast<long>(getpid()), me);
+        setenv("NCCL_DEBUG", "INFO", 1);
+        setenv("NCCL_DEBUG_SUBSYS", "INIT,BOOTSTRAP,NET", 1);
+        setenv("NCCL_DEBUG_FILE", nccl_log_path.c_str(), 1);
+      }
+    }
+    const bool single = job.world.world_size == 1 && !job.world.agent_store;
+    if (single) {
+      tl.skip("resolve_master", "world of 1 rank: no store to reach");
+    } else {
+      phase("resolve_master", [&] { return resolve(job.world.master_addr, job.timeout, me); });
+    }
+    phase("store_connect", [&] {
+      try {
+        host_store(job);
+      } catch (Error& e) {
+        e.context().phase = "store_connect";
+        e.context().hint = fmt::format(
+            "port {} is taken, probably by another job (or an earlier run that is still "
+            "alive): pick another MASTER_PORT / --master-port, or stop the other job",
+            job.world.master_port);
+        throw;
+      }
+      auto base = connect_store(job, o);
+      reached_store = true;
+      if (single) return std::string("in-process store (world of 1)");
+      auto* client = dynamic_cast<TcpStoreClient*>(base.get());
+      std::string where = job.world.hosts_store() ? fmt::format("127.0.0.1:{} (hosted here)", job.world.master_port)
+                                                  : fmt::format("{}:{}", job.world.master_addr, job.world.master_port);
+      return fmt::format("connected to {} after {} attempt(s)", where,
+                         client ? client->connect_attempts() : 1);
+    });
+    if (single) {
+      tl.skip("store_handshake", "in-process store");
+    } else {
+      phase("store_handshake", [&] {
+        auto* prefixed = static_cast<PrefixStore*>(job.store.get());
+        auto* client = dynamic_cast<TcpStoreClient*>(prefixed->base().get());
+        if (!client) return std::string("not a TCP store");
+        double rtt = client->ping_us();
+        return fmt::format("protocol {}, round trip {:.0f} us", store_protocol_name(client->protocol()),
+                           rtt);
+      });
+    }
+    const std::string device = job.backend == Backend::kNccl
+                                   ? fmt::format("cuda:{}", job.world.local_rank)
+                                   : std::string("cpu");
+    phase("register", [&] {
+      register_rank(job, device, host);
+      return fmt::format("rank {} host {} pid {} device {} world size {}", me, host,
+                         static_cast<long>(getpid()), device, job.world.world_size);
+    });
+    phase("wait_for_ranks", [&] {
+      try {
+        wait_for_ranks(job);
+      } catch (Error& e) {
+        e.context().phase = "wait_for_ranks";
+        if (std::string(e.what()).find("never arrived") != std::string::npos)
+          e.context().hint = "a rank that never started, or one that cannot reach the store: "
+                             "check that every rank was launched, that they all use the same "
+                             "MASTER_ADDR:MASTER_PORT and WORLD_SIZE, and that the missing ranks' "
+                             "hosts can reach it (firewall, wrong interface)";
+        else if (std::string(e.what()).find("world size") != std::string::npos)
+          e.context().hint = "world size mismatch: start every rank with the same WORLD_SIZE / "
+                             "--world-size (the launcher's --nnodes x --nproc-per-node)";
+        throw;
+      }
+      rendezvous_ok = true;
+      return fmt::format("all {} rank(s) arrived", job.world.world_size);
+    });
+    phase("backend_init", [&] {
+      try {
+        create_communicator(job, o);
+      } catch (Error& e) {
+        e.context().phase = "backend_init";
+        if (e.context().hint.empty() || dynamic_cast<TimeoutError*>(&e))
+          e.context().hint =
+              job.backend == Backend::kGloo
+                  ? "the ranks met at the store but cannot connect to each other: a firewall "
+                    "or the wrong interface (set GLOO_SOCKET_IFNAME / --gloo-interface to the "
+                    "interface the hosts share)"
+                  : "the ranks met at the store but NCCL could not connect them: a firewall or "
+                    "the wrong interface (set NCCL_SOCKET_IFNAME; rerun with --nccl-debug)";
+        throw;
+      }
+      if (!nccl_log_path.empty()) nccl_log = nccl_log_lines(nccl_log_path);
+      return fmt::format("{} ({}), device {}", backend_name(job.backend),
+                         job.comm->library_version(), job.comm->device_name());
+    });
+    phase("first_allreduce", [&] {
+      const std::size_t count = 1024;
+      CommBuffer buf(*job.comm, count * sizeof(float));
+      std::vector<float> host_buf(count, static_cast<float>(me + 1));
+      job.comm->copy_from_host(buf.get(), host_buf.data(), count * sizeof(float));
+      const auto t = Clock::now();
+      job.comm->allreduce(buf.get(), buf.get(), count, DType::kFloat32, ReduceOp::kSum)
+          ->wait(job.timeout);
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - t).count();
+      job.comm->copy_to_host(host_buf.data(), buf.get(), count * sizeof(float));
+      const int n = job.world.world_size;
+      const float expect = static_cast<float>(n) * static_cast<float>(n + 1) / 2;
+      std::size_t wrong = 0;
+      for (float v : host_buf) wrong += v != expect;
+      if (wrong)
+        throw CheckFailed(fmt::format("all_reduce(float, 1024) gave {} wrong element(s) (expected "
+                                      "{} everywhere, got {} first)",
+                                      wrong, expect, host_buf[0]),
+                          {"first_allreduce", me, -1,
+                           "the data path is broken: run allreduce-test --bisect to find the "
+                           "rank or host"});
+      return fmt::format("all_reduce(float, 1024) correct in {:.0f} us", us);
+    });
+    phase("barrier", [&] {
+      const auto t = Clock::now();
+      job.comm->barrier()->wait(job.timeout);
+      return fmt::format("barrier in {:.0f} us",
+                         std::chrono::duration<double, std::micro>(Clock::now() - t).count());
+    });
+  } catch (const Error& e) {
+    print_error(e);
+    failure = to_error_info(e);
+    if (failure->phase.empty()) failure->phase = "init";
+    rc = static_cast<int>(e.exit_code());
+    bool after = false;
+    for (const char* p : kPhases) {
+      auto& rec = tl.find(p);
+      if (after && rec.status != "skip") continue;
+      if (after) rec.detail = rec.detail.empty() ? "not run: an earlier phase failed" : rec.detail;
+      if (rec.status == "fail") after = true;
+    }
+    if (job.comm) job.comm->abort();
+    if (!nccl_log_path.empty() && nccl_log.is_null()) nccl_log = nccl_log_lines(nccl_log_path);
+  }
+
+  // This rank's timeline, to rank 0 through the store.
+  nlohmann::json mine = {{"rank", job.world.rank}, {"host", host}, {"phases", tl.to_json()},
+                         {"error", failure ? nlohmann::json{{"kind", failure->kind},
+                                                            {"message", failure->message},
+                                                            {"phase", failure->phase},
+                                                            {"hint", failure->hint},
+                                                            {"peer", failure->peer},
+                                                            {"exit_code", failure->exit_code}}
+                                           : nlohmann::json()}};
+  if (!nccl_log.is_null()) mine["nccl_log"] = nccl_log;
+  else if (io.nccl_debug && job.backend != Backend::kNccl)
+    mine["nccl_log"] = nlohmann::json::array({"--nccl-debug: backend is gloo, no NCCL log"});
+  bool published = false;
+  if (reached_store) {
+    try {
+      job.store->set(fmt::format("initcheck/timeline/{}", job.world.rank), to_bytes(mine.dump()));
+      published = true;
+    } catch (const Error&) {
+    }
+  }
+  if (!published || (failure && job.world.rank != 0)) {
+    std::fprintf(stderr, "# init-check timeline of rank %d (%s):\n", job.world.rank,
+                 published ? "also sent to rank 0" : "could not reach the store");
+    print_timeline(stderr, job.world.rank, host, mine["phases"]);
+    if (failure && !failure->hint.empty())
+      std::fprintf(stderr, "# hint: %s\n", failure->hint.c_str());
+  }
+
+  nlohmann::json bisect;
+  if (io.bisect && rendezvous_ok) {
+    try {
+      bisect = run_bisect(job, o, BisectOptions{}, report);
+    } catch (const Error& e) {
+      print_error(e);
+      bisect = {{"error", e.what()}};
+    }
+  }
+
+  if (job.world.rank == 0) {
+    // Gather: bounded, and only for ranks that registered.
+    const int n = job.world.world_size;
+    std::vector<nlohmann::json> all(n);
+    all[0] = mine;
+    const auto deadline = Clock::now() + std::min(job.timeout, Millis(failure ? 5000 : 15000));
+    for (int r = 1; r < n && reached_store; ++r) {
+      const std::string key = fmt::format("initcheck/timeline/{}", r);
+      try {
+        while (!job.store->check({key}) && Clock::now() < deadline &&
+               job.store->check({"rank/" + std::to_string(r)}))
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        if (job.store->check({key}))
+          all[r] = nlohmann::json::parse(to_string(job.store->get(key, Millis(2000))), nullptr, false);
+      } catch (const Error&) {
+      }
+    }
+    nlohmann::json ranks = nlohmann::json::array();
+    double slowest_end = -1;
+    int slowest = -1;
+    std::optional<reports::ErrorInfo> first_remote;
+    for (int r = 0; r < n; ++r) {
+      if (!all[r].is_object()) {
+        ranks.push_back({{"rank", r}, {"host", nullptr}, {"phases", nlohmann::json::array()},
+                         {"reported", false}});
+        continue;
+      }
+      nlohmann::json entry = all[r];
+      entry["reported"] = true;
+      for (const auto& p : entry["phases"])
+        if (p.value("status", "") != "skip") {
+          double end = p.value("end_s", 0.0);
+          if (end > slowest_end) {
+            slowest_end = end;
+            slowest = r;
+          }
+        }
+      if (r != 0 && !failure && !first_remote && entry["error"].is_object()) {
+        const auto& e = entry["error"];
+        first_remote = reports::ErrorInfo{e.value("kind", std::string("rendezvous")),
+                                          e.value("message", std::string()),
+                                          e.value("phase", std::string()), r,
+                                          e.value("peer", -1), e.value("hint", std::string()),
+                                          e.value("exit_code", 3)};
+      }
+      ranks.push_back(entry);
+    }
+    auto& res = report.results();
+    res["ranks"] = ranks;
+    res["slowest_rank"] = slowest >= 0 ? nlohmann::json(slowest) : nlohmann::json();
+    res["timeout_s"] = o.timeout_s;
+    if (!bisect.is_null()) res["bisect"] = bisect;
+    if (job.monitor) {
+      auto wd = job.monitor->failure_report();
+      if (!wd.is_null()) res["watchdog"] = wd;
+    }
+    // One check per phase over every rank that reported.
+    std::vector<int> unreported;
+    for (int r = 0; r < n; ++r)
+      if (!all[r].is_object()) unreported.push_back(r);
+    for (const char* p : kPhases) {
+      std::vector<int> failed, ok, skipped;
+      for (int r = 0; r < n; ++r) {
+        if (!all[r].is_object()) continue;
+        for (const auto& ph : all[r]["phases"])
+          if (ph.value("name", "") == p) {
+            const std::string st = ph.value("status", "");
+            (st == "ok" ? ok : st == "fail" ? failed : skipped).push_back(r);
+          }
+      }
+      auto list = [](const std::vector<int>& v) {
+        std::string s;
+        for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
+        return s;
+      };
+      reports::Check c{p, reports::CheckStatus::kPass, ""};
+      if (!failed.empty()) {
+        c.status = reports::CheckStatus::kFail;
+        c.detail = fmt::format("failed on rank(s) {}", list(failed));
+      } else if (ok.empty()) {
+        c.status = reports::CheckStatus::kSkip;
+        c.detail = "not reached";
+      } else {
+        c.detail = fmt::format("ok on {} rank(s)", ok.size());
+        if (!skipped.empty()) c.detail += fmt::format(", skipped on rank(s) {}", list(skipped));
+      }
+      report.add_check(c);
+    }
+    report.add_check({"all_ranks_reported",
+                      unreported.empty() ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                      unreported.empty() ? fmt::format("{} of {} rank(s) sent a timeline", n, n)
+                                         : fmt::format("no timeline from rank(s) {}",
+                                                       [&] {
+                                                         std::string s;
+                                                         for (int r : unreported)
+                                                           s += (s.empty() ? "" : ",") + std::to_string(r);
+                                                         return s;
+                                                       }())});
+    if (!failure && first_remote) {
+      failure = first_remote;
+      rc = first_remote->exit_code;
+    }
+    if (failure) report.set_error(*failure);
+    if (!job.ranks.empty()) {
+      std::map<std::string, std::string> libs;
+      if (job.comm) libs[job.backend == Backend::kNccl ? "nccl" : "gloo"] = job.comm->library_version();
+      report.set_world(n, std::string(backend_name(job.backend)),
+                       std::string(launcher_name(job.world.launcher)), job.ranks, libs);
+    }
+    if (rc == 0 && report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
+
+    std::printf("# ddpdiag init-check: %d rank(s), backend %s, launcher %s, timeout %.0f s per phase\n",
+                n, std::string(backend_name(job.backend)).c_str(),
+                std::string(launcher_name(job.world.launcher)).c_str(), o.timeout_s);
+    std::printf("# %4s %-12s %-16s %9s %10s  %-4s  %s\n", "rank", "host", "phase", "start(s)",
+                "dur(ms)", "stat", "detail");
+    for (int r = 0; r < n; ++r) {
+      if (!all[r].is_object()) {
+        std::printf("  %4d %-12s %-16s %9s %10s  %-4s  %s\n", r, "?", "-", "-", "-", "-",
+                    "no timeline: this rank never reached the store");
+        continue;
+      }
+      print_timeline(stdout, r, all[r].value("host", std::string("?")), all[r]["phases"]);
+    }
+    if (failure) {
+      std::printf("# FAILED on rank %d in %s: %s\n", failure->rank, failure->phase.c_str(),
+                  failure->message.c_str());
+      if (!failure->hint.empty()) std::printf("# hint: %s\n", failure->hint.c_str());
+    }
+    std::printf("# Verdict: %s\n", report.verdict().c_str());
+    std::fflush(stdout);
+    if (!o.json_path.empty()) {
+      try {
+        reports::write_json_atomic(o.json_path, report.finish());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "ddpdiag: error on rank 0: %s\n", e.what());
+        if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
+      }
+    }
+  }
+  leave_job(job, rc != 0);
+  return rc;
+}
+
+}  // namespace
+
+Subcommand add_init_check_command(CLI::App& parent) {
+  auto opts = std::make_shared<InitCheckOptions>();
+  auto* app = parent.add_subcommand(
+      "init-check",
+      "Debug an init that hangs or fails: every init phase on every rank with its own deadline, "
+      "a per-rank timeline, the cause and a hint");
+  add_common_options(app, opts->common);
+  app->add_flag("--nccl-debug", opts->nccl_debug,
+                "Capture NCCL's INIT/BOOTSTRAP/NET log per rank (NCCL_DEBUG=INFO, "
+                "NCCL_DEBUG_FILE) and attach it to the report");
+  app->add_flag("--bisect", opts->bisect,
+                "After the phases, test sub-groups (hosts alone, pairs, halves) and name the "
+                "smallest failing set");
+  return {app, [opts] { return run_init_check(*opts); }};
+}
+
+}  // namespace ddpdiag::cli

@@ -1,0 +1,290 @@
+"""Hangs, desyncs, dead ranks, init-check and bisect with real processes.
+
+Faults come from the hidden --inject-fault seam of the monitored
+communicator (comm/monitor.h), so the tests need no sleeps and no luck:
+hang@seq=N,rank=R (R stalls before collective N), desync@seq=N,rank=R (R runs
+a broadcast instead), exit@seq=N,rank=R (R is SIGKILLed), slow@rank=R,ms=M and
+corrupt@rank=R (bisect). --test-hosts gives every rank a host name of its own.
+Every wait is bounded: the ranks must end within the timeout plus a margin."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reports"))
+from common import BIN, clean_env, free_port, load, run, run_ranks, tmp_json, main  # noqa: E402
+from validate_hook import validate  # noqa: E402
+
+TIMEOUT = 6       # --timeout of the fault tests (s)
+MARGIN = 10       # what a rank may take beyond it: publish, gather states, report
+SMALL = ["-b", "1K", "-e", "1K", "-n", "20", "-w", "1"]
+PHASES = ["environment", "resolve_master", "store_connect", "store_handshake", "register",
+          "wait_for_ranks", "backend_init", "first_allreduce", "barrier"]
+
+
+def rank_cmds(n, args, port):
+    """args[0] is the subcommand; the rank flags follow it."""
+    return [args[:1] + ["--rank", str(r), "--world-size", str(n), "--master-addr", "127.0.0.1",
+                        "--master-port", str(port)] + args[1:] for r in range(n)]
+
+
+class InitCheck(unittest.TestCase):
+    def test_full_timeline_at_2_and_3_ranks(self):
+        for n in (2, 3):
+            with self.subTest(ranks=n):
+                path = tmp_json()
+                p = run(["init-check", "--nproc", str(n), "--timeout", "20", "--json", path])
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                self.assertIn("# Verdict: PASS", p.stdout)
+                rep = load(path)
+                validate(path)
+                self.assertEqual(rep["command"], "init-check")
+                self.assertEqual(rep["world"]["size"], n)
+                ranks = rep["results"]["ranks"]
+                self.assertEqual([r["rank"] for r in ranks], list(range(n)))
+                for r in ranks:
+                    self.assertEqual([ph["name"] for ph in r["phases"]], PHASES)
+                    for ph in r["phases"]:
+                        self.assertEqual(ph["status"], "ok", ph)
+                        self.assertGreaterEqual(ph["end_s"], ph["start_s"])
+                        self.assertTrue(ph["detail"], ph)
+                env = ranks[1]["phases"][0]["detail"]
+                self.assertIn("launcher ddpdiag", env)
+                self.assertIn("MASTER_PORT=", env)
+                self.assertIn("IPv4", ranks[1]["phases"][1]["detail"])
+                self.assertIn("protocol", ranks[1]["phases"][3]["detail"])
+                names = {c["name"]: c["status"] for c in rep["checks"]}
+                for ph in PHASES:
+                    self.assertEqual(names[ph], "pass")
+                self.assertEqual(names["all_ranks_reported"], "pass")
+                os.unlink(path)
+
+    def test_unresolvable_master_addr(self):
+        p = run(["init-check", "--rank", "1", "--world-size", "2", "--master-addr",
+                 "no-such-host.invalid", "--master-port", str(free_port()), "--timeout", "5"])
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("MASTER_ADDR='no-such-host.invalid' does not resolve", p.stderr)
+        self.assertIn("wrong MASTER_ADDR", p.stderr)
+        # It never reached the store, so it prints its own timeline.
+        self.assertIn("could not reach the store", p.stderr)
+        self.assertIn("resolve_master", p.stderr)
+        self.assertLess(p.elapsed, 5 + MARGIN)
+
+    def test_nothing_listens_is_refused(self):
+        port = free_port()
+        p = run(["init-check", "--rank", "1", "--world-size", "2", "--master-addr", "127.0.0.1",
+                 "--master-port", str(port), "--timeout", "3"])
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("refused", p.stderr)
+        self.assertIn("store_connect", p.stderr)
+
+    def test_port_taken_by_another_job(self):
+        with socket.socket() as s:
+            s.bind(("0.0.0.0", 0))
+            s.listen()
+            port = s.getsockname()[1]
+            path = tmp_json()
+            p = run(["init-check", "--rank", "0", "--world-size", "2", "--master-port", str(port),
+                     "--timeout", "3", "--json", path])
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("another job", p.stdout + p.stderr)
+        rep = load(path)
+        validate(path)
+        self.assertEqual(rep["error"]["phase"], "store_connect")
+        os.unlink(path)
+
+    def test_rank_that_never_started_is_named(self):
+        path = tmp_json()
+        p = run(["init-check", "--rank", "0", "--world-size", "3", "--master-port",
+                 str(free_port()), "--timeout", "4", "--json", path])
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("never arrived: 1, 2", p.stdout)
+        self.assertIn("a rank that never started", p.stdout)
+        rep = load(path)
+        validate(path)
+        self.assertEqual(rep["error"]["phase"], "wait_for_ranks")
+        self.assertEqual([r["reported"] for r in rep["results"]["ranks"]], [True, False, False])
+        wait = [ph for ph in rep["results"]["ranks"][0]["phases"] if ph["name"] == "wait_for_ranks"]
+        self.assertEqual(wait[0]["status"], "fail")
+        self.assertLess(p.elapsed, 4 + MARGIN)
+        os.unlink(path)
+
+    def test_world_size_mismatch_is_named(self):
+        port = free_port()
+        res = run_ranks([["init-check", "--rank", str(r), "--world-size", str(ws),
+                          "--master-port", str(port), "--timeout", "4"]
+                         for r, ws in ((0, 2), (1, 3))], [clean_env(), clean_env()],
+                        timeout=4 + 30)
+        for rc, so, se, elapsed in res:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("world size", so + se)
+            self.assertLess(elapsed, 4 + MARGIN)
+
+
+class Hangs(unittest.TestCase):
+    def launch(self, n, fault, extra=(), timeout=TIMEOUT):
+        path = tmp_json()
+        t0 = time.monotonic()
+        p = run(["allreduce-test", "--nproc", str(n), "--timeout", str(timeout), "--json", path,
+                 "--inject-fault", fault] + SMALL + list(extra), timeout=timeout + 60)
+        p.elapsed = time.monotonic() - t0
+        rep = load(path)
+        validate(path)
+        os.unlink(path)
+        return p, rep
+
+    def test_stalled_rank_every_rank_exits_4_naming_it(self):
+        p, rep = self.launch(3, "hang@seq=5,rank=1")
+        self.assertEqual(p.returncode, 4, p.stderr)
+        self.assertLess(p.elapsed, TIMEOUT + MARGIN, p.stderr)
+        # Every rank explains the hang the same way.
+        for r in (0, 1, 2):
+            self.assertIn("[rank %d] ddpdiag: error on rank %d" % (r, r), p.stderr)
+        self.assertEqual(p.stderr.count("Rank 1 behind"), 3, p.stderr)
+        self.assertNotIn("exited with code 5", p.stderr)
+        self.assertEqual(rep["error"]["exit_code"], 4)
+        self.assertEqual(rep["error"]["peer"], 1)
+        wd = rep["results"]["watchdog"]
+        self.assertEqual(wd["diagnosis"]["behind_ranks"], [1])
+        self.assertEqual(len(wd["ranks"]), 3)
+        self.assertTrue(wd["flight_recorder"])
+
+    def test_desync_names_both_collectives(self):
+        p, rep = self.launch(3, "desync@seq=4,rank=2")
+        self.assertEqual(p.returncode, 4, p.stderr)
+        self.assertLess(p.elapsed, TIMEOUT + MARGIN)
+        self.assertIn("Ranks 0 and 1 are running all_reduce(float, 256, sum) but rank 2 is "
+                      "running broadcast(float, 256, root=0)", p.stderr)
+        mm = rep["results"]["watchdog"]["diagnosis"]["mismatches"]
+        self.assertEqual(mm[0]["seq"], 4)
+        self.assertEqual([g["ranks"] for g in mm[0]["groups"]], [[0, 1], [2]])
+
+    def test_desync_check_catches_it_before_the_collective(self):
+        p, rep = self.launch(2, "desync@seq=3,rank=1", ["--desync-check"], timeout=30)
+        self.assertEqual(p.returncode, 5, p.stderr)
+        self.assertLess(p.elapsed, 15, "--desync-check must not wait for the timeout")
+        self.assertIn("--desync-check", p.stderr)
+        self.assertIn("broadcast(float, 256, root=0)", p.stderr)
+        self.assertEqual(rep["results"]["watchdog"]["detected_by"], "desync_check")
+
+    def test_desync_check_passes_a_healthy_run(self):
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "--desync-check", "--json", path] + SMALL)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        os.unlink(path)
+
+
+class PeerDeath(unittest.TestCase):
+    def test_killed_rank_is_named_by_every_survivor(self):
+        port = free_port()
+        paths = [tmp_json() for _ in range(3)]
+        args = rank_cmds(3, ["allreduce-test", "--timeout", str(TIMEOUT), "--inject-fault",
+                             "exit@seq=6,rank=1"] + SMALL, port)
+        res = run_ranks([a + ["--json", p] for a, p in zip(args, paths)],
+                        [clean_env()] * 3, timeout=TIMEOUT + 60)
+        self.assertEqual(res[1][0], -signal.SIGKILL)
+        for r in (0, 2):
+            rc, so, se, elapsed = res[r]
+            self.assertEqual(rc, 5, se)
+            self.assertLess(elapsed, TIMEOUT + MARGIN, se)
+            self.assertIn("Rank 1 did not publish its state: it is dead", se)
+        rep = load(paths[0])
+        validate(paths[0])
+        self.assertEqual(rep["error"]["exit_code"], 5)
+        self.assertEqual(rep["error"]["peer"], 1)
+        self.assertEqual(rep["results"]["watchdog"]["diagnosis"]["gone_ranks"], [1])
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
+
+    def test_killed_rank_under_the_launcher(self):
+        p = run(["allreduce-test", "--nproc", "3", "--timeout", str(TIMEOUT), "--inject-fault",
+                 "exit@seq=6,rank=2"] + SMALL, timeout=TIMEOUT + 60)
+        self.assertEqual(p.returncode, 5, p.stderr)
+        self.assertIn("rank 2 (pid", p.stderr)
+        self.assertIn("failed first: it was killed by signal 9 (SIGKILL)", p.stderr)
+        self.assertIn("Rank 2 did not publish its state: it is dead", p.stderr)
+        self.assertLess(p.elapsed, TIMEOUT + MARGIN)
+
+    def test_stopped_rank_is_named_as_stopped(self):
+        port = free_port()
+        n = 3
+        procs = [subprocess.Popen([BIN] + a, env=clean_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                 for a in rank_cmds(n, ["allreduce-test", "--timeout", str(TIMEOUT), "-b", "1K",
+                                        "-e", "1K", "-n", "1000000", "-w", "1"], port)]
+        try:
+            # Rank 0 prints the table header once the world is up.
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60:
+                line = procs[0].stdout.readline()
+                if not line or line.startswith("#   ") and "size" in line:
+                    break
+            time.sleep(0.5)
+            os.kill(procs[1].pid, signal.SIGSTOP)
+            t_stop = time.monotonic()
+            outs = {}
+            for r in (0, 2):
+                so, se = procs[r].communicate(timeout=TIMEOUT + 60)
+                outs[r] = (procs[r].returncode, se, time.monotonic() - t_stop)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        for r in (0, 2):
+            rc, se, elapsed = outs[r]
+            self.assertIn(rc, (4, 5), se)
+            self.assertLess(elapsed, TIMEOUT + MARGIN, se)
+            self.assertIn("Rank 1 did not publish its state: it is stopped", se)
+
+
+class Bisect(unittest.TestCase):
+    def test_slow_host_is_found(self):
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "4", "--test-hosts", "a,a,b,b", "--bisect",
+                 "--inject-fault", "slow@rank=3,ms=30", "--json", path, "-b", "1K", "-e", "1K",
+                 "-n", "3", "-w", "1"])
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("# bisect: smallest failing set: host b", p.stdout)
+        rep = load(path)
+        validate(path)
+        b = rep["results"]["bisect"]
+        self.assertEqual(b["suspect_hosts"], ["b"])
+        self.assertEqual(b["suspect_ranks"], [2, 3])
+        self.assertEqual(sorted(rep["world"]["hosts"]), ["a", "b"])
+        os.unlink(path)
+
+    def test_broken_rank_is_found(self):
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "3", "--test-hosts", "x,y,z", "--bisect",
+                 "--inject-fault", "corrupt@rank=2", "--json", path, "-b", "1K", "-e", "1K",
+                 "-n", "2", "-w", "1"])
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        rep = load(path)
+        validate(path)
+        b = rep["results"]["bisect"]
+        self.assertEqual(b["suspect_ranks"], [2])
+        self.assertEqual(b["suspect_hosts"], ["z"])
+        self.assertEqual(b["smallest_failing_set"]["ranks"], [2])
+        self.assertIn("points to rank 2 on host z", p.stdout)
+        os.unlink(path)
+
+    def test_init_check_bisect(self):
+        path = tmp_json()
+        p = run(["init-check", "--nproc", "3", "--test-hosts", "x,y,z", "--bisect",
+                 "--inject-fault", "slow@rank=1,ms=30", "--timeout", "20", "--json", path])
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        rep = load(path)
+        validate(path)
+        self.assertEqual(rep["results"]["bisect"]["suspect_ranks"], [1])
+        self.assertEqual(rep["results"]["bisect"]["suspect_hosts"], ["y"])
+        os.unlink(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,370 @@
+// Hang and desync detection: fingerprints, the diagnosis from per-rank
+// states, fault specs, bisect planning and judging (pure), then the monitored
+// communicator and sub-groups on Gloo with ranks as threads.
+#include <catch2/catch.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/group.h"
+#include "comm/monitor.h"
+#include "comm/monitored_communicator.h"
+#include "diag/bisect_plan.h"
+
+using namespace ddpdiag;
+using namespace std::chrono_literals;
+
+namespace {
+
+Fingerprint ar(std::uint64_t count = 1024) {
+  return {"all_reduce", "float", count, -1, "sum"};
+}
+Fingerprint bc(std::uint64_t count = 1024, int root = 0) {
+  return {"broadcast", "float", count, root, ""};
+}
+
+// A rank that ran `fps` as collectives 1..k, completed `completed` of them.
+RankState state_of(int rank, const std::vector<Fingerprint>& fps, std::int64_t completed) {
+  RankState s;
+  s.rank = rank;
+  s.host = "h" + std::to_string(rank);
+  s.last_started = static_cast<std::int64_t>(fps.size());
+  s.last_completed = completed;
+  for (std::size_t i = 0; i < fps.size(); ++i)
+    s.recent.push_back({static_cast<std::int64_t>(i + 1), fps[i], 0.0,
+                        static_cast<std::int64_t>(i + 1) <= completed ? 1.0 : -1.0,
+                        static_cast<std::int64_t>(i + 1) <= completed ? "completed" : "started"});
+  return s;
+}
+
+bool contains(const std::string& hay, const std::string& needle) {
+  return hay.find(needle) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("fingerprints describe themselves as users read them", "[monitor]") {
+  CHECK(ar().describe() == "all_reduce(float, 1024, sum)");
+  CHECK(bc(8, 2).describe() == "broadcast(float, 8, root=2)");
+  Fingerprint b;
+  b.op = "barrier";
+  CHECK(b.describe() == "barrier()");
+  Fingerprint s{"send", "int32", 4, 3, ""};
+  CHECK(s.describe() == "send(int32, 4, peer=3)");
+  CHECK_FALSE(s.is_collective());
+  CHECK(ar() == ar());
+  CHECK_FALSE(ar() == ar(512));
+  CHECK_FALSE(ar() == bc());
+}
+
+TEST_CASE("rank states round-trip through JSON", "[monitor]") {
+  RankState s = state_of(2, {ar(), ar(), bc()}, 2);
+  s.reason = "timeout";
+  RankState back = rank_state_from_json(nlohmann::json::parse(to_json(s).dump()));
+  CHECK(back.rank == 2);
+  CHECK(back.last_started == 3);
+  CHECK(back.last_completed == 2);
+  REQUIRE(back.recent.size() == 3);
+  CHECK(back.recent[2].fp == bc());
+  CHECK(back.recent[2].duration_ms < 0);
+  REQUIRE(back.at(3) != nullptr);
+  CHECK(*back.at(3) == bc());
+  CHECK(back.at(4) == nullptr);
+  CHECK_THROWS_AS(rank_state_from_json(nlohmann::json::object()), std::invalid_argument);
+}
+
+TEST_CASE("diagnosis: a rank that stopped issuing collectives is behind", "[monitor]") {
+  std::vector<std::optional<RankState>> st = {
+      state_of(0, {ar(), ar(), ar()}, 2),
+      state_of(1, {ar(), ar()}, 2),
+      state_of(2, {ar(), ar(), ar()}, 2),
+  };
+  Diagnosis d = diagnose(st);
+  CHECK(d.behind == std::vector<int>{1});
+  CHECK(d.gone.empty());
+  CHECK_FALSE(d.desync());
+  CHECK(d.stuck_seq == 3);
+  CHECK(contains(d.summary(), "Rank 1 behind"));
+  CHECK(contains(d.summary(), "ranks 0 and 2 are waiting in collective #3 all_reduce(float, 1024, sum)"));
+}
+
+TEST_CASE("diagnosis: ranks in different collectives at the same seq", "[monitor]") {
+  std::vector<std::optional<RankState>> st = {
+      state_of(0, {ar(), ar(), ar()}, 2),
+      state_of(1, {ar(), ar(), bc()}, 2),
+      state_of(2, {ar(), ar(), ar()}, 2),
+  };
+  Diagnosis d = diagnose(st);
+  REQUIRE(d.mismatches.size() == 1);
+  CHECK(d.mismatches[0].seq == 3);
+  REQUIRE(d.mismatches[0].groups.size() == 2);
+  CHECK(d.mismatches[0].groups[0].second == std::vector<int>{0, 2});
+  CHECK(d.mismatches[0].groups[1].second == std::vector<int>{1});
+  CHECK(contains(d.summary(), "Ranks 0 and 2 are running all_reduce(float, 1024, sum) but rank 1 "
+                              "is running broadcast(float, 1024, root=0)"));
+  CHECK(d.behind.empty());
+}
+
+TEST_CASE("diagnosis: a count mismatch is a desync too, p2p differences are not", "[monitor]") {
+  std::vector<std::optional<RankState>> st = {state_of(0, {ar(1024)}, 0),
+                                              state_of(1, {ar(512)}, 0)};
+  Diagnosis d = diagnose(st);
+  REQUIRE(d.desync());
+  CHECK(contains(d.summary(), "all_reduce(float, 512, sum)"));
+
+  Fingerprint send{"send", "float", 8, 1, ""}, recv{"recv", "float", 8, 0, ""};
+  std::vector<std::optional<RankState>> p2p = {state_of(0, {send}, 0), state_of(1, {recv}, 0)};
+  CHECK_FALSE(diagnose(p2p).desync());
+}
+
+TEST_CASE("diagnosis: ranks without a state are gone, with the caller's note", "[monitor]") {
+  std::vector<std::optional<RankState>> st = {state_of(0, {ar(), ar()}, 1), std::nullopt,
+                                              state_of(2, {ar(), ar()}, 1)};
+  GoneNotes notes = {"", "is dead: its process 42 on this machine has exited or was killed", ""};
+  Diagnosis d = diagnose(st, notes);
+  CHECK(d.gone == std::vector<int>{1});
+  CHECK(contains(d.summary(), "Rank 1 did not publish its state: it is dead"));
+  Diagnosis plain = diagnose(st);
+  CHECK(contains(plain.summary(), "dead, stopped or cannot reach the store"));
+  auto j = d.to_json();
+  CHECK(j["gone_ranks"] == nlohmann::json::array({1}));
+}
+
+TEST_CASE("diagnosis: everyone in the same collective points at the network", "[monitor]") {
+  std::vector<std::optional<RankState>> st = {state_of(0, {ar(), ar()}, 1),
+                                              state_of(1, {ar(), ar()}, 1)};
+  Diagnosis d = diagnose(st);
+  CHECK(d.behind.empty());
+  CHECK(d.gone.empty());
+  CHECK(d.stuck_seq == 2);
+  CHECK(contains(d.summary(), "Every rank is in collective #2"));
+}
+
+TEST_CASE("rank lists read as English", "[monitor]") {
+  CHECK(rank_list({}) == "");
+  CHECK(rank_list({3}) == "3");
+  CHECK(rank_list({1, 2}) == "1 and 2");
+  CHECK(rank_list({0, 2, 3}) == "0, 2 and 3");
+}
+
+TEST_CASE("fault specs parse and reject nonsense", "[monitor]") {
+  auto f = parse_faults("hang@seq=5,rank=1;slow@rank=2,ms=20;corrupt@rank=0");
+  REQUIRE(f.size() == 3);
+  CHECK(f[0].kind == Fault::Kind::kHang);
+  CHECK(f[0].seq == 5);
+  CHECK(f[0].rank == 1);
+  CHECK(f[1].kind == Fault::Kind::kSlow);
+  CHECK(f[1].ms == 20);
+  CHECK(f[2].kind == Fault::Kind::kCorrupt);
+  CHECK(parse_faults("").empty());
+  CHECK_THROWS_AS(parse_faults("explode@rank=1"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_faults("hang@rank=1"), std::invalid_argument);  // needs seq
+  CHECK_THROWS_AS(parse_faults("hang@seq=x,rank=1"), std::invalid_argument);
+  CHECK_THROWS_AS(parse_faults("slow@rank=1"), std::invalid_argument);  // needs ms
+  CHECK_THROWS_AS(parse_faults("skip@seq=1"), std::invalid_argument);   // needs rank
+}
+
+TEST_CASE("bisect plan: hosts alone, pairs of hosts, halves; never the world", "[bisect]") {
+  using cli::plan_bisect;
+  auto g = plan_bisect({"a", "a", "b", "b", "c", "c"});
+  std::vector<std::vector<int>> sets;
+  for (const auto& x : g) sets.push_back(x.ranks);
+  auto has = [&](std::vector<int> s) {
+    return std::find(sets.begin(), sets.end(), s) != sets.end();
+  };
+  CHECK(has({0, 1}));
+  CHECK(has({2, 3}));
+  CHECK(has({4, 5}));
+  CHECK(has({0, 1, 2, 3}));
+  CHECK(has({2, 3, 4, 5}));
+  CHECK(has({0, 1, 4, 5}));
+  CHECK_FALSE(has({0, 1, 2, 3, 4, 5}));
+  for (std::size_t i = 1; i < g.size(); ++i) CHECK(g[i - 1].ranks.size() <= g[i].ranks.size());
+  CHECK(g.front().kind == "host");
+  CHECK(g.front().label == "host a");
+
+  // One host: ranks play the part of hosts.
+  auto one = plan_bisect({"x", "x", "x"});
+  CHECK(one.front().kind == "rank");
+  CHECK(one.size() == 6);  // 3 alone + 3 pairs (halves repeat them)
+  // Many hosts: neighbour pairs only, capped.
+  std::vector<std::string> many;
+  for (int i = 0; i < 16; ++i) many.push_back("n" + std::to_string(i));
+  CHECK(plan_bisect(many).size() <= 24);
+  CHECK(plan_bisect({"a"}).empty());
+}
+
+TEST_CASE("bisect judge: a broken rank, a slow rank, nobody", "[bisect]") {
+  using namespace cli;
+  std::vector<std::string> hosts = {"a", "b", "c"};
+  auto groups = plan_bisect(hosts);
+  auto outcome = [&](int bad_rank, bool slow) {
+    std::vector<GroupOutcome> out;
+    for (const auto& g : groups) {
+      GroupOutcome o;
+      o.group = g;
+      o.ran = true;
+      bool has = std::find(g.ranks.begin(), g.ranks.end(), bad_rank) != g.ranks.end();
+      o.time_us = 100.0 * g.ranks.size() + (has && slow ? 20000 : 0);
+      o.wrong = has && !slow ? 5 : 0;
+      out.push_back(o);
+    }
+    return out;
+  };
+  auto broken = outcome(2, false);
+  auto v = judge_bisect(broken, hosts);
+  CHECK(v.suspect_ranks == std::vector<int>{2});
+  CHECK(v.suspect_hosts == std::vector<std::string>{"c"});
+  REQUIRE(v.smallest_failing);
+  CHECK(v.smallest_failing->ranks == std::vector<int>{2});
+  CHECK(contains(v.summary, "points to rank 2 on host c"));
+
+  auto slow = outcome(1, true);
+  v = judge_bisect(slow, hosts);
+  CHECK(v.suspect_ranks == std::vector<int>{1});
+  CHECK(contains(v.summary, "host b"));
+  auto j = v.to_json(slow);
+  CHECK(j["suspect_ranks"] == nlohmann::json::array({1}));
+
+  auto fine = outcome(-1, false);
+  v = judge_bisect(fine, hosts);
+  CHECK(v.suspect_ranks.empty());
+  CHECK_FALSE(v.smallest_failing);
+}
+
+// ---------------------------------------------------------------------------
+// With real Gloo ranks as threads.
+
+namespace {
+
+struct ThreadRank {
+  std::string error;
+  int exit_code = 0;
+  nlohmann::json report;
+};
+
+// n ranks, each a MonitoredCommunicator over Gloo, running `iters` all_reduces.
+std::vector<ThreadRank> run_monitored(int n, const std::string& faults, int iters,
+                                      Millis timeout) {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<ThreadRank> out(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.backend = Backend::kGloo;
+        o.rank = r;
+        o.world_size = n;
+        o.local_rank = r;
+        o.store = std::make_shared<PrefixStore>("comm", store);
+        o.timeout = timeout;
+        o.gloo_hostname = "127.0.0.1";
+        auto inner = make_communicator(o);
+        inner->set_default_timeout(timeout);
+        MonitorOptions mo;
+        mo.rank = r;
+        mo.size = n;
+        mo.store = std::make_shared<PrefixStore>("monitor", store);
+        mo.timeout = timeout;
+        mo.gather_wait = 1500ms;
+        mo.poll_interval = 100ms;
+        mo.faults = parse_faults(faults);
+        MonitoredCommunicator comm(std::move(inner), mo);
+        CommBuffer buf(comm, 64 * sizeof(float));
+        try {
+          for (int i = 0; i < iters; ++i)
+            comm.allreduce(buf.get(), buf.get(), 64, DType::kFloat32, ReduceOp::kSum)
+                ->wait(timeout);
+        } catch (const Error& e) {
+          out[r].error = e.what();
+          out[r].exit_code = static_cast<int>(e.exit_code());
+          out[r].report = comm.failure_report();
+        }
+      } catch (const std::exception& e) {
+        out[r].error = std::string("setup: ") + e.what();
+        out[r].exit_code = -1;
+      }
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("monitored Gloo: no fault, no error; sequence numbers advance", "[monitor][gloo]") {
+  auto res = run_monitored(2, "", 5, 5000ms);
+  for (const auto& r : res) CHECK(r.error.empty());
+}
+
+TEST_CASE("monitored Gloo: a stalled rank is named as behind by every rank", "[monitor][gloo]") {
+  const auto t0 = std::chrono::steady_clock::now();
+  auto res = run_monitored(3, "hang@seq=3,rank=1", 6, 1500ms);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took < 1.5 + 6);
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << res[r].error);
+    CHECK(res[r].exit_code == static_cast<int>(ExitCode::kTimeout));
+    CHECK(contains(res[r].error, "Rank 1 behind"));
+    REQUIRE(res[r].report.is_object());
+    CHECK(res[r].report["diagnosis"]["behind_ranks"] == nlohmann::json::array({1}));
+  }
+}
+
+TEST_CASE("monitored Gloo: a rank in another collective is named with both fingerprints",
+          "[monitor][gloo]") {
+  auto res = run_monitored(2, "desync@seq=2,rank=1", 4, 1500ms);
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << res[r].error);
+    CHECK(contains(res[r].error, "all_reduce(float, 64, sum)"));
+    CHECK(contains(res[r].error, "broadcast(float, 64, root=0)"));
+  }
+}
+
+TEST_CASE("sub-groups over the same store: two groups of a world of 3", "[monitor][gloo]") {
+  auto store = std::make_shared<MemoryStore>();
+  const int n = 3;
+  std::vector<std::string> errors(n);
+  std::vector<float> results(n, 0);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.backend = Backend::kGloo;
+        o.rank = r;
+        o.world_size = n;
+        o.store = store;
+        o.timeout = 5000ms;
+        o.gloo_hostname = "127.0.0.1";
+        // Group A = {0, 2}, group B = {1} alone.
+        std::vector<int> ranks = r == 1 ? std::vector<int>{1} : std::vector<int>{0, 2};
+        auto comm = make_group_communicator(o, ranks, r == 1 ? "b" : "a");
+        float v = static_cast<float>(r + 1);
+        CommBuffer buf(*comm, sizeof v);
+        comm->copy_from_host(buf.get(), &v, sizeof v);
+        comm->allreduce(buf.get(), buf.get(), 1, DType::kFloat32, ReduceOp::kSum)->wait(5000ms);
+        comm->copy_to_host(&v, buf.get(), sizeof v);
+        results[r] = v;
+        if (comm->size() != static_cast<int>(ranks.size())) errors[r] = "wrong size";
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) CHECK(errors[r].empty());
+  CHECK(results[0] == 4.0f);
+  CHECK(results[2] == 4.0f);
+  CHECK(results[1] == 2.0f);
+
+  CommOptions o;
+  o.backend = Backend::kGloo;
+  o.rank = 1;
+  o.world_size = 3;
+  o.store = store;
+  CHECK_THROWS_AS(make_group_communicator(o, {0, 2}, "c"), UsageError);
+}
