@@ -20,7 +20,10 @@
 #include "comm/errors.h"
 #include "comm/store/tcp_store.h"
 #include "ddpdiag/config.h"
+#include "comm/world.h"
 #include "diag/commands.h"
+#include "diag/launcher.h"
+#include "reports/report.h"
 
 namespace ddpdiag::cli {
 namespace {
@@ -81,20 +84,6 @@ StoreProtocol parse_protocol(const std::string& s) {
 Millis seconds_to_ms(double s) {
   if (!(s > 0)) throw UsageError("--timeout must be positive", {"cli", -1, -1, ""});
   return Millis(static_cast<long long>(s * 1000.0));
-}
-
-// The report file appears whole or not at all: written aside, then renamed.
-void write_json_file(const std::string& path, const nlohmann::json& j) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    if (!f) throw UsageError("cannot write " + tmp, {"report", -1, -1, "check the directory exists and is writable"});
-    f << j.dump(2) << "\n";
-    if (!f.flush()) throw UsageError("cannot write " + tmp, {"report", -1, -1, "disk full?"});
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw UsageError("cannot rename " + tmp + " to " + path + ": " + ec.message(), {"report", -1, -1, ""});
 }
 
 struct PingOptions {
@@ -180,12 +169,20 @@ int run_ping(const PingOptions& o) {
                            {"num_keys", r.reachable ? nlohmann::json(r.num_keys) : nlohmann::json(nullptr)},
                            {"connect_attempts", r.connect_attempts},
                            {"error", r.error ? *r.error : nlohmann::json(nullptr)}};
-    nlohmann::json report{{"schema", "ddpdiag.report/1"},
-                          {"command", "store ping"},
-                          {"tool_version", config::kVersion},
-                          {"results", results},
-                          {"checks", nlohmann::json::array({{{"name", "store_reachable"}, {"passed", r.reachable}}})}};
-    write_json_file(o.json_path, report);
+    reports::Report report("store ping", own_command_line());
+    report.set_environment(recorded_environment());
+    report.results() = results;
+    report.add_check({"store_reachable",
+                      r.reachable ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                      r.reachable ? fmt::format("{} answered over {}", where, r.protocol)
+                                  : (*r.error)["message"].get<std::string>()});
+    if (r.error)
+      report.set_error({(*r.error)["kind"].get<std::string>(),
+                        (*r.error)["message"].get<std::string>(),
+                        (*r.error)["phase"].get<std::string>(), -1, -1,
+                        (*r.error)["hint"].get<std::string>(),
+                        static_cast<int>(ExitCode::kRendezvous)});
+    reports::write_json_atomic(o.json_path, report.finish());
   }
   return static_cast<int>(r.reachable ? ExitCode::kOk : ExitCode::kRendezvous);
 }
