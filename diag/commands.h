@@ -26,5 +26,9 @@ Subcommand add_report_command(CLI::App& parent);   // report validate | compare 
 Subcommand add_ddp_step_command(CLI::App& parent);        // simulated backward + reducer
 Subcommand add_broadcast_test_command(CLI::App& parent);  // parameter broadcast + checksums
 Subcommand add_init_check_command(CLI::App& parent);  // init phase by phase, per-rank timeline
+Subcommand add_dp_vs_ring_command(CLI::App& parent);  // gather vs ring vs backend all_reduce
+Subcommand add_link_health_command(CLI::App& parent);  // per-pair bandwidth/latency matrix
+Subcommand add_bucket_sweep_command(CLI::App& parent);  // bucket_cap_mb sweep, recommendation
+Subcommand add_memory_command(CLI::App& parent);  // per-rank memory of a DDP step
 
 }  // namespace ddpdiag::cli

@@ -33,6 +33,10 @@ int main(int argc, char** argv) {
       cli::add_ddp_step_command(app),
       cli::add_broadcast_test_command(app),
       cli::add_init_check_command(app),
+      cli::add_dp_vs_ring_command(app),
+      cli::add_link_health_command(app),
+      cli::add_bucket_sweep_command(app),
+      cli::add_memory_command(app),
   };
   try {
     app.parse(argc, argv);

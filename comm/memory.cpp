@@ -1,0 +1,119 @@
+#include "comm/memory.h"
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <stdexcept>
+
+#include "ddpdiag/config.h"
+
+#if DDPDIAG_HAVE_CUDA
+#include "comm/nccl/nccl_memory.h"
+#endif
+
+namespace ddpdiag {
+
+std::string_view memory_category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::kParameters: return "parameters";
+    case MemoryCategory::kGradients: return "gradients";
+    case MemoryCategory::kBuckets: return "buckets";
+    case MemoryCategory::kCommBuffers: return "communication_buffers";
+    case MemoryCategory::kWorkspace: return "workspace";
+  }
+  return "unknown";
+}
+
+MemoryAccount::~MemoryAccount() {
+  // Whatever is still live goes back to the communicator.
+  for (auto& [ptr, what] : live_) comm_.free(ptr);
+}
+
+void* MemoryAccount::allocate(MemoryCategory c, std::size_t bytes) {
+  void* p = comm_.alloc(bytes);
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_[p] = {c, bytes};
+  const auto i = static_cast<std::size_t>(c);
+  current_[i] += bytes;
+  if (current_[i] > peak_[i]) peak_[i] = current_[i];
+  total_current_ += bytes;
+  if (total_current_ > total_peak_) total_peak_ = total_current_;
+  return p;
+}
+
+void MemoryAccount::release(void* ptr) {
+  if (!ptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.find(ptr);
+    DDPDIAG_ASSERT(it != live_.end());
+    const auto i = static_cast<std::size_t>(it->second.first);
+    current_[i] -= it->second.second;
+    total_current_ -= it->second.second;
+    live_.erase(it);
+  }
+  comm_.free(ptr);
+}
+
+std::uint64_t MemoryAccount::current_bytes(MemoryCategory c) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return current_[static_cast<std::size_t>(c)];
+}
+std::uint64_t MemoryAccount::peak_bytes(MemoryCategory c) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return peak_[static_cast<std::size_t>(c)];
+}
+std::uint64_t MemoryAccount::total_current_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return total_current_;
+}
+std::uint64_t MemoryAccount::total_peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return total_peak_;
+}
+
+std::optional<ProcessMemory> parse_proc_status(std::string_view text) {
+  // Lines such as "VmRSS:\t   12345 kB".
+  auto field = [&](std::string_view name) -> std::optional<std::uint64_t> {
+    std::size_t pos = 0;
+    while (pos < text.size()) {
+      std::size_t eol = text.find('\n', pos);
+      if (eol == std::string_view::npos) eol = text.size();
+      std::string_view line = text.substr(pos, eol - pos);
+      pos = eol + 1;
+      if (line.size() <= name.size() || line.substr(0, name.size()) != name ||
+          line[name.size()] != ':')
+        continue;
+      std::istringstream in{std::string(line.substr(name.size() + 1))};
+      std::uint64_t v = 0;
+      std::string unit;
+      if (!(in >> v)) return std::nullopt;
+      in >> unit;
+      return unit == "kB" ? v * 1024 : v;
+    }
+    return std::nullopt;
+  };
+  auto rss = field("VmRSS"), hwm = field("VmHWM");
+  if (!rss || !hwm) return std::nullopt;
+  return ProcessMemory{*rss, *hwm};
+}
+
+std::optional<ProcessMemory> read_process_memory() {
+  std::ifstream f("/proc/self/status");
+  if (!f) return std::nullopt;
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse_proc_status(text);
+}
+
+DeviceMemoryInfo device_memory_info(int device) {
+#if DDPDIAG_HAVE_CUDA
+  return nccl_backend::device_memory_info(device);
+#else
+  (void)device;
+  DeviceMemoryInfo d;
+  d.reason = "this build has no CUDA support (configured without CUDA/NCCL)";
+  return d;
+#endif
+}
+
+}  // namespace ddpdiag

@@ -1,0 +1,367 @@
+// ddpdiag bucket-sweep: all_reduce bandwidth and exposed communication time
+// per bucket_cap_mb for a model's gradient layout. For each cap DDP's buckets
+// are built (ddp_buckets(), the reducer's own), then the reducer runs:
+//   1. communication alone: every gradient marked ready at once, so the
+//      buckets' all_reduces go back to back; its time gives the total
+//      communication time per iteration and the achieved bus bandwidth;
+//   2. overlapped with a simulated backward that produces gradients at
+//      --compute-gbps: the communication left after the last gradient is the
+//      exposed (non-overlapped) time a training step pays.
+// The recommendation is the cap with the least exposed time, with its saving
+// against DDP's default 25. A plain sweep of single all_reduce calls at
+// bucket-like sizes shows where bandwidth saturates.
+//
+// Figures per cap are each rank's median over the timed iterations; the
+// reported one is the slowest rank's (a step waits for the slowest), and
+// spread_us is the slowest minus the fastest rank.
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "comm/measure.h"
+#include "ddp_core/backward_sim.h"
+#include "ddp_core/bucket_assignment.h"
+#include "ddp_core/model_layout.h"
+#include "ddp_core/reducer.h"
+#include "diag/cli_common.h"
+#include "diag/commands.h"
+#include "diag/tools_analysis.h"
+#include "diag/tools_common.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using nlohmann::json;
+using namespace ddpdiag::ddp_core;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kDefaultCapMb = 25;
+
+struct BucketSweepOptions {
+  CommonOptions common;
+  std::string model = "resnet50";
+  std::string caps = "1,5,10,25,50,100,200";
+  double first_bucket_mb = 1;
+  int iters = 3;
+  int warmup = 1;
+  double compute_gbps = 1.0;
+  bool no_size_sweep = false;
+  std::string sweep_min = "256K";
+  std::string sweep_max = "64M";
+  int sweep_iters = 5;
+};
+
+std::vector<double> parse_caps(const std::string& s, int rank) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    double v = 0;
+    try {
+      v = std::stod(item);
+    } catch (const std::exception&) {
+      v = -1;
+    }
+    if (!(v > 0) || v > 1e6)
+      throw UsageError(fmt::format("--caps: '{}' is not a positive number of MiB", item),
+                       {"flags", rank, -1, "e.g. --caps 1,5,10,25,50,100"});
+    out.push_back(v);
+  }
+  if (out.empty()) throw UsageError("--caps is empty", {"flags", rank, -1, "e.g. --caps 1,5,25"});
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+struct CapRow {
+  double cap_mb = 0;
+  std::uint64_t cap_bytes = 0;
+  std::vector<std::uint64_t> bucket_bytes;
+  std::size_t expected_buckets = 0;  // ddp_buckets() for the same layout and cap
+  double comm_time_us = 0;          // communication alone, slowest rank
+  double comm_spread_us = 0;
+  double busbw_gbps = 0;
+  double algbw_gbps = 0;
+  double exposed_us = 0;            // overlapped, slowest rank
+  double exposed_spread_us = 0;
+  double step_us = 0;
+  double backward_us = 0;
+  std::int64_t wrong = 0;
+};
+
+// Slowest rank's value of a per-rank figure and the spread over ranks.
+std::pair<double, double> slowest_and_spread(Communicator& comm, double mine, Millis timeout) {
+  const auto all = allgather_doubles(comm, {mine}, timeout);
+  const auto [lo, hi] = std::minmax_element(all.begin(), all.end());
+  return {*hi, *hi - *lo};
+}
+
+CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const BucketSweepOptions& o) {
+  Communicator& comm = *job.comm;
+  CapRow row;
+  row.cap_mb = cap_mb;
+  row.cap_bytes = static_cast<std::uint64_t>(cap_mb * kMiB);  // as DDP: int(cap * 1024 * 1024)
+  const auto first_bytes = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
+  row.expected_buckets = ddp_buckets(layout, row.cap_bytes, first_bytes).size();
+  ReducerOptions ro;
+  ro.bucket_cap_bytes = row.cap_bytes;
+  ro.first_bucket_bytes = first_bytes;
+  ro.timeout = job.timeout;
+  Reducer red(comm, layout, ro);
+  for (const auto& b : red.buckets()) row.bucket_bytes.push_back(b.spec.bytes);
+
+  std::uint64_t iteration = 0;
+  auto run_phase = [&](double compute_gbps, std::vector<double>& comm_us, std::vector<double>& exposed_us,
+                       std::vector<double>& step_us, std::vector<double>& backward_us) {
+    BackwardSimOptions so;
+    so.compute_gbps = compute_gbps;
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      comm.barrier()->wait(job.timeout);
+      const auto bw = simulate_backward(red, comm, iteration, so);
+      red.finalize();
+      const auto& tm = red.last_timing();
+      if (it + 1 == o.warmup + o.iters)
+        row.wrong += check_gradients(red, comm, iteration).wrong;
+      ++iteration;
+      if (it < o.warmup) continue;
+      // Communication alone: from the first launch to the end of finalize.
+      comm_us.push_back(tm.comm_span_us());
+      exposed_us.push_back(tm.exposed_comm_us());
+      step_us.push_back(tm.iteration_us());
+      backward_us.push_back(bw.backward_us());
+    }
+  };
+  std::vector<double> c0, e0, s0, b0, c1, e1, s1, b1;
+  run_phase(0, c0, e0, s0, b0);
+  run_phase(o.compute_gbps, c1, e1, s1, b1);
+  std::tie(row.comm_time_us, row.comm_spread_us) =
+      slowest_and_spread(comm, tools::median(c0), job.timeout);
+  std::tie(row.exposed_us, row.exposed_spread_us) =
+      slowest_and_spread(comm, tools::median(e1), job.timeout);
+  row.step_us = slowest_and_spread(comm, tools::median(s1), job.timeout).first;
+  row.backward_us = slowest_and_spread(comm, tools::median(b1), job.timeout).first;
+  const auto wrong = allgather_doubles(comm, {static_cast<double>(row.wrong)}, job.timeout);
+  row.wrong = 0;
+  for (double w : wrong) row.wrong += static_cast<std::int64_t>(w);
+  const double total = static_cast<double>(layout.total_bytes());
+  row.algbw_gbps = row.comm_time_us > 0 ? total / row.comm_time_us / 1e3 : 0;
+  row.busbw_gbps = row.algbw_gbps * busbw_factor(Collective::kAllReduce, comm.size());
+  return row;
+}
+
+json cap_json(const CapRow& r) {
+  auto sorted = r.bucket_bytes;
+  std::sort(sorted.begin(), sorted.end());
+  const auto med = sorted.empty() ? 0.0
+                                  : (sorted.size() % 2 ? static_cast<double>(sorted[sorted.size() / 2])
+                                                       : (static_cast<double>(sorted[sorted.size() / 2 - 1]) +
+                                                          static_cast<double>(sorted[sorted.size() / 2])) / 2);
+  return {{"bucket_cap_mb", r.cap_mb},
+          {"bucket_cap_bytes", r.cap_bytes},
+          {"bucket_count", r.bucket_bytes.size()},
+          {"expected_bucket_count", r.expected_buckets},
+          {"bucket_bytes", r.bucket_bytes},
+          {"min_bucket_bytes", sorted.empty() ? 0 : sorted.front()},
+          {"median_bucket_bytes", med},
+          {"max_bucket_bytes", sorted.empty() ? 0 : sorted.back()},
+          {"comm_time_us", r.comm_time_us},
+          {"comm_time_us_spread", r.comm_spread_us},
+          {"algbw_gbps", r.algbw_gbps},
+          {"busbw_gbps", r.busbw_gbps},
+          {"exposed_comm_time_us", r.exposed_us},
+          {"spread_us", r.exposed_spread_us},
+          {"step_time_us", r.step_us},
+          {"backward_time_us", r.backward_us},
+          {"wrong", r.wrong}};
+}
+
+void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
+  const auto caps = parse_caps(o.caps, job.rank());
+  if (!(o.first_bucket_mb > 0))
+    throw UsageError("--first-bucket-mb must be positive", {"flags", job.rank(), -1, "DDP's is 1"});
+  if (o.compute_gbps < 0)
+    throw UsageError("--compute-gbps must be >= 0", {"flags", job.rank(), -1, "e.g. 1"});
+  const ModelLayout layout = load_model(o.model);
+  auto& res = report.results();
+  res["model"] = layout.name;
+  res["tensor_count"] = layout.tensors.size();
+  res["total_bytes"] = layout.total_bytes();
+  res["first_bucket_bytes"] = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
+  res["compute_gbps"] = o.compute_gbps;
+  res["iters"] = o.iters;
+  res["warmup_iters"] = o.warmup;
+  res["default_bucket_cap_mb"] = kDefaultCapMb;
+  res["caps"] = json::array();
+  if (job.rank() == 0) {
+    std::printf("# ddpdiag bucket-sweep: %d rank(s), backend %s, model %s (%zu tensors, %.1f MiB), "
+                "first bucket %.3g MiB\n",
+                job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
+                layout.tensors.size(), static_cast<double>(layout.total_bytes()) / kMiB,
+                o.first_bucket_mb);
+    std::printf("# per cap: communication alone (all gradients ready at once) and overlapped with a "
+                "backward producing gradients at %.3g GB/s; medians of %d iters, slowest rank\n",
+                o.compute_gbps, o.iters);
+    std::printf("# %8s %8s %10s %10s %10s %10s %9s %12s %12s %12s %6s\n", "cap", "buckets",
+                "min", "median", "max", "comm", "busbw", "exposed", "step", "backward", "#wrong");
+    std::printf("# %8s %8s %10s %10s %10s %10s %9s %12s %12s %12s %6s\n", "(MiB)", "", "(MiB)",
+                "(MiB)", "(MiB)", "(ms)", "(GB/s)", "(ms)", "(ms)", "(ms)", "");
+    std::fflush(stdout);
+  }
+
+  std::vector<CapRow> rows;
+  std::vector<SizeResult> sweep;
+  auto judge = [&] {
+    std::vector<tools::CapFigure> figs;
+    std::int64_t wrong = 0;
+    bool counts_ok = true;
+    for (const auto& r : rows) {
+      figs.push_back({r.cap_mb, r.exposed_us});
+      wrong += r.wrong;
+      counts_ok = counts_ok && r.bucket_bytes.size() == r.expected_buckets;
+    }
+    const auto rec = tools::recommend_cap(figs, kDefaultCapMb);
+    res["recommended_cap_mb"] = rec ? json(rec->bucket_cap_mb) : json();
+    if (rec) {
+      auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(); };
+      res["recommendation"] = {{"bucket_cap_mb", rec->bucket_cap_mb},
+                               {"exposed_comm_time_us", rec->exposed_comm_time_us},
+                               {"default_bucket_cap_mb", kDefaultCapMb},
+                               {"default_exposed_comm_time_us", opt(rec->default_exposed_comm_time_us)},
+                               {"saving_us", opt(rec->saving_us)},
+                               {"saving_pct", opt(rec->saving_pct)}};
+    } else {
+      res["recommendation"] = nullptr;
+    }
+    res["wrong_total"] = wrong;
+    report.add_check({"correctness", tools::pass_if(wrong == 0 && !rows.empty()),
+                      fmt::format("{} wrong gradient element(s) over {} cap(s), every rank checked",
+                                  wrong, rows.size())});
+    report.add_check({"bucket_counts", tools::pass_if(counts_ok),
+                      counts_ok ? "the reducer's buckets equal ddp_buckets() for every cap"
+                                : "the reducer's bucket count differs from ddp_buckets()"});
+    return rec;
+  };
+
+  std::optional<tools::CapRecommendation> rec;
+  try {
+    for (std::size_t i = 0; i < caps.size(); ++i) {
+      CapRow row = measure_cap(job, layout, caps[i], o);
+      if (job.rank() == 0) {
+        auto mib = [](double b) { return b / kMiB; };
+        auto sorted = row.bucket_bytes;
+        std::sort(sorted.begin(), sorted.end());
+        std::printf("  %8.4g %8zu %10.3f %10.3f %10.3f %10.2f %9.3f %12.2f %12.2f %12.2f %6lld\n",
+                    row.cap_mb, row.bucket_bytes.size(), mib(static_cast<double>(sorted.front())),
+                    mib(static_cast<double>(sorted[sorted.size() / 2])),
+                    mib(static_cast<double>(sorted.back())), row.comm_time_us / 1e3,
+                    row.busbw_gbps, row.exposed_us / 1e3, row.step_us / 1e3, row.backward_us / 1e3,
+                    static_cast<long long>(row.wrong));
+        std::fflush(stdout);
+      }
+      res["caps"].push_back(cap_json(row));
+      rows.push_back(std::move(row));
+      job.progress_line(fmt::format("[progress] cap {} of {} done", i + 1, caps.size()));
+    }
+    rec = judge();
+    if (job.rank() == 0 && rec) {
+      if (rec->saving_us)
+        std::printf("# Recommendation: bucket_cap_mb=%g (exposed %.2f ms; default 25: %.2f ms, saves "
+                    "%.2f ms = %.1f%%)\n",
+                    rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3,
+                    *rec->default_exposed_comm_time_us / 1e3, *rec->saving_us / 1e3, *rec->saving_pct);
+      else
+        std::printf("# Recommendation: bucket_cap_mb=%g (exposed %.2f ms; the default 25 was not in "
+                    "--caps)\n",
+                    rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3);
+      std::fflush(stdout);
+    }
+
+    // Single all_reduce calls at bucket-like sizes.
+    res["sizes"] = json::array();
+    if (!o.no_size_sweep) {
+      SweepOptions so;
+      so.sizes = sweep_sizes(parse_size(o.sweep_min), parse_size(o.sweep_max), 4, 0, 4);
+      so.iters = o.sweep_iters;
+      so.warmup = 1;
+      so.in_place = false;
+      so.timeout = job.timeout;
+      if (job.rank() == 0) {
+        std::printf("# Plain all_reduce at bucket-like sizes (float sum, out of place, %d iters)\n",
+                    so.iters);
+        std::printf("# %12s %10s %9s %9s %6s\n", "size (B)", "time (us)", "algbw", "busbw", "#wrong");
+      }
+      so.on_size_done = [&](std::size_t, const SizeResult& r) {
+        const auto& b = *r.out_of_place;
+        if (job.rank() == 0) {
+          std::printf("  %12zu %10.1f %9.3f %9.3f %6lld\n", r.bytes, b.time_us, b.algbw_gbps,
+                      b.busbw_gbps, static_cast<long long>(b.wrong));
+          std::fflush(stdout);
+        }
+        res["sizes"].push_back({{"collective", "all_reduce"},
+                                {"bytes", r.bytes},
+                                {"count", r.count},
+                                {"dtype", "float"},
+                                {"op", "sum"},
+                                {"out_of_place",
+                                 {{"time_us", b.time_us},
+                                  {"algbw_gbps", b.algbw_gbps},
+                                  {"busbw_gbps", b.busbw_gbps},
+                                  {"wrong", b.wrong},
+                                  {"min_rank_time_us", b.min_rank_time_us},
+                                  {"max_rank_time_us", b.max_rank_time_us},
+                                  {"fastest_rank", b.fastest_rank},
+                                  {"slowest_rank", b.slowest_rank}}},
+                                {"in_place", nullptr}});
+      };
+      run_allreduce_sweep(*job.comm, so, sweep);
+      std::int64_t wrong = 0;
+      for (const auto& s : sweep) wrong += std::max<std::int64_t>(0, s.out_of_place->wrong);
+      report.add_check({"size_sweep_correctness", tools::pass_if(wrong == 0),
+                        fmt::format("{} wrong element(s) over {} size(s)", wrong, sweep.size())});
+    }
+  } catch (...) {
+    if (!rec) judge();
+    throw;
+  }
+  if (job.rank() == 0) tools::print_checks_and_verdict(report);
+}
+
+}  // namespace
+
+Subcommand add_bucket_sweep_command(CLI::App& parent) {
+  auto opts = std::make_shared<BucketSweepOptions>();
+  auto* app = parent.add_subcommand(
+      "bucket-sweep",
+      "Tune DDP's bucket_cap_mb: per cap the buckets, communication time, bus bandwidth and "
+      "exposed (non-overlapped) time with a simulated backward; the recommended cap");
+  add_common_options(app, opts->common);
+  app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
+  app->add_option("--caps", opts->caps, "Comma-separated bucket_cap_mb values");
+  app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket size (MiB)");
+  app->add_option("-n,--iters", opts->iters, "Timed iterations per cap and phase")
+      ->check(CLI::PositiveNumber);
+  app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per cap and phase")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--compute-gbps", opts->compute_gbps,
+                  "Gradient bytes the simulated backward produces per second (GB/s); 0: no compute");
+  app->add_flag("--no-size-sweep", opts->no_size_sweep, "Skip the plain all_reduce size sweep");
+  app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep");
+  app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep");
+  app->add_option("--sweep-iters", opts->sweep_iters, "Iterations per size of the plain sweep")
+      ->check(CLI::PositiveNumber);
+  return {app, [opts] {
+            return run_distributed(opts->common, "bucket-sweep",
+                                   [opts](Job& job, reports::Report& report) {
+                                     run(job, report, *opts);
+                                   });
+          }};
+}
+
+}  // namespace ddpdiag::cli

@@ -1,0 +1,466 @@
+// ddpdiag link-health: the per-pair view that finds the bad link. Every pair
+// of ranks measures a ping-pong latency and a bidirectional send/recv
+// bandwidth; pairs run in the rounds of a round-robin tournament, so each
+// rank is in one pair at a time and all pairs of a round run together. The
+// n x n matrices, each rank's all_reduce time, outliers against the median of
+// pairs of the same kind (same host or cross host), on NCCL the transport
+// each pair uses (from NCCL's own INFO log), and a PASS/FAIL verdict naming
+// the slow pairs.
+//
+// NCCL transports. NCCL reads NCCL_DEBUG once per process, at its first
+// call, so the log cannot be switched on once the job's communicator exists.
+// Before the job starts (before the built-in launcher forks the ranks, and
+// again in each rank, which inherits it), when the backend may be NCCL and
+// the user has not set NCCL_DEBUG, this command sets NCCL_DEBUG=INFO,
+// NCCL_DEBUG_SUBSYS=INIT,P2P (where the "Channel .. : a[..] -> b[..] via X"
+// lines are logged) and NCCL_DEBUG_FILE=$TMPDIR/ddpdiag-nccl-<pid>.%h.%p (one
+// file per process, %h host, %p pid, expanded by NCCL). After the
+// measurements each rank reads its own file (the pattern expanded the way
+// NCCL does) and keeps the lines about its own pairs. The variables appear in
+// the report's environment. --no-nccl-transport leaves NCCL_DEBUG alone. A
+// user's own NCCL_DEBUG_FILE is read the same way; a user's NCCL_DEBUG
+// without a file goes to stdout, and the transport is then reported unknown.
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "comm/measure.h"
+#include "diag/cli_common.h"
+#include "diag/commands.h"
+#include "diag/tools_analysis.h"
+#include "diag/tools_common.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+struct LinkHealthOptions {
+  CommonOptions common;
+  std::string bandwidth_bytes = "4M";
+  int iters = 5;
+  int warmup = 1;
+  int latency_iters = 20;
+  std::string allreduce_bytes = "1M";
+  int allreduce_iters = 10;
+  tools::LinkThresholds thresholds;
+  bool no_nccl_transport = false;
+};
+
+constexpr std::uint32_t kLatencyTag = 0x11e40000;
+constexpr std::uint32_t kBandwidthTag = 0x11e50000;
+
+// One rank's side of one pair.
+struct SideResult {
+  int peer = 0;
+  double latency_us = 0;
+  double bandwidth_time_us = 0;  // per iteration, both directions in flight
+};
+
+SideResult measure_pair(Communicator& comm, int peer, std::size_t bw_bytes, const LinkHealthOptions& o,
+                        std::uint32_t round, Millis timeout, CommBuffer& out, CommBuffer& in,
+                        CommBuffer& small_out, CommBuffer& small_in) {
+  const int me = comm.rank();
+  SideResult s;
+  s.peer = peer;
+  // Latency: ping-pong of 8 bytes; the lower rank serves first.
+  const bool first = me < peer;
+  auto ping = [&] {
+    if (first) {
+      comm.send(small_out.get(), 8, DType::kUInt8, peer, kLatencyTag + round)->wait(timeout);
+      comm.recv(small_in.get(), 8, DType::kUInt8, peer, kLatencyTag + round)->wait(timeout);
+    } else {
+      comm.recv(small_in.get(), 8, DType::kUInt8, peer, kLatencyTag + round)->wait(timeout);
+      comm.send(small_out.get(), 8, DType::kUInt8, peer, kLatencyTag + round)->wait(timeout);
+    }
+  };
+  for (int i = 0; i < 2; ++i) ping();
+  auto t0 = Clock::now();
+  for (int i = 0; i < o.latency_iters; ++i) ping();
+  auto t1 = Clock::now();
+  s.latency_us = std::chrono::duration<double, std::micro>(t1 - t0).count() /
+                 std::max(1, o.latency_iters) / 2;
+  // Bandwidth: both directions at once, bw_bytes each way per iteration.
+  auto exchange = [&] {
+    comm.sendrecv(out.get(), bw_bytes, peer, in.get(), bw_bytes, peer, DType::kUInt8,
+                  kBandwidthTag + round)
+        ->wait(timeout);
+  };
+  for (int i = 0; i < o.warmup; ++i) exchange();
+  t0 = Clock::now();
+  for (int i = 0; i < o.iters; ++i) exchange();
+  t1 = Clock::now();
+  s.bandwidth_time_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, o.iters);
+  return s;
+}
+
+std::string short_hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  std::string h(buf);
+  return h.substr(0, h.find('.'));
+}
+
+// NCCL_DEBUG_FILE expanded as NCCL does: %h the host name up to its first
+// dot, %p the pid, %% a percent sign.
+std::string expand_nccl_debug_file(const std::string& pattern) {
+  std::string out;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size()) {
+      const char c = pattern[++i];
+      if (c == 'h') out += short_hostname();
+      else if (c == 'p') out += std::to_string(::getpid());
+      else if (c == '%') out += '%';
+      else out += std::string("%") + c;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+// Before any NCCL call in this process: switch NCCL's transport log on
+// unless the user configured NCCL_DEBUG. Returns what was done, for the
+// report.
+std::string prepare_nccl_log(const LinkHealthOptions& o) {
+  if (o.no_nccl_transport) return "off (--no-nccl-transport)";
+  if (o.common.backend == "gloo" || !nccl_supported()) return "not applicable (no NCCL)";
+  // A rank started by the built-in launcher inherits what its parent set.
+  if (std::getenv("DDPDIAG_NCCL_LOG_BY_LINK_HEALTH")) return "set by ddpdiag link-health";
+  if (std::getenv("NCCL_DEBUG")) {
+    return std::getenv("NCCL_DEBUG_FILE") ? "the user's NCCL_DEBUG and NCCL_DEBUG_FILE"
+                                          : "the user's NCCL_DEBUG without NCCL_DEBUG_FILE";
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string dir = tmp && *tmp ? tmp : "/tmp";
+  ::setenv("NCCL_DEBUG", "INFO", 0);
+  ::setenv("NCCL_DEBUG_SUBSYS", "INIT,P2P", 0);
+  ::setenv("NCCL_DEBUG_FILE",
+           fmt::format("{}/ddpdiag-nccl-{}.%h.%p", dir, ::getpid()).c_str(), 0);
+  ::setenv("DDPDIAG_NCCL_LOG_BY_LINK_HEALTH", "1", 1);
+  return "set by ddpdiag link-health";
+}
+
+// This rank's NCCL transport per peer, from its own NCCL log.
+json nccl_transports(const Job& job, std::string& why_unknown) {
+  json per_peer = json::object();
+  if (job.backend != Backend::kNccl) {
+    why_unknown = "Gloo: every pair uses TCP";
+    return per_peer;
+  }
+  const char* pattern = std::getenv("NCCL_DEBUG_FILE");
+  if (!pattern) {
+    why_unknown = "NCCL_DEBUG_FILE is not set, so NCCL's log went to stdout";
+    return per_peer;
+  }
+  const std::string path = expand_nccl_debug_file(pattern);
+  std::ifstream f(path);
+  if (!f) {
+    why_unknown = "could not read NCCL's log " + path;
+    return per_peer;
+  }
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::map<int, std::set<std::string>> seen;
+  for (const auto& t : tools::parse_nccl_transports(ss.str())) {
+    if (t.src == job.rank()) seen[t.dst].insert(t.transport);
+    if (t.dst == job.rank()) seen[t.src].insert(t.transport);
+  }
+  for (const auto& [peer, ts] : seen) per_peer[std::to_string(peer)] = std::vector<std::string>(ts.begin(), ts.end());
+  if (seen.empty()) why_unknown = "no transport line in " + path;
+  return per_peer;
+}
+
+void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const std::string& nccl_log) {
+  const int n = job.size(), me = job.rank();
+  const std::size_t bw_bytes = parse_size(o.bandwidth_bytes);
+  const std::size_t ar_bytes = std::max<std::size_t>(4, parse_size(o.allreduce_bytes) / 4 * 4);
+  if (bw_bytes == 0)
+    throw UsageError("--bytes must be positive", {"flags", me, -1, "e.g. --bytes 4M"});
+  Communicator& comm = *job.comm;
+  const auto schedule = tools::round_robin_schedule(n);
+
+  auto& res = report.results();
+  res["ranks"] = n;
+  res["bandwidth_bytes"] = bw_bytes;
+  res["iters"] = o.iters;
+  res["latency_iters"] = o.latency_iters;
+  res["rounds"] = json::array();
+  for (const auto& round : schedule) {
+    json r = json::array();
+    for (auto [a, b] : round) r.push_back({a, b});
+    res["rounds"].push_back(r);
+  }
+  res["thresholds"] = {{"bandwidth_below_median_pct", o.thresholds.bandwidth_below_median_pct},
+                       {"latency_above_median_pct", o.thresholds.latency_above_median_pct},
+                       {"latency_floor_us", o.thresholds.latency_floor_us},
+                       {"min_bandwidth_gbps", o.thresholds.min_bandwidth_gbps},
+                       {"max_latency_us", o.thresholds.max_latency_us}};
+  res["nccl_log"] = nccl_log;
+
+  // Pairs, round by round; a barrier keeps the rounds apart.
+  CommBuffer out(comm, bw_bytes), in(comm, bw_bytes), small_out(comm, 8), small_in(comm, 8);
+  {
+    std::vector<std::uint8_t> fill(bw_bytes, 0x5a);
+    comm.copy_from_host(out.get(), fill.data(), bw_bytes);
+    comm.copy_from_host(small_out.get(), fill.data(), 8);
+  }
+  json mine = json::array();
+  for (std::size_t r = 0; r < schedule.size(); ++r) {
+    for (auto [a, b] : schedule[r]) {
+      if (a != me && b != me) continue;
+      const int peer = a == me ? b : a;
+      auto s = measure_pair(comm, peer, bw_bytes, o, static_cast<std::uint32_t>(r), job.timeout,
+                            out, in, small_out, small_in);
+      mine.push_back({{"peer", s.peer}, {"latency_us", s.latency_us},
+                      {"bandwidth_time_us", s.bandwidth_time_us}});
+    }
+    comm.barrier()->wait(job.timeout);
+    job.progress_line(fmt::format("[progress] round {} of {} done", r + 1, schedule.size()));
+  }
+
+  // Every rank's all_reduce time, as each rank sees it.
+  CommBuffer ar(comm, ar_bytes);
+  {
+    std::vector<std::uint8_t> zeros(ar_bytes, 0);
+    comm.copy_from_host(ar.get(), zeros.data(), ar_bytes);
+  }
+  const std::size_t ar_count = ar_bytes / 4;
+  comm.allreduce(ar.get(), ar.get(), ar_count, DType::kFloat32, ReduceOp::kSum)->wait(job.timeout);
+  comm.barrier()->wait(job.timeout);
+  auto t0 = Clock::now();
+  for (int i = 0; i < o.allreduce_iters; ++i)
+    comm.allreduce(ar.get(), ar.get(), ar_count, DType::kFloat32, ReduceOp::kSum)->wait(job.timeout);
+  const double my_ar_us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count() /
+                          std::max(1, o.allreduce_iters);
+  const auto ar_times = allgather_doubles(comm, {my_ar_us}, job.timeout);
+
+  std::string why_unknown;
+  json transports = nccl_transports(job, why_unknown);
+  auto gathered = job.gather_to_root("link-health/pairs",
+                                     {{"pairs", mine}, {"transports", transports},
+                                      {"transport_note", why_unknown}});
+  if (me != 0) return;
+
+  // Rank 0 assembles the matrix: a pair's bandwidth is bytes per direction
+  // over the slower side's time per exchange; its latency the larger of the
+  // two sides' estimates.
+  std::vector<std::vector<double>> bw_time(n, std::vector<double>(n, -1)), lat(n, std::vector<double>(n, -1));
+  for (int r = 0; r < n; ++r)
+    for (const auto& p : gathered[r]["pairs"]) {
+      const int peer = p["peer"].get<int>();
+      bw_time[r][peer] = p["bandwidth_time_us"].get<double>();
+      lat[r][peer] = p["latency_us"].get<double>();
+    }
+  std::vector<tools::PairMeasurement> pairs;
+  for (int a = 0; a < n; ++a)
+    for (int b = a + 1; b < n; ++b) {
+      tools::PairMeasurement m;
+      m.a = a;
+      m.b = b;
+      m.same_host = job.ranks.size() == static_cast<std::size_t>(n) ? job.ranks[a].host == job.ranks[b].host : true;
+      const double t = std::max(bw_time[a][b], bw_time[b][a]);
+      m.bandwidth_gbps = t > 0 ? static_cast<double>(bw_bytes) / t / 1e3 : 0;
+      m.latency_us = std::max(lat[a][b], lat[b][a]);
+      pairs.push_back(m);
+    }
+  const auto judged = tools::judge_pairs(pairs, o.thresholds);
+
+  json bw_matrix = json::array(), lat_matrix = json::array();
+  for (int a = 0; a < n; ++a) {
+    json brow = json::array(), lrow = json::array();
+    for (int b = 0; b < n; ++b) {
+      if (a == b) {
+        brow.push_back(nullptr);
+        lrow.push_back(nullptr);
+        continue;
+      }
+      const auto& m = pairs[std::find_if(pairs.begin(), pairs.end(), [&](const auto& p) {
+                              return p.a == std::min(a, b) && p.b == std::max(a, b);
+                            }) - pairs.begin()];
+      brow.push_back(m.bandwidth_gbps);
+      lrow.push_back(m.latency_us);
+    }
+    bw_matrix.push_back(brow);
+    lat_matrix.push_back(lrow);
+  }
+  auto transport_of = [&](int a, int b) -> json {
+    const auto& t = gathered[a]["transports"];
+    const std::string key = std::to_string(b);
+    if (t.contains(key)) return t[key];
+    if (job.backend == Backend::kGloo) return json::array({"TCP"});
+    return nullptr;
+  };
+  json pair_rows = json::array(), slow_pairs = json::array();
+  std::vector<std::string> slow_names;
+  std::map<int, int> slow_count, pair_count;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    const auto& m = pairs[i];
+    const auto& j = judged[i];
+    pair_rows.push_back({{"src", m.a},
+                         {"dst", m.b},
+                         {"same_host", m.same_host},
+                         {"host_src", job.ranks.size() > static_cast<std::size_t>(m.a) ? job.ranks[m.a].host : ""},
+                         {"host_dst", job.ranks.size() > static_cast<std::size_t>(m.b) ? job.ranks[m.b].host : ""},
+                         {"busbw_gbps", m.bandwidth_gbps},
+                         {"latency_us", m.latency_us},
+                         {"kind_median_busbw_gbps", j.kind_median_bandwidth_gbps},
+                         {"kind_median_latency_us", j.kind_median_latency_us},
+                         {"slow", j.slow()},
+                         {"slow_bandwidth", j.slow_bandwidth},
+                         {"slow_latency", j.slow_latency},
+                         {"reason", j.reason},
+                         {"transport", transport_of(m.a, m.b)}});
+    ++pair_count[m.a];
+    ++pair_count[m.b];
+    if (j.slow()) {
+      slow_pairs.push_back({m.a, m.b});
+      slow_names.push_back(fmt::format("{}-{} ({})", m.a, m.b, j.reason));
+      ++slow_count[m.a];
+      ++slow_count[m.b];
+    }
+  }
+  // A rank all of whose (two or more) links are slow is the likely culprit.
+  std::vector<int> slow_ranks;
+  for (int r = 0; r < n; ++r)
+    if (pair_count[r] >= 2 && slow_count[r] == pair_count[r]) slow_ranks.push_back(r);
+  json ar_rows = json::array();
+  for (int r = 0; r < n; ++r) ar_rows.push_back({{"rank", r}, {"allreduce_time_us", ar_times[r]}});
+  json notes = json::object();
+  for (int r = 0; r < n; ++r) {
+    const auto& note = gathered[r]["transport_note"];
+    if (note.is_string() && !note.get<std::string>().empty()) notes[std::to_string(r)] = note;
+  }
+
+  res["busbw_gbps"] = bw_matrix;
+  res["latency_us"] = lat_matrix;
+  res["pairs"] = pair_rows;
+  res["slow_pairs"] = slow_pairs;
+  res["slow_ranks"] = slow_ranks;
+  res["allreduce_bytes"] = ar_bytes;
+  res["allreduce"] = ar_rows;
+  res["transport_notes"] = notes;
+  res["median_busbw_gbps"] = tools::median([&] {
+    std::vector<double> v;
+    for (const auto& p : pairs) v.push_back(p.bandwidth_gbps);
+    return v;
+  }());
+
+  std::string detail;
+  if (slow_names.empty()) {
+    detail = fmt::format("all {} pair(s) within the thresholds", pairs.size());
+  } else {
+    detail = fmt::format("{} slow pair(s): ", slow_names.size());
+    for (std::size_t i = 0; i < slow_names.size(); ++i) detail += (i ? "; " : "") + slow_names[i];
+  }
+  report.add_check({"links", tools::pass_if(slow_names.empty()), detail});
+  if (!slow_ranks.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < slow_ranks.size(); ++i) names += (i ? ", " : "") + std::to_string(slow_ranks[i]);
+    report.add_check({"slow_ranks", reports::CheckStatus::kFail,
+                      fmt::format("every link of rank(s) {} is slow", names)});
+  }
+
+  // The tables.
+  std::printf("# ddpdiag link-health: %d rank(s), backend %s; %zu round(s) of disjoint pairs; "
+              "bandwidth: %s each way per exchange, %d iters; latency: 8 B ping-pong, %d iters\n",
+              n, std::string(backend_name(job.backend)).c_str(), schedule.size(),
+              format_size(bw_bytes).c_str(), o.iters, o.latency_iters);
+  std::printf("# Bandwidth per direction, both directions at once (GB/s)\n#  %6s", "");
+  for (int b = 0; b < n; ++b) std::printf(" %9d", b);
+  std::printf("\n");
+  for (int a = 0; a < n; ++a) {
+    std::printf("   %6d", a);
+    for (int b = 0; b < n; ++b)
+      a == b ? std::printf(" %9s", "-") : std::printf(" %9.3f", bw_matrix[a][b].get<double>());
+    std::printf("\n");
+  }
+  std::printf("# One-way latency (us)\n#  %6s", "");
+  for (int b = 0; b < n; ++b) std::printf(" %9d", b);
+  std::printf("\n");
+  for (int a = 0; a < n; ++a) {
+    std::printf("   %6d", a);
+    for (int b = 0; b < n; ++b)
+      a == b ? std::printf(" %9s", "-") : std::printf(" %9.1f", lat_matrix[a][b].get<double>());
+    std::printf("\n");
+  }
+  std::printf("# %5s %5s %-10s %10s %10s %12s %-16s %s\n", "src", "dst", "kind", "busbw", "latency",
+              "kind median", "transport", "verdict");
+  for (const auto& p : pair_rows) {
+    std::string tr = "-";
+    if (p["transport"].is_array()) {
+      tr.clear();
+      for (const auto& t : p["transport"]) tr += (tr.empty() ? "" : ",") + t.get<std::string>();
+    }
+    std::printf("  %5d %5d %-10s %10.3f %10.1f %12.3f %-16s %s\n", p["src"].get<int>(),
+                p["dst"].get<int>(), p["same_host"].get<bool>() ? "same-host" : "cross-host",
+                p["busbw_gbps"].get<double>(), p["latency_us"].get<double>(),
+                p["kind_median_busbw_gbps"].get<double>(), tr.c_str(),
+                p["slow"].get<bool>() ? ("SLOW: " + p["reason"].get<std::string>()).c_str() : "ok");
+  }
+  std::printf("# all_reduce of %s per rank (us):", format_size(ar_bytes).c_str());
+  for (int r = 0; r < n; ++r) std::printf(" %d:%.1f", r, ar_times[r]);
+  std::printf("\n");
+  tools::print_checks_and_verdict(report);
+}
+
+}  // namespace
+
+Subcommand add_link_health_command(CLI::App& parent) {
+  auto opts = std::make_shared<LinkHealthOptions>();
+  auto* app = parent.add_subcommand(
+      "link-health",
+      "Per-pair bandwidth and latency matrix (pairs in round-robin rounds), per-rank all_reduce "
+      "time, outliers against pairs of the same kind, NCCL transports; PASS/FAIL naming slow pairs");
+  add_common_options(app, opts->common);
+  app->add_option("--bytes", opts->bandwidth_bytes, "Bytes each way per bandwidth exchange");
+  app->add_option("-n,--iters", opts->iters, "Timed bandwidth exchanges per pair")
+      ->check(CLI::PositiveNumber);
+  app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up exchanges per pair")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--latency-iters", opts->latency_iters, "Ping-pongs per pair")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--allreduce-bytes", opts->allreduce_bytes, "Size of the per-rank all_reduce");
+  app->add_option("--allreduce-iters", opts->allreduce_iters, "all_reduce iterations")
+      ->check(CLI::PositiveNumber);
+  app->add_option("--bw-threshold-pct", opts->thresholds.bandwidth_below_median_pct,
+                  "A pair is slow when its bandwidth is this % below the median of its kind")
+      ->check(CLI::Range(0.0, 100.0));
+  app->add_option("--latency-threshold-pct", opts->thresholds.latency_above_median_pct,
+                  "A pair is slow when its latency is this % above the median of its kind")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--latency-floor-us", opts->thresholds.latency_floor_us,
+                  "...and more than this many us above it")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--min-bw-gbps", opts->thresholds.min_bandwidth_gbps,
+                  "Slow below this absolute bandwidth (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_option("--max-latency-us", opts->thresholds.max_latency_us,
+                  "Slow above this absolute latency (0: off)")
+      ->check(CLI::NonNegativeNumber);
+  app->add_flag("--no-nccl-transport", opts->no_nccl_transport,
+                "Do not switch NCCL's INFO log on to learn each pair's transport");
+  return {app, [opts] {
+            const std::string nccl_log = prepare_nccl_log(*opts);
+            return run_distributed(opts->common, "link-health",
+                                   [opts, nccl_log](Job& job, reports::Report& report) {
+                                     run(job, report, *opts, nccl_log);
+                                   });
+          }};
+}
+
+}  // namespace ddpdiag::cli

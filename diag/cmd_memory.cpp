@@ -1,0 +1,325 @@
+// ddpdiag memory: a per-rank memory summary of a real DDP step, gathered to
+// rank 0. On every rank: the model's parameters are allocated and broadcast
+// from rank 0, DDP's reducer is built for the layout and runs --iters steps
+// with a simulated backward, and a metrics buffer is all-reduced, all through
+// an accounting communicator (comm/memory.h), so the figures per category
+// (parameters, gradients, buckets, communication_buffers, workspace) are
+// exactly what ddpdiag holds, in the backend's memory kind (host for Gloo,
+// device for NCCL). Beside them: the process's resident set and its peak
+// (/proc/self/status VmRSS/VmHWM), on a GPU cudaMemGetInfo's free/total, and
+// what a communicator costs: the change of device free memory (NCCL) or of
+// the resident set (Gloo) around the initialisation and first collectives of
+// a second communicator over the same ranks, as nccl-tests -M measures it.
+//
+// Categories. parameters: one flat allocation of the layout; buckets: the
+// reducer's flat bucket buffers; gradients: with --no-gradient-views the
+// reducer's per-parameter gradient buffers (allocated in its constructor
+// right after the buckets, so they are told apart by their known size: the
+// layout's bytes), with views (the default) zero, the gradients being slices
+// of the buckets; communication_buffers: staging of the coalesced parameter
+// broadcast (zero when the parameters are contiguous, as here) and the
+// reducer's used-parameter bitmap; workspace: the metrics buffer. total_bytes
+// is their sum; peak_bytes the peak of that sum over the run.
+//
+// Imbalance: a rank whose peak resident set (host) or used device memory
+// (GPU), or whose accounted total, is more than --imbalance-pct above the
+// median of the ranks is named, as in the classic "rank 0 uses more".
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "comm/measure.h"
+#include "comm/memory.h"
+#include "ddp_core/backward_sim.h"
+#include "ddp_core/model_layout.h"
+#include "ddp_core/param_broadcast.h"
+#include "ddp_core/reducer.h"
+#include "diag/cli_common.h"
+#include "diag/commands.h"
+#include "diag/tools_analysis.h"
+#include "diag/tools_common.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using nlohmann::json;
+using namespace ddpdiag::ddp_core;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+struct MemoryOptions {
+  CommonOptions common;
+  std::string model = "resnet50";
+  double bucket_cap_mb = 25;
+  bool no_gradient_views = false;
+  int iters = 2;
+  double workspace_mb = 1;
+  double imbalance_pct = 10;
+  bool no_comm_probe = false;
+  // Test-only fault injection: "R:MB" makes rank R hold MB more workspace.
+  std::string inject_extra = "";
+};
+
+json device_json(const DeviceMemoryInfo& d) {
+  if (!d.available) return nullptr;
+  return {{"free_bytes", d.free_bytes},
+          {"total_bytes", d.total_bytes},
+          {"used_bytes", d.total_bytes - d.free_bytes}};
+}
+
+void run(Job& job, reports::Report& report, const MemoryOptions& o) {
+  const int me = job.rank(), n = job.size();
+  if (!(o.bucket_cap_mb > 0))
+    throw UsageError("--bucket-cap-mb must be positive", {"flags", me, -1, "DDP's default is 25"});
+  const ModelLayout layout = load_model(o.model);
+  const bool device = job.comm->memory_kind() == MemoryKind::kDevice;
+  const int device_ordinal = job.world.local_rank;
+  std::uint64_t inject_bytes = 0;
+  if (!o.inject_extra.empty()) {
+    const auto colon = o.inject_extra.find(':');
+    try {
+      if (colon == std::string::npos) throw std::invalid_argument("no colon");
+      if (std::stoi(o.inject_extra.substr(0, colon)) == me)
+        inject_bytes = static_cast<std::uint64_t>(std::stod(o.inject_extra.substr(colon + 1)) * kMiB);
+    } catch (const std::exception&) {
+      throw UsageError(fmt::format("--inject-extra '{}' is not RANK:MB", o.inject_extra),
+                       {"flags", me, -1, "e.g. --inject-extra 0:64"});
+    }
+  }
+
+  // What a communicator costs: a second one over the same ranks, measured
+  // around its initialisation and first collectives.
+  json comm_probe = nullptr;
+  if (!o.no_comm_probe) {
+    const auto rss0 = read_process_memory();
+    const auto dev0 = device ? device_memory_info(device_ordinal) : DeviceMemoryInfo{};
+    auto probe = tools::make_extra_communicator(job, o.common, "memory/probe", n);
+    const auto dev1 = device ? device_memory_info(device_ordinal) : DeviceMemoryInfo{};
+    {
+      CommBuffer one(*probe, 4 * 1024);
+      std::vector<std::uint8_t> zeros(4 * 1024, 0);
+      probe->copy_from_host(one.get(), zeros.data(), zeros.size());
+      probe->allreduce(one.get(), one.get(), 1024, DType::kFloat32, ReduceOp::kSum)->wait(job.timeout);
+      probe->barrier()->wait(job.timeout);
+    }
+    const auto dev2 = device ? device_memory_info(device_ordinal) : DeviceMemoryInfo{};
+    const auto rss2 = read_process_memory();
+    auto delta = [](std::uint64_t before, std::uint64_t after) {
+      return static_cast<std::int64_t>(before) - static_cast<std::int64_t>(after);
+    };
+    comm_probe = {{"backend", std::string(backend_name(job.backend))},
+                  {"rss_delta_bytes", rss0 && rss2 ? json(-delta(rss0->rss_bytes, rss2->rss_bytes)) : json()},
+                  {"device_delta_init_bytes",
+                   dev0.available && dev1.available ? json(delta(dev0.free_bytes, dev1.free_bytes)) : json()},
+                  {"device_delta_first_collectives_bytes",
+                   dev1.available && dev2.available ? json(delta(dev1.free_bytes, dev2.free_bytes)) : json()}};
+    probe->barrier()->wait(job.timeout);
+  }
+
+  MemoryAccount account(*job.comm);
+  AccountingCommunicator ac(*job.comm, account);
+  json categories, peaks;
+  std::int64_t wrong = 0;
+  std::size_t bucket_count = 0;
+  std::uint64_t own_grad_bytes = 0;
+  std::optional<ProcessMemory> rss;
+  DeviceMemoryInfo dev;
+  {
+    ac.set_category(MemoryCategory::kParameters);
+    LayoutParams params = allocate_layout_params(ac, layout);
+    {
+      std::vector<std::uint8_t> init(params.flat.bytes(), static_cast<std::uint8_t>(me + 1));
+      ac.copy_from_host(params.flat.get(), init.data(), init.size());
+    }
+    ac.set_category(MemoryCategory::kCommBuffers);
+    BroadcastOptions bo;
+    bo.timeout = job.timeout;
+    broadcast_parameters(ac, params.tensors, bo);
+
+    ac.set_category(MemoryCategory::kBuckets);
+    ReducerOptions ro;
+    ro.bucket_cap_bytes = static_cast<std::uint64_t>(o.bucket_cap_mb * kMiB);
+    ro.gradient_as_bucket_view = !o.no_gradient_views;
+    ro.timeout = job.timeout;
+    Reducer red(ac, layout, ro);
+    bucket_count = red.buckets().size();
+    if (o.no_gradient_views) own_grad_bytes = layout.total_bytes();
+
+    ac.set_category(MemoryCategory::kWorkspace);
+    const std::size_t ws_bytes = std::max<std::size_t>(4, static_cast<std::size_t>(o.workspace_mb * kMiB) / 4 * 4);
+    AccountedBuffer metrics(account, MemoryCategory::kWorkspace, ws_bytes);
+    std::unique_ptr<AccountedBuffer> injected;
+    if (inject_bytes) {
+      injected = std::make_unique<AccountedBuffer>(account, MemoryCategory::kWorkspace, inject_bytes);
+      // Touch it, so it is resident too.
+      std::vector<std::uint8_t> ones(inject_bytes, 1);
+      ac.copy_from_host(injected->get(), ones.data(), ones.size());
+    }
+    {
+      std::vector<std::uint8_t> zeros(ws_bytes, 0);
+      ac.copy_from_host(metrics.get(), zeros.data(), zeros.size());
+    }
+    for (int it = 0; it < o.iters; ++it) {
+      ac.barrier()->wait(job.timeout);
+      simulate_backward(red, ac, static_cast<std::uint64_t>(it));
+      red.finalize();
+      wrong += check_gradients(red, ac, static_cast<std::uint64_t>(it)).wrong;
+      ac.allreduce(metrics.get(), metrics.get(), ws_bytes / 4, DType::kFloat32, ReduceOp::kSum)
+          ->wait(job.timeout);
+    }
+    // The snapshot of a DDP step: everything is still allocated here.
+    rss = read_process_memory();
+    if (device) dev = device_memory_info(device_ordinal);
+    for (auto c : kAllMemoryCategories) {
+      std::uint64_t cur = account.current_bytes(c), peak = account.peak_bytes(c);
+      if (c == MemoryCategory::kBuckets) {
+        cur -= own_grad_bytes;
+        peak -= own_grad_bytes;
+      }
+      if (c == MemoryCategory::kGradients) {
+        cur += own_grad_bytes;
+        peak += own_grad_bytes;
+      }
+      categories[std::string(memory_category_name(c))] = cur;
+      peaks[std::string(memory_category_name(c))] = peak;
+    }
+  }
+  std::uint64_t total = 0;
+  for (auto& [k, v] : categories.items()) total += v.get<std::uint64_t>();
+  json mine = {{"rank", me},
+               {"host", job.ranks.size() > static_cast<std::size_t>(me) ? job.ranks[me].host : ""},
+               {"memory_kind", device ? "device" : "host"},
+               {"categories", categories},
+               {"category_peak_bytes", peaks},
+               {"total_bytes", total},
+               {"peak_bytes", account.total_peak_bytes()},
+               {"rss_bytes", rss ? json(rss->rss_bytes) : json()},
+               {"peak_rss_bytes", rss ? json(rss->peak_rss_bytes) : json()},
+               {"device", device_json(dev)},
+               {"device_note", device && !dev.available ? json(dev.reason) : json()},
+               {"communicator_probe", comm_probe},
+               {"wrong", wrong}};
+  const auto all = job.gather_to_root("memory/summary", mine);
+  if (me != 0) return;
+
+  auto& res = report.results();
+  res["model"] = layout.name;
+  res["model_bytes"] = layout.total_bytes();
+  res["bucket_cap_mb"] = o.bucket_cap_mb;
+  res["bucket_count"] = bucket_count;
+  res["gradient_as_bucket_view"] = !o.no_gradient_views;
+  res["iters"] = o.iters;
+  res["memory_kind"] = device ? "device" : "host";
+  res["categories"] = json::array();
+  for (auto c : kAllMemoryCategories) res["categories"].push_back(std::string(memory_category_name(c)));
+  res["ranks"] = all;
+  res["imbalance_pct"] = o.imbalance_pct;
+
+  // Imbalance, per metric.
+  std::vector<double> totals, process;
+  const char* process_metric = device ? "device_used_bytes" : "peak_rss_bytes";
+  bool have_process = true;
+  std::int64_t wrong_total = 0;
+  for (const auto& r : all) {
+    totals.push_back(r["total_bytes"].get<double>());
+    wrong_total += r["wrong"].get<std::int64_t>();
+    const json& v = device ? (r["device"].is_object() ? r["device"]["used_bytes"] : json()) : r["peak_rss_bytes"];
+    if (v.is_number()) process.push_back(v.get<double>());
+    else have_process = false;
+  }
+  json flagged = json::array();
+  std::vector<std::string> named;
+  auto flag = [&](const char* metric, const std::vector<double>& v) {
+    const double med = tools::median(v);
+    for (int r : tools::ranks_above_median(v, o.imbalance_pct)) {
+      const double pct = med > 0 ? 100 * (v[r] / med - 1) : 0;
+      flagged.push_back({{"rank", r}, {"metric", metric}, {"bytes", v[r]}, {"median_bytes", med},
+                         {"pct_above_median", pct}});
+      named.push_back(fmt::format("rank {} {} {:.1f} MiB is {:.1f}% above the median {:.1f} MiB", r,
+                                  metric, v[r] / kMiB, pct, med / kMiB));
+    }
+  };
+  flag("total_bytes", totals);
+  if (have_process) flag(process_metric, process);
+  res["imbalanced_ranks"] = flagged;
+  res["median_total_bytes"] = tools::median(totals);
+  res["wrong_total"] = wrong_total;
+
+  std::string detail;
+  for (std::size_t i = 0; i < named.size(); ++i) detail += (i ? "; " : "") + named[i];
+  report.add_check({"imbalance", tools::pass_if(named.empty()),
+                    named.empty() ? fmt::format("every rank within {}% of the median", o.imbalance_pct)
+                                  : detail});
+  report.add_check({"correctness", tools::pass_if(wrong_total == 0),
+                    fmt::format("{} wrong gradient element(s) over {} step(s) on every rank",
+                                wrong_total, o.iters)});
+
+  std::printf("# ddpdiag memory: %d rank(s), backend %s (%s memory), model %s (%.1f MiB), %zu "
+              "bucket(s) of cap %g MiB, gradient views %s, %d DDP step(s)\n",
+              n, std::string(backend_name(job.backend)).c_str(), device ? "device" : "host",
+              layout.name.c_str(), static_cast<double>(layout.total_bytes()) / kMiB, bucket_count,
+              o.bucket_cap_mb, o.no_gradient_views ? "off" : "on", o.iters);
+  std::printf("# %4s %10s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "rank", "params",
+              "grads", "buckets", "comm", "workspace", "total", "peak", "rss", "peak rss",
+              device ? "dev used" : "comm init");
+  std::printf("# %4s %10s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "", "(MiB)", "(MiB)",
+              "(MiB)", "(MiB)", "(MiB)", "(MiB)", "(MiB)", "(MiB)", "(MiB)", "(MiB)");
+  auto mib = [](const json& v) { return v.is_number() ? fmt::format("{:.2f}", v.get<double>() / kMiB) : std::string("-"); };
+  for (const auto& r : all) {
+    const auto& c = r["categories"];
+    std::string last;
+    if (device) last = r["device"].is_object() ? mib(r["device"]["used_bytes"]) : "-";
+    else last = r["communicator_probe"].is_object() ? mib(r["communicator_probe"]["rss_delta_bytes"]) : "-";
+    std::printf("  %4d %10s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", r["rank"].get<int>(),
+                mib(c["parameters"]).c_str(), mib(c["gradients"]).c_str(), mib(c["buckets"]).c_str(),
+                mib(c["communication_buffers"]).c_str(), mib(c["workspace"]).c_str(),
+                mib(r["total_bytes"]).c_str(), mib(r["peak_bytes"]).c_str(), mib(r["rss_bytes"]).c_str(),
+                mib(r["peak_rss_bytes"]).c_str(), last.c_str());
+  }
+  if (device)
+    for (const auto& r : all)
+      if (r["communicator_probe"].is_object())
+        std::printf("# rank %d: NCCL communicator init took %s MiB of device memory, its first "
+                    "collectives %s MiB\n",
+                    r["rank"].get<int>(), mib(r["communicator_probe"]["device_delta_init_bytes"]).c_str(),
+                    mib(r["communicator_probe"]["device_delta_first_collectives_bytes"]).c_str());
+  tools::print_checks_and_verdict(report);
+}
+
+}  // namespace
+
+Subcommand add_memory_command(CLI::App& parent) {
+  auto opts = std::make_shared<MemoryOptions>();
+  auto* app = parent.add_subcommand(
+      "memory",
+      "Per-rank memory of a DDP step by category (parameters, gradients, buckets, communication "
+      "buffers, workspace), RSS and peak, GPU free/total and NCCL's share; flags imbalance");
+  add_common_options(app, opts->common);
+  app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
+  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb");
+  app->add_flag("--no-gradient-views", opts->no_gradient_views,
+                "Gradients in their own buffers (DDP's gradient_as_bucket_view=False)");
+  app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(CLI::PositiveNumber);
+  app->add_option("--workspace-mb", opts->workspace_mb, "Size of the all-reduced metrics buffer");
+  app->add_option("--imbalance-pct", opts->imbalance_pct,
+                  "Flag a rank more than this % above the median")
+      ->check(CLI::NonNegativeNumber);
+  app->add_flag("--no-comm-probe", opts->no_comm_probe,
+                "Skip measuring a second communicator's initialisation");
+  app->add_option("--inject-extra", opts->inject_extra,
+                  "Test only: RANK:MB makes that rank hold MB more workspace")
+      ->group("");
+  return {app, [opts] {
+            return run_distributed(opts->common, "memory",
+                                   [opts](Job& job, reports::Report& report) {
+                                     run(job, report, *opts);
+                                   });
+          }};
+}
+
+}  // namespace ddpdiag::cli

@@ -1,0 +1,182 @@
+#include "diag/tools_analysis.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <map>
+
+#include <fmt/core.h>
+
+namespace ddpdiag::cli::tools {
+
+namespace {
+
+double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
+}  // namespace
+
+std::vector<std::vector<std::pair<int, int>>> round_robin_schedule(int n) {
+  std::vector<std::vector<std::pair<int, int>>> rounds;
+  if (n < 2) return rounds;
+  // Circle method: m players (a dummy one when n is odd, whose partner sits
+  // out); player m-1 stays put, the others rotate one place per round.
+  const int m = n % 2 ? n + 1 : n;
+  const int ring = m - 1;
+  for (int r = 0; r < ring; ++r) {
+    std::vector<std::pair<int, int>> round;
+    auto add = [&](int a, int b) {
+      if (a >= n || b >= n) return;  // the dummy: a bye
+      round.emplace_back(std::min(a, b), std::max(a, b));
+    };
+    add(m - 1, r);
+    for (int k = 1; k < m / 2; ++k) add((r + k) % ring, ((r - k) % ring + ring) % ring);
+    std::sort(round.begin(), round.end());
+    rounds.push_back(std::move(round));
+  }
+  return rounds;
+}
+
+std::vector<PairJudgement> judge_pairs(const std::vector<PairMeasurement>& pairs,
+                                       const LinkThresholds& t) {
+  std::map<bool, std::vector<double>> bw, lat;
+  for (const auto& p : pairs) {
+    bw[p.same_host].push_back(p.bandwidth_gbps);
+    lat[p.same_host].push_back(p.latency_us);
+  }
+  std::map<bool, double> bw_med, lat_med;
+  for (auto& [k, v] : bw) bw_med[k] = median_of(v);
+  for (auto& [k, v] : lat) lat_med[k] = median_of(v);
+
+  std::vector<PairJudgement> out;
+  for (const auto& p : pairs) {
+    PairJudgement j;
+    j.kind_median_bandwidth_gbps = bw_med[p.same_host];
+    j.kind_median_latency_us = lat_med[p.same_host];
+    j.kind_pairs = bw[p.same_host].size();
+    std::vector<std::string> why;
+    const char* kind = p.same_host ? "same-host" : "cross-host";
+    const double bw_limit = j.kind_median_bandwidth_gbps * (1 - t.bandwidth_below_median_pct / 100);
+    if (j.kind_pairs > 1 && p.bandwidth_gbps < bw_limit) {
+      j.slow_bandwidth = true;
+      why.push_back(fmt::format("bandwidth {:.4g} GB/s is {:.0f}% below the median {:.4g} GB/s of "
+                                "{} {} pairs",
+                                p.bandwidth_gbps,
+                                100 * (1 - p.bandwidth_gbps / j.kind_median_bandwidth_gbps),
+                                j.kind_median_bandwidth_gbps, j.kind_pairs, kind));
+    }
+    if (t.min_bandwidth_gbps > 0 && p.bandwidth_gbps < t.min_bandwidth_gbps) {
+      j.slow_bandwidth = true;
+      why.push_back(fmt::format("bandwidth {:.4g} GB/s is under the minimum {:.4g} GB/s",
+                                p.bandwidth_gbps, t.min_bandwidth_gbps));
+    }
+    const double lat_limit = j.kind_median_latency_us * (1 + t.latency_above_median_pct / 100);
+    if (j.kind_pairs > 1 && p.latency_us > lat_limit &&
+        p.latency_us - j.kind_median_latency_us > t.latency_floor_us) {
+      j.slow_latency = true;
+      why.push_back(fmt::format("latency {:.1f} us is {:.0f}% above the median {:.1f} us of {} {} "
+                                "pairs",
+                                p.latency_us, 100 * (p.latency_us / j.kind_median_latency_us - 1),
+                                j.kind_median_latency_us, j.kind_pairs, kind));
+    }
+    if (t.max_latency_us > 0 && p.latency_us > t.max_latency_us) {
+      j.slow_latency = true;
+      why.push_back(fmt::format("latency {:.1f} us is over the maximum {:.1f} us", p.latency_us,
+                                t.max_latency_us));
+    }
+    for (std::size_t i = 0; i < why.size(); ++i) j.reason += (i ? "; " : "") + why[i];
+    out.push_back(std::move(j));
+  }
+  return out;
+}
+
+std::string classify_transport(std::string_view via) {
+  auto starts = [&](std::string_view p) { return via.substr(0, p.size()) == p; };
+  if (starts("P2P")) return "P2P";
+  if (starts("SHM")) return "SHM";
+  if (starts("NET/")) {
+    const auto second = via.find('/', 4);
+    return std::string(via.substr(0, second));
+  }
+  if (starts("NVLS")) return "NVLS";
+  if (starts("CollNet")) return "CollNet";
+  return std::string(via);
+}
+
+std::vector<TransportLine> parse_nccl_transports(std::string_view log) {
+  std::vector<TransportLine> out;
+  std::size_t pos = 0;
+  while (pos < log.size()) {
+    std::size_t eol = log.find('\n', pos);
+    if (eol == std::string_view::npos) eol = log.size();
+    std::string_view line = log.substr(pos, eol - pos);
+    pos = eol + 1;
+    const auto arrow = line.find(" -> ");
+    const auto via = line.find(" via ");
+    if (arrow == std::string_view::npos || via == std::string_view::npos || via < arrow) continue;
+    if (line.find("Channel") == std::string_view::npos) continue;
+    // "<src>[<dev>] -> <dst>[<dev>]": the number just before the bracket on
+    // the left, the first number on the right.
+    std::size_t lb = line.rfind('[', arrow);
+    std::size_t colon = line.rfind(':', arrow);
+    if (lb == std::string_view::npos || colon == std::string_view::npos || lb < colon) continue;
+    std::string_view left = line.substr(colon + 1, lb - colon - 1);
+    while (!left.empty() && left.front() == ' ') left.remove_prefix(1);
+    std::string_view right = line.substr(arrow + 4);
+    auto number = [](std::string_view s, int& v) {
+      std::size_t i = 0;
+      v = 0;
+      while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) v = v * 10 + (s[i++] - '0');
+      return i > 0;
+    };
+    TransportLine t;
+    if (!number(left, t.src) || !number(right, t.dst)) continue;
+    std::string_view word = line.substr(via + 5);
+    const auto end = word.find_first_of(" \t\r");
+    t.via = std::string(word.substr(0, end));
+    if (t.via.empty()) continue;
+    t.transport = classify_transport(t.via);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& caps,
+                                               double default_cap_mb) {
+  if (caps.empty()) return std::nullopt;
+  const CapFigure* best = &caps.front();
+  const CapFigure* dflt = nullptr;
+  for (const auto& c : caps) {
+    if (c.bucket_cap_mb == default_cap_mb) dflt = &c;
+    if (c.exposed_comm_time_us < best->exposed_comm_time_us ||
+        (c.exposed_comm_time_us == best->exposed_comm_time_us &&
+         best->bucket_cap_mb != default_cap_mb &&
+         (c.bucket_cap_mb == default_cap_mb || c.bucket_cap_mb < best->bucket_cap_mb)))
+      best = &c;
+  }
+  CapRecommendation r;
+  r.bucket_cap_mb = best->bucket_cap_mb;
+  r.exposed_comm_time_us = best->exposed_comm_time_us;
+  if (dflt) {
+    r.default_exposed_comm_time_us = dflt->exposed_comm_time_us;
+    r.saving_us = dflt->exposed_comm_time_us - best->exposed_comm_time_us;
+    r.saving_pct = dflt->exposed_comm_time_us > 0
+                       ? 100 * *r.saving_us / dflt->exposed_comm_time_us
+                       : 0.0;
+  }
+  return r;
+}
+
+std::vector<int> ranks_above_median(const std::vector<double>& per_rank, double pct) {
+  std::vector<int> out;
+  const double med = median_of(per_rank);
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    if (per_rank[r] > med * (1 + pct / 100)) out.push_back(static_cast<int>(r));
+  return out;
+}
+
+}  // namespace ddpdiag::cli::tools

@@ -1,0 +1,97 @@
+// The pure logic of the diagnostic tools, apart from any communication so it
+// can be unit-tested: the schedule of rank pairs for link-health, its outlier
+// rule, the parse of NCCL's transport lines, the bucket-cap recommendation of
+// bucket-sweep and the imbalance rule of memory.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace ddpdiag::cli::tools {
+
+// ---- link-health -----------------------------------------------------------
+
+// A round-robin tournament (the circle method): rounds of disjoint pairs
+// (a < b), every pair of the n ranks exactly once, so each rank is in at most
+// one pair at a time. n even: n-1 rounds of n/2 pairs; n odd: n rounds of
+// (n-1)/2 pairs, one rank sitting out each round. n < 2: no rounds.
+std::vector<std::vector<std::pair<int, int>>> round_robin_schedule(int n);
+
+struct PairMeasurement {
+  int a = 0, b = 0;
+  bool same_host = true;
+  double bandwidth_gbps = 0;  // per direction, both directions in flight
+  double latency_us = 0;      // one way: half the ping-pong round trip
+};
+
+struct LinkThresholds {
+  // A pair is slow when its bandwidth is more than this percentage below the
+  // median of pairs of its kind (same host or cross host)...
+  double bandwidth_below_median_pct = 50;
+  // ...or its latency is more than this percentage above that median, and
+  // more than latency_floor_us above it (so microsecond jitter of a shared
+  // machine does not count).
+  double latency_above_median_pct = 300;
+  double latency_floor_us = 100;
+  // Absolute limits, 0 = off.
+  double min_bandwidth_gbps = 0;
+  double max_latency_us = 0;
+};
+
+struct PairJudgement {
+  double kind_median_bandwidth_gbps = 0;
+  double kind_median_latency_us = 0;
+  std::size_t kind_pairs = 0;  // pairs of the same kind (the median's sample)
+  bool slow_bandwidth = false;
+  bool slow_latency = false;
+  std::string reason;  // empty when the pair is fine
+  bool slow() const { return slow_bandwidth || slow_latency; }
+};
+
+// One judgement per measurement, in the same order.
+std::vector<PairJudgement> judge_pairs(const std::vector<PairMeasurement>& pairs,
+                                       const LinkThresholds& t);
+
+// One transport line of NCCL's INFO log: "Channel 00/0 : 0[0] -> 1[1] via
+// P2P/CUMEM/read", "... [send] via NET/IB/0", "... via SHM/direct/direct".
+struct TransportLine {
+  int src = 0, dst = 0;
+  std::string via;        // the raw word after "via"
+  std::string transport;  // P2P, SHM, NET/IB, NET/Socket, ... (classify_transport)
+};
+std::vector<TransportLine> parse_nccl_transports(std::string_view log);
+// "P2P/CUMEM/read" -> "P2P", "SHM/direct/direct" -> "SHM", "NET/IB/0/GDRDMA"
+// -> "NET/IB", "NET/Socket/1" -> "NET/Socket"; anything else as it is.
+std::string classify_transport(std::string_view via);
+
+// ---- bucket-sweep ----------------------------------------------------------
+
+struct CapFigure {
+  double bucket_cap_mb = 0;
+  double exposed_comm_time_us = 0;
+};
+
+struct CapRecommendation {
+  double bucket_cap_mb = 0;
+  double exposed_comm_time_us = 0;
+  // Against the default cap when it was measured.
+  std::optional<double> default_exposed_comm_time_us;
+  std::optional<double> saving_us;   // default - recommended (>= 0)
+  std::optional<double> saving_pct;  // of the default's exposed time
+};
+
+// The cap with the least exposed communication time; on a tie the default
+// cap if it is among the tied, else the smaller cap. Nullopt when empty.
+std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& caps,
+                                               double default_cap_mb = 25);
+
+// ---- memory ----------------------------------------------------------------
+
+// Ranks whose value is more than pct percent above the median of all ranks.
+std::vector<int> ranks_above_median(const std::vector<double>& per_rank, double pct);
+
+}  // namespace ddpdiag::cli::tools

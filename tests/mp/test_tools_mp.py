@@ -1,0 +1,193 @@
+"""The diagnostic tools through the built-in launcher at 2, 3 and 4 Gloo
+ranks: bucket-sweep, dp-vs-ring, memory and link-health. Every report is
+parsed (and validated against the schema by common.load); the figures that
+must be exact are checked exactly: bucket counts against `ddpdiag buckets`,
+dp-vs-ring bytes against theory, memory categories against the totals, the
+link-health matrix n x n and complete. Sizes are kept small: with 4 ranks on
+2 cores each small message costs a scheduler tick."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import load, main, run, tmp_json  # noqa: E402
+
+WORLDS = (2, 3, 4)
+
+
+def tool(testcase, args, n, expect_rc=(0,)):
+    path = tmp_json()
+    p = run(args + ["--nproc", str(n), "--json", path])
+    testcase.assertIn(p.returncode, expect_rc, p.stdout + p.stderr)
+    rep = load(path)
+    os.unlink(path)
+    testcase.assertEqual(rep["world"]["size"], n)
+    testcase.assertEqual(rep["command"], args[0])
+    return p, rep
+
+
+class BucketSweep(unittest.TestCase):
+    CAPS = [1, 5, 25]
+
+    def expected_buckets(self, cap):
+        path = tmp_json()
+        p = run(["buckets", "--model", "mlp", "--bucket-cap-mb", str(cap), "--json", path])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        return rep["results"]["bucket_count"], [b["bytes"] for b in rep["results"]["buckets"]]
+
+    def test_caps_at_2_3_4_ranks(self):
+        expected = {cap: self.expected_buckets(cap) for cap in self.CAPS}
+        for n in WORLDS:
+            with self.subTest(ranks=n):
+                p, rep = tool(self, ["bucket-sweep", "--model", "mlp", "--caps",
+                                     ",".join(map(str, self.CAPS)), "-n", "2", "-w", "1",
+                                     "--compute-gbps", "2", "--sweep-minbytes", "64K",
+                                     "--sweep-maxbytes", "1M", "--sweep-iters", "2"], n)
+                res = rep["results"]
+                self.assertEqual(rep["verdict"], "PASS")
+                self.assertEqual([c["bucket_cap_mb"] for c in res["caps"]], self.CAPS)
+                for c in res["caps"]:
+                    count, sizes = expected[c["bucket_cap_mb"]]
+                    self.assertEqual(c["bucket_count"], count)
+                    self.assertEqual(c["bucket_bytes"], sizes)
+                    self.assertEqual(c["wrong"], 0)
+                    self.assertGreaterEqual(c["exposed_comm_time_us"], 0)
+                    self.assertGreater(c["comm_time_us"], 0)
+                    self.assertGreater(c["busbw_gbps"], 0)
+                best = min(res["caps"], key=lambda c: c["exposed_comm_time_us"])
+                self.assertEqual(res["recommended_cap_mb"], best["bucket_cap_mb"])
+                rec = res["recommendation"]
+                dflt = [c for c in res["caps"] if c["bucket_cap_mb"] == 25][0]
+                self.assertAlmostEqual(rec["saving_us"],
+                                       dflt["exposed_comm_time_us"] - best["exposed_comm_time_us"])
+                self.assertIn("# Recommendation: bucket_cap_mb=", p.stdout)
+                self.assertEqual([s["bytes"] for s in res["sizes"]], [64 << 10, 256 << 10, 1 << 20])
+
+
+class DpVsRing(unittest.TestCase):
+    def test_bytes_equal_theory_at_2_3_4_ranks(self):
+        for n in WORLDS:
+            with self.subTest(ranks=n):
+                # 12K and 48K are multiples of n * 4 bytes for n = 2, 3, 4.
+                p, rep = tool(self, ["dp-vs-ring", "-b", "12K", "-e", "48K", "-f", "4", "-n", "2",
+                                     "-w", "1"], n)
+                self.assertEqual(rep["verdict"], "PASS", rep["checks"])
+                rows = rep["results"]["sizes"]
+                self.assertEqual(len(rows), 2 * 3)
+                for row in rows:
+                    S = row["bytes"]
+                    self.assertEqual(row["in_place"]["wrong"], 0)
+                    self.assertEqual(len(row["ranks"]), n)
+                    if row["algorithm"] == "backend":
+                        self.assertIsNone(row["ranks"][0]["bytes_sent"])
+                        continue
+                    for r in row["ranks"]:
+                        if row["algorithm"] == "ring":
+                            want = 2 * (n - 1) * S // n
+                            self.assertEqual(2 * (n - 1) * S % n, 0)
+                            self.assertEqual(r["bytes_sent"], want)
+                            self.assertEqual(r["bytes_received"], want)
+                            self.assertEqual(r["extra_bytes"], S // n)
+                        elif r["rank"] == 0:
+                            self.assertEqual(r["bytes_sent"] + r["bytes_received"], 2 * (n - 1) * S)
+                            self.assertEqual(r["extra_bytes"], (n - 1) * S)
+                        else:
+                            self.assertEqual(r["bytes_sent"], S)
+                            self.assertEqual(r["bytes_received"], S)
+                            self.assertEqual(r["extra_bytes"], 0)
+                        self.assertEqual(r["bytes_sent"], r["theory_bytes_sent"])
+                    self.assertTrue(row["traffic_matches_theory"])
+
+    def test_sizes_not_divisible_and_smaller_worlds(self):
+        # 13 floats over 3 ranks: per rank exact by the chunking rule, the sum 2(n-1)S.
+        p, rep = tool(self, ["dp-vs-ring", "-b", "52", "-e", "52", "-n", "1", "-w", "0",
+                             "--world-sizes", "2,3", "--algorithms", "ring,gather"], 3)
+        self.assertEqual(rep["verdict"], "PASS", rep["checks"])
+        rows = rep["results"]["sizes"]
+        self.assertEqual(sorted({r["world_size"] for r in rows}), [2, 3])
+        for row in rows:
+            if row["algorithm"] == "ring":
+                k = row["world_size"]
+                self.assertEqual(sum(r["bytes_sent"] for r in row["ranks"]), 2 * (k - 1) * 52)
+
+
+class Memory(unittest.TestCase):
+    def test_categories_sum_to_totals_at_2_3_4_ranks(self):
+        for n in WORLDS:
+            with self.subTest(ranks=n):
+                p, rep = tool(self, ["memory", "--model", "mlp", "-n", "1", "--imbalance-pct",
+                                     "1000"], n)
+                self.assertEqual(rep["verdict"], "PASS", rep["checks"])
+                res = rep["results"]
+                self.assertEqual(len(res["ranks"]), n)
+                for r in res["ranks"]:
+                    cats = r["categories"]
+                    self.assertEqual(set(cats), {"parameters", "gradients", "buckets",
+                                                 "communication_buffers", "workspace"})
+                    self.assertEqual(sum(cats.values()), r["total_bytes"])
+                    self.assertGreaterEqual(r["peak_bytes"], r["total_bytes"])
+                    self.assertEqual(cats["parameters"], res["model_bytes"])
+                    self.assertGreater(r["rss_bytes"], 0)
+                    self.assertGreaterEqual(r["peak_rss_bytes"], r["rss_bytes"])
+
+    def test_imbalance_names_the_rank(self):
+        p, rep = tool(self, ["memory", "--model", "mlp", "-n", "1", "--inject-extra", "1:32"], 3,
+                      expect_rc=(1,))
+        self.assertEqual(rep["verdict"], "FAIL")
+        flagged = {(f["rank"], f["metric"]) for f in rep["results"]["imbalanced_ranks"]}
+        self.assertIn((1, "total_bytes"), flagged)
+        self.assertNotIn(0, {r for r, _ in flagged})
+        self.assertIn("rank 1", [c for c in rep["checks"] if c["name"] == "imbalance"][0]["detail"])
+
+    def test_gradients_without_views(self):
+        p, rep = tool(self, ["memory", "--model", "mlp", "-n", "1", "--no-gradient-views",
+                             "--imbalance-pct", "1000"], 2)
+        for r in rep["results"]["ranks"]:
+            self.assertEqual(r["categories"]["gradients"], rep["results"]["model_bytes"])
+            self.assertGreaterEqual(r["categories"]["buckets"], rep["results"]["model_bytes"])
+
+
+class LinkHealth(unittest.TestCase):
+    def test_matrix_complete_at_2_3_4_ranks(self):
+        for n in WORLDS:
+            with self.subTest(ranks=n):
+                p, rep = tool(self, ["link-health", "--bytes", "256K", "-n", "2",
+                                     "--latency-iters", "5", "--allreduce-bytes", "64K",
+                                     "--allreduce-iters", "2"], n, expect_rc=(0, 1))
+                res = rep["results"]
+                self.assertEqual(res["ranks"], n)
+                for key in ("busbw_gbps", "latency_us"):
+                    m = res[key]
+                    self.assertEqual(len(m), n)
+                    for a in range(n):
+                        self.assertEqual(len(m[a]), n)
+                        for b in range(n):
+                            if a == b:
+                                self.assertIsNone(m[a][b])
+                            else:
+                                self.assertGreater(m[a][b], 0)
+                                self.assertEqual(m[a][b], m[b][a])
+                self.assertEqual(len(res["pairs"]), n * (n - 1) // 2)
+                seen = set()
+                for rnd in res["rounds"]:
+                    ranks = [x for pair in rnd for x in pair]
+                    self.assertEqual(len(ranks), len(set(ranks)))
+                    seen.update(tuple(pair) for pair in rnd)
+                self.assertEqual(len(seen), n * (n - 1) // 2)
+                self.assertEqual(len(res["allreduce"]), n)
+                slow = {tuple(p) for p in res["slow_pairs"]}
+                self.assertEqual(slow, {(q["src"], q["dst"]) for q in res["pairs"] if q["slow"]})
+                self.assertEqual(rep["verdict"], "PASS" if not slow else "FAIL")
+                self.assertTrue(all(q["transport"] == ["TCP"] for q in res["pairs"]))
+
+    def test_absolute_threshold_names_every_pair(self):
+        p, rep = tool(self, ["link-health", "--bytes", "64K", "-n", "1", "--latency-iters", "2",
+                             "--min-bw-gbps", "1e9"], 2, expect_rc=(1,))
+        self.assertEqual(rep["results"]["slow_pairs"], [[0, 1]])
+        self.assertIn("0-1", [c for c in rep["checks"] if c["name"] == "links"][0]["detail"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+// The diagnostic tools' pure parts (pair schedule, outlier rule, NCCL
+// transport parse, bucket-cap recommendation, imbalance rule, /proc parse,
+// traffic theory) and the send/recv algorithms on Gloo ranks as threads:
+// exact results, bytes equal to theory, scratch peak equal to theory.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/algorithms/gather_reduce.h"
+#include "comm/algorithms/ring_allreduce.h"
+#include "comm/communicator.h"
+#include "comm/measure.h"
+#include "comm/memory.h"
+#include "comm/store/store.h"
+#include "diag/tools_analysis.h"
+
+using namespace ddpdiag;
+using namespace ddpdiag::cli::tools;
+using namespace std::chrono_literals;
+namespace alg = ddpdiag::algorithms;
+
+TEST_CASE("round_robin_schedule: every pair once, each rank once per round", "[tools]") {
+  const int n = GENERATE(2, 3, 4, 5, 7, 8, 16);
+  const auto rounds = round_robin_schedule(n);
+  CHECK(rounds.size() == static_cast<std::size_t>(n % 2 ? n : n - 1));
+  std::set<std::pair<int, int>> seen;
+  for (const auto& round : rounds) {
+    std::set<int> busy;
+    CHECK(round.size() == static_cast<std::size_t>(n / 2));
+    for (auto [a, b] : round) {
+      CHECK(a < b);
+      CHECK(a >= 0);
+      CHECK(b < n);
+      CHECK(busy.insert(a).second);
+      CHECK(busy.insert(b).second);
+      CHECK(seen.insert({a, b}).second);
+    }
+  }
+  CHECK(seen.size() == static_cast<std::size_t>(n * (n - 1) / 2));
+  CHECK(round_robin_schedule(1).empty());
+  CHECK(round_robin_schedule(0).empty());
+}
+
+TEST_CASE("judge_pairs: outliers against the median of the same kind", "[tools]") {
+  LinkThresholds t;  // 50% below the median bandwidth; latency 300% above and 100 us
+  std::vector<PairMeasurement> p = {
+      {0, 1, true, 10.0, 5}, {0, 2, false, 1.0, 50}, {1, 2, false, 1.1, 55},
+      {0, 3, false, 0.2, 52}, {1, 3, false, 1.05, 500}, {2, 3, true, 9.0, 6}};
+  const auto j = judge_pairs(p, t);
+  REQUIRE(j.size() == p.size());
+  // Same-host pairs are only compared with each other: 9 vs 10 is fine.
+  CHECK_FALSE(j[0].slow());
+  CHECK_FALSE(j[5].slow());
+  CHECK(j[0].kind_pairs == 2);
+  // Cross host: median bandwidth of {1.0, 1.1, 0.2, 1.05} = 1.025.
+  CHECK(j[1].kind_median_bandwidth_gbps == Approx(1.025));
+  CHECK_FALSE(j[1].slow());
+  CHECK(j[3].slow_bandwidth);
+  CHECK(j[3].reason.find("below the median") != std::string::npos);
+  // Latency 500 us against a median of 53.5 us: slow.
+  CHECK(j[4].slow_latency);
+  CHECK_FALSE(j[4].slow_bandwidth);
+
+  SECTION("one pair of a kind has nothing to compare with") {
+    const auto one = judge_pairs({{0, 1, true, 0.001, 1e6}}, t);
+    CHECK_FALSE(one[0].slow());
+  }
+  SECTION("absolute limits") {
+    LinkThresholds abs;
+    abs.min_bandwidth_gbps = 5;
+    abs.max_latency_us = 10;
+    const auto one = judge_pairs({{0, 1, true, 1, 20}}, abs);
+    CHECK(one[0].slow_bandwidth);
+    CHECK(one[0].slow_latency);
+  }
+  SECTION("latency jitter under the floor does not count") {
+    const auto j2 = judge_pairs({{0, 1, true, 1, 10}, {0, 2, true, 1, 10}, {1, 2, true, 1, 90}}, t);
+    CHECK_FALSE(j2[2].slow());
+  }
+}
+
+TEST_CASE("parse_nccl_transports: NCCL INFO channel lines", "[tools]") {
+  const std::string log =
+      "node1:123:456 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n"
+      "node1:123:456 [0] NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read\n"
+      "node1:123:456 [0] NCCL INFO Channel 01/0 : 0[0] -> 2[0] [send] via NET/IB/0/GDRDMA\n"
+      "node1:123:456 [0] NCCL INFO Channel 00/0 : 3[3] -> 0[0] [receive] via NET/Socket/1\n"
+      "node1:123:456 [0] NCCL INFO Channel 02/1 : 0[0] -> 4[4] via SHM/direct/direct\n"
+      "node1:123:456 [0] NCCL INFO Connected all rings\n";
+  const auto t = parse_nccl_transports(log);
+  REQUIRE(t.size() == 4);
+  CHECK(t[0].src == 0);
+  CHECK(t[0].dst == 1);
+  CHECK(t[0].transport == "P2P");
+  CHECK(t[0].via == "P2P/CUMEM/read");
+  CHECK(t[1].dst == 2);
+  CHECK(t[1].transport == "NET/IB");
+  CHECK(t[2].src == 3);
+  CHECK(t[2].transport == "NET/Socket");
+  CHECK(t[3].transport == "SHM");
+  CHECK(classify_transport("NVLS") == "NVLS");
+  CHECK(parse_nccl_transports("garbage -> via\n").empty());
+}
+
+TEST_CASE("recommend_cap: least exposed time, ties to the default then the smaller", "[tools]") {
+  auto r = recommend_cap({{1, 300}, {5, 200}, {25, 250}, {100, 400}});
+  REQUIRE(r);
+  CHECK(r->bucket_cap_mb == 5);
+  CHECK(r->exposed_comm_time_us == 200);
+  REQUIRE(r->saving_us);
+  CHECK(*r->saving_us == 50);
+  CHECK(*r->saving_pct == Approx(20));
+  auto tie = recommend_cap({{50, 100}, {25, 100}, {10, 100}});
+  CHECK(tie->bucket_cap_mb == 25);
+  CHECK(*tie->saving_us == 0);
+  auto tie2 = recommend_cap({{50, 100}, {10, 100}});
+  CHECK(tie2->bucket_cap_mb == 10);
+  CHECK_FALSE(tie2->saving_us);
+  CHECK_FALSE(recommend_cap({}));
+}
+
+TEST_CASE("ranks_above_median: the classic rank 0 uses more", "[tools]") {
+  CHECK(ranks_above_median({130, 100, 101, 99}, 10) == std::vector<int>{0});
+  CHECK(ranks_above_median({100, 105, 109}, 10).empty());
+  CHECK(ranks_above_median({}, 10).empty());
+}
+
+TEST_CASE("parse_proc_status: VmRSS and VmHWM in bytes", "[tools]") {
+  auto m = parse_proc_status("Name:\tx\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n");
+  REQUIRE(m);
+  CHECK(m->rss_bytes == 1024 * 1024);
+  CHECK(m->peak_rss_bytes == 2048 * 1024);
+  CHECK_FALSE(parse_proc_status("VmRSS:\t1 kB\n"));
+  auto self = read_process_memory();
+  REQUIRE(self);
+  CHECK(self->rss_bytes > 0);
+  CHECK(self->peak_rss_bytes >= self->rss_bytes);
+}
+
+TEST_CASE("traffic theory: gather root 2(n-1)S, ring exactly 2(n-1)/n S", "[tools]") {
+  auto g = alg::gather_reduce_theory(4, 0, 0, 1000);
+  CHECK(g.bytes_sent + g.bytes_received == 2 * 3 * 1000);
+  CHECK(g.extra_bytes == 3000);
+  auto g1 = alg::gather_reduce_theory(4, 2, 0, 1000);
+  CHECK(g1.bytes_sent == 1000);
+  CHECK(g1.extra_bytes == 0);
+  for (int n : {2, 3, 4, 8}) {
+    const std::size_t count = 1024 * static_cast<std::size_t>(n);
+    std::uint64_t sum = 0;
+    for (int r = 0; r < n; ++r) {
+      auto t = alg::ring_allreduce_theory(count, 4, n, r);
+      CHECK(static_cast<double>(t.bytes_sent) == alg::ring_nominal_bytes(count * 4, n));
+      CHECK(t.extra_bytes == count * 4 / n);
+    }
+    // Not divisible: every rank within two elements, the sum exact.
+    for (int r = 0; r < n; ++r) sum += alg::ring_allreduce_theory(count + 1, 4, n, r).bytes_sent;
+    CHECK(sum == 2ull * (n - 1) * (count + 1) * 4);
+  }
+  // Chunks tile the buffer.
+  std::size_t next = 0;
+  for (int c = 0; c < 5; ++c) {
+    auto ch = alg::ring_chunk(13, 5, c);
+    CHECK(ch.offset == next);
+    next += ch.count;
+  }
+  CHECK(next == 13);
+}
+
+namespace {
+
+// Runs body on n Gloo ranks (threads); returns the failures.
+std::vector<std::string> on_ranks(int n, const std::function<void(Communicator&, std::vector<std::string>&)>& body) {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::vector<std::string>> fails(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.backend = Backend::kGloo;
+        o.rank = r;
+        o.world_size = n;
+        o.store = store;
+        o.timeout = 20s;
+        o.gloo_hostname = "127.0.0.1";
+        auto comm = make_communicator(o);
+        body(*comm, fails[static_cast<std::size_t>(r)]);
+      } catch (const std::exception& e) {
+        fails[static_cast<std::size_t>(r)].push_back("rank " + std::to_string(r) + " threw: " + e.what());
+      }
+    });
+  for (auto& t : threads) t.join();
+  std::vector<std::string> all;
+  for (auto& f : fails) all.insert(all.end(), f.begin(), f.end());
+  return all;
+}
+
+}  // namespace
+
+TEST_CASE("gather and ring all_reduce on send/recv: exact, bytes and scratch equal theory", "[tools][gloo]") {
+  const int n = GENERATE(2, 3, 4);
+  const std::size_t count = GENERATE(std::size_t{1}, std::size_t{12}, std::size_t{13}, std::size_t{4099});
+  const bool ring = GENERATE(false, true);
+  const ReduceOp op = GENERATE(ReduceOp::kSum, ReduceOp::kMax);
+  auto fails = on_ranks(n, [&](Communicator& comm, std::vector<std::string>& f) {
+    const int me = comm.rank();
+    CommBuffer buf(comm, count * 4);
+    fill_exact_inputs(DType::kFloat32, op, n, me, buf.get(), count);
+    alg::CountingLinks links(comm);
+    alg::ScratchMemory scratch(comm);
+    alg::TrafficTheory t;
+    if (ring) {
+      alg::ring_allreduce(links, scratch, buf.get(), count, DType::kFloat32, op, 20s);
+      t = alg::ring_allreduce_theory(count, 4, n, me);
+    } else {
+      alg::gather_reduce_allreduce(links, scratch, buf.get(), count, DType::kFloat32, op, 20s);
+      t = alg::gather_reduce_theory(n, me, 0, count * 4);
+    }
+    auto wrong = count_wrong_allreduce(DType::kFloat32, op, n, buf.get(), count);
+    if (wrong) f.push_back("rank " + std::to_string(me) + ": " + std::to_string(wrong) + " wrong");
+    if (links.traffic().bytes_sent != t.bytes_sent || links.traffic().bytes_received != t.bytes_received)
+      f.push_back("rank " + std::to_string(me) + ": traffic " + std::to_string(links.traffic().bytes_sent) +
+                  "/" + std::to_string(links.traffic().bytes_received) + " != theory " +
+                  std::to_string(t.bytes_sent));
+    if (scratch.peak_bytes() != t.extra_bytes)
+      f.push_back("rank " + std::to_string(me) + ": scratch peak " + std::to_string(scratch.peak_bytes()) +
+                  " != theory " + std::to_string(t.extra_bytes));
+    if (scratch.current_bytes() != 0) f.push_back("scratch not released");
+  });
+  INFO("n=" << n << " count=" << count << " ring=" << ring);
+  CHECK(fails.empty());
+  for (const auto& s : fails) UNSCOPED_INFO(s);
+}
+
+TEST_CASE("MemoryAccount and AccountingCommunicator: categories, totals, peaks", "[tools][gloo]") {
+  auto fails = on_ranks(1, [&](Communicator& comm, std::vector<std::string>& f) {
+    MemoryAccount acc(comm);
+    AccountingCommunicator ac(comm, acc, MemoryCategory::kParameters);
+    {
+      CommBuffer p(ac, 1000);
+      ac.set_category(MemoryCategory::kBuckets);
+      CommBuffer b(ac, 300);
+      AccountedBuffer w(acc, MemoryCategory::kWorkspace, 50);
+      if (acc.current_bytes(MemoryCategory::kParameters) != 1000) f.push_back("parameters");
+      if (acc.current_bytes(MemoryCategory::kBuckets) != 300) f.push_back("buckets");
+      if (acc.total_current_bytes() != 1350) f.push_back("total");
+    }
+    if (acc.total_current_bytes() != 0) f.push_back("released");
+    if (acc.total_peak_bytes() != 1350) f.push_back("peak");
+    if (acc.peak_bytes(MemoryCategory::kWorkspace) != 50) f.push_back("workspace peak");
+    if (memory_category_name(MemoryCategory::kCommBuffers) != "communication_buffers") f.push_back("name");
+  });
+  CHECK(fails.empty());
+}
