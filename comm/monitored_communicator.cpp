@@ -145,6 +145,12 @@ std::shared_ptr<Work> MonitoredCommunicator::issue(Fingerprint fp, MakeFn make,
     if (failure_) std::rethrow_exception(failure_);
   }
   const std::int64_t seq = started_.load() + 1;
+  // Another rank raised the alarm (or our watchdog did) and the backend was
+  // aborted: stop here with the diagnosis rather than queue more doomed ops.
+  if (alarm_seen_)
+    fail(seq, BackendError(fmt::format("{} #{} was not started: the watchdog stopped the "
+                                       "communicator after an alarm", fp.describe(), seq),
+                           ErrorContext{fp.op, rank(), -1, ""}));
   if (fault_at(Fault::Kind::kExit, seq)) {
     std::fprintf(stderr, "ddpdiag: injected fault: rank %d kills itself before collective #%lld\n",
                  opts_.world_rank, static_cast<long long>(seq));
