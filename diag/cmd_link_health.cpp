@@ -27,6 +27,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -67,8 +68,8 @@ constexpr std::uint32_t kBandwidthTag = 0x11e50000;
 // One rank's side of one pair.
 struct SideResult {
   int peer = 0;
-  double latency_us = 0;
-  double bandwidth_time_us = 0;  // per iteration, both directions in flight
+  double latency_us = 0;         // half the median ping-pong round trip
+  double bandwidth_time_us = 0;  // median per exchange, both directions in flight
 };
 
 SideResult measure_pair(Communicator& comm, int peer, std::size_t bw_bytes, const LinkHealthOptions& o,
@@ -88,12 +89,19 @@ SideResult measure_pair(Communicator& comm, int peer, std::size_t bw_bytes, cons
       comm.send(small_out.get(), 8, DType::kUInt8, peer, kLatencyTag + round)->wait(timeout);
     }
   };
+  // Medians of per-iteration times: one scheduler stall on a shared machine
+  // must not make a healthy link look slow.
+  auto median_us = [](int iters, const std::function<void()>& f) {
+    std::vector<double> t;
+    for (int i = 0; i < iters; ++i) {
+      const auto t0 = Clock::now();
+      f();
+      t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    }
+    return tools::median(t);
+  };
   for (int i = 0; i < 2; ++i) ping();
-  auto t0 = Clock::now();
-  for (int i = 0; i < o.latency_iters; ++i) ping();
-  auto t1 = Clock::now();
-  s.latency_us = std::chrono::duration<double, std::micro>(t1 - t0).count() /
-                 std::max(1, o.latency_iters) / 2;
+  s.latency_us = median_us(std::max(1, o.latency_iters), ping) / 2;
   // Bandwidth: both directions at once, bw_bytes each way per iteration.
   auto exchange = [&] {
     comm.sendrecv(out.get(), bw_bytes, peer, in.get(), bw_bytes, peer, DType::kUInt8,
@@ -101,10 +109,7 @@ SideResult measure_pair(Communicator& comm, int peer, std::size_t bw_bytes, cons
         ->wait(timeout);
   };
   for (int i = 0; i < o.warmup; ++i) exchange();
-  t0 = Clock::now();
-  for (int i = 0; i < o.iters; ++i) exchange();
-  t1 = Clock::now();
-  s.bandwidth_time_us = std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, o.iters);
+  s.bandwidth_time_us = median_us(std::max(1, o.iters), exchange);
   return s;
 }
 
