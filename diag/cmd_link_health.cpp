@@ -144,6 +144,9 @@ std::string expand_nccl_debug_file(const std::string& pattern) {
 std::string prepare_nccl_log(const LinkHealthOptions& o) {
   if (o.no_nccl_transport) return "off (--no-nccl-transport)";
   if (o.common.backend == "gloo" || !nccl_supported()) return "not applicable (no NCCL)";
+  // auto picks NCCL only where there is a GPU.
+  if (o.common.backend == "auto" && cuda_device_count() == 0)
+    return "not applicable (no GPU: the backend is Gloo)";
   // A rank started by the built-in launcher inherits what its parent set.
   if (std::getenv("DDPDIAG_NCCL_LOG_BY_LINK_HEALTH")) return "set by ddpdiag link-health";
   if (std::getenv("NCCL_DEBUG")) {
