@@ -210,6 +210,11 @@ int run_init_check(const InitCheckOptions& io) {
   const CommonOptions& o = io.common;
   if (auto rc = launch_if_asked(o)) return *rc;
   const auto t0 = Clock::now();
+  // Wall clock of this rank's start: rank 0 shifts every timeline onto the
+  // earliest rank's start, so offsets compare across ranks (same machine or
+  // synchronised clocks).
+  const double t0_unix_s =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   reports::Report report("init-check", own_command_line());
   report.set_environment(recorded_environment());
   Timeline tl(t0);
@@ -376,6 +381,7 @@ int run_init_check(const InitCheckOptions& io) {
 
   // This rank's timeline, to rank 0 through the store.
   nlohmann::json mine = {{"rank", job.world.rank}, {"host", host}, {"phases", tl.to_json()},
+                         {"started_unix_s", t0_unix_s},
                          {"error", failure ? nlohmann::json{{"kind", failure->kind},
                                                             {"message", failure->message},
                                                             {"phase", failure->phase},
@@ -428,6 +434,19 @@ int run_init_check(const InitCheckOptions& io) {
           all[r] = nlohmann::json::parse(to_string(job.store->get(key, Millis(2000))), nullptr, false);
       } catch (const Error&) {
       }
+    }
+    double first_start = t0_unix_s;
+    for (const auto& t : all)
+      if (t.is_object()) first_start = std::min(first_start, t.value("started_unix_s", t0_unix_s));
+    for (auto& t : all) {
+      if (!t.is_object()) continue;
+      const double shift = t.value("started_unix_s", t0_unix_s) - first_start;
+      t["clock_shift_s"] = shift;
+      for (auto& p : t["phases"])
+        if (p.value("status", "") != "skip" || p.value("duration_ms", 0.0) > 0) {
+          p["start_s"] = p.value("start_s", 0.0) + shift;
+          p["end_s"] = p.value("end_s", 0.0) + shift;
+        }
     }
     nlohmann::json ranks = nlohmann::json::array();
     double slowest_end = -1;
