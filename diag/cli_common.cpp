@@ -1,3 +1,4 @@
+#include "reports/render.h"
 #include "diag/cli_common.h"
 
 #include <unistd.h>
@@ -34,6 +35,8 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
                 "Seconds to wait on any peer (rendezvous, init, each collective)")
       ->check(CLI::PositiveNumber);
   g->add_option("--json", o.json_path, "Write the job's report (from rank 0) to this file");
+  g->add_option("--markdown", o.markdown_path,
+                "Write the job's report as Markdown (from rank 0) to this file");
   g->add_option("--rank", o.world.rank, "This process's rank (overrides RANK)");
   g->add_option("--world-size", o.world.world_size, "Number of ranks (overrides WORLD_SIZE)");
   g->add_option("--local-rank", o.world.local_rank, "Rank on this host (overrides LOCAL_RANK)");
@@ -434,9 +437,9 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       }
     }
   }
-  if (job.world.rank == 0 && !o.json_path.empty()) {
+  if (job.world.rank == 0 && (!o.json_path.empty() || !o.markdown_path.empty())) {
     try {
-      reports::write_json_atomic(o.json_path, report.finish());
+      reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddpdiag: error on rank 0: %s\n", e.what());
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);

@@ -30,6 +30,7 @@ struct CommonOptions {
   int nproc = 0;                 // > 0: start this many local ranks (built-in launcher)
   double timeout_s = 60;         // every wait on a peer
   std::string json_path;
+  std::string markdown_path;
   std::string gloo_interface;
   std::string store_protocol = "auto";  // auto | 1.13 | 2.x
   bool quiet = false;

@@ -23,6 +23,7 @@
 #include "comm/errors.h"
 #include "ddp_core/bucket_assignment.h"
 #include "ddp_core/model_layout.h"
+#include "reports/render.h"
 #include "diag/commands.h"
 #include "reports/report.h"
 
@@ -38,6 +39,7 @@ struct BucketsOptions {
   double bucket_cap_mb = 25;
   double first_bucket_mb = 1;
   std::string json_path;
+  std::string markdown_path;
   std::string assign_case;
   bool dump_layout = false;
 };
@@ -198,10 +200,10 @@ int run_buckets(const BucketsOptions& o) {
   std::printf("\nsummary: %zu buckets, largest %s MiB, %s MiB total, cap %s MiB\n", buckets.size(),
               mib(largest).c_str(), mib(layout.total_bytes()).c_str(), mib(cap).c_str());
 
-  if (!o.json_path.empty()) {
+  if (!o.json_path.empty() || !o.markdown_path.empty()) {
     reports::Report report("buckets", command_line());
     report.results() = std::move(results);
-    reports::write_json_atomic(o.json_path, report.finish());
+    reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
   }
   return 0;
 }
@@ -221,6 +223,7 @@ Subcommand add_buckets_command(CLI::App& parent) {
                   "cap when bucket_cap_mb is given explicitly)")
       ->capture_default_str();
   app->add_option("--json", opts->json_path, "write a JSON report to FILE");
+  app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE");
   app->add_option("--assign-case", opts->assign_case, "(testing) run bucket assignment on JSON cases")
       ->group("");
   app->add_flag("--dump-layout", opts->dump_layout, "(testing) print the model layout as JSON")->group("");

@@ -31,6 +31,7 @@
 
 #include <fmt/core.h>
 
+#include "reports/render.h"
 #include "diag/bisect.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
@@ -562,9 +563,9 @@ int run_init_check(const InitCheckOptions& io) {
     }
     std::printf("# Verdict: %s\n", report.verdict().c_str());
     std::fflush(stdout);
-    if (!o.json_path.empty()) {
+    if (!o.json_path.empty() || !o.markdown_path.empty()) {
       try {
-        reports::write_json_atomic(o.json_path, report.finish());
+        reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ddpdiag: error on rank 0: %s\n", e.what());
         if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);

@@ -14,6 +14,7 @@
 
 #include "comm/errors.h"
 #include "ddp_core/sampler.h"
+#include "reports/render.h"
 #include "diag/commands.h"
 #include "reports/report.h"
 
@@ -37,6 +38,7 @@ struct SamplerCliOptions {
   bool streaming = false;
   std::string torch_version = "2.x";
   std::string json_path;
+  std::string markdown_path;
   bool benchmark = false;
 };
 
@@ -127,7 +129,7 @@ int run_sampler(const SamplerCliOptions& c) {
   const std::int64_t count =
       (c.count < 0 || c.count > shape.num_samples - c.start) ? shape.num_samples - c.start : c.count;
 
-  const bool keep = !c.json_path.empty();  // the JSON report lists the indices
+  const bool keep = !c.json_path.empty() || !c.markdown_path.empty();  // reports list the indices
   std::vector<std::int64_t> indices;
   std::uint64_t checksum = 0;              // sum of the indices mod 2^64, to compare runs cheaply
   const auto t0 = std::chrono::steady_clock::now();
@@ -164,7 +166,7 @@ int run_sampler(const SamplerCliOptions& c) {
                 static_cast<long long>(o.rank), static_cast<long long>(count), elapsed_s, per_s,
                 static_cast<unsigned long long>(checksum));
 
-  if (!c.json_path.empty()) {
+  if (!c.json_path.empty() || !c.markdown_path.empty()) {
     reports::Report report("sampler", command_line());
     report.results() = {
         {"dataset_size", o.dataset_size},
@@ -187,7 +189,7 @@ int run_sampler(const SamplerCliOptions& c) {
         {"indices_per_second", per_s},
         {"indices", std::move(indices)},
     };
-    reports::write_json_atomic(c.json_path, report.finish());
+    reports::write_report_outputs(report.finish(), c.json_path, c.markdown_path);
   }
   return 0;
 }
@@ -214,6 +216,7 @@ Subcommand add_sampler_command(CLI::App& parent) {
                   "1.13 or 2.x (they differ only in randperm for N >= 214748364)")
       ->capture_default_str();
   app->add_option("--json", o->json_path, "write a JSON report (with the indices) to FILE");
+  app->add_option("--markdown", o->markdown_path, "write the report as Markdown to FILE");
   app->add_flag("--benchmark,--count-only", o->benchmark, "print the time and indices/s, not the indices");
   return {app, [o] { return run_sampler(*o); }};
 }

@@ -21,6 +21,7 @@
 #include "comm/store/tcp_store.h"
 #include "ddpdiag/config.h"
 #include "comm/world.h"
+#include "reports/render.h"
 #include "diag/commands.h"
 #include "diag/launcher.h"
 #include "reports/report.h"
@@ -92,6 +93,7 @@ struct PingOptions {
   double timeout_s = 10;
   int count = 20;
   std::string json_path;
+  std::string markdown_path;
 };
 
 struct PingResult {
@@ -156,7 +158,7 @@ int run_ping(const PingOptions& o) {
   }
   std::fflush(stdout);
 
-  if (!o.json_path.empty()) {
+  if (!o.json_path.empty() || !o.markdown_path.empty()) {
     nlohmann::json results{{"address", where},
                            {"host", addr.host},
                            {"port", addr.port},
@@ -182,7 +184,7 @@ int run_ping(const PingOptions& o) {
                         (*r.error)["phase"].get<std::string>(), -1, -1,
                         (*r.error)["hint"].get<std::string>(),
                         static_cast<int>(ExitCode::kRendezvous)});
-    reports::write_json_atomic(o.json_path, report.finish());
+    reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
   }
   return static_cast<int>(r.reachable ? ExitCode::kOk : ExitCode::kRendezvous);
 }
@@ -253,6 +255,7 @@ Subcommand add_store_command(CLI::App& parent) {
   p->add_option("--timeout", ping->timeout_s, "seconds for connecting and for each reply")->capture_default_str();
   p->add_option("--count", ping->count, "pings timed (the median is reported)")->capture_default_str();
   p->add_option("--json", ping->json_path, "write the result as JSON to this file");
+  p->add_option("--markdown", ping->markdown_path, "write the result as Markdown to this file");
 
   auto serve = std::make_shared<ServeOptions>();
   CLI::App* s = store->add_subcommand("serve", "host a store speaking both protocols until SIGINT/SIGTERM");

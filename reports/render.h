@@ -14,6 +14,11 @@ namespace ddpdiag::reports {
 // $GITHUB_STEP_SUMMARY.
 std::string render_markdown(const nlohmann::json& report);
 
+// Writes the finished report as JSON and/or Markdown (each atomically); an
+// empty path skips that form. Every subcommand's --json / --markdown ends here.
+void write_report_outputs(const nlohmann::json& report, const std::string& json_path,
+                          const std::string& markdown_path);
+
 // One self-contained HTML page: inline CSS and SVG charts, no script, no
 // external resource, readable on a narrow screen.
 std::string render_html(const nlohmann::json& report);

@@ -3,6 +3,7 @@
 
 #include "reports/format.h"
 #include "reports/render.h"
+#include "reports/report.h"
 #include "reports/report_view.h"
 
 namespace ddpdiag::reports {
@@ -79,6 +80,13 @@ std::string render_markdown(const json& report) {
     out += fmt::format("<details><summary>Environment ({} variables)</summary>\n\n{}\n</details>\n", env.rows.size(),
                        table_md(env));
   return out;
+}
+
+
+void write_report_outputs(const nlohmann::json& report, const std::string& json_path,
+                          const std::string& markdown_path) {
+  if (!json_path.empty()) write_json_atomic(json_path, report);
+  if (!markdown_path.empty()) write_file_atomic(markdown_path, render_markdown(report));
 }
 
 }  // namespace ddpdiag::reports
