@@ -24,6 +24,7 @@
 #include "ddp_core/bucket_assignment.h"
 #include "ddp_core/model_layout.h"
 #include "reports/render.h"
+#include "diag/launcher.h"
 #include "diag/commands.h"
 #include "reports/report.h"
 
@@ -55,21 +56,6 @@ std::uint64_t mb_to_bytes(double mb, const char* flag) {
   return static_cast<std::uint64_t>(mb * kMiB);
 }
 
-std::vector<std::string> command_line() {
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
-  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  std::string cur;
-  for (char c : all) {
-    if (c == '\0') {
-      args.push_back(cur);
-      cur.clear();
-    } else {
-      cur.push_back(c);
-    }
-  }
-  return args;
-}
 
 json run_case(const json& c) {
   auto fail = [](const std::string& what) -> void {
@@ -201,7 +187,7 @@ int run_buckets(const BucketsOptions& o) {
               mib(largest).c_str(), mib(layout.total_bytes()).c_str(), mib(cap).c_str());
 
   if (!o.json_path.empty() || !o.markdown_path.empty()) {
-    reports::Report report("buckets", command_line());
+    reports::Report report("buckets", own_command_line());
     report.results() = std::move(results);
     reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
   }

@@ -15,6 +15,7 @@
 #include "comm/errors.h"
 #include "ddp_core/sampler.h"
 #include "reports/render.h"
+#include "diag/launcher.h"
 #include "diag/commands.h"
 #include "reports/report.h"
 
@@ -67,21 +68,6 @@ json seed_json(SeedInt v) {
   return nullptr;  // out of torch's range: validation has already refused it
 }
 
-std::vector<std::string> command_line() {
-  std::ifstream f("/proc/self/cmdline", std::ios::binary);
-  std::string all((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  std::vector<std::string> args;
-  std::string cur;
-  for (char c : all) {
-    if (c == '\0') {
-      args.push_back(cur);
-      cur.clear();
-    } else {
-      cur.push_back(c);
-    }
-  }
-  return args;
-}
 
 // Prints indices one a line through a large buffer: printing 10^7 numbers
 // with printf would dominate the run time.
@@ -167,7 +153,7 @@ int run_sampler(const SamplerCliOptions& c) {
                 static_cast<unsigned long long>(checksum));
 
   if (!c.json_path.empty() || !c.markdown_path.empty()) {
-    reports::Report report("sampler", command_line());
+    reports::Report report("sampler", own_command_line());
     report.results() = {
         {"dataset_size", o.dataset_size},
         {"world_size", o.world_size},
