@@ -24,6 +24,15 @@ void print_error(const Error& e) {
   if (!c.hint.empty()) std::fprintf(stderr, "ddpdiag: hint: %s\n", c.hint.c_str());
 }
 
+void print_checks_and_verdict(const reports::Report& report) {
+  const auto doc = report.finish();  // keep it alive: the loop walks into it
+  for (const auto& c : doc["checks"])
+    std::printf("# Check %-26s: %s (%s)\n", c["name"].get<std::string>().c_str(),
+                c["status"].get<std::string>().c_str(), c["detail"].get<std::string>().c_str());
+  std::printf("# Verdict: %s\n", report.verdict().c_str());
+  std::fflush(stdout);
+}
+
 void add_common_options(CLI::App* app, CommonOptions& o) {
   auto* g = app;
   g->add_option("--nproc", o.nproc,

@@ -24,6 +24,9 @@ namespace ddpdiag::cli {
 
 void print_error(const Error& e);
 
+// Prints the report's checks and verdict under a command's table (rank 0).
+void print_checks_and_verdict(const reports::Report& report);
+
 struct CommonOptions {
   WorldFlags world;
   std::string backend = "auto";  // auto | gloo | nccl

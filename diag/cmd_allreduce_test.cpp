@@ -215,12 +215,7 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
                 wrong == 0 ? "OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
-    const nlohmann::json doc = report.finish();
-    for (const auto& c : doc["checks"])
-      std::printf("# Check %-14s: %s (%s)\n", c["name"].get<std::string>().c_str(),
-                  c["status"].get<std::string>().c_str(), c["detail"].get<std::string>().c_str());
-    std::printf("# Verdict: %s\n", report.verdict().c_str());
-    std::fflush(stdout);
+    print_checks_and_verdict(report);
   }
 }
 

@@ -171,13 +171,7 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
                                                 "after every broadcast",
                                                 layout.tensors.size(), job.size())
                                   : detail});
-  // finish() returns a temporary: hold it, the range-for would not.
-  const auto finished = report.finish();
-  for (const auto& ch : finished["checks"])
-    std::printf("# Check %-20s: %s (%s)\n", ch["name"].get<std::string>().c_str(),
-                ch["status"].get<std::string>().c_str(), ch["detail"].get<std::string>().c_str());
-  std::printf("# Verdict: %s\n", report.verdict().c_str());
-  std::fflush(stdout);
+  print_checks_and_verdict(report);
 }
 
 }  // namespace

@@ -330,7 +330,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
     if (!rec) judge();
     throw;
   }
-  if (job.rank() == 0) tools::print_checks_and_verdict(report);
+  if (job.rank() == 0) print_checks_and_verdict(report);
 }
 
 }  // namespace

@@ -182,13 +182,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
               "exposed(us)", "#wrong");
   std::printf("  %14.1f %14.1f %14.1f %14.1f %10lld\n", t, b, c, e,
               static_cast<long long>(wrong_total));
-  // finish() returns a temporary: hold it, the range-for would not.
-  const auto finished = report.finish();
-  for (const auto& ch : finished["checks"])
-    std::printf("# Check %-18s: %s (%s)\n", ch["name"].get<std::string>().c_str(),
-                ch["status"].get<std::string>().c_str(), ch["detail"].get<std::string>().c_str());
-  std::printf("# Verdict: %s\n", report.verdict().c_str());
-  std::fflush(stdout);
+  print_checks_and_verdict(report);
 }
 
 }  // namespace

@@ -377,7 +377,7 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
       std::printf("# ring busbw / backend busbw at %s, n=%d: %.3f\n",
                   format_size(rows.back().bytes).c_str(), *ks.rbegin(),
                   res["ring_vs_backend_busbw_ratio"].get<double>());
-    tools::print_checks_and_verdict(report);
+    print_checks_and_verdict(report);
   }
 }
 

@@ -423,7 +423,7 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   std::printf("# all_reduce of %s per rank (us):", format_size(ar_bytes).c_str());
   for (int r = 0; r < n; ++r) std::printf(" %d:%.1f", r, ar_times[r]);
   std::printf("\n");
-  tools::print_checks_and_verdict(report);
+  print_checks_and_verdict(report);
 }
 
 }  // namespace

@@ -288,7 +288,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
                     "collectives %s MiB\n",
                     r["rank"].get<int>(), mib(r["communicator_probe"]["device_delta_init_bytes"]).c_str(),
                     mib(r["communicator_probe"]["device_delta_first_collectives_bytes"]).c_str());
-  tools::print_checks_and_verdict(report);
+  print_checks_and_verdict(report);
 }
 
 }  // namespace

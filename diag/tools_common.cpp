@@ -69,13 +69,4 @@ std::unique_ptr<Communicator> make_extra_communicator(Job& job, const CommonOpti
   return comm;
 }
 
-void print_checks_and_verdict(const reports::Report& report) {
-  const auto doc = report.finish();  // keep it alive: the loop walks into it
-  for (const auto& c : doc["checks"])
-    std::printf("# Check %-26s: %s (%s)\n", c["name"].get<std::string>().c_str(),
-                c["status"].get<std::string>().c_str(), c["detail"].get<std::string>().c_str());
-  std::printf("# Verdict: %s\n", report.verdict().c_str());
-  std::fflush(stdout);
-}
-
 }  // namespace ddpdiag::cli::tools

@@ -44,7 +44,4 @@ inline reports::CheckStatus pass_if(bool ok) {
   return ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail;
 }
 
-// Prints the report's checks and verdict under a table (rank 0).
-void print_checks_and_verdict(const reports::Report& report);
-
 }  // namespace ddpdiag::cli::tools
