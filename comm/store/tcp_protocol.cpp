@@ -148,7 +148,8 @@ std::optional<std::uint8_t> op_code(StoreProtocol p, Op op) {
 
 std::optional<Op> op_from_code(StoreProtocol p, std::uint8_t code) {
   const auto* c = codes(p);
-  if (!c) return std::nullopt;
+  // kNone marks the ops a version lacks; as a query byte it is unknown.
+  if (!c || code == kNone) return std::nullopt;
   for (std::size_t i = 0; i < kNumOps; ++i)
     if (c[i] == code) return static_cast<Op>(i);
   return std::nullopt;
