@@ -119,6 +119,7 @@ nlohmann::json Diagnosis::to_json() const {
     mm.push_back({{"seq", m.seq}, {"groups", groups}});
   }
   return {{"gone_ranks", gone},
+          {"unreachable_ranks", unreachable},
           {"behind_ranks", behind},
           {"mismatches", mm},
           {"stuck_seq", stuck_seq},
@@ -253,6 +254,38 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
           seq, f ? " " + f->describe() : std::string()));
     d.stuck_seq = seq;
   }
+  return d;
+}
+
+Diagnosis diagnose_store_unreachable(const RankState& self, int size,
+                                     const std::string& store_address,
+                                     const std::string& store_error,
+                                     const std::vector<std::string>& hosts) {
+  Diagnosis d;
+  std::vector<std::string> others_hosts;
+  for (int r = 0; r < size; ++r) {
+    if (r == self.rank) continue;
+    d.gone.push_back(r);
+    if (r < static_cast<int>(hosts.size()) && !hosts[r].empty() &&
+        std::find(others_hosts.begin(), others_hosts.end(), hosts[r]) == others_hosts.end())
+      others_hosts.push_back(hosts[r]);
+  }
+  d.unreachable = d.gone;
+  d.stuck_seq = self.last_completed + 1;
+  std::string on_hosts;
+  for (std::size_t i = 0; i < others_hosts.size(); ++i)
+    on_hosts += (i ? ", " : "") + others_hosts[i];
+  if (!on_hosts.empty())
+    on_hosts = fmt::format(" (host{} {})", others_hosts.size() == 1 ? "" : "s", on_hosts);
+  d.lines.push_back(fmt::format(
+      "The store at {} is unreachable from rank {}{}: no other rank's state can be read, so {}{} "
+      "{} unreachable from here.",
+      store_address, self.rank, store_error.empty() ? "" : " (" + store_error + ")",
+      ranks_word(d.gone), on_hosts, d.gone.size() == 1 ? "is" : "are"));
+  std::string last;
+  if (const Fingerprint* f = self.at(self.last_started)) last = " " + f->describe();
+  d.lines.push_back(fmt::format("Rank {} last started collective #{}{} and completed #{}.",
+                                self.rank, self.last_started, last, self.last_completed));
   return d;
 }
 

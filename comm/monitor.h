@@ -75,6 +75,9 @@ struct Mismatch {
 
 struct Diagnosis {
   std::vector<int> gone;       // published no state: dead, stopped or unreachable
+  // Of `gone`, those judged unreachable (the caller decides: no heartbeat on
+  // the store, or the store itself out of reach from this rank).
+  std::vector<int> unreachable;
   std::vector<int> behind;     // issued fewer collectives than the most advanced rank
   std::vector<Mismatch> mismatches;
   std::int64_t stuck_seq = 0;  // the first collective not completed everywhere (0: unknown)
@@ -93,6 +96,16 @@ using GoneNotes = std::vector<std::string>;
 // states[r] is rank r's state, or nullopt when it published none in time.
 Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
                    const GoneNotes& gone_notes = {});
+
+// The diagnosis of a rank that cannot reach the store: it knows only its own
+// state, so every other rank is listed as gone and unreachable from here, and
+// the first line says that the store at `store_address` is out of reach
+// (`store_error`: what the store client said). `hosts[r]` names rank r's host
+// where known.
+Diagnosis diagnose_store_unreachable(const RankState& self, int size,
+                                     const std::string& store_address,
+                                     const std::string& store_error,
+                                     const std::vector<std::string>& hosts = {});
 
 // Ranks as "1", "1 and 2", "0, 2 and 3".
 std::string rank_list(const std::vector<int>& ranks);

@@ -305,40 +305,82 @@ nlohmann::json MonitoredCommunicator::failure_report() const {
   return failure_report_;
 }
 
+void MonitoredCommunicator::note_store_lost(const Error& e) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!store_lost_) store_error_ = e.what();
+  store_lost_ = true;
+}
+
+void MonitoredCommunicator::write_heartbeat() {
+  ++heartbeats_;
+  const double wall_s =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  opts_.store->set(fmt::format("heartbeat/{}", rank()),
+                   to_bytes(nlohmann::json{{"n", heartbeats_}, {"wall_s", wall_s}}.dump()));
+}
+
 void MonitoredCommunicator::publish(const std::string& reason) {
-  if (!opts_.store) return;
+  if (!opts_.store || store_lost_) return;
   try {
     opts_.store->set(fmt::format("state/{}", rank()), to_bytes(to_json(state(reason)).dump()));
-  } catch (const Error&) {
-    // The store is gone too: the others will list this rank as gone.
+  } catch (const Error& e) {
+    // The others will list this rank as gone; we diagnose from our own state.
+    note_store_lost(e);
   }
 }
 
 bool MonitoredCommunicator::raise_alarm(const std::string& reason) {
-  if (!opts_.store) return false;
+  if (!opts_.store || store_lost_) return false;
   try {
     const Bytes mine = to_bytes(reason);
     return opts_.store->compare_set("alarm", {}, mine) == mine;
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    note_store_lost(e);
     return false;
   }
 }
 
-std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states() {
+std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states(
+    std::vector<Heartbeat>& heartbeats) {
   const int n = size();
   std::vector<std::optional<RankState>> states(n);
-  if (!opts_.store) {
+  heartbeats.assign(n, Heartbeat{});
+  if (!opts_.store || store_lost_) {
     states[rank()] = state("");
     return states;
   }
   const auto deadline = Clock::now() + opts_.gather_wait;
   std::vector<std::string> keys;
   for (int r = 0; r < n; ++r) keys.push_back(fmt::format("state/{}", r));
+  auto read_heartbeat = [&](int r) -> nlohmann::json {
+    const std::string key = fmt::format("heartbeat/{}", r);
+    if (!opts_.store->check({key})) return nullptr;
+    auto j = nlohmann::json::parse(to_string(opts_.store->get(key, Millis(1000))), nullptr, false);
+    return j.is_object() ? j : nlohmann::json();
+  };
   try {
+    // Heartbeats of the ranks still silent now, to compare with the same
+    // after the wait: a rank whose heartbeat stood still for the whole wait
+    // (at least two watchdog polls) is not merely slow to publish.
+    std::vector<nlohmann::json> before(n);
+    if (!opts_.store->check(keys))
+      for (int r = 0; r < n; ++r)
+        if (r != rank() && !opts_.store->check({keys[r]})) before[r] = read_heartbeat(r);
     while (Clock::now() < deadline && !opts_.store->check(keys))
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const double wall_now =
+        std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     for (int r = 0; r < n; ++r) {
-      if (!opts_.store->check({keys[r]})) continue;
+      if (!opts_.store->check({keys[r]})) {
+        if (r == rank()) continue;
+        const nlohmann::json after = read_heartbeat(r);
+        Heartbeat& hb = heartbeats[r];
+        hb.seen = after.is_object();
+        hb.advanced = hb.seen && (!before[r].is_object() ||
+                                  before[r].value("n", -1L) != after.value("n", -1L));
+        if (hb.seen) hb.age_s = wall_now - after.value("wall_s", wall_now);
+        continue;
+      }
       try {
         states[r] = rank_state_from_json(
             nlohmann::json::parse(to_string(opts_.store->get(keys[r], Millis(1000)))));
@@ -346,22 +388,39 @@ std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states() {
       } catch (const nlohmann::json::exception&) {
       }
     }
-  } catch (const Error&) {
+  } catch (const Error& e) {
     // Store unreachable: only what we know about ourselves.
+    note_store_lost(e);
   }
   if (!states[rank()]) states[rank()] = state("");
   return states;
 }
 
-GoneNotes MonitoredCommunicator::gone_notes(
-    const std::vector<std::optional<RankState>>& states) const {
+GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<RankState>>& states,
+                                            const std::vector<Heartbeat>& heartbeats,
+                                            std::vector<int>& unreachable) const {
   GoneNotes notes(states.size());
   for (std::size_t r = 0; r < states.size() && r < opts_.peers.size(); ++r) {
     if (states[r]) continue;
     const auto& p = opts_.peers[r];
     if (!p.same_machine || p.pid <= 0) {
-      notes[r] = fmt::format("is dead, stopped or cannot reach the store (host {}, pid {})",
-                             p.host, p.pid);
+      const Heartbeat hb = r < heartbeats.size() ? heartbeats[r] : Heartbeat{};
+      if (hb.advanced) {
+        notes[r] = fmt::format("is alive and reaches the store (its heartbeat advanced while the "
+                               "others waited) but did not publish its state in time: its "
+                               "watchdog is stuck or very slow (host {}, pid {})",
+                               p.host, p.pid);
+        continue;
+      }
+      unreachable.push_back(static_cast<int>(r));
+      std::string silent = !hb.seen           ? std::string("no state and no heartbeat at all")
+                           : hb.age_s >= 0.05 ? fmt::format("no state and no heartbeat for {:.1f} s",
+                                                            hb.age_s)
+                                              : std::string("no state, and its heartbeat stopped");
+      notes[r] = fmt::format("is unreachable: {} (host {}, pid {}); that host lost its network "
+                             "(link down, cable or switch port), a firewall blocks it, or the "
+                             "host or the process crashed or froze",
+                             silent, p.host, p.pid);
       continue;
     }
     char st = process_state(p.pid);
@@ -469,12 +528,53 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause) {
   raise_alarm(what);
   alarm_seen_ = true;
   inner_->abort();
-  auto states = gather_states();
-  Diagnosis d = diagnose(states, gone_notes(states));
+  std::vector<Heartbeat> heartbeats;
+  auto states = gather_states(heartbeats);
+  const bool store_lost = store_lost_.load();
+  std::string store_error;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    store_error = store_error_;
+  }
+  Diagnosis d;
+  if (store_lost) {
+    std::vector<std::string> hosts;
+    for (const auto& p : opts_.peers) hosts.push_back(p.host);
+    d = diagnose_store_unreachable(*states[rank()], size(), opts_.store_address, store_error,
+                                   hosts);
+  } else {
+    std::vector<int> unreachable;
+    GoneNotes notes = gone_notes(states, heartbeats, unreachable);
+    d = diagnose(states, notes);
+    d.unreachable = std::move(unreachable);
+  }
 
   std::string hint;
   int peer = cause.context().peer;
-  if (!d.gone.empty()) {
+  if (store_lost) {
+    peer = -1;
+    hint = fmt::format("this rank can reach neither the store at {} nor its peers: check this "
+                       "host's network link (ip link, cable, switch port) and firewall, and "
+                       "whether the store's host is up; the reports of the other ranks say "
+                       "which side was cut off",
+                       opts_.store_address);
+  } else if (!d.unreachable.empty()) {
+    peer = d.unreachable.front();
+    std::vector<std::string> hosts;
+    for (int r : d.unreachable)
+      if (r < static_cast<int>(opts_.peers.size()) &&
+          std::find(hosts.begin(), hosts.end(), opts_.peers[r].host) == hosts.end())
+        hosts.push_back(opts_.peers[r].host);
+    std::string on;
+    for (std::size_t i = 0; i < hosts.size(); ++i) on += (i ? ", " : "") + hosts[i];
+    hint = fmt::format("{} {} unreachable{}: check that host's network link (ip link, cable, "
+                       "switch port), the firewall between the hosts, and whether the host is "
+                       "up (dmesg, its own ddpdiag report)",
+                       d.unreachable.size() == 1 ? "rank " + rank_list(d.unreachable)
+                                                 : "ranks " + rank_list(d.unreachable),
+                       d.unreachable.size() == 1 ? "is" : "are",
+                       on.empty() ? std::string() : " (host " + on + ")");
+  } else if (!d.gone.empty()) {
     peer = d.gone.front();
     hint = fmt::format("look at the log and host of {}{}: it died, was killed (OOM killer?), was "
                        "stopped or lost its network",
@@ -514,15 +614,29 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause) {
                        {"ranks", ranks},
                        {"cause", cause.what()},
                        {"detected_by", "watchdog"},
-                       {"flight_recorder", recorder}};
+                       {"flight_recorder", recorder},
+                       {"store", {{"address", opts_.store_address},
+                                  {"reachable", !store_lost},
+                                  {"error", store_error}}}};
     failure_ = ep;
   }
   std::rethrow_exception(ep);
 }
 
 void MonitoredCommunicator::watchdog_loop() {
-  bool store_ok = true;
   while (true) {
+    bool failed = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      failed = failure_ != nullptr;
+    }
+    if (!failed && !store_lost_) {
+      try {
+        write_heartbeat();
+      } catch (const Error& e) {
+        note_store_lost(e);
+      }
+    }
     {
       std::unique_lock<std::mutex> lock(wd_mutex_);
       wd_cv_.wait_for(lock, opts_.poll_interval, [&] { return stop_.load(); });
@@ -555,7 +669,7 @@ void MonitoredCommunicator::watchdog_loop() {
       }
     }
     if (done_up_to > 0) mark_completed(done_up_to);
-    if (!store_ok) continue;
+    if (store_lost_) continue;  // nothing more to learn from a store that is gone
     try {
       if (!alarm_seen_ && opts_.store->check({"alarm"})) {
         alarm_seen_ = true;
@@ -569,8 +683,8 @@ void MonitoredCommunicator::watchdog_loop() {
         alarm_seen_ = true;
         inner_->abort();
       }
-    } catch (const Error&) {
-      store_ok = false;  // nothing more to learn from a store that is gone
+    } catch (const Error& e) {
+      note_store_lost(e);
     }
   }
 }

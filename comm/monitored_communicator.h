@@ -18,6 +18,16 @@
 // Protocol (keys under the monitor's store prefix):
 //   alarm          first writer wins (compare_set): "rank R: <what failed>"
 //   state/<r>      JSON of RankState (monitor.h), rewritten on each publication
+//   heartbeat/<r>  {"n": count, "wall_s": seconds since the epoch}, rewritten
+//                  by the watchdog every poll until this rank fails. A rank
+//                  that published no state and whose heartbeat did not move
+//                  while the others waited for it is reported unreachable.
+//
+// The watchdog's store client has a short I/O deadline (cli_common.cpp: the
+// monitor's own connection). The first store call that fails marks the store
+// lost: the monitor makes no further store calls (each would wait out its
+// deadline again) and a failure is diagnosed from this rank's own state
+// alone, naming the store as unreachable.
 //
 // Optional: --desync-check all-gathers the fingerprint before every
 // collective (TORCH_DISTRIBUTED_DEBUG=DETAIL style) and fails at once on a
@@ -65,6 +75,7 @@ struct MonitorOptions {
   };
   std::vector<Peer> peers;
   std::string host;  // this rank's host name as reported
+  std::string store_address;  // "host:port" of the store, for messages
 };
 
 class MonitoredCommunicator final : public Communicator {
@@ -106,6 +117,8 @@ class MonitoredCommunicator final : public Communicator {
     inner_->copy_from_host(dst, host_src, bytes);
   }
   void abort() override;
+  // Local work carries no fingerprint: it cannot desynchronise the ranks.
+  StreamOps* stream_ops() override { return inner_->stream_ops(); }
 
   Communicator& inner() { return *inner_; }
   std::int64_t last_started() const { return started_.load(); }
@@ -121,6 +134,10 @@ class MonitoredCommunicator final : public Communicator {
   void mark_completed(std::int64_t seq);
   void corrupt_result(void* recv, DType dtype, std::size_t count);
   bool alarm_seen() const { return alarm_seen_.load(); }
+  // True once a store call of the monitor failed (timed out, connection lost):
+  // the store is out of reach from this rank, and callers should not wait on
+  // it either.
+  bool store_lost() const { return store_lost_.load(); }
 
  private:
   struct Entry {
@@ -137,8 +154,19 @@ class MonitoredCommunicator final : public Communicator {
   void check_fingerprints(std::int64_t seq, const Fingerprint& fp);
   void publish(const std::string& reason);
   bool raise_alarm(const std::string& reason);
-  std::vector<std::optional<RankState>> gather_states();
-  GoneNotes gone_notes(const std::vector<std::optional<RankState>>& states) const;
+  // What the store holds of a rank's heartbeat, read twice around the wait
+  // for the states: `advanced` when it changed in between.
+  struct Heartbeat {
+    bool seen = false;
+    bool advanced = false;
+    double age_s = -1;  // by the writer's wall clock; -1 when never seen
+  };
+  std::vector<std::optional<RankState>> gather_states(std::vector<Heartbeat>& heartbeats);
+  GoneNotes gone_notes(const std::vector<std::optional<RankState>>& states,
+                       const std::vector<Heartbeat>& heartbeats,
+                       std::vector<int>& unreachable) const;
+  void note_store_lost(const Error& e);
+  void write_heartbeat();
   void watchdog_loop();
   double now_s() const;
 
@@ -155,6 +183,9 @@ class MonitoredCommunicator final : public Communicator {
   bool skipped_ = false;      // skip fault: applied once
   bool blocked_ = false;      // desync fault: a phantom collective blocks the rest
   std::atomic<bool> alarm_seen_{false};
+  std::atomic<bool> store_lost_{false};
+  std::string store_error_;  // what the failed store call said; under mutex_
+  std::int64_t heartbeats_ = 0;  // watchdog thread only
   std::atomic<bool> aborted_{false};
   std::atomic<bool> stop_{false};
   std::mutex wd_mutex_;

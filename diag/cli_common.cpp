@@ -43,7 +43,9 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   g->add_option("--timeout", o.timeout_s,
                 "Seconds to wait on any peer (rendezvous, init, each collective)")
       ->check(CLI::PositiveNumber);
-  g->add_option("--json", o.json_path, "Write the job's report (from rank 0) to this file");
+  g->add_option("--json", o.json_path,
+                "Write the job's report (from rank 0) to this file; a rank that loses the "
+                "store writes its own to FILE.rank<R>.json");
   g->add_option("--markdown", o.markdown_path,
                 "Write the job's report as Markdown (from rank 0) to this file");
   g->add_option("--rank", o.world.rank, "This process's rank (overrides RANK)");
@@ -290,17 +292,26 @@ void create_communicator(Job& job, const CommonOptions& o) {
   MonitorOptions mo;
   mo.rank = me;
   mo.size = job.world.world_size;
+  // Bounds every store call of the watchdog (I/O of its own connection) and
+  // its wait for the other ranks' states: a store that has become unreachable
+  // costs the failure path one such deadline, not --timeout.
+  const Millis monitor_deadline =
+      std::clamp(Millis(job.timeout.count() / 4), Millis(1000), Millis(5000));
   std::shared_ptr<Store> monitor_base = job.store;
   if (job.store_client) {
     auto own = *job.store_client;
     own.connect_timeout = std::min(job.timeout, Millis(10000));
+    own.io_timeout = monitor_deadline;
+    mo.store_address = fmt::format("{}:{}", job.world.hosts_store() ? std::string("127.0.0.1")
+                                                                    : job.world.master_addr,
+                                   own.port);
     monitor_base = std::make_shared<PrefixStore>(
         std::static_pointer_cast<PrefixStore>(job.store)->prefix(),
         std::make_shared<TcpStoreClient>(own));
   }
   mo.store = std::make_shared<PrefixStore>("monitor", monitor_base);
   mo.timeout = job.timeout;
-  mo.gather_wait = std::clamp(Millis(job.timeout.count() / 4), Millis(1000), Millis(5000));
+  mo.gather_wait = monitor_deadline;
   mo.desync_check = o.desync_check;
   mo.faults = std::move(faults);
   const std::string here = machine_name();
@@ -345,14 +356,26 @@ void start_job(Job& job, const CommonOptions& o) {
 // use of it. Each rank counts itself out; rank 0 waits (bounded) for all.
 // After an error the wait is short: it only gives the others time to read the
 // cause (the "abort" key) before the store goes away.
+//
+// Ranks the watchdog found gone (dead, stopped, unreachable) never count
+// themselves out, so they are not waited for; and a rank whose watchdog lost
+// the store does not touch it again (each call would wait out its deadline).
 void leave_job(Job& job, bool after_error) {
   if (!job.store) return;
+  if (job.monitor && job.monitor->store_lost()) return;
+  std::int64_t absent = 0;
+  if (job.monitor) {
+    const auto failure = job.monitor->failure_report();
+    if (failure.is_object() && failure.contains("diagnosis"))
+      absent = static_cast<std::int64_t>(failure["diagnosis"].value("gone_ranks",
+                                                                     nlohmann::json::array()).size());
+  }
   try {
     job.store->add("left", 1);
     if (job.server) {
       auto bound = std::min(job.timeout, Millis(after_error ? 3000 : 10000));
       auto deadline = std::chrono::steady_clock::now() + bound;
-      while (job.store->add("left", 0) < job.size() &&
+      while (job.store->add("left", 0) < job.size() - absent &&
              std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
@@ -439,18 +462,32 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       if (!watchdog.is_null()) report.results()["watchdog"] = watchdog;
     }
     if (job.comm) job.comm->abort();
-    if (job.store) {
+    if (job.store && !(job.monitor && job.monitor->store_lost())) {
       try {
         job.store->set(fmt::format("error/{}", job.rank()), to_bytes(e.what()));
       } catch (const Error&) {
       }
     }
   }
-  if (job.world.rank == 0 && (!o.json_path.empty() || !o.markdown_path.empty())) {
+  // The job's report comes from rank 0. A rank cut off from the store cannot
+  // hand its view to rank 0, so it writes its own next to it: FILE.rank<R>.json.
+  const bool own_report = job.world.rank > 0 && job.monitor && job.monitor->store_lost();
+  if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {
+    auto path_of = [&](const std::string& path, const std::string& ext) {
+      if (!own_report || path.empty()) return path;
+      const std::string tag = fmt::format(".rank{}", job.world.rank);
+      if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+        return path.substr(0, path.size() - ext.size()) + tag + ext;
+      return path + tag;
+    };
     try {
-      reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
+      const std::string json_path = path_of(o.json_path, ".json");
+      reports::write_report_outputs(report.finish(), json_path, path_of(o.markdown_path, ".md"));
+      if (own_report && !json_path.empty())
+        std::fprintf(stderr, "ddpdiag: rank %d could not reach the store; its own report: %s\n",
+                     job.world.rank, json_path.c_str());
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "ddpdiag: error on rank 0: %s\n", e.what());
+      std::fprintf(stderr, "ddpdiag: error on rank %d: %s\n", job.world.rank, e.what());
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
     }
   }

@@ -1,0 +1,302 @@
+"""A host's link goes down in the middle of a run, across "hosts" made of
+network namespaces.
+
+Three namespaces, one rank each, joined through a bridge in a fourth (the
+switch); every rank runs in its own UTS namespace with its own host name
+(host0, host1, host2), and rank 0 hosts the store on host0. init-check must
+pass first. Then allreduce-test runs on every host, and the test takes one
+host's link down:
+
+- host2 (its interface, inside its namespace): ranks 0 and 1 must exit with
+  code 5 (a peer failed: DESIGN.md's code for a failure that has a culprit
+  rank; 4 is for hangs where every rank is still there) within the timeout
+  plus MARGIN, naming rank 2 on host2 as unreachable on stderr and in the
+  job's report; rank 2, which can reach neither its peers nor the store, must
+  exit 5 within the same bound, name the store and ranks 0 and 1 as
+  unreachable, and write its own report (FILE.rank2.json).
+- host0, the store's host (its switch port, on the bridge side): ranks 1 and
+  2 must say that the store is unreachable and write their own reports; rank
+  0 names ranks 1 and 2 as unreachable.
+
+Needs root, `ip netns` and unshare; exits 77 (skipped) otherwise. Every
+namespace (and with it every veth and the bridge) is removed on every path;
+names carry the test's pid, and namespaces left by a run that was killed are
+removed by the next one."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import BIN, clean_env, load, tmp_json  # noqa: E402
+
+SKIP = 77
+TIMEOUT = 10   # --timeout of the runs (s)
+# What a rank may take beyond --timeout once the link is down: the watchdog's
+# grace over the deadline (1 s), its wait for the others' states or its store
+# deadline (timeout / 4 = 2.5 s), writing the report; the rest is slack for a
+# loaded two-core machine.
+MARGIN = 10
+PREFIX = "ddk"
+TAG = "%s%d" % (PREFIX, os.getpid())
+HOSTS = [TAG + "h%d" % i for i in range(3)]
+SWITCH = TAG + "sw"
+NET = "10.233.%d" % (os.getpid() % 250)
+ADDR = ["%s.%d" % (NET, i + 1) for i in range(3)]
+IFACE = "ddk0"
+HOST_END = ["%sa%d" % (TAG, i) for i in range(3)]     # <= 15 characters: pid < 2^22
+SWITCH_END = ["%sb%d" % (TAG, i) for i in range(3)]
+
+
+def sh(*args, check=True):
+    return subprocess.run(list(args), capture_output=True, text=True, check=check)
+
+
+def usable():
+    if os.geteuid() != 0:
+        return "needs root"
+    for tool in ("ip", "unshare"):
+        if not shutil.which(tool):
+            return "needs %s" % tool
+    p = sh("ip", "netns", "add", TAG + "probe", check=False)
+    if p.returncode != 0:
+        return "cannot create a network namespace: " + p.stderr.strip()
+    sh("ip", "netns", "del", TAG + "probe", check=False)
+    return None
+
+
+def remove_stale():
+    """Namespaces of earlier runs whose process is gone (killed by a timeout)."""
+    listing = sh("ip", "netns", "list", check=False).stdout
+    for line in listing.splitlines():
+        m = re.match(r"^(%s(\d+)(?:h\d|sw|probe))\b" % PREFIX, line)
+        if m and not os.path.exists("/proc/%s" % m.group(2)):
+            sh("ip", "netns", "del", m.group(1), check=False)
+
+
+def teardown():
+    # Deleting a namespace deletes the veth ends inside it (and so their
+    # peers); an end still in the root namespace (setup failed half-way) is
+    # deleted by name.
+    for ns in HOSTS + [SWITCH]:
+        sh("ip", "netns", "del", ns, check=False)
+    for dev in HOST_END + SWITCH_END:
+        sh("ip", "link", "del", dev, check=False)
+
+
+def setup():
+    sh("ip", "netns", "add", SWITCH)
+    sh("ip", "-n", SWITCH, "link", "add", "br0", "type", "bridge")
+    sh("ip", "-n", SWITCH, "link", "set", "br0", "up")
+    for i, ns in enumerate(HOSTS):
+        sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "link", "add", HOST_END[i], "type", "veth", "peer", "name", SWITCH_END[i])
+        sh("ip", "link", "set", HOST_END[i], "netns", ns)
+        sh("ip", "-n", ns, "link", "set", HOST_END[i], "name", IFACE)
+        sh("ip", "-n", ns, "addr", "add", ADDR[i] + "/24", "dev", IFACE)
+        sh("ip", "-n", ns, "link", "set", IFACE, "up")
+        sh("ip", "link", "set", SWITCH_END[i], "netns", SWITCH)
+        sh("ip", "-n", SWITCH, "link", "set", SWITCH_END[i], "master", "br0")
+        sh("ip", "-n", SWITCH, "link", "set", SWITCH_END[i], "up")
+
+
+def start(rank, args, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+    inner = [BIN] + args[:1] + [
+        "--rank", str(rank), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
+        str(port), "--gloo-interface", IFACE, "--timeout", str(TIMEOUT)] + args[1:]
+    script = 'hostname "$0" && exec "$@"'
+    cmd = ["ip", "netns", "exec", HOSTS[rank], "unshare", "--uts", "sh", "-c", script,
+           "host%d" % rank] + inner
+    return subprocess.Popen(cmd, env=clean_env(), stdout=stdout, stderr=stderr, text=True)
+
+
+def kill_all(procs):
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+        try:
+            p.communicate(timeout=10)
+        except (subprocess.TimeoutExpired, ValueError):
+            pass
+
+
+def rank_path(path, rank):
+    return path[:-len(".json")] + ".rank%d.json" % rank
+
+
+def remove(*paths):
+    for p in paths:
+        if os.path.exists(p):
+            os.unlink(p)
+
+
+class LinkDown(unittest.TestCase):
+    port = 29811
+
+    def setUp(self):
+        teardown()
+        try:
+            setup()
+        except Exception:
+            teardown()
+            raise
+        LinkDown.port += 2
+        self.json = tmp_json()
+        self.addCleanup(remove, self.json, *[rank_path(self.json, r) for r in range(3)])
+
+    def tearDown(self):
+        teardown()
+
+    def init_check_passes(self):
+        procs = [start(r, ["init-check"], self.port) for r in range(3)]
+        try:
+            res = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
+        finally:
+            kill_all(procs)
+        for so, se, rc in res:
+            self.assertEqual(rc, 0, so + se)
+        self.assertIn("# Verdict: PASS", res[0][0])
+
+    def run_and_cut(self, cut):
+        """Runs allreduce-test on the three hosts, calls cut() once rank 0 has
+        printed its table header, and returns per rank (rc, stderr, seconds
+        from the cut to the rank's exit).
+
+        The run is a long sweep of small blocks (4097 sizes from 64 KiB to
+        128 KiB, 5 timed iterations each): every wait is far shorter than
+        --timeout on a healthy link, so a run that times out was stopped by
+        the cut, and the sweep outlasts the bound by minutes. Output goes to
+        files, which never fill up as a pipe would."""
+        args = ["allreduce-test", "-b", "64K", "-e", "128K", "-i", "16", "-n", "5", "-w", "1",
+                "--json", self.json]
+        logs = tempfile.TemporaryDirectory(prefix="ddpdiag-linkdown-")
+        self.addCleanup(logs.cleanup)
+        files = [(open(os.path.join(logs.name, "out%d" % r), "w+"),
+                  open(os.path.join(logs.name, "err%d" % r), "w+")) for r in range(3)]
+        procs = [start(r, args, self.port + 1, *files[r]) for r in range(3)]
+        ended = {}
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60 and procs[0].poll() is None:
+                with open(files[0][0].name) as f:
+                    if any(l.startswith("#   ") and "size" in l for l in f):
+                        break
+                time.sleep(0.05)
+            self.assertEqual([p.poll() for p in procs], [None] * 3,
+                             "a rank ended before the cut")
+            time.sleep(1.0)
+            self.assertEqual([p.poll() for p in procs], [None] * 3,
+                             "a rank ended before the cut")
+            cut()
+            t_cut = time.monotonic()
+            # Poll all three, so each exit time is its own.
+            while len(ended) < 3 and time.monotonic() - t_cut < TIMEOUT + 60:
+                for r, p in enumerate(procs):
+                    if r not in ended and p.poll() is not None:
+                        ended[r] = time.monotonic() - t_cut
+                time.sleep(0.05)
+        finally:
+            kill_all(procs)
+            for fo, fe in files:
+                fo.close()
+                fe.close()
+        out = {}
+        for r, p in enumerate(procs):
+            with open(files[r][1].name) as f:
+                out[r] = (p.returncode, f.read(), ended.get(r, float("inf")))
+        sys.stderr.write("\n  exit after the cut: %s\n" % ", ".join(
+            "rank %d %.1f s (rc %s)" % (r, out[r][2], out[r][0]) for r in sorted(out)))
+        for r in range(3):
+            self.assertIn(r, ended, "rank %d did not end within %d s of the cut:\n%s"
+                          % (r, TIMEOUT + 60, out[r][1]))
+        return out
+
+    def test_host2_link_down_names_it_unreachable(self):
+        self.init_check_passes()
+        out = self.run_and_cut(lambda: sh("ip", "-n", HOSTS[2], "link", "set", IFACE, "down"))
+        for r in range(3):
+            rc, se, elapsed = out[r]
+            self.assertEqual(rc, 5, "rank %d: %s" % (r, se))
+            self.assertLess(elapsed, TIMEOUT + MARGIN, "rank %d: %s" % (r, se))
+        for r in (0, 1):
+            se = out[r][1]
+            self.assertIn("Rank 2 did not publish its state: it is unreachable", se)
+            self.assertIn("(host host2, pid", se)
+            self.assertIn("hint: rank 2 is unreachable (host host2)", se)
+            self.assertNotIn("The store at", se)
+        rep = load(self.json)
+        self.assertEqual(rep["error"]["exit_code"], 5)
+        self.assertEqual(rep["error"]["peer"], 2)
+        wd = rep["results"]["watchdog"]
+        self.assertEqual(wd["diagnosis"]["gone_ranks"], [2])
+        self.assertEqual(wd["diagnosis"]["unreachable_ranks"], [2])
+        self.assertTrue(wd["store"]["reachable"])
+        self.assertTrue(any("Rank 2 did not publish its state: it is unreachable" in f
+                            for f in wd["diagnosis"]["findings"]), wd["diagnosis"])
+        # Rank 1 reached the store: its view is in rank 0's report, no file of its own.
+        self.assertFalse(os.path.exists(rank_path(self.json, 1)))
+
+        se2 = out[2][1]
+        store = "%s:%d" % (ADDR[0], self.port + 1)
+        self.assertIn("The store at %s is unreachable from rank 2" % store, se2)
+        self.assertIn("ranks 0 and 1 (hosts host0, host1) are unreachable from here", se2)
+        self.assertIn("its own report: " + rank_path(self.json, 2), se2)
+        own = load(rank_path(self.json, 2))
+        self.assertEqual(own["world"]["size"], 3)
+        self.assertEqual(own["error"]["exit_code"], 5)
+        self.assertEqual(own["error"]["rank"], 2)
+        wd2 = own["results"]["watchdog"]
+        self.assertEqual(wd2["diagnosis"]["unreachable_ranks"], [0, 1])
+        self.assertEqual(wd2["store"], {"address": store, "reachable": False,
+                                        "error": wd2["store"]["error"]})
+        self.assertTrue(wd2["store"]["error"], json.dumps(wd2["store"]))
+
+    def test_store_host_link_down_names_the_store_unreachable(self):
+        self.init_check_passes()
+        # The switch side this time: host0's port on the bridge goes down.
+        out = self.run_and_cut(lambda: sh("ip", "-n", SWITCH, "link", "set", SWITCH_END[0],
+                                          "down"))
+        store = "%s:%d" % (ADDR[0], self.port + 1)
+        for r in range(3):
+            rc, se, elapsed = out[r]
+            self.assertEqual(rc, 5, "rank %d: %s" % (r, se))
+            self.assertLess(elapsed, TIMEOUT + MARGIN, "rank %d: %s" % (r, se))
+        for r in (1, 2):
+            se = out[r][1]
+            self.assertIn("The store at %s is unreachable from rank %d" % (store, r), se)
+            self.assertIn("hint: this rank can reach neither the store at %s" % store, se)
+            own = load(rank_path(self.json, r))
+            self.assertEqual(own["error"]["exit_code"], 5)
+            wd = own["results"]["watchdog"]
+            self.assertFalse(wd["store"]["reachable"])
+            self.assertEqual(wd["diagnosis"]["unreachable_ranks"], [q for q in range(3) if q != r])
+        se0 = out[0][1]
+        for r in (1, 2):
+            self.assertIn("Rank %d did not publish its state: it is unreachable" % r, se0)
+        rep = load(self.json)
+        self.assertEqual(rep["results"]["watchdog"]["diagnosis"]["unreachable_ranks"], [1, 2])
+        self.assertTrue(rep["results"]["watchdog"]["store"]["reachable"])
+
+
+def on_term(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+if __name__ == "__main__":
+    why = usable()
+    if why:
+        print("SKIP: " + why)
+        sys.exit(SKIP)
+    signal.signal(signal.SIGTERM, on_term)
+    remove_stale()
+    try:
+        unittest.main(verbosity=2)
+    finally:
+        teardown()
