@@ -30,5 +30,6 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent);  // gather vs ring vs backe
 Subcommand add_link_health_command(CLI::App& parent);  // per-pair bandwidth/latency matrix
 Subcommand add_bucket_sweep_command(CLI::App& parent);  // bucket_cap_mb sweep, recommendation
 Subcommand add_memory_command(CLI::App& parent);  // per-rank memory of a DDP step
+Subcommand add_model_command(CLI::App& parent);   // alpha-beta scale model from measured sweeps
 
 }  // namespace ddpdiag::cli

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
       cli::add_link_health_command(app),
       cli::add_bucket_sweep_command(app),
       cli::add_memory_command(app),
+      cli::add_model_command(app),
   };
   try {
     app.parse(argc, argv);

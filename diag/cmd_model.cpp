@@ -1,0 +1,560 @@
+// ddpdiag model: an alpha-beta scale model fitted from measured sweeps.
+// Reads allreduce-test / dp-vs-ring / bucket-sweep reports, fits latency and
+// bandwidth per measured series (scale_model.h has the formulas), predicts
+// all_reduce time per size for ring, tree and gather at a world size nobody
+// has measured (ranks per host and intra-/inter-host links given), the best
+// DDP bucket cap for a model there, and, against reports of other measured
+// runs, how far its predictions are from them. One process, no communication.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/core.h>
+
+#include "comm/errors.h"
+#include "comm/measure.h"
+#include "comm/types.h"
+#include "ddp_core/model_layout.h"
+#include "diag/cli_common.h"
+#include "diag/commands.h"
+#include "diag/launcher.h"
+#include "diag/scale_model.h"
+#include "diag/tools_analysis.h"
+#include "reports/render.h"
+#include "reports/report.h"
+
+namespace ddpdiag::cli {
+
+namespace {
+
+using nlohmann::json;
+using scale::Algorithm;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+constexpr double kDefaultCapMb = 25;
+constexpr int kMaxWorldSize = 4096;
+// Series of the input reports, in the order a prediction prefers them: the
+// backend's own all_reduce is what DDP runs.
+const char* const kSeriesOrder[] = {"backend", "ring", "gather"};
+
+struct ModelOptions {
+  std::vector<std::string> inputs;
+  std::string backend_as = "ring";
+  std::string fit_min_bytes = "0";
+  std::string fit_max_bytes;
+  double max_fit_error_pct = 50;
+  int world_size = 0;
+  int ranks_per_host = 1;
+  double intra_gbps = 0, intra_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;
+  CLI::Option* intra_gbps_opt = nullptr;
+  CLI::Option* intra_latency_opt = nullptr;
+  CLI::Option* inter_gbps_opt = nullptr;
+  CLI::Option* inter_latency_opt = nullptr;
+  std::string min_bytes = "1K";
+  std::string max_bytes = "1G";
+  double step_factor = 4;
+  std::string model;
+  std::string caps = "1,2,5,10,25,50,100";
+  double first_bucket_mb = 1;
+  double compute_gbps = 1.0;
+  double backward_ms = 0;
+  std::string bucket_algorithm = "ring";
+  std::vector<std::string> check_against;
+  std::string check_min_bytes = "1M";
+  double max_error_factor = 2.0;
+  std::string json_path;
+  std::string markdown_path;
+};
+
+UsageError flag_error(const std::string& what, const std::string& hint) {
+  return UsageError(what, ErrorContext{"flags", -1, -1, hint});
+}
+
+std::vector<double> parse_caps(const std::string& s) {
+  std::vector<double> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    double v = -1;
+    try {
+      v = std::stod(item);
+    } catch (const std::exception&) {
+    }
+    if (!(v > 0) || v > 1e6)
+      throw flag_error(fmt::format("--caps: '{}' is not a positive number of MiB", item),
+                       "e.g. --caps 1,5,10,25,50,100");
+    out.push_back(v);
+  }
+  if (out.empty()) throw flag_error("--caps is empty", "e.g. --caps 1,5,25");
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
+}
+
+struct SeriesFit {
+  std::string series;
+  std::vector<scale::Sample> samples;
+  scale::Fit fit;
+};
+
+// The fit each algorithm is predicted with: a series measured with that
+// algorithm's formula when there is one, else the first series of
+// kSeriesOrder (its link carried over to the algorithm's formula).
+struct Choice {
+  const SeriesFit* fit = nullptr;
+  bool measured = false;
+};
+
+class Model {
+ public:
+  Model(const ModelOptions& o, Algorithm backend_as) : o_(o), backend_as_(backend_as) {}
+
+  Algorithm formula_of(const std::string& series) const {
+    if (series == "backend") return backend_as_;
+    return *scale::parse_algorithm(series);
+  }
+
+  std::vector<SeriesFit> fits;
+
+  const SeriesFit* fit_of_series(const std::string& s) const {
+    for (const auto& f : fits)
+      if (f.series == s) return &f;
+    return nullptr;
+  }
+
+  Choice choose(Algorithm a) const {
+    for (const char* s : kSeriesOrder)
+      if (const auto* f = fit_of_series(s); f && f->fit.formula == a) return {f, true};
+    for (const char* s : kSeriesOrder)
+      if (const auto* f = fit_of_series(s)) return {f, false};
+    return {};
+  }
+
+  // The links of a topology: the flags where given, else the fitted link.
+  scale::Topology topology(int world_size, int ranks_per_host, const scale::Link& fitted) const {
+    scale::Topology t;
+    t.world_size = world_size;
+    t.ranks_per_host = ranks_per_host;
+    t.intra = t.inter = fitted;
+    if (o_.intra_gbps_opt->count()) t.intra.beta_s_per_byte = 1e-9 / o_.intra_gbps;
+    if (o_.intra_latency_opt->count()) t.intra.alpha_s = o_.intra_latency_us * 1e-6;
+    if (o_.inter_gbps_opt->count()) t.inter.beta_s_per_byte = 1e-9 / o_.inter_gbps;
+    if (o_.inter_latency_opt->count()) t.inter.alpha_s = o_.inter_latency_us * 1e-6;
+    return t;
+  }
+
+ private:
+  const ModelOptions& o_;
+  Algorithm backend_as_;
+};
+
+json link_json(const scale::Link& l) {
+  return {{"alpha_us", l.alpha_s * 1e6},
+          {"beta_s_per_byte", l.beta_s_per_byte},
+          {"bandwidth_gbps", l.bandwidth_gbps()}};
+}
+
+std::string link_text(const scale::Link& l) {
+  return fmt::format("alpha {:.2f} us, {:.3f} GB/s", l.alpha_s * 1e6, l.bandwidth_gbps());
+}
+
+double busbw_of(double bytes, double time_s, int world_size) {
+  if (!(time_s > 0)) return 0;
+  return bytes / time_s / 1e9 * busbw_factor(Collective::kAllReduce, world_size);
+}
+
+void run_model(const ModelOptions& o, reports::Report& report) {
+  auto& res = report.results();
+  // ---- flags -------------------------------------------------------------
+  const auto backend_as = scale::parse_algorithm(o.backend_as);
+  if (!backend_as || *backend_as == Algorithm::kGather)
+    throw flag_error(fmt::format("--backend-as '{}' is not ring or tree", o.backend_as),
+                     "Gloo's all_reduce is a ring; NCCL's is a ring or a tree");
+  const auto bucket_algorithm = scale::parse_algorithm(o.bucket_algorithm);
+  if (!bucket_algorithm)
+    throw flag_error(fmt::format("--bucket-algorithm '{}' is not ring, tree or gather", o.bucket_algorithm),
+                     "DDP's all_reduce is the backend's: ring for Gloo");
+  if (o.world_size != 0 && (o.world_size < 2 || o.world_size > kMaxWorldSize))
+    throw flag_error(fmt::format("--world-size {} is not in 2..{}", o.world_size, kMaxWorldSize),
+                     "e.g. --world-size 64 --ranks-per-host 8");
+  if (o.world_size == 0 && o.check_against.empty())
+    throw flag_error("nothing to predict: give --world-size W and/or --check-against FILE",
+                     "e.g. ddpdiag model sweep.json --world-size 64 --ranks-per-host 8");
+  for (auto [opt, v] : {std::pair{o.intra_gbps_opt, o.intra_gbps}, std::pair{o.inter_gbps_opt, o.inter_gbps}})
+    if (opt->count() && !(v > 0))
+      throw flag_error(fmt::format("{} must be positive (GB/s)", opt->get_name()), "e.g. 12.5 for 100 Gbit/s");
+  for (auto [opt, v] :
+       {std::pair{o.intra_latency_opt, o.intra_latency_us}, std::pair{o.inter_latency_opt, o.inter_latency_us}})
+    if (opt->count() && !(v >= 0))
+      throw flag_error(fmt::format("{} must be >= 0 (us)", opt->get_name()), "e.g. 5");
+  if (!(o.max_error_factor >= 1))
+    throw flag_error("--max-error-factor must be >= 1", "e.g. 2: within a factor of two");
+  const double fit_min = static_cast<double>(parse_size(o.fit_min_bytes));
+  const double fit_max = o.fit_max_bytes.empty() ? INFINITY : static_cast<double>(parse_size(o.fit_max_bytes));
+  const double check_min = static_cast<double>(parse_size(o.check_min_bytes));
+
+  // ---- inputs and fits -----------------------------------------------------
+  Model model(o, *backend_as);
+  std::map<std::string, std::vector<scale::Sample>> by_series;
+  res["inputs"] = json::array();
+  for (const auto& path : o.inputs) {
+    json doc;
+    try {
+      doc = reports::read_json(path);
+    } catch (const std::exception& e) {
+      throw UsageError(e.what(), ErrorContext{"model.input", -1, -1, "pass a report written with --json FILE"});
+    }
+    const auto rows = scale::extract_rows(doc, path);
+    std::size_t used = 0;
+    for (const auto& r : rows.rows)
+      if (r.sample.bytes >= fit_min && r.sample.bytes <= fit_max) {
+        by_series[r.series].push_back(r.sample);
+        ++used;
+      }
+    res["inputs"].push_back({{"file", path}, {"command", rows.command}, {"world_size", rows.world_size},
+                             {"hosts", rows.hosts}, {"points", rows.rows.size()}, {"points_used", used}});
+  }
+  if (by_series.empty())
+    throw UsageError("no measured point is inside --fit-min-bytes..--fit-max-bytes",
+                     ErrorContext{"model.fit", -1, -1, "widen the range or measure other sizes"});
+  for (const char* s : kSeriesOrder) {
+    auto it = by_series.find(s);
+    if (it == by_series.end()) continue;
+    SeriesFit sf{s, it->second, {}};
+    try {
+      sf.fit = scale::fit_link(model.formula_of(s), sf.samples);
+    } catch (UsageError& e) {
+      // Name the series: a report may hold several.
+      throw UsageError(fmt::format("series '{}': {}", s, e.what()), e.context());
+    }
+    model.fits.push_back(std::move(sf));
+  }
+  res["backend_as"] = o.backend_as;
+  res["formulas"] = {{"ring", "2(p-1) alpha + 2(p-1)/p n beta"},
+                     {"tree", "2 ceil(log2 p) (alpha + n beta), binomial reduce then broadcast, not pipelined"},
+                     {"gather", "2(p-1) (alpha + n beta), at the root's link"}};
+  res["fits"] = json::array();
+  res["fit_points"] = json::array();
+  std::printf("# ddpdiag model: alpha-beta fit from %zu report(s)\n", o.inputs.size());
+  std::printf("# %-8s %-7s %6s %-12s %11s %11s %9s %8s %8s\n", "series", "formula", "points",
+              "world sizes", "alpha (us)", "bw (GB/s)", "R^2", "rms err", "max err");
+  for (const auto& sf : model.fits) {
+    std::set<int> ws;
+    double lo = INFINITY, hi = 0;
+    for (const auto& s : sf.samples) {
+      ws.insert(s.world_size);
+      lo = std::min(lo, s.bytes);
+      hi = std::max(hi, s.bytes);
+    }
+    std::string wtext;
+    for (int w : ws) wtext += (wtext.empty() ? "" : ",") + std::to_string(w);
+    const auto& f = sf.fit;
+    json j = {{"series", sf.series},
+              {"formula", std::string(scale::algorithm_name(f.formula))},
+              {"points", f.points},
+              {"world_sizes", std::vector<int>(ws.begin(), ws.end())},
+              {"min_bytes", lo},
+              {"max_bytes", hi},
+              {"alpha_clamped", f.alpha_clamped},
+              {"r_squared", f.r_squared},
+              {"rms_rel_error_pct", 100 * f.rms_rel_error},
+              {"max_rel_error_pct", 100 * f.max_rel_error}};
+    j.update(link_json(f.link));
+    res["fits"].push_back(j);
+    std::printf("  %-8s %-7s %6zu %-12s %11.2f %11.4f %9.5f %7.1f%% %7.1f%%%s\n", sf.series.c_str(),
+                std::string(scale::algorithm_name(f.formula)).c_str(), f.points, wtext.c_str(),
+                f.link.alpha_s * 1e6, f.link.bandwidth_gbps(), f.r_squared, 100 * f.rms_rel_error,
+                100 * f.max_rel_error, f.alpha_clamped ? "  (alpha clamped at 0)" : "");
+    for (std::size_t i = 0; i < sf.samples.size(); ++i) {
+      const auto& s = sf.samples[i];
+      res["fit_points"].push_back({{"series", sf.series},
+                                   {"world_size", s.world_size},
+                                   {"bytes", static_cast<std::uint64_t>(s.bytes)},
+                                   {"measured_us", s.time_s * 1e6},
+                                   {"fitted_us", f.fitted_s[i] * 1e6},
+                                   {"error_pct", 100 * (f.fitted_s[i] / s.time_s - 1)}});
+    }
+    const bool ok = 100 * f.rms_rel_error <= o.max_fit_error_pct;
+    report.add_check({"fit_quality_" + sf.series, ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                      fmt::format("rms relative error {:.1f}% over {} point(s) {} {:.0f}%; R^2 {:.5f}",
+                                  100 * f.rms_rel_error, f.points, ok ? "within" : "OVER",
+                                  o.max_fit_error_pct, f.r_squared)});
+  }
+  std::fflush(stdout);
+
+  // ---- prediction at --world-size ------------------------------------------
+  if (o.world_size) {
+    const int w = o.world_size, k = o.ranks_per_host;
+    scale::validate_topology({w, k, {}, {}});
+    std::map<Algorithm, scale::Topology> topo;
+    json links = json::array();
+    std::printf("# prediction: world size %d = %d host(s) x %d rank(s) per host\n", w, w / k, k);
+    for (Algorithm a : scale::kAllAlgorithms) {
+      const Choice c = model.choose(a);
+      topo[a] = model.topology(w, k, c.fit->fit.link);
+      const auto& t = topo[a];
+      json l = {{"algorithm", std::string(scale::algorithm_name(a))},
+                {"fit_series", c.fit->series},
+                {"measured", c.measured},
+                {"intra", link_json(t.intra)},
+                {"inter", link_json(t.inter)}};
+      l["intra"]["source"] = o.intra_gbps_opt->count() || o.intra_latency_opt->count() ? "flags" : "fit";
+      l["inter"]["source"] = o.inter_gbps_opt->count() || o.inter_latency_opt->count() ? "flags" : "fit";
+      links.push_back(l);
+      std::printf("#  %-6s from the %s fit%s; intra-host %s; inter-host %s\n",
+                  std::string(scale::algorithm_name(a)).c_str(), c.fit->series.c_str(),
+                  c.measured ? "" : " (link carried over: this algorithm was not measured)",
+                  link_text(t.intra).c_str(), link_text(t.inter).c_str());
+    }
+    res["prediction"] = {{"world_size", w}, {"ranks_per_host", k}, {"hosts", w / k}, {"links", links}};
+    const auto sizes = sweep_sizes(parse_size(o.min_bytes), parse_size(o.max_bytes), o.step_factor, 0, 4);
+    res["sizes"] = json::array();
+    std::printf("# %12s %12s %9s %12s %9s %12s %9s\n", "size (B)", "ring (us)", "busbw", "tree (us)",
+                "busbw", "gather (us)", "busbw");
+    for (std::size_t bytes : sizes) {
+      std::string line = fmt::format("  {:>12}", bytes);
+      for (Algorithm a : scale::kAllAlgorithms) {
+        const double n = static_cast<double>(bytes);
+        const double t = scale::predict_allreduce_s(a, topo[a], n);
+        const double busbw = busbw_of(n, t, w);
+        line += fmt::format(" {:>12.1f} {:>9.3f}", t * 1e6, busbw);
+        res["sizes"].push_back({{"collective", "all_reduce"},
+                                {"algorithm", std::string(scale::algorithm_name(a))},
+                                {"world_size", w},
+                                {"bytes", bytes},
+                                {"time_us", t * 1e6},
+                                {"algbw_gbps", t > 0 ? n / t / 1e9 : 0.0},
+                                {"busbw_gbps", busbw}});
+      }
+      std::printf("%s\n", line.c_str());
+    }
+    std::fflush(stdout);
+
+    // ---- DDP bucket cap ------------------------------------------------------
+    if (!o.model.empty()) {
+      const auto caps = parse_caps(o.caps);
+      if (!(o.first_bucket_mb > 0))
+        throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
+      if (o.compute_gbps < 0 || o.backward_ms < 0)
+        throw flag_error("--compute-gbps and --backward-ms must be >= 0", "e.g. --compute-gbps 1");
+      const auto layout = ddp_core::load_model(o.model);
+      const double total = static_cast<double>(layout.total_bytes());
+      const double rate = o.backward_ms > 0 ? total / (o.backward_ms * 1e-3) : o.compute_gbps * 1e9;
+      const auto first = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
+      const auto& t = topo[*bucket_algorithm];
+      auto allreduce_s = [&](double n) { return scale::predict_allreduce_s(*bucket_algorithm, t, n); };
+      res["model"] = layout.name;
+      res["tensor_count"] = layout.tensors.size();
+      res["total_bytes"] = layout.total_bytes();
+      res["first_bucket_bytes"] = first;
+      res["compute_gbps"] = rate / 1e9;
+      res["bucket_algorithm"] = o.bucket_algorithm;
+      res["default_bucket_cap_mb"] = kDefaultCapMb;
+      res["caps"] = json::array();
+      std::printf("# buckets: model %s (%zu tensors, %.1f MiB), backward producing gradients at %.3g GB/s "
+                  "(%.2f ms), all_reduce %s at world size %d\n",
+                  layout.name.c_str(), layout.tensors.size(), total / kMiB, rate / 1e9,
+                  rate > 0 ? total / rate * 1e3 : 0.0, o.bucket_algorithm.c_str(), w);
+      std::printf("# %8s %8s %12s %12s %12s %12s\n", "cap", "buckets", "comm", "exposed", "step", "backward");
+      std::printf("# %8s %8s %12s %12s %12s %12s\n", "(MiB)", "", "(ms)", "(ms)", "(ms)", "(ms)");
+      std::vector<tools::CapFigure> figs;
+      for (double cap : caps) {
+        const auto plan = scale::plan_buckets(layout, cap, first, rate, allreduce_s);
+        figs.push_back({cap, plan.exposed_s * 1e6});
+        res["caps"].push_back({{"bucket_cap_mb", cap},
+                               {"bucket_cap_bytes", plan.bucket_cap_bytes},
+                               {"bucket_count", plan.bucket_bytes.size()},
+                               {"bucket_bytes", plan.bucket_bytes},
+                               {"comm_time_us", plan.comm_s * 1e6},
+                               {"exposed_comm_time_us", plan.exposed_s * 1e6},
+                               {"step_time_us", plan.step_s() * 1e6},
+                               {"backward_time_us", plan.backward_s * 1e6}});
+        std::printf("  %8.4g %8zu %12.3f %12.3f %12.3f %12.3f\n", cap, plan.bucket_bytes.size(),
+                    plan.comm_s * 1e3, plan.exposed_s * 1e3, plan.step_s() * 1e3, plan.backward_s * 1e3);
+      }
+      const auto rec = tools::recommend_cap(figs, kDefaultCapMb);
+      res["recommended_cap_mb"] = rec->bucket_cap_mb;
+      auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(); };
+      res["recommendation"] = {{"bucket_cap_mb", rec->bucket_cap_mb},
+                               {"exposed_comm_time_us", rec->exposed_comm_time_us},
+                               {"default_bucket_cap_mb", kDefaultCapMb},
+                               {"default_exposed_comm_time_us", opt(rec->default_exposed_comm_time_us)},
+                               {"saving_us", opt(rec->saving_us)},
+                               {"saving_pct", opt(rec->saving_pct)}};
+      if (rec->saving_us)
+        std::printf("# Recommendation: bucket_cap_mb=%g (predicted exposed %.3f ms; default 25: %.3f ms, "
+                    "saves %.3f ms = %.1f%%)\n",
+                    rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3,
+                    *rec->default_exposed_comm_time_us / 1e3, *rec->saving_us / 1e3, *rec->saving_pct);
+      else
+        std::printf("# Recommendation: bucket_cap_mb=%g (predicted exposed %.3f ms; 25 was not in --caps)\n",
+                    rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3);
+      std::fflush(stdout);
+    }
+  }
+
+  // ---- predictions against measured runs -----------------------------------
+  if (!o.check_against.empty()) {
+    res["validation"] = json::array();
+    std::printf("# predictions against measured runs (sizes >= %s; pass within a factor of %g)\n",
+                format_size(static_cast<std::size_t>(check_min)).c_str(), o.max_error_factor);
+    std::printf("# %-8s %-6s %4s %5s %12s %13s %13s %9s\n", "series", "algo", "n", "hosts", "size (B)",
+                "measured (us)", "predicted (us)", "error");
+    std::size_t compared = 0, outside = 0;
+    double worst = 1;
+    for (const auto& path : o.check_against) {
+      json doc;
+      try {
+        doc = reports::read_json(path);
+      } catch (const std::exception& e) {
+        throw UsageError(e.what(), ErrorContext{"model.check", -1, -1, "pass a report written with --json FILE"});
+      }
+      const auto rows = scale::extract_rows(doc, path);
+      // The run's own host layout; one host when it does not divide evenly.
+      for (const auto& r : rows.rows) {
+        if (r.sample.bytes < check_min) continue;
+        const auto* own = model.fit_of_series(r.series);
+        const Algorithm a = model.formula_of(r.series);
+        const SeriesFit* sf = own ? own : model.choose(a).fit;
+        const int w = r.sample.world_size;
+        const int hosts = rows.hosts > 0 && w % rows.hosts == 0 ? rows.hosts : 1;
+        const auto t = model.topology(w, w / hosts, sf->fit.link);
+        const double pred = scale::predict_allreduce_s(a, t, r.sample.bytes);
+        const double meas = r.sample.time_s;
+        const double factor = std::max(pred / meas, meas / pred);
+        const bool within = factor <= o.max_error_factor;
+        ++compared;
+        if (!within) ++outside;
+        worst = std::max(worst, factor);
+        res["validation"].push_back({{"file", path},
+                                     {"series", r.series},
+                                     {"algorithm", std::string(scale::algorithm_name(a))},
+                                     {"fit_series", sf->series},
+                                     {"world_size", w},
+                                     {"hosts", hosts},
+                                     {"bytes", static_cast<std::uint64_t>(r.sample.bytes)},
+                                     {"measured_us", meas * 1e6},
+                                     {"predicted_us", pred * 1e6},
+                                     {"error_pct", 100 * (pred / meas - 1)},
+                                     {"error_factor", factor},
+                                     {"within_tolerance", within}});
+        std::printf("  %-8s %-6s %4d %5d %12.0f %13.1f %13.1f %+8.1f%%%s\n", r.series.c_str(),
+                    std::string(scale::algorithm_name(a)).c_str(), w, hosts, r.sample.bytes, meas * 1e6,
+                    pred * 1e6, 100 * (pred / meas - 1), within ? "" : "  OUTSIDE");
+      }
+    }
+    std::fflush(stdout);
+    res["validation_worst_error_factor"] = worst;
+    if (compared == 0)
+      report.add_check({"prediction_error", reports::CheckStatus::kSkip,
+                        fmt::format("no measured size >= {} B in --check-against", check_min)});
+    else
+      report.add_check({"prediction_error", outside ? reports::CheckStatus::kFail : reports::CheckStatus::kPass,
+                        fmt::format("{} of {} measured point(s) within a factor of {:g} of the prediction; "
+                                    "worst factor {:.2f}",
+                                    compared - outside, compared, o.max_error_factor, worst)});
+  }
+  print_checks_and_verdict(report);
+}
+
+}  // namespace
+
+Subcommand add_model_command(CLI::App& parent) {
+  auto opts = std::make_shared<ModelOptions>();
+  auto* app = parent.add_subcommand(
+      "model",
+      "Alpha-beta scale model: fit latency and bandwidth of ring, tree and gather all_reduce from "
+      "measured sweep reports; predict all_reduce time and the best bucket cap at a world size "
+      "you name (8 to 4096 ranks, hosts with intra-/inter-host links)");
+  app->add_option("reports", opts->inputs,
+                  "allreduce-test, dp-vs-ring or bucket-sweep reports (--json FILE) to fit")
+      ->required();
+  app->add_option("--backend-as", opts->backend_as,
+                  "Formula for the backend's own all_reduce: ring (Gloo; NCCL's ring) or tree")
+      ->capture_default_str();
+  app->add_option("--fit-min-bytes", opts->fit_min_bytes, "Fit only sizes >= this (8, 1K, 64M ...)");
+  app->add_option("--fit-max-bytes", opts->fit_max_bytes, "Fit only sizes <= this");
+  app->add_option("--max-fit-error", opts->max_fit_error_pct,
+                  "FAIL a fit whose rms relative error exceeds this many percent")
+      ->capture_default_str();
+  app->add_option("--world-size", opts->world_size, "World size to predict (2..4096)");
+  app->add_option("--ranks-per-host", opts->ranks_per_host,
+                  "Ranks per host; world size must be a multiple")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  opts->intra_gbps_opt = app->add_option("--intra-gbps", opts->intra_gbps,
+                                         "Intra-host link bandwidth, GB/s (1e9 B/s); default: the fit");
+  opts->intra_latency_opt = app->add_option("--intra-latency-us", opts->intra_latency_us,
+                                            "Intra-host per-message latency, us; default: the fit");
+  opts->inter_gbps_opt = app->add_option("--inter-gbps", opts->inter_gbps,
+                                         "Inter-host link bandwidth per host, GB/s (100 Gbit/s = 12.5); "
+                                         "default: the fit");
+  opts->inter_latency_opt = app->add_option("--inter-latency-us", opts->inter_latency_us,
+                                            "Inter-host per-message latency, us; default: the fit");
+  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest predicted size")->capture_default_str();
+  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest predicted size")->capture_default_str();
+  app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step")
+      ->capture_default_str()
+      ->check(CLI::Range(1.0001, 1e6));
+  app->add_option("--model", opts->model,
+                  "Predict the bucket cap for: resnet50, bert-large, gpt2, mlp or a JSON layout file");
+  app->add_option("--caps", opts->caps, "Candidate bucket_cap_mb values")->capture_default_str();
+  app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket (MiB)")
+      ->capture_default_str();
+  app->add_option("--compute-gbps", opts->compute_gbps,
+                  "Gradient bytes backward produces per second (GB/s), as bucket-sweep; 0: all at once")
+      ->capture_default_str();
+  app->add_option("--backward-ms", opts->backward_ms,
+                  "Or: the backward pass's duration (ms); sets the rate to model bytes / duration");
+  app->add_option("--bucket-algorithm", opts->bucket_algorithm,
+                  "The all_reduce the buckets use: ring, tree or gather")
+      ->capture_default_str();
+  app->add_option("--check-against", opts->check_against,
+                  "Reports of measured runs (any world size) to compare predictions with; repeatable")
+      ->expected(1);
+  app->add_option("--check-min-bytes", opts->check_min_bytes,
+                  "Compare only sizes >= this (bandwidth-bound)")
+      ->capture_default_str();
+  app->add_option("--max-error-factor", opts->max_error_factor,
+                  "FAIL when a prediction is off by more than this factor either way")
+      ->capture_default_str();
+  app->add_option("--json", opts->json_path, "Write the report to this file");
+  app->add_option("--markdown", opts->markdown_path, "Write the report as Markdown to this file");
+  app->footer(
+      "Formulas (n bytes, p ranks, one link of latency alpha and inverse bandwidth beta):\n"
+      "  ring    T = 2(p-1) alpha + 2(p-1)/p n beta      (reduce-scatter + all-gather)\n"
+      "  tree    T = 2 ceil(log2 p) (alpha + n beta)     (binomial reduce + broadcast, not pipelined)\n"
+      "  gather  T = 2(p-1) (alpha + n beta)             (DataParallel-style, at the root's link)\n"
+      "Fit: least squares of relative residuals, alpha, beta >= 0, per series of the inputs\n"
+      "(backend, ring, gather); refused with fewer than 3 points, one size only, or beta <= 0.\n"
+      "Hosts: ranks host by host; a ring step costs its slowest link (each inter-host link is\n"
+      "crossed once per step); a tree round its slowest pair; gather sums the root's exchanges.\n"
+      "Buckets: ddp_buckets() per cap, gradients ready in reverse order at --compute-gbps, each\n"
+      "bucket's all_reduce after its last gradient and the previous bucket's; exposed = comm left\n"
+      "after backward. Exit 1 when a fit or a --check-against comparison is out of tolerance.");
+  return {app, [opts] {
+            reports::Report report("model", own_command_line());
+            int rc = 0;
+            try {
+              run_model(*opts, report);
+              rc = report.has_failed_check() ? static_cast<int>(ExitCode::kCheckFailed) : 0;
+            } catch (const Error& e) {
+              report.set_error(to_error_info(e));
+              if (!opts->json_path.empty() || !opts->markdown_path.empty())
+                reports::write_report_outputs(report.finish(), opts->json_path, opts->markdown_path);
+              throw;
+            }
+            if (!opts->json_path.empty() || !opts->markdown_path.empty())
+              reports::write_report_outputs(report.finish(), opts->json_path, opts->markdown_path);
+            return rc;
+          }};
+}
+
+}  // namespace ddpdiag::cli

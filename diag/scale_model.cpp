@@ -1,0 +1,306 @@
+#include "diag/scale_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <fmt/core.h>
+
+#include "comm/errors.h"
+#include "ddp_core/bucket_assignment.h"
+
+namespace ddpdiag::cli::scale {
+
+namespace {
+
+using nlohmann::json;
+
+constexpr double kMiB = 1024.0 * 1024.0;
+
+UsageError fit_error(const std::string& what, const std::string& hint) {
+  return UsageError(what, ErrorContext{"model.fit", -1, -1, hint});
+}
+
+double link_cost(const Link& l, double bytes) { return l.alpha_s + bytes * l.beta_s_per_byte; }
+
+// The binomial tree's rounds on contiguously placed ranks: in round r (d =
+// 2^r) of the reduce, rank i with i mod 2d == d sends to i - d; the
+// broadcast runs the same rounds backwards. Per round: whether a pair is
+// inside a host, and the most sends leaving or entering one host.
+struct TreeRound {
+  bool intra = false;
+  int inter_flows = 0;
+};
+
+std::vector<TreeRound> tree_rounds(int world_size, int ranks_per_host) {
+  std::vector<TreeRound> rounds;
+  const int hosts = world_size / ranks_per_host;
+  std::vector<int> out(static_cast<std::size_t>(hosts)), in(static_cast<std::size_t>(hosts));
+  for (long d = 1; d < world_size; d *= 2) {
+    TreeRound tr;
+    std::fill(out.begin(), out.end(), 0);
+    std::fill(in.begin(), in.end(), 0);
+    for (long i = d; i < world_size; i += 2 * d) {
+      const long src_host = i / ranks_per_host, dst_host = (i - d) / ranks_per_host;
+      if (src_host == dst_host) {
+        tr.intra = true;
+      } else {
+        tr.inter_flows = std::max({tr.inter_flows, ++out[static_cast<std::size_t>(src_host)],
+                                   ++in[static_cast<std::size_t>(dst_host)]});
+      }
+    }
+    rounds.push_back(tr);
+  }
+  return rounds;
+}
+
+const json& member(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+}  // namespace
+
+std::string_view algorithm_name(Algorithm a) {
+  switch (a) {
+    case Algorithm::kRing: return "ring";
+    case Algorithm::kTree: return "tree";
+    case Algorithm::kGather: return "gather";
+  }
+  return "?";
+}
+
+std::optional<Algorithm> parse_algorithm(std::string_view s) {
+  for (Algorithm a : kAllAlgorithms)
+    if (s == algorithm_name(a)) return a;
+  return std::nullopt;
+}
+
+double Link::bandwidth_gbps() const { return beta_s_per_byte > 0 ? 1e-9 / beta_s_per_byte : 0; }
+
+int ceil_log2(int p) {
+  int r = 0;
+  for (long v = 1; v < p; v *= 2) ++r;
+  return r;
+}
+
+CostTerms uniform_cost_terms(Algorithm a, int p, double n) {
+  if (p <= 1) return {};
+  switch (a) {
+    case Algorithm::kRing:
+      return {2.0 * (p - 1), 2.0 * (p - 1) / p * n};
+    case Algorithm::kTree: {
+      const double rounds = 2.0 * ceil_log2(p);
+      return {rounds, rounds * n};
+    }
+    case Algorithm::kGather:
+      return {2.0 * (p - 1), 2.0 * (p - 1) * n};
+  }
+  return {};
+}
+
+Fit fit_link(Algorithm formula, std::span<const Sample> samples, std::size_t min_points) {
+  const std::string name(algorithm_name(formula));
+  if (samples.size() < std::max<std::size_t>(min_points, 2))
+    throw fit_error(fmt::format("{} fit: {} measured point(s), at least {} are needed", name,
+                                samples.size(), std::max<std::size_t>(min_points, 2)),
+                    "measure a sweep of sizes, e.g. allreduce-test -b 1K -e 16M");
+  for (const auto& s : samples) {
+    if (s.world_size < 2)
+      throw fit_error(fmt::format("{} fit: a point at world size {} (all_reduce needs 2 ranks or more)",
+                                  name, s.world_size),
+                      "fit from runs with --nproc 2 or more");
+    if (!(s.time_s > 0) || !std::isfinite(s.time_s) || !(s.bytes > 0))
+      throw fit_error(fmt::format("{} fit: a point of {} B at world size {} has time {} s; times and "
+                                  "sizes must be positive",
+                                  name, s.bytes, s.world_size, s.time_s),
+                      "check the input report");
+  }
+  // Weighted normal equations, weight 1 / T^2.
+  double saa = 0, sab = 0, sbb = 0, sat = 0, sbt = 0;
+  for (const auto& s : samples) {
+    const auto c = uniform_cost_terms(formula, s.world_size, s.bytes);
+    const double a = c.latency_terms / s.time_s, b = c.byte_terms / s.time_s;
+    saa += a * a;
+    sab += a * b;
+    sbb += b * b;
+    sat += a;
+    sbt += b;
+  }
+  const double det = saa * sbb - sab * sab;
+  // Collinear columns (one size at one world size): latency and bandwidth
+  // cannot be told apart.
+  if (!(det > 1e-12 * saa * sbb))
+    throw fit_error(fmt::format("{} fit: the points cannot separate latency from bandwidth (every "
+                                "point has the same message size and world size)",
+                                name),
+                    "measure at least two message sizes, e.g. -b 1K -e 16M");
+  Fit f;
+  f.formula = formula;
+  f.points = samples.size();
+  double alpha = (sbb * sat - sab * sbt) / det;
+  double beta = (saa * sbt - sab * sat) / det;
+  if (alpha < 0) {
+    // Non-negative least squares in two unknowns: the optimum lies on the
+    // boundary alpha = 0.
+    alpha = 0;
+    beta = sbt / sbb;
+    f.alpha_clamped = true;
+  }
+  if (!(beta > 0) || !std::isfinite(beta)) {
+    const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end(),
+                                              [](const Sample& x, const Sample& y) { return x.bytes < y.bytes; });
+    throw fit_error(fmt::format("{} fit: the inverse bandwidth comes out {} s/B (time does not grow "
+                                "with message size: {:.1f} us at {} B, {:.1f} us at {} B); such a "
+                                "fit predicts nothing",
+                                name, beta, lo->time_s * 1e6, lo->bytes, hi->time_s * 1e6, hi->bytes),
+                    "measure larger messages (e.g. -e 16M), where bandwidth dominates");
+  }
+  f.link = {alpha, beta};
+  double mean = 0;
+  for (const auto& s : samples) mean += s.time_s;
+  mean /= static_cast<double>(samples.size());
+  double ss_res = 0, ss_tot = 0, sq_rel = 0;
+  for (const auto& s : samples) {
+    const auto c = uniform_cost_terms(formula, s.world_size, s.bytes);
+    const double t = c.latency_terms * alpha + c.byte_terms * beta;
+    f.fitted_s.push_back(t);
+    ss_res += (t - s.time_s) * (t - s.time_s);
+    ss_tot += (s.time_s - mean) * (s.time_s - mean);
+    const double rel = (t - s.time_s) / s.time_s;
+    sq_rel += rel * rel;
+    f.max_rel_error = std::max(f.max_rel_error, std::fabs(rel));
+  }
+  f.r_squared = ss_tot > 0 ? 1 - ss_res / ss_tot : 1.0;
+  f.rms_rel_error = std::sqrt(sq_rel / static_cast<double>(samples.size()));
+  return f;
+}
+
+void validate_topology(const Topology& t) {
+  if (t.world_size < 1)
+    throw UsageError(fmt::format("world size {} is not positive", t.world_size),
+                     ErrorContext{"model.predict", -1, -1, "e.g. --world-size 64"});
+  if (t.ranks_per_host < 1 || t.ranks_per_host > t.world_size || t.world_size % t.ranks_per_host)
+    throw UsageError(fmt::format("--ranks-per-host {} does not divide the world size {}",
+                                 t.ranks_per_host, t.world_size),
+                     ErrorContext{"model.predict", -1, -1,
+                                  "use a world size that is hosts x ranks per host"});
+}
+
+double predict_allreduce_s(Algorithm a, const Topology& t, double n) {
+  validate_topology(t);
+  const int w = t.world_size, k = t.ranks_per_host;
+  if (w == 1) return 0;
+  const bool has_intra = k > 1, has_inter = t.hosts() > 1;
+  switch (a) {
+    case Algorithm::kRing: {
+      const double chunk = n / w;
+      double step = 0;
+      if (has_intra) step = std::max(step, link_cost(t.intra, chunk));
+      if (has_inter) step = std::max(step, link_cost(t.inter, chunk));
+      return 2.0 * (w - 1) * step;
+    }
+    case Algorithm::kTree: {
+      double total = 0;
+      for (const auto& r : tree_rounds(w, k)) {
+        double round = 0;
+        if (r.intra) round = link_cost(t.intra, n);
+        if (r.inter_flows > 0)
+          round = std::max(round, t.inter.alpha_s + r.inter_flows * n * t.inter.beta_s_per_byte);
+        total += round;
+      }
+      return 2 * total;
+    }
+    case Algorithm::kGather:
+      return 2.0 * ((k - 1) * link_cost(t.intra, n) + (w - k) * link_cost(t.inter, n));
+  }
+  return 0;
+}
+
+BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_mb,
+                        std::uint64_t first_bucket_bytes, double compute_bytes_per_s,
+                        const std::function<double(double bytes)>& allreduce_s) {
+  BucketPlan plan;
+  plan.bucket_cap_mb = bucket_cap_mb;
+  plan.bucket_cap_bytes = static_cast<std::uint64_t>(bucket_cap_mb * kMiB);  // as DDP
+  const auto& tensors = layout.tensors;
+  // ready_bytes[p]: gradient bytes produced once parameter p's is (backward
+  // walks the parameters from the last to the first).
+  std::vector<double> ready_s(tensors.size(), 0);
+  double produced = 0;
+  for (std::size_t i = tensors.size(); i-- > 0;) {
+    produced += static_cast<double>(tensors[i].bytes());
+    ready_s[i] = compute_bytes_per_s > 0 ? produced / compute_bytes_per_s : 0;
+  }
+  plan.backward_s = compute_bytes_per_s > 0 ? produced / compute_bytes_per_s : 0;
+  double channel_free = 0;
+  for (const auto& b : ddp_core::ddp_buckets(layout, plan.bucket_cap_bytes, first_bucket_bytes)) {
+    double ready = 0;
+    for (std::size_t p : b.param_indices) ready = std::max(ready, ready_s[p]);
+    const double t = allreduce_s(static_cast<double>(b.bytes));
+    const double start = std::max(ready, channel_free);
+    channel_free = start + t;
+    plan.comm_s += t;
+    plan.bucket_bytes.push_back(b.bytes);
+  }
+  plan.end_s = channel_free;
+  plan.exposed_s = std::max(0.0, plan.end_s - plan.backward_s);
+  return plan;
+}
+
+ReportRows extract_rows(const json& report, const std::string& source) {
+  auto bad = [&](const std::string& what) {
+    return UsageError(fmt::format("{}: {}", source, what),
+                      ErrorContext{"model.input", -1, -1,
+                                   "pass reports written by allreduce-test, dp-vs-ring or "
+                                   "bucket-sweep with --json FILE"});
+  };
+  ReportRows out;
+  const json& command = member(report, "command");
+  if (!command.is_string()) throw bad("not a ddpdiag report (no command)");
+  out.command = command.get<std::string>();
+  if (out.command != "allreduce-test" && out.command != "dp-vs-ring" && out.command != "bucket-sweep")
+    throw bad(fmt::format("a '{}' report has no all_reduce timings", out.command));
+  const json& world = member(report, "world");
+  const json& size = member(world, "size");
+  if (!size.is_number_integer()) throw bad("the report has no world size (did the run rendezvous?)");
+  out.world_size = size.get<int>();
+  const json& hosts = member(world, "hosts");
+  if (hosts.is_array()) {
+    std::set<std::string> names;
+    for (const auto& h : hosts)
+      if (h.is_string()) names.insert(h.get<std::string>());
+    out.hosts = static_cast<int>(names.size());
+  }
+  const json& results = member(report, "results");
+  const json& sizes = member(results, "sizes");
+  const json& default_collective = member(results, "collective");
+  if (sizes.is_array()) {
+    for (const auto& row : sizes) {
+      const json& coll = member(row, "collective").is_string() ? member(row, "collective") : default_collective;
+      if (coll.is_string() && coll.get<std::string>() != "all_reduce") continue;
+      const json& bytes = member(row, "bytes");
+      if (!bytes.is_number() || !(bytes.get<double>() > 0)) continue;
+      std::string series = "backend";
+      if (member(row, "algorithm").is_string()) series = member(row, "algorithm").get<std::string>();
+      if (series != "backend" && series != "ring" && series != "gather") continue;
+      int world_size = out.world_size;
+      if (member(row, "world_size").is_number_integer()) world_size = member(row, "world_size").get<int>();
+      for (const char* block : {"out_of_place", "in_place"}) {
+        const json& b = member(row, block);
+        const json& t = member(b, "time_us");
+        if (!t.is_number() || !(t.get<double>() > 0)) continue;
+        // A block with wrong results timed something else than an all_reduce.
+        if (member(b, "wrong").is_number() && member(b, "wrong").get<double>() > 0) continue;
+        out.rows.push_back({series, {world_size, bytes.get<double>(), t.get<double>() * 1e-6}});
+      }
+    }
+  }
+  if (out.rows.empty()) throw bad("no all_reduce timing rows (results.sizes is empty or missing)");
+  return out;
+}
+
+}  // namespace ddpdiag::cli::scale
