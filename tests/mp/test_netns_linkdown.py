@@ -164,6 +164,13 @@ class LinkDown(unittest.TestCase):
             self.assertEqual(rc, 0, so + se)
         self.assertIn("# Verdict: PASS", res[0][0])
 
+    def all_running(self, procs, files):
+        for r, p in enumerate(procs):
+            if p.poll() is not None:
+                with open(files[r][1].name) as f:
+                    self.fail("rank %d ended (rc %s) before the cut:\n%s" % (r, p.returncode,
+                                                                          f.read()))
+
     def run_and_cut(self, cut):
         """Runs allreduce-test on the three hosts, calls cut() once rank 0 has
         printed its table header, and returns per rank (rc, stderr, seconds
@@ -186,14 +193,12 @@ class LinkDown(unittest.TestCase):
             t0 = time.monotonic()
             while time.monotonic() - t0 < 60 and procs[0].poll() is None:
                 with open(files[0][0].name) as f:
-                    if any(l.startswith("#   ") and "size" in l for l in f):
+                    if any(line.startswith("#   ") and "size" in line for line in f):
                         break
                 time.sleep(0.05)
-            self.assertEqual([p.poll() for p in procs], [None] * 3,
-                             "a rank ended before the cut")
+            self.all_running(procs, files)
             time.sleep(1.0)
-            self.assertEqual([p.poll() for p in procs], [None] * 3,
-                             "a rank ended before the cut")
+            self.all_running(procs, files)
             cut()
             t_cut = time.monotonic()
             # Poll all three, so each exit time is its own.
