@@ -1,0 +1,844 @@
+"""ddpdiag side by side with its peers on this machine, in one go.
+
+1. all_reduce: `ddpdiag allreduce-test` (in-place block), torch.distributed's
+   Gloo all_reduce (bench/torch_allreduce.py) and a bare gloo::allreduce loop
+   (ddpdiag_bare_gloo_allreduce), one process per rank, at each world size,
+   the same sizes, float32 sum in place, the same iteration and warm-up
+   counts, timed the same way (warm-up, barrier, a timed run of back-to-back
+   calls; mean over ranks). Every full sweep runs --repeats times, the three
+   interleaved, and the median time per size is kept. busbw = algbw * 2(n-1)/n.
+2. DDP reducer: bench/ddp_vs_torch.py (ddpdiag ddp-step against PyTorch DDP,
+   resnet50 layout, each bucket cap).
+3. Rendezvous: N local clients meet (connect, SET own key, ADD a counter,
+   WAIT for "done") against `ddpdiag store serve` and against torch's
+   TCPStore(is_master=True) server, with the same client (our C++ client,
+   1.13 protocol), and natively with torch's client on torch's server.
+4. Store throughput: ddpdiag_bench_store with 64 clients.
+
+Prints tables with ratio columns and a verdict per target, and writes one
+JSON report (command "compare-peers") that `ddpdiag report validate` accepts
+and `ddpdiag report render` draws.
+
+Exit codes: 0 every target met, 1 a target missed, 2 usage, 3 a measurement
+failed to run, 77 torch 1.13 is not available.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MiB = 1 << 20
+
+# Targets (what the verdicts compare against).
+TARGET_BARE_RATIO = 0.97       # busbw >= 0.97 x bare Gloo at >= 1 MiB
+TARGET_BARE_MIN_BYTES = MiB
+TARGET_TORCH_RATIO = 1.0       # busbw >= torch.distributed at every size
+TARGET_REDUCER_RATIO = 0.8     # iteration time <= 0.8 x torch DDP
+TARGET_RDZV_RATIO = 0.5        # 1024 clients: <= 0.5 x torch TCPStore's time
+TARGET_RDZV_CLIENTS = 1024
+TARGET_STORE_OPS = 100e3       # >= 100k ops/s, small keys, 64 clients
+STORE_CLIENTS = 64
+
+
+class RunFailed(Exception):
+    pass
+
+
+def log(msg):
+    sys.stderr.write("[compare-peers] %s\n" % msg)
+    sys.stderr.flush()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def human(b):
+    for unit, f in (("GiB", 1 << 30), ("MiB", MiB), ("KiB", 1024)):
+        if b >= f and b % f == 0:
+            return "%d %s" % (b // f, unit)
+    return "%d B" % b
+
+
+def parse_size(s):
+    s = s.strip()
+    mult = {"K": 1024, "M": MiB, "G": 1 << 30}
+    if s and s[-1].upper() in mult:
+        return int(float(s[:-1]) * mult[s[-1].upper()])
+    return int(s)
+
+
+def last_json_line(text, what):
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RunFailed("%s printed no JSON result" % what)
+
+
+def run_ranks(cmds, envs, timeout, what):
+    """Starts one process per rank and waits for all with a deadline; returns
+    rank 0's stdout."""
+    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for c, e in zip(cmds, envs)]
+    deadline = time.monotonic() + timeout
+    outs = []
+    try:
+        for p in procs:
+            so, se = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outs.append((p.returncode, so, se))
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+            p.wait()
+        raise RunFailed("%s did not finish within %d s" % (what, timeout))
+    for r, (rc, so, se) in enumerate(outs):
+        if rc != 0:
+            raise RunFailed("%s: rank %d exited with %d: %s" % (what, r, rc, se.strip()[-2000:]))
+    return outs[0][1]
+
+
+def clean_env(**extra):
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+# --------------------------------------------------------------------------
+# all_reduce
+
+
+class Plan:
+    """Sizes and the iteration/warm-up counts of each (the same for all three)."""
+
+    def __init__(self, a):
+        self.sizes = []
+        b = a.min_bytes
+        while b <= a.max_bytes:
+            self.sizes.append(b)
+            b *= a.factor
+        self.iters = [a.iters if s <= a.large_bytes else a.large_iters for s in self.sizes]
+        self.warmup = [a.warmup if s <= a.large_bytes else a.large_warmup for s in self.sizes]
+
+    def groups(self):
+        """Runs of consecutive sizes with the same counts (one allreduce-test call each)."""
+        out = []
+        for s, i, w in zip(self.sizes, self.iters, self.warmup):
+            if out and out[-1][1:] == (i, w):
+                out[-1][0].append(s)
+            else:
+                out.append(([s], i, w))
+        return out
+
+
+def run_ddpdiag_allreduce(a, plan, n):
+    rows, tool, libs = [], None, {}
+    for sizes, iters, warmup in plan.groups():
+        fd, path = tempfile.mkstemp(prefix="compare-peers-", suffix=".json")
+        os.close(fd)
+        os.unlink(path)
+        cmd = [a.ddpdiag, "allreduce-test", "--nproc", str(n), "--backend", "gloo",
+               "-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", str(a.factor),
+               "-n", str(iters), "-w", str(warmup), "-c", "0", "--no-out-of-place",
+               "-d", "float", "-o", "sum", "--timeout", str(a.timeout), "--json", path]
+        try:
+            p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True,
+                               timeout=a.timeout * 4)
+        except subprocess.TimeoutExpired:
+            raise RunFailed("ddpdiag allreduce-test did not finish: %s" % " ".join(cmd))
+        if p.returncode != 0 or not os.path.exists(path):
+            raise RunFailed("ddpdiag allreduce-test exited with %d: %s\n%s" %
+                            (p.returncode, " ".join(cmd), p.stderr.strip()[-2000:]))
+        with open(path) as f:
+            rep = json.load(f)
+        os.unlink(path)
+        tool = rep["tool"]
+        libs = rep["world"]["library_versions"]
+        for r in rep["results"]["sizes"]:
+            b = r["in_place"]
+            rows.append({"bytes": r["bytes"], "time_us": b["time_us"],
+                         "min_rank_time_us": b["min_rank_time_us"],
+                         "max_rank_time_us": b["max_rank_time_us"],
+                         "iters": iters, "warmup_iters": warmup})
+    return rows, tool, libs
+
+
+def run_peer_allreduce(a, plan, n, impl):
+    port = free_port()
+    sizes = ",".join(str(s) for s in plan.sizes)
+    iters = ",".join(str(i) for i in plan.iters)
+    warmup = ",".join(str(w) for w in plan.warmup)
+    cmds, envs = [], []
+    for r in range(n):
+        common = ["--rank", str(r), "--world-size", str(n), "--master-addr", "127.0.0.1",
+                  "--master-port", str(port), "--sizes", sizes, "--iters", iters,
+                  "--warmup-iters", warmup, "--timeout", str(a.timeout)]
+        if impl == "torch":
+            cmds.append([a.python, os.path.join(HERE, "torch_allreduce.py")] + common)
+            envs.append(clean_env(OMP_NUM_THREADS=1))
+        else:
+            cmds.append([a.bare_gloo] + common)
+            envs.append(clean_env())
+    out = last_json_line(run_ranks(cmds, envs, a.timeout * 4, "%s all_reduce at %d ranks" %
+                                   (impl, n)), impl)
+    return out["sizes"], out.get("torch_version")
+
+
+def busbw(bytes_, time_us, n):
+    algbw = bytes_ / (time_us * 1e3) if time_us > 0 else 0.0
+    return algbw, algbw * 2.0 * (n - 1) / n
+
+
+def measure_allreduce(a, plan, state):
+    impls = ["ddpdiag", "torch", "bare_gloo"]
+    times = {}  # (impl, n, bytes) -> [time_us per repeat]
+    for rep in range(a.repeats):
+        for n in a.ranks:
+            # Rotate the order per repeat so none of the three always goes first.
+            order = impls[rep % 3:] + impls[:rep % 3]
+            for impl in order:
+                log("all_reduce: repeat %d/%d, %d ranks, %s" % (rep + 1, a.repeats, n, impl))
+                if impl == "ddpdiag":
+                    rows, tool, libs = run_ddpdiag_allreduce(a, plan, n)
+                    state["tool"], state["libs"] = tool, libs
+                else:
+                    rows, tv = run_peer_allreduce(a, plan, n, impl)
+                    if tv:
+                        state["torch_version"] = tv
+                for r in rows:
+                    times.setdefault((impl, n, r["bytes"]), []).append(r["time_us"])
+    sizes_rows, ratio_rows = [], []
+    for n in a.ranks:
+        for b in plan.sizes:
+            med = {}
+            for impl in impls:
+                ts = times[(impl, n, b)]
+                med[impl] = statistics.median(ts)
+                algbw, bw = busbw(b, med[impl], n)
+                sizes_rows.append({"collective": "all_reduce", "algorithm": impl, "world_size": n,
+                                   "bytes": b, "count": b // 4, "dtype": "float", "op": "sum",
+                                   "iters": plan.iters[plan.sizes.index(b)],
+                                   "time_us": med[impl], "algbw_gbps": algbw, "busbw_gbps": bw,
+                                   "repeat_time_us": ts})
+            ratio_rows.append({
+                "world_size": n, "bytes": b,
+                "ddpdiag_busbw_gbps": busbw(b, med["ddpdiag"], n)[1],
+                "torch_busbw_gbps": busbw(b, med["torch"], n)[1],
+                "bare_gloo_busbw_gbps": busbw(b, med["bare_gloo"], n)[1],
+                # busbw ratios = inverse time ratios (same bytes, same n)
+                "ddpdiag_over_torch": med["torch"] / med["ddpdiag"],
+                "ddpdiag_over_bare_gloo": med["bare_gloo"] / med["ddpdiag"],
+            })
+    return sizes_rows, ratio_rows
+
+
+def print_allreduce(ratio_rows, repeats):
+    print("# all_reduce, float32 sum in place, bus bandwidth (GB/s) from the median time of "
+          "%d repeat(s)" % repeats)
+    print("# %5s %10s %12s %12s %12s %14s %16s" % ("ranks", "size", "ddpdiag", "torch",
+                                                   "bare gloo", "ddpdiag/torch",
+                                                   "ddpdiag/bare"))
+    for r in ratio_rows:
+        print("  %5d %10s %12.4f %12.4f %12.4f %14.3f %16.3f" % (
+            r["world_size"], human(r["bytes"]), r["ddpdiag_busbw_gbps"], r["torch_busbw_gbps"],
+            r["bare_gloo_busbw_gbps"], r["ddpdiag_over_torch"], r["ddpdiag_over_bare_gloo"]))
+    print()
+    sys.stdout.flush()
+
+
+def allreduce_checks(ratio_rows, ranks):
+    checks = []
+    for n in ranks:
+        rows = [r for r in ratio_rows if r["world_size"] == n]
+        big = [r for r in rows if r["bytes"] >= TARGET_BARE_MIN_BYTES]
+        if big:
+            worst = min(big, key=lambda r: r["ddpdiag_over_bare_gloo"])
+            ok = worst["ddpdiag_over_bare_gloo"] >= TARGET_BARE_RATIO
+            checks.append({"name": "allreduce_vs_bare_gloo_%dranks" % n,
+                           "status": "pass" if ok else "fail",
+                           "detail": "busbw ddpdiag / bare Gloo at >= 1 MiB: lowest %.3f at %s "
+                                     "(target >= %.2f; %d of %d sizes meet it)" % (
+                                         worst["ddpdiag_over_bare_gloo"], human(worst["bytes"]),
+                                         TARGET_BARE_RATIO,
+                                         sum(r["ddpdiag_over_bare_gloo"] >= TARGET_BARE_RATIO
+                                             for r in big), len(big))})
+        else:
+            checks.append({"name": "allreduce_vs_bare_gloo_%dranks" % n, "status": "skip",
+                           "detail": "no size of 1 MiB or more was measured"})
+        if rows:
+            worst = min(rows, key=lambda r: r["ddpdiag_over_torch"])
+            ok = worst["ddpdiag_over_torch"] >= TARGET_TORCH_RATIO
+            checks.append({"name": "allreduce_vs_torch_%dranks" % n,
+                           "status": "pass" if ok else "fail",
+                           "detail": "busbw ddpdiag / torch.distributed at every size: lowest "
+                                     "%.3f at %s (target >= %.2f; %d of %d sizes meet it)" % (
+                                         worst["ddpdiag_over_torch"], human(worst["bytes"]),
+                                         TARGET_TORCH_RATIO,
+                                         sum(r["ddpdiag_over_torch"] >= TARGET_TORCH_RATIO
+                                             for r in rows), len(rows))})
+    return checks
+
+
+# --------------------------------------------------------------------------
+# DDP reducer
+
+
+def measure_reducer(a):
+    fd, path = tempfile.mkstemp(prefix="compare-peers-ddp-", suffix=".json")
+    os.close(fd)
+    cmd = [a.python, os.path.join(HERE, "ddp_vs_torch.py"), "--bin", a.ddpdiag, "--model",
+           a.model, "--caps", a.caps, "--iters", str(a.ddp_iters), "--warmup", str(a.ddp_warmup),
+           "--nproc", str(a.ddp_ranks), "--json", path]
+    log("reducer: %s" % " ".join(cmd[1:]))
+    try:
+        p = subprocess.run(cmd, env=clean_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
+                           timeout=a.timeout * 10)
+    except subprocess.TimeoutExpired:
+        raise RunFailed("ddp_vs_torch.py did not finish")
+    if p.returncode != 0:
+        raise RunFailed("ddp_vs_torch.py exited with %d:\n%s" % (p.returncode,
+                                                                p.stderr.strip()[-2000:]))
+    with open(path) as f:
+        doc = json.load(f)
+    os.unlink(path)
+    rows = []
+    for r in doc["rows"]:
+        rows.append({"model": doc["model"], "world_size": doc["nproc"], "cap_mb": r["cap_mb"],
+                     "torch_us": r["torch_us"], "torch_views_us": r["torch_views_us"],
+                     "ddpdiag_us": r["ours_us"], "ddpdiag_no_views_us": r["ours_no_views_us"],
+                     "ddpdiag_exposed_comm_us": r["ours_exposed_us"],
+                     "ddpdiag_over_torch": r["ratio"],
+                     "ddpdiag_over_torch_views": r["ratio_views"]})
+    return rows
+
+
+def print_reducer(rows):
+    if not rows:
+        return
+    print("# DDP reducer vs PyTorch DDP: %s layout, %d ranks, time per iteration (us)" %
+          (rows[0]["model"], rows[0]["world_size"]))
+    print("# %8s %12s %12s %12s %14s %16s" % ("cap(MiB)", "ddpdiag", "torch", "torch views",
+                                             "ddpdiag/torch", "ddpdiag/t.views"))
+    for r in rows:
+        print("  %8g %12.0f %12.0f %12.0f %14.3f %16.3f" % (
+            r["cap_mb"], r["ddpdiag_us"], r["torch_us"], r["torch_views_us"],
+            r["ddpdiag_over_torch"], r["ddpdiag_over_torch_views"]))
+    print()
+    sys.stdout.flush()
+
+
+def reducer_checks(rows):
+    if not rows:
+        return [{"name": "reducer_vs_torch_ddp", "status": "skip",
+                 "detail": "the reducer comparison was not run"}]
+    worst = max(rows, key=lambda r: r["ddpdiag_over_torch"])
+    ok = worst["ddpdiag_over_torch"] <= TARGET_REDUCER_RATIO
+    return [{"name": "reducer_vs_torch_ddp", "status": "pass" if ok else "fail",
+             "detail": "iteration time ddpdiag / torch DDP (%s, %d ranks): highest %.3f at cap "
+                       "%g MiB (target <= %.2f; %d of %d caps meet it)" % (
+                           worst["model"], worst["world_size"], worst["ddpdiag_over_torch"],
+                           worst["cap_mb"], TARGET_REDUCER_RATIO,
+                           sum(r["ddpdiag_over_torch"] <= TARGET_REDUCER_RATIO for r in rows),
+                           len(rows))}]
+
+
+# --------------------------------------------------------------------------
+# Rendezvous
+
+
+def wait_port(port, proc, what, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RunFailed("%s exited with %d before serving" % (what, proc.returncode))
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RunFailed("%s did not listen on port %d within %d s" % (what, port, timeout))
+
+
+class Servers:
+    """`ddpdiag store serve` and torch's TCPStore server, for the whole run."""
+
+    def __init__(self, a):
+        self.procs = []
+        self.ours_port = free_port()
+        ours = subprocess.Popen([a.ddpdiag, "store", "serve", "--host", "127.0.0.1", "--port",
+                                 str(self.ours_port)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+        self.procs.append(ours)
+        self.torch_port = free_port()
+        torch_srv = subprocess.Popen([a.python, os.path.join(HERE, "rendezvous_torch.py"), "serve",
+                                      "--port", str(self.torch_port)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.procs.append(torch_srv)
+        wait_port(self.ours_port, ours, "ddpdiag store serve", 30)
+        line = torch_srv.stdout.readline()
+        if not line.startswith("ready"):
+            raise RunFailed("torch's TCPStore server did not start: %s" %
+                            torch_srv.stderr.read()[-2000:])
+
+    def close(self):
+        for p in self.procs:
+            if p.poll() is None:
+                if p.stdin:
+                    p.stdin.close()
+                else:
+                    p.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def run_rdzv(cmd, what, timeout):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RunFailed("%s did not finish within %d s" % (what, timeout))
+    if p.returncode != 0:
+        raise RunFailed("%s exited with %d: %s" % (what, p.returncode, p.stderr.strip()[-2000:]))
+    return last_json_line(p.stdout, what)
+
+
+def measure_rendezvous(a):
+    rows = []
+    servers = Servers(a)
+    try:
+        for n in a.rdzv_clients:
+            pairs = [("ddpdiag", "ddpdiag", servers.ours_port),
+                     ("ddpdiag", "torch", servers.torch_port)]
+            if not a.no_native:
+                pairs.append(("torch", "torch", servers.torch_port))
+            for client, server, port in pairs:
+                log("rendezvous: %d clients, %s client, %s server" % (n, client, server))
+                prefix = "rdzv_%s_%s_%d" % (client, server, n)
+                if client == "ddpdiag":
+                    cmd = [a.rendezvous_bench, "--port", str(port), "--clients", str(n),
+                           "--repeats", str(a.repeats), "--protocol", "1.13", "--prefix", prefix,
+                           "--timeout", str(a.timeout)]
+                else:
+                    cmd = [a.python, os.path.join(HERE, "rendezvous_torch.py"), "clients",
+                           "--port", str(port), "--clients", str(n), "--repeats",
+                           str(a.repeats), "--prefix", prefix, "--timeout", str(a.timeout)]
+                out = run_rdzv(cmd, "%s clients on the %s server" % (client, server),
+                               a.timeout * (a.repeats + 1))
+                rows.append({"clients": n, "client": client, "server": server,
+                             "time_s": statistics.median(out["times_s"]),
+                             "connect_s": statistics.median(out["connect_s"]),
+                             "repeat_time_s": out["times_s"]})
+    finally:
+        servers.close()
+    return rows
+
+
+def rendezvous_ratios(rows):
+    def t(n, client, server):
+        for r in rows:
+            if (r["clients"], r["client"], r["server"]) == (n, client, server):
+                return r["time_s"]
+        return None
+
+    out = []
+    for n in sorted({r["clients"] for r in rows}):
+        ours, theirs = t(n, "ddpdiag", "ddpdiag"), t(n, "ddpdiag", "torch")
+        native = t(n, "torch", "torch")
+        out.append({"clients": n,
+                    "ddpdiag_server_s": ours, "torch_server_s": theirs, "torch_native_s": native,
+                    "ddpdiag_over_torch_server": ours / theirs if ours and theirs else None,
+                    "ddpdiag_over_torch_native": ours / native if ours and native else None})
+    return out
+
+
+def print_rendezvous(rows, ratios):
+    if not rows:
+        return
+    print("# rendezvous of N local clients (connect, set, add, wait), median time (s)")
+    print("# %7s %18s %18s %18s %16s %16s" % ("clients", "ddpdiag server", "torch server",
+                                              "torch native", "ddpdiag/torch srv",
+                                              "ddpdiag/t.native"))
+    print("# %7s %18s %18s %18s" % ("", "(ddpdiag client)", "(ddpdiag client)", "(torch client)"))
+    f = lambda v, fmt: fmt % v if v is not None else "-"  # noqa: E731
+    for r in ratios:
+        print("  %7d %18s %18s %18s %16s %16s" % (
+            r["clients"], f(r["ddpdiag_server_s"], "%.4f"), f(r["torch_server_s"], "%.4f"),
+            f(r["torch_native_s"], "%.4f"), f(r["ddpdiag_over_torch_server"], "%.3f"),
+            f(r["ddpdiag_over_torch_native"], "%.3f")))
+    print()
+    sys.stdout.flush()
+
+
+def rendezvous_checks(ratios):
+    r = [x for x in ratios if x["clients"] == TARGET_RDZV_CLIENTS]
+    if not r or r[0]["ddpdiag_over_torch_server"] is None:
+        return [{"name": "rendezvous_1024_vs_torch_tcpstore", "status": "skip",
+                 "detail": "1024 clients were not measured"}]
+    r = r[0]
+    ok = r["ddpdiag_over_torch_server"] <= TARGET_RDZV_RATIO
+    native = ("; natively (torch client and server) %.4f s, ratio %.3f" %
+              (r["torch_native_s"], r["ddpdiag_over_torch_native"])
+              if r["torch_native_s"] else "")
+    return [{"name": "rendezvous_1024_vs_torch_tcpstore", "status": "pass" if ok else "fail",
+             "detail": "1024 clients, same client: ddpdiag server %.4f s / torch TCPStore %.4f s "
+                       "= %.3f (target <= %.2f)%s" % (
+                           r["ddpdiag_server_s"], r["torch_server_s"],
+                           r["ddpdiag_over_torch_server"], TARGET_RDZV_RATIO, native)}]
+
+
+# --------------------------------------------------------------------------
+# Store throughput
+
+
+def measure_store(a):
+    cmd = [a.store_bench, "--benchmark_filter=/threads:%d$" % STORE_CLIENTS,
+           "--benchmark_format=json"]
+    if a.store_min_time:
+        cmd.append("--benchmark_min_time=%g" % a.store_min_time)
+    log("store: %s" % " ".join(cmd))
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout * 4)
+    except subprocess.TimeoutExpired:
+        raise RunFailed("ddpdiag_bench_store did not finish")
+    if p.returncode != 0:
+        raise RunFailed("ddpdiag_bench_store exited with %d: %s" % (p.returncode,
+                                                                   p.stderr.strip()[-2000:]))
+    doc = json.loads(p.stdout)
+    rows = []
+    for b in doc["benchmarks"]:
+        # e.g. store_get/protocol:2/real_time/threads:64
+        parts = b["name"].split("/")
+        proto = next((x.split(":")[1] for x in parts if x.startswith("protocol:")), "?")
+        rows.append({"op": parts[0].replace("store_", ""),
+                     "protocol": b.get("label") or proto,
+                     "clients": b.get("threads", STORE_CLIENTS),
+                     "ops_per_second": b["items_per_second"]})
+    if not rows:
+        raise RunFailed("ddpdiag_bench_store ran no benchmark with %d clients" % STORE_CLIENTS)
+    return rows
+
+
+def print_store(rows):
+    if not rows:
+        return
+    print("# store throughput, %d clients, small keys (ops/s summed over clients)" %
+          STORE_CLIENTS)
+    print("# %6s %12s %14s %8s" % ("op", "protocol", "ops/s", "target"))
+    for r in rows:
+        print("  %6s %12s %14.0f %8s" % (r["op"], r["protocol"], r["ops_per_second"],
+                                         "met" if r["ops_per_second"] >= TARGET_STORE_OPS
+                                         else "MISSED"))
+    print()
+    sys.stdout.flush()
+
+
+def store_checks(rows):
+    if not rows:
+        return [{"name": "store_64_clients", "status": "skip",
+                 "detail": "the store benchmark was not run"}]
+    worst = min(rows, key=lambda r: r["ops_per_second"])
+    ok = worst["ops_per_second"] >= TARGET_STORE_OPS
+    return [{"name": "store_64_clients", "status": "pass" if ok else "fail",
+             "detail": "lowest of %d op/protocol pairs: %s %s %.0f ops/s (target >= %.0f; "
+                       "%d of %d meet it)" % (
+                           len(rows), worst["op"], worst["protocol"], worst["ops_per_second"],
+                           TARGET_STORE_OPS,
+                           sum(r["ops_per_second"] >= TARGET_STORE_OPS for r in rows),
+                           len(rows))}]
+
+
+# --------------------------------------------------------------------------
+# Report
+
+
+def utc_now():
+    t = datetime.datetime.now(datetime.timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + "%03dZ" % (t.microsecond // 1000)
+
+
+def environment():
+    prefixes = ("NCCL_", "GLOO_", "MASTER_", "TORCHELASTIC_", "SLURM_", "OMPI_COMM_WORLD_")
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMP_NUM_THREADS")
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith(prefixes) or k in names}
+
+
+def write_report(path, a, state, started_at, t0, results, checks, error):
+    failed = any(c["status"] == "fail" for c in checks)
+    verdict = "ERROR" if error else ("FAIL" if failed else "PASS")
+    libs = dict(state.get("libs") or {})
+    if state.get("torch_version"):
+        libs["torch"] = state["torch_version"]
+    doc = {
+        "schema": "ddpdiag.report/1",
+        "tool": state.get("tool") or tool_block(a),
+        "command": "compare-peers",
+        "argv": [os.path.join(HERE, "compare_peers.sh")] + sys.argv[1:],
+        "started_at": started_at,
+        "duration_s": time.monotonic() - t0,
+        "world": {"size": max(a.ranks), "backend": "gloo", "launcher": "none",
+                  "hosts": [platform.node() or "localhost"], "ranks": [],
+                  "library_versions": libs},
+        "environment": environment(),
+        "results": results,
+        "checks": checks,
+        "verdict": verdict,
+        "error": error,
+    }
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return verdict
+
+
+def tool_block(a):
+    """name/version/git revision from `ddpdiag --version`, e.g.
+    "ddpdiag 0.1.0 (abc1234)"."""
+    try:
+        out = subprocess.run([a.ddpdiag, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout.split()
+        return {"name": "ddpdiag", "version": out[1], "git_revision": out[2].strip("()")}
+    except (OSError, IndexError, subprocess.TimeoutExpired):
+        return {"name": "ddpdiag", "version": "0.0.0", "git_revision": "unknown"}
+
+
+# --------------------------------------------------------------------------
+
+
+def parse_args():
+    repo = os.path.dirname(HERE)
+    ap = argparse.ArgumentParser(
+        prog="compare_peers.sh",
+        description="ddpdiag side by side with torch.distributed and bare Gloo")
+    ap.add_argument("--build-dir", default=os.environ.get("DDPDIAG_BUILD_DIR",
+                                                          os.path.join(repo, "build")),
+                    help="where ddpdiag and the bench programs were built (default: build/)")
+    ap.add_argument("--ddpdiag", help="the ddpdiag binary (default: BUILD/diag/ddpdiag)")
+    ap.add_argument("--bare-gloo", help="default: BUILD/bench/ddpdiag_bare_gloo_allreduce")
+    ap.add_argument("--rendezvous-bench", help="default: BUILD/bench/ddpdiag_rendezvous_bench")
+    ap.add_argument("--store-bench", help="default: BUILD/bench/ddpdiag_bench_store")
+    ap.add_argument("--python", default=sys.executable, help="Python with torch 1.13")
+    ap.add_argument("--json", default="compare-peers.json", help="report file")
+    ap.add_argument("--quick", action="store_true",
+                    help="a smoke run: 2 ranks, 3 sizes, 1 repeat, small everything")
+    ap.add_argument("--ranks", default="2,4", help="world sizes for all_reduce")
+    ap.add_argument("--min-bytes", default="4")
+    ap.add_argument("--max-bytes", default="256M")
+    ap.add_argument("--factor", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3, help="full sweeps; medians are reported")
+    ap.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    ap.add_argument("--warmup", type=int, default=5, help="warm-up iterations per size")
+    ap.add_argument("--large-bytes", default="16M",
+                    help="sizes above this use --large-iters/--large-warmup")
+    ap.add_argument("--large-iters", type=int, default=5)
+    ap.add_argument("--large-warmup", type=int, default=2)
+    ap.add_argument("--caps", default="1,5,10,25,50,100", help="bucket caps (MiB) for the reducer")
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--ddp-ranks", type=int, default=2)
+    ap.add_argument("--ddp-iters", type=int, default=10)
+    ap.add_argument("--ddp-warmup", type=int, default=3)
+    ap.add_argument("--rdzv-clients", default="256,1024")
+    ap.add_argument("--no-native", action="store_true",
+                    help="skip torch's own client on torch's server")
+    ap.add_argument("--store-min-time", type=float, default=0.0,
+                    help="--benchmark_min_time for the store benchmark (0: its default)")
+    ap.add_argument("--skip", default="",
+                    help="comma list of parts to leave out: allreduce, reducer, rendezvous, store")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds for any one run")
+    ap.add_argument("--self-test", action="store_true",
+                    help="run --quick into a temporary report and check it (the ctest entry)")
+    a = ap.parse_args()
+    if a.self_test:
+        a.quick = True
+        a.json = os.path.join(tempfile.mkdtemp(prefix="compare-peers-"), "report.json")
+    if a.quick:
+        a.ranks, a.min_bytes, a.max_bytes, a.repeats = "2", "4", "1M", 1
+        a.factor, a.iters, a.warmup = 512, 5, 1
+        a.caps, a.ddp_iters, a.ddp_warmup = "25", 2, 1
+        a.rdzv_clients, a.store_min_time, a.timeout = "64", 0.05, 60
+    try:
+        a.ranks = [int(x) for x in a.ranks.split(",")]
+        a.rdzv_clients = [int(x) for x in a.rdzv_clients.split(",")]
+        a.min_bytes, a.max_bytes = parse_size(a.min_bytes), parse_size(a.max_bytes)
+        a.large_bytes = parse_size(a.large_bytes)
+        [float(c) for c in a.caps.split(",")]
+    except ValueError as e:
+        ap.error(str(e))
+    a.skip = {s for s in a.skip.split(",") if s}
+    if a.skip - {"allreduce", "reducer", "rendezvous", "store"}:
+        ap.error("--skip takes allreduce, reducer, rendezvous, store")
+    if any(n < 2 for n in a.ranks) or a.repeats < 1 or a.factor < 2 or a.min_bytes < 4 or \
+            a.min_bytes % 4 or a.max_bytes < a.min_bytes:
+        ap.error("need ranks >= 2, repeats >= 1, factor >= 2, 4 <= min-bytes <= max-bytes, "
+                 "min-bytes a multiple of 4")
+    b = a.build_dir
+    a.ddpdiag = a.ddpdiag or os.path.join(b, "diag", "ddpdiag")
+    a.bare_gloo = a.bare_gloo or os.path.join(b, "bench", "ddpdiag_bare_gloo_allreduce")
+    a.rendezvous_bench = a.rendezvous_bench or os.path.join(b, "bench", "ddpdiag_rendezvous_bench")
+    a.store_bench = a.store_bench or os.path.join(b, "bench", "ddpdiag_bench_store")
+    for p in (a.ddpdiag, a.bare_gloo, a.rendezvous_bench, a.store_bench):
+        if not os.access(p, os.X_OK):
+            ap.error("%s is not built (build the ddpdiag and bench targets, or pass "
+                     "--build-dir)" % p)
+    return a
+
+
+def self_test(a, rc):
+    """The smoke test's assertions on a --quick run's report: every part ran,
+    figures are positive and consistent, and ddpdiag validates and renders
+    the report. Returns a list of failures."""
+    bad = []
+
+    def expect(cond, what):
+        if not cond:
+            bad.append(what)
+
+    expect(rc in (0, 1), "compare_peers exited with %d" % rc)
+    try:
+        with open(a.json) as f:
+            rep = json.load(f)
+    except (OSError, ValueError) as e:
+        return bad + ["no readable report at %s: %s" % (a.json, e)]
+    p = subprocess.run([a.ddpdiag, "report", "validate", a.json], capture_output=True, text=True)
+    expect(p.returncode == 0, "report validate: %s%s" % (p.stdout, p.stderr))
+    html, md = a.json + ".html", a.json + ".md"
+    p = subprocess.run([a.ddpdiag, "report", "render", a.json, "--html", html, "--markdown", md],
+                       capture_output=True, text=True)
+    expect(p.returncode == 0 and not p.stderr, "report render: %d %s" % (p.returncode, p.stderr))
+    if p.returncode == 0:
+        with open(html) as f:
+            page = f.read()
+        with open(md) as f:
+            text = f.read()
+        expect(page.count("<svg") >= 1, "the HTML has no bandwidth chart")
+        for name in ("all_reduce_ratios", "reducer", "rendezvous_ratios", "store"):
+            expect(("#### %s" % name) in text, "the Markdown has no %s table" % name)
+    expect(rep.get("command") == "compare-peers" and rep.get("error") is None,
+           "command/error: %s %s" % (rep.get("command"), rep.get("error")))
+    res = rep.get("results", {})
+    rows = res.get("sizes", [])
+    want = {(i, 2, b) for i in ("ddpdiag", "torch", "bare_gloo") for b in (4, 2048, MiB)}
+    expect({(r["algorithm"], r["world_size"], r["bytes"]) for r in rows} == want,
+           "all_reduce rows: %s" % sorted((r["algorithm"], r["bytes"]) for r in rows))
+    times = {}
+    for r in rows:
+        times[(r["algorithm"], r["bytes"])] = r["time_us"]
+        expect(r["time_us"] > 0 and r["iters"] == 5, "row %s" % r)
+        bw = r["bytes"] / (r["time_us"] * 1e3) * 2 * (2 - 1) / 2
+        expect(abs(r["busbw_gbps"] - bw) <= 1e-9 * max(1.0, bw), "busbw of %s" % r)
+    for r in res.get("all_reduce_ratios", []):
+        b = r["bytes"]
+        if ("ddpdiag", b) in times and ("torch", b) in times and ("bare_gloo", b) in times:
+            expect(abs(r["ddpdiag_over_torch"] - times[("torch", b)] / times[("ddpdiag", b)])
+                   < 1e-9, "ratio to torch at %d" % b)
+            expect(abs(r["ddpdiag_over_bare_gloo"] -
+                       times[("bare_gloo", b)] / times[("ddpdiag", b)]) < 1e-9,
+                   "ratio to bare Gloo at %d" % b)
+    expect(len(res.get("all_reduce_ratios", [])) == 3, "3 ratio rows")
+    red = res.get("reducer", [])
+    # An iteration of 97.5 MiB of gradients takes well under a minute here.
+    expect(len(red) == 1 and red[0]["cap_mb"] == 25 and 0 < red[0]["ddpdiag_us"] < 60e6 and
+           0 < red[0]["torch_us"] < 60e6, "reducer rows: %s" % red)
+    rz = res.get("rendezvous", [])
+    expect({(r["client"], r["server"]) for r in rz} ==
+           {("ddpdiag", "ddpdiag"), ("ddpdiag", "torch"), ("torch", "torch")},
+           "rendezvous pairs: %s" % rz)
+    for r in rz:
+        expect(r["clients"] == 64 and 0 < r["connect_s"] <= r["time_s"] < 60, "rendezvous %s" % r)
+    st = res.get("store", [])
+    expect({(r["op"], r["clients"]) for r in st} ==
+           {(op, STORE_CLIENTS) for op in ("set", "get", "add", "wait")} and len(st) == 8 and
+           all(r["ops_per_second"] > 0 for r in st), "store rows: %s" % st)
+    names = {c["name"] for c in rep.get("checks", [])}
+    expect(names == {"allreduce_vs_bare_gloo_2ranks", "allreduce_vs_torch_2ranks",
+                     "reducer_vs_torch_ddp", "rendezvous_1024_vs_torch_tcpstore",
+                     "store_64_clients"}, "checks: %s" % sorted(names))
+    return bad
+
+
+def torch_version(python):
+    p = subprocess.run([python, "-c", "import torch; print(torch.__version__)"],
+                       capture_output=True, text=True, timeout=120)
+    return p.stdout.strip() if p.returncode == 0 else None
+
+
+def main():
+    a = parse_args()
+    tv = torch_version(a.python)
+    if not tv or not tv.startswith("1.13"):
+        print("SKIP: torch 1.13 is not importable from %s (found: %s); install python3-torch" %
+              (a.python, tv or "none"))
+        return 77
+    started_at, t0 = utc_now(), time.monotonic()
+    state = {"torch_version": tv}
+    results = {"repeats": a.repeats, "ranks": a.ranks, "torch_version": tv}
+    checks, error = [], None
+    seconds = results["part_seconds"] = {}
+    try:
+        if "allreduce" not in a.skip:
+            t = time.monotonic()
+            plan = Plan(a)
+            results["sizes"], results["all_reduce_ratios"] = measure_allreduce(a, plan, state)
+            seconds["allreduce"] = time.monotonic() - t
+            print_allreduce(results["all_reduce_ratios"], a.repeats)
+            checks += allreduce_checks(results["all_reduce_ratios"], a.ranks)
+        if "reducer" not in a.skip:
+            t = time.monotonic()
+            results["reducer"] = measure_reducer(a)
+            seconds["reducer"] = time.monotonic() - t
+            print_reducer(results["reducer"])
+            checks += reducer_checks(results["reducer"])
+        if "rendezvous" not in a.skip:
+            t = time.monotonic()
+            results["rendezvous"] = measure_rendezvous(a)
+            seconds["rendezvous"] = time.monotonic() - t
+            results["rendezvous_ratios"] = rendezvous_ratios(results["rendezvous"])
+            print_rendezvous(results["rendezvous"], results["rendezvous_ratios"])
+            checks += rendezvous_checks(results["rendezvous_ratios"])
+        if "store" not in a.skip:
+            t = time.monotonic()
+            results["store"] = measure_store(a)
+            seconds["store"] = time.monotonic() - t
+            print_store(results["store"])
+            checks += store_checks(results["store"])
+    except RunFailed as e:
+        error = {"kind": "internal", "message": str(e), "phase": "measure", "rank": None,
+                 "peer": None, "hint": "run the failing command by hand to see its output",
+                 "exit_code": 3}
+        sys.stderr.write("compare-peers: %s\n" % e)
+    verdict = write_report(a.json, a, state, started_at, t0, results, checks, error)
+    print("# targets (measured vs target)")
+    for c in checks:
+        print("  %-36s %-5s %s" % (c["name"], c["status"].upper(), c["detail"]))
+    print("# verdict: %s; report: %s" % (verdict, a.json))
+    rc = 3 if error else (1 if verdict == "FAIL" else 0)
+    if a.self_test:
+        bad = self_test(a, rc)
+        for b in bad:
+            print("SELF-TEST FAILED: %s" % b)
+        print("# self-test: %s (%.1f s)" % ("FAILED" if bad else "passed", time.monotonic() - t0))
+        return 1 if bad else 0
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
