@@ -22,6 +22,7 @@ Needs root, `ip netns` and unshare; exits 77 (skipped) otherwise. Every
 namespace (and with it every veth and the bridge) is removed on every path;
 names carry the test's pid, and namespaces left by a run that was killed are
 removed by the next one."""
+import ctypes
 import json
 import os
 import re
@@ -77,6 +78,11 @@ def remove_stale():
     for line in listing.splitlines():
         m = re.match(r"^(%s(\d+)(?:h\d|sw|probe))\b" % PREFIX, line)
         if m and not os.path.exists("/proc/%s" % m.group(2)):
+            for pid in sh("ip", "netns", "pids", m.group(1), check=False).stdout.split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
             sh("ip", "netns", "del", m.group(1), check=False)
 
 
@@ -114,7 +120,16 @@ def start(rank, args, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
     script = 'hostname "$0" && exec "$@"'
     cmd = ["ip", "netns", "exec", HOSTS[rank], "unshare", "--uts", "sh", "-c", script,
            "host%d" % rank] + inner
-    return subprocess.Popen(cmd, env=clean_env(), stdout=stdout, stderr=stderr, text=True)
+    return subprocess.Popen(cmd, env=clean_env(), stdout=stdout, stderr=stderr, text=True,
+                            preexec_fn=die_with_parent)
+
+
+def die_with_parent():
+    """A rank outlives a test that was SIGKILLed (a ctest timeout) by minutes
+    otherwise: its sweep is long. `ip netns exec`, unshare and sh all exec in
+    place, so the signal stays armed in ddpdiag itself."""
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def kill_all(procs):
@@ -290,8 +305,10 @@ class LinkDown(unittest.TestCase):
         self.assertTrue(rep["results"]["watchdog"]["store"]["reachable"])
 
 
-def on_term(signum, _frame):
-    raise SystemExit(128 + signum)
+def on_term(_signum, _frame):
+    # unittest records SystemExit as a test error and runs on; an interrupt
+    # stops the run, through every finally (ranks killed, namespaces removed).
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
