@@ -17,6 +17,7 @@
 
 #include "comm/errors.h"
 #include "comm/store/store.h"
+#include "comm/stream_ops.h"
 #include "comm/types.h"
 
 namespace ddpdiag {
@@ -108,6 +109,11 @@ class Communicator {
 
   // Abort every outstanding operation; the communicator is unusable afterwards.
   virtual void abort() = 0;
+
+  // Copies and element-wise work ordered with this communicator's
+  // collectives (comm/stream_ops.h); owned by the communicator. nullptr for
+  // a communicator that has none.
+  virtual StreamOps* stream_ops() { return nullptr; }
 
   Millis default_timeout() const { return timeout_; }
   void set_default_timeout(Millis t) { timeout_ = t; }

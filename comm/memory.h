@@ -144,6 +144,7 @@ class AccountingCommunicator final : public Communicator {
     inner_.copy_from_host(dst, host_src, bytes);
   }
   void abort() override { inner_.abort(); }
+  StreamOps* stream_ops() override { return inner_.stream_ops(); }
 
  private:
   Communicator& inner_;

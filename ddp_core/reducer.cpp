@@ -36,31 +36,6 @@ void copy_divided(DType t, void* dst, const void* src, std::size_t n, int world)
   divide_host(t, dst, n, world);
 }
 
-// The hooks' compression: 16-bit value of x, then divided by the world size
-// in the 16-bit type (torch: buffer.to(torch.float16).div_(world_size), which
-// rounds twice).
-template <std::uint16_t (*To)(float), float (*From)(std::uint16_t)>
-void compress(DType src_type, const void* src, std::uint16_t* dst, std::size_t n, int world) {
-  const float w = static_cast<float>(world);
-  if (src_type == DType::kFloat32) {
-    const auto* s = static_cast<const float*>(src);
-    for (std::size_t i = 0; i < n; ++i) dst[i] = To(From(To(s[i])) / w);
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i)
-    dst[i] = To(From(To(static_cast<float>(load_as_double(src_type, src, i)))) / w);
-}
-
-template <float (*From)(std::uint16_t)>
-void decompress(const std::uint16_t* src, DType dst_type, void* dst, std::size_t n) {
-  if (dst_type == DType::kFloat32) {
-    auto* d = static_cast<float*>(dst);
-    for (std::size_t i = 0; i < n; ++i) d[i] = From(src[i]);
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) store_from_double(dst_type, dst, i, From(src[i]));
-}
-
 }  // namespace
 
 std::string_view compression_hook_name(CompressionHook h) {
@@ -103,14 +78,15 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   if (layout_.tensors.empty())
     throw UsageError("the model layout '" + layout_.name + "' has no parameters",
                      {"reducer.init", comm_.rank(), -1, "use a layout with at least one tensor"});
-  if (device_ && options_.hook != CompressionHook::kNone)
-    throw UsageError(
-        "compression hooks on NCCL need device casting, not in this build",
-        {"reducer.init", comm_.rank(), -1, "run without --hook, or with --backend gloo"});
-  // Without device kernels there is no way to divide device memory, so the
-  // device path always lets NCCL average (ncclAvg), which gives the same
-  // result up to rounding.
-  if (options_.averaging == Averaging::kAvgOp || device_) sum_op_ = ReduceOp::kAvg;
+  if (device_ || options_.stream_path) {
+    ops_ = comm_.stream_ops();
+    if (!ops_)
+      throw UsageError(fmt::format("the {} communicator has no stream operations, which the "
+                                   "reducer needs on {} memory",
+                                   backend_name(comm_.backend()), device_ ? "device" : "host"),
+                       {"reducer.init", comm_.rank(), -1, "use --backend gloo or nccl"});
+  }
+  if (options_.averaging == Averaging::kAvgOp) sum_op_ = ReduceOp::kAvg;
 
   const auto specs = ddp_buckets(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes);
   where_.resize(layout_.tensors.size());
@@ -134,19 +110,30 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
     // Zeroed buckets: a gradient view reads as zero before its first
     // backward, as DDP's bucket views do.
     if (off) {
-      if (device_) {
-        std::vector<std::uint8_t> zeros(off, 0);
-        comm_.copy_from_host(state_[b].buffer.get(), zeros.data(), off);
-      } else {
+      if (ops_)
+        ops_->zero(state_[b].buffer.get(), off);
+      else
         std::memset(state_[b].buffer.get(), 0, off);
-      }
     }
     buckets_.push_back(std::move(rb));
   }
   if (!options_.gradient_as_bucket_view) {
     own_grads_.reserve(layout_.tensors.size());
     for (const auto& t : layout_.tensors) own_grads_.emplace_back(comm_, t.bytes());
+    if (ops_) {
+      // One flatten/unflatten plan per bucket, prepared once.
+      for (std::size_t b = 0; b < buckets_.size(); ++b) {
+        std::vector<FlatPiece> pieces;
+        const auto& rb = buckets_[b];
+        for (std::size_t k = 0; k < rb.spec.param_indices.size(); ++k) {
+          const std::size_t p = rb.spec.param_indices[k];
+          pieces.push_back({own_grads_[p].get(), rb.offsets[k], layout_.tensors[p].bytes()});
+        }
+        state_[b].plan = ops_->plan(state_[b].buffer.get(), rb.spec.bytes, pieces);
+      }
+    }
   }
+  if (ops_) ops_->fence()->wait(timeout());
   marked_.assign(layout_.tensors.size(), 0);
   if (options_.find_unused_parameters) {
     used_map_.assign(layout_.tensors.size(), 0);
@@ -218,6 +205,7 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
     s.launched = false;
     s.done = false;
     s.work.reset();
+    s.post.reset();
   }
   std::fill(marked_.begin(), marked_.end(), 0);
   marked_count_ = 0;
@@ -240,33 +228,20 @@ void Reducer::mark_ready(std::size_t param_index) {
 }
 
 void Reducer::copy_into_bucket(std::size_t p, bool zero) {
+  if (ops_) return;  // the stream path moves whole buckets at launch
   const auto& w = where_[p];
   const auto& t = layout_.tensors[p];
   void* dst = at(state_[w.bucket].buffer.get(), w.offset);
   const std::uint64_t bytes = t.bytes();
   if (bytes == 0) return;
-  // Hooks divide after casting, and the AVG op divides in the collective;
-  // otherwise the gradient is divided on its way in.
-  const bool divide = options_.hook == CompressionHook::kNone && sum_op_ == ReduceOp::kSum &&
-                      comm_.size() > 1;
-  if (device_) {
-    // Device memory (no divide: sum_op_ is AVG here). No device-to-device
-    // copy in the Communicator, so views-off goes through host staging.
-    if (zero) {
-      host_staging_.assign(bytes, 0);
-    } else if (options_.gradient_as_bucket_view) {
-      return;  // the gradient is the bucket slice already
-    } else {
-      host_staging_.resize(bytes);
-      comm_.copy_to_host(host_staging_.data(), own_grads_[p].get(), bytes);
-    }
-    comm_.copy_from_host(dst, host_staging_.data(), bytes);
-    return;
-  }
   if (zero) {
     std::memset(dst, 0, bytes);
     return;
   }
+  // Hooks divide after casting, and the AVG op divides in the collective;
+  // otherwise the gradient is divided on its way in.
+  const bool divide = options_.hook == CompressionHook::kNone && sum_op_ == ReduceOp::kSum &&
+                      comm_.size() > 1;
   const void* src = options_.gradient_as_bucket_view ? dst : own_grads_[p].get();
   if (divide)
     copy_divided(t.dtype, dst, src, static_cast<std::size_t>(t.numel()), comm_.size());
@@ -275,18 +250,11 @@ void Reducer::copy_into_bucket(std::size_t p, bool zero) {
 }
 
 void Reducer::copy_out_of_bucket(std::size_t p) {
-  if (options_.gradient_as_bucket_view) return;
+  if (options_.gradient_as_bucket_view || ops_) return;
   const auto& w = where_[p];
   const std::uint64_t bytes = layout_.tensors[p].bytes();
   if (bytes == 0) return;
-  const void* src = at(state_[w.bucket].buffer.get(), w.offset);
-  if (device_) {
-    host_staging_.resize(bytes);
-    comm_.copy_to_host(host_staging_.data(), src, bytes);
-    comm_.copy_from_host(own_grads_[p].get(), host_staging_.data(), bytes);
-  } else {
-    std::memcpy(own_grads_[p].get(), src, bytes);
-  }
+  std::memcpy(own_grads_[p].get(), at(state_[w.bucket].buffer.get(), w.offset), bytes);
 }
 
 void Reducer::mark_ready_impl(std::size_t p, bool used) {
@@ -316,24 +284,68 @@ void Reducer::launch_ready_buckets() {
     launch(next_to_launch_++);
 }
 
+// The stream path: the bucket's whole journey enqueued at once, in stream
+// order: gradients in (flatten, or zeros for unused parameters), the divide
+// or the hook's cast, the all_reduce, the cast back and the unflatten, then a
+// fence that finalize() waits for.
+void Reducer::launch_stream(std::size_t b) {
+  auto& s = state_[b];
+  const auto& rb = buckets_[b];
+  const auto n = static_cast<std::size_t>(rb.numel);
+  void* flat = s.buffer.get();
+  bool any_unused = false;
+  for (std::size_t p : rb.spec.param_indices) any_unused |= marked_[p] == 2;
+  if (!options_.gradient_as_bucket_view && !any_unused) {
+    ops_->flatten(*s.plan);
+  } else {
+    for (std::size_t k = 0; k < rb.spec.param_indices.size(); ++k) {
+      const std::size_t p = rb.spec.param_indices[k];
+      void* slice = at(flat, rb.offsets[k]);
+      const std::uint64_t bytes = layout_.tensors[p].bytes();
+      if (marked_[p] == 2)
+        ops_->zero(slice, bytes);
+      else if (!options_.gradient_as_bucket_view)
+        ops_->copy(slice, own_grads_[p].get(), bytes);
+    }
+  }
+  if (options_.hook == CompressionHook::kNone) {
+    if (sum_op_ == ReduceOp::kSum && comm_.size() > 1)
+      ops_->divide(flat, n, rb.spec.dtype, comm_.size());
+    s.work = comm_.allreduce(flat, flat, n, rb.spec.dtype, sum_op_);
+  } else {
+    const DType t16 = options_.hook == CompressionHook::kFp16 ? DType::kFloat16 : DType::kBFloat16;
+    void* c = s.compressed.get();
+    ops_->compress(flat, rb.spec.dtype, c, t16, n, comm_.size());
+    s.work = comm_.allreduce(c, c, n, t16, ReduceOp::kSum);
+    ops_->decompress(c, t16, flat, rb.spec.dtype, n);
+  }
+  if (!options_.gradient_as_bucket_view) ops_->unflatten(*s.plan);
+  s.post = ops_->fence();
+}
+
 void Reducer::launch(std::size_t b) {
   auto& s = state_[b];
   const auto& rb = buckets_[b];
   const auto n = static_cast<std::size_t>(rb.numel);
+  if (ops_) {
+    launch_stream(b);
+    s.launched = true;
+    timing_.buckets[b].launched = ReducerClock::now();
+    return;
+  }
   switch (options_.hook) {
     case CompressionHook::kNone:
       s.work = comm_.allreduce(s.buffer.get(), s.buffer.get(), n, rb.spec.dtype, sum_op_);
       break;
     case CompressionHook::kFp16: {
       auto* c = static_cast<std::uint16_t*>(s.compressed.get());
-      compress<float_to_half, half_to_float>(rb.spec.dtype, s.buffer.get(), c, n, comm_.size());
+      host_ops::compress(s.buffer.get(), rb.spec.dtype, c, DType::kFloat16, n, comm_.size());
       s.work = comm_.allreduce(c, c, n, DType::kFloat16, ReduceOp::kSum);
       break;
     }
     case CompressionHook::kBf16: {
       auto* c = static_cast<std::uint16_t*>(s.compressed.get());
-      compress<float_to_bfloat16, bfloat16_to_float>(rb.spec.dtype, s.buffer.get(), c, n,
-                                                      comm_.size());
+      host_ops::compress(s.buffer.get(), rb.spec.dtype, c, DType::kBFloat16, n, comm_.size());
       s.work = comm_.allreduce(c, c, n, DType::kBFloat16, ReduceOp::kSum);
       break;
     }
@@ -345,8 +357,8 @@ void Reducer::launch(std::size_t b) {
 void Reducer::poll() {
   for (std::size_t b = 0; b < next_to_launch_; ++b) {
     auto& t = timing_.buckets[b];
-    if (!happened(t.completed) && state_[b].work && state_[b].work->is_completed())
-      t.completed = ReducerClock::now();
+    const auto& w = state_[b].post ? state_[b].post : state_[b].work;
+    if (!happened(t.completed) && w && w->is_completed()) t.completed = ReducerClock::now();
   }
 }
 
@@ -356,6 +368,9 @@ void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point deadline) {
       Millis(1), std::chrono::duration_cast<Millis>(deadline - ReducerClock::now()));
   try {
     s.work->wait(left);
+    if (s.post)
+      s.post->wait(std::max(Millis(1), std::chrono::duration_cast<Millis>(
+                                           deadline - ReducerClock::now())));
   } catch (const TimeoutError& e) {
     const auto& params = buckets_[b].spec.param_indices;
     std::vector<std::size_t> first(params.begin(),
@@ -375,15 +390,15 @@ void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point deadline) {
 
 void Reducer::finish_bucket(std::size_t b) {
   auto& s = state_[b];
-  const auto& rb = buckets_[b];
-  const auto n = static_cast<std::size_t>(rb.numel);
-  if (options_.hook == CompressionHook::kFp16)
-    decompress<half_to_float>(static_cast<const std::uint16_t*>(s.compressed.get()), rb.spec.dtype,
-                              s.buffer.get(), n);
-  else if (options_.hook == CompressionHook::kBf16)
-    decompress<bfloat16_to_float>(static_cast<const std::uint16_t*>(s.compressed.get()),
-                                  rb.spec.dtype, s.buffer.get(), n);
-  for (std::size_t p : rb.spec.param_indices) copy_out_of_bucket(p);
+  if (!ops_) {
+    const auto& rb = buckets_[b];
+    const auto n = static_cast<std::size_t>(rb.numel);
+    if (options_.hook == CompressionHook::kFp16)
+      host_ops::decompress(s.compressed.get(), DType::kFloat16, s.buffer.get(), rb.spec.dtype, n);
+    else if (options_.hook == CompressionHook::kBf16)
+      host_ops::decompress(s.compressed.get(), DType::kBFloat16, s.buffer.get(), rb.spec.dtype, n);
+    for (std::size_t p : rb.spec.param_indices) copy_out_of_bucket(p);
+  }
   s.done = true;
 }
 
@@ -401,7 +416,10 @@ void Reducer::drain_in_flight(ReducerClock::time_point deadline) noexcept {
     }
   };
   for (std::size_t b = 0; b < state_.size(); ++b)
-    if (state_[b].launched && !state_[b].done) drain(state_[b].work);
+    if (state_[b].launched && !state_[b].done) {
+      drain(state_[b].work);
+      drain(state_[b].post);
+    }
   drain(used_map_work_);
   used_map_work_.reset();
   // A collective that is still running may write into buffers we are about

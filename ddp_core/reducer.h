@@ -19,12 +19,15 @@
 // slice of its bucket (no copy); without, each gradient owns its buffer and
 // is copied into the bucket when marked ready and back after the reduction.
 //
-// Device memory (NCCL). The Communicator offers only synchronous host<->
-// device copies and this build has no device kernels, so on device buffers:
-// averaging always uses the op AVG (NCCL divides inside the kernel), the
-// copy-in/copy-out of views-off mode goes through a host staging buffer (two
-// synchronous copies: correct, not fast), and the fp16/bf16 hooks, which
-// need a device cast, are refused with a UsageError.
+// The stream path. On device memory (NCCL) every step between gradients and
+// collectives is enqueued on the communicator's own stream through its
+// StreamOps (comm/stream_ops.h): zeroing of unused gradients, the views-off
+// flatten into the bucket and unflatten back (one batched kernel per bucket),
+// the division by the world size, the fp16/bf16 hooks' casts. Nothing waits
+// on the host between a bucket's launch and finalize(). The same path runs on
+// host memory with ReducerOptions::stream_path (Gloo runs the steps on its
+// worker thread), which is how it is tested without a GPU; results are
+// identical to the default host path.
 #pragma once
 
 #include <chrono>
@@ -68,6 +71,8 @@ struct ReducerOptions {
   Averaging averaging = Averaging::kDivideThenSum;
   // Deadline of finalize()'s waits; zero means the communicator's default.
   Millis timeout{0};
+  // Use the stream path on host memory too (always used on device memory).
+  bool stream_path = false;
 };
 
 // Timestamps of one bucket in the last iteration. A time point equal to the
@@ -156,6 +161,8 @@ class Reducer {
     bool launched = false;
     bool done = false;
     std::shared_ptr<Work> work;
+    std::shared_ptr<Work> post;  // stream path: the fence after the bucket's post-processing
+    std::unique_ptr<StreamOps::CopyPlan> plan;  // stream path, views off
   };
 
   void mark_ready_impl(std::size_t param_index, bool used);
@@ -170,16 +177,17 @@ class Reducer {
   std::string describe_params(const std::vector<std::size_t>& params) const;
   void copy_into_bucket(std::size_t param_index, bool zero);
   void copy_out_of_bucket(std::size_t param_index);
+  void launch_stream(std::size_t b);
 
   Communicator& comm_;
   ModelLayout layout_;
   ReducerOptions options_;
   bool device_ = false;
+  StreamOps* ops_ = nullptr;  // the stream path when set
   std::vector<ReducerBucket> buckets_;
   std::vector<BucketState> state_;
   std::vector<Where> where_;
   std::vector<CommBuffer> own_grads_;  // views off: one buffer per parameter
-  std::vector<std::uint8_t> host_staging_;  // device views-off copies
   std::vector<std::uint8_t> marked_;   // this iteration: 0 no, 1 used, 2 unused
   std::vector<std::uint8_t> used_map_;  // host copy of the bitmap (1 = used)
   CommBuffer used_map_buffer_;          // comm memory for its all_reduce

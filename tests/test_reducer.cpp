@@ -90,13 +90,16 @@ TEST_CASE("reducer: every gradient is the true mean on every rank", "[reducer]")
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
   const Failures f = run_gloo_ranks(n, [&](Communicator& c, int, Failures& fail) {
+    for (bool stream : {false, true})
     for (bool views : {true, false})
       for (Averaging avg : {Averaging::kDivideThenSum, Averaging::kAvgOp}) {
         auto o = small_options();
         o.gradient_as_bucket_view = views;
         o.averaging = avg;
+        o.stream_path = stream;
         Reducer red(c, small_layout(), o);
-        const std::string what = fmt::format("views {} avg-op {}", views, avg == Averaging::kAvgOp);
+        const std::string what = fmt::format("views {} avg-op {} stream {}", views,
+                                             avg == Averaging::kAvgOp, stream);
         for (std::uint64_t it = 0; it < 3; ++it) {
           simulate_backward(red, c, it);
           red.finalize();
@@ -118,14 +121,18 @@ TEST_CASE("reducer: mixed dtypes get buckets of their own", "[reducer]") {
     ModelLayout l = small_layout();
     l.tensors[3].dtype = DType::kFloat64;
     l.tensors[5].dtype = DType::kFloat16;
-    Reducer red(c, l, small_options());
+    for (bool stream : {false, true}) {
+    auto o = small_options();
+    o.stream_path = stream;
+    Reducer red(c, l, o);
     for (const auto& b : red.buckets())
       for (auto p : b.spec.param_indices)
         if (l.tensors[p].dtype != b.spec.dtype) fail.push_back("bucket mixes dtypes");
     for (std::uint64_t it = 0; it < 2; ++it) {
       simulate_backward(red, c, it);
       red.finalize();
-      expect_exact(red, c, it, "mixed dtypes", fail);
+      expect_exact(red, c, it, stream ? "mixed dtypes, stream path" : "mixed dtypes", fail);
+    }
     }
   });
   INFO(describe(f));
@@ -136,13 +143,16 @@ TEST_CASE("reducer: fp16 and bf16 compression hooks", "[reducer]") {
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
   const Failures f = run_gloo_ranks(n, [&](Communicator& c, int, Failures& fail) {
+    for (bool stream : {false, true})
     for (CompressionHook h : {CompressionHook::kFp16, CompressionHook::kBf16})
       for (bool views : {true, false}) {
         auto o = small_options();
         o.hook = h;
         o.gradient_as_bucket_view = views;
+        o.stream_path = stream;
         Reducer red(c, small_layout(), o);
-        const std::string what = fmt::format("hook {} views {}", compression_hook_name(h), views);
+        const std::string what = fmt::format("hook {} views {} stream {}",
+                                             compression_hook_name(h), views, stream);
         // Small integers: exact in 16 bits, so exact through the hook.
         simulate_backward(red, c, 0);
         red.finalize();
@@ -173,13 +183,16 @@ TEST_CASE("reducer: find_unused_parameters, unused on some ranks and on all", "[
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
   const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    for (bool stream : {false, true})
     for (bool views : {true, false})
       for (bool declare : {true, false}) {
         auto o = small_options();
         o.find_unused_parameters = true;
         o.gradient_as_bucket_view = views;
+        o.stream_path = stream;
         Reducer red(c, small_layout(), o);
-        const std::string what = fmt::format("views {} declared {}", views, declare);
+        const std::string what =
+            fmt::format("views {} declared {} stream {}", views, declare, stream);
         for (std::uint64_t it = 0; it < 3; ++it) {
           // Parameter 2 (big.bias) unused everywhere in iteration 1; l1.weight
           // (3) unused on rank 1 only; head.weight (7, the first bucket's)
@@ -311,4 +324,42 @@ TEST_CASE("reducer: early buckets' all_reduce overlaps the backward pass", "[red
     CHECK(s.first_complete_us < s.backward_us);
     CHECK(s.buckets_done_before_end >= static_cast<int>(s.buckets) - 2);
   }
+}
+
+// The stream path (what runs on a GPU) against the host path on values that
+// round: both must produce the same bits, gradient for gradient.
+TEST_CASE("reducer: the stream path gives the host path's bits", "[reducer]") {
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int, Failures& fail) {
+    ModelLayout l = small_layout();
+    l.tensors[3].dtype = DType::kFloat64;
+    l.tensors[5].dtype = DType::kBFloat16;
+    for (CompressionHook h : {CompressionHook::kNone, CompressionHook::kFp16, CompressionHook::kBf16})
+      for (bool views : {true, false}) {
+        std::vector<std::vector<std::uint8_t>> got[2];
+        for (int stream = 0; stream < 2; ++stream) {
+          auto o = small_options();
+          o.hook = h;
+          o.gradient_as_bucket_view = views;
+          o.stream_path = stream == 1;
+          Reducer red(c, l, o);
+          BackwardSimOptions so;
+          so.value_scale = 0.1;
+          simulate_backward(red, c, 5, so);
+          red.finalize();
+          for (std::size_t p = 0; p < l.tensors.size(); ++p) {
+            const auto* g = static_cast<const std::uint8_t*>(red.grad(p));
+            got[stream].emplace_back(g, g + red.grad_bytes(p));
+          }
+        }
+        for (std::size_t p = 0; p < l.tensors.size(); ++p)
+          if (got[0][p] != got[1][p])
+            fail.push_back(fmt::format("rank {} hook {} views {}: {} differs between the paths",
+                                       c.rank(), compression_hook_name(h), views,
+                                       l.tensors[p].name));
+      }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
 }

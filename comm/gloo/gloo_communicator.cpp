@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -170,6 +171,7 @@ enum class OpKind : std::uint8_t {
   kRecv,
   kSendRecv,
   kBarrier,
+  kLocal,  // a StreamOps task: host work in issue order, no traffic
 };
 
 const char* op_name(OpKind k) {
@@ -183,12 +185,14 @@ const char* op_name(OpKind k) {
     case OpKind::kRecv: return "recv";
     case OpKind::kSendRecv: return "sendrecv";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kLocal: return "local";
   }
   return "op";
 }
 
 bool is_collective(OpKind k) {
-  return k != OpKind::kSend && k != OpKind::kRecv && k != OpKind::kSendRecv;
+  return k != OpKind::kSend && k != OpKind::kRecv && k != OpKind::kSendRecv &&
+         k != OpKind::kLocal;
 }
 
 struct OpArgs {
@@ -204,6 +208,8 @@ struct OpArgs {
   // sendrecv only: the receiving half (count/root_or_peer are the sending half).
   std::size_t recv_count = 0;
   int recv_peer = -1;
+  // kLocal only: the task.
+  std::function<void()> local{};
 };
 
 class Core;
@@ -231,7 +237,7 @@ class GlooWork final : public Work {
 
   std::string describe() const {
     std::string s = std::string(op_name(args.kind)) + " #" + std::to_string(seq);
-    if (args.kind == OpKind::kBarrier) return s;
+    if (args.kind == OpKind::kBarrier || args.kind == OpKind::kLocal) return s;
     s += " (" + std::to_string(args.count) + " x " + std::string(dtype_name(args.dtype));
     if (args.kind == OpKind::kAllreduce || args.kind == OpKind::kReduce ||
         args.kind == OpKind::kReduceScatter)
@@ -496,6 +502,9 @@ class Core : public std::enable_shared_from_this<Core> {
       case OpKind::kRecv: return run_recv(a);
       case OpKind::kSendRecv: return run_sendrecv(a);
       case OpKind::kBarrier: return run_barrier(a);
+      case OpKind::kLocal:
+        if (a.local) a.local();
+        return;
     }
   }
 
@@ -719,6 +728,70 @@ void GlooWork::abort() {
 }
 
 // ---------------------------------------------------------------------------
+// StreamOps on the worker thread: host work queued with the collectives, so
+// it runs after the ops issued before it and before those issued after it.
+
+class GlooStreamOps final : public StreamOps {
+ public:
+  explicit GlooStreamOps(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+
+  class HostPlan final : public CopyPlan {
+   public:
+    HostPlan(void* flat, std::uint64_t bytes, std::vector<FlatPiece> pieces)
+        : flat(flat), pieces(std::move(pieces)) {
+      bytes_ = bytes;
+    }
+    void* flat;
+    std::vector<FlatPiece> pieces;
+  };
+
+  std::unique_ptr<CopyPlan> plan(void* flat, std::uint64_t flat_bytes,
+                                 std::span<const FlatPiece> pieces) override {
+    host_ops::check_pieces(flat_bytes, pieces);
+    return std::make_unique<HostPlan>(flat, flat_bytes,
+                                      std::vector<FlatPiece>(pieces.begin(), pieces.end()));
+  }
+  void flatten(const CopyPlan& p) override {
+    const auto* h = &dynamic_cast<const HostPlan&>(p);
+    run([h] { host_ops::flatten(h->flat, h->pieces); });
+  }
+  void unflatten(const CopyPlan& p) override {
+    const auto* h = &dynamic_cast<const HostPlan&>(p);
+    run([h] { host_ops::unflatten(h->flat, h->pieces); });
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes && dst != src) run([=] { std::memcpy(dst, src, bytes); });
+  }
+  void zero(void* dst, std::size_t bytes) override {
+    if (bytes) run([=] { std::memset(dst, 0, bytes); });
+  }
+  void divide(void* buf, std::size_t n, DType t, int divisor) override {
+    if (n) run([=] { host_ops::divide(buf, n, t, divisor); });
+  }
+  void compress(const void* src, DType src_type, void* dst16, DType dst_type, std::size_t n,
+                int divisor) override {
+    host_ops::compress(src, src_type, dst16, dst_type, 0, divisor);  // type check now
+    if (n) run([=] { host_ops::compress(src, src_type, dst16, dst_type, n, divisor); });
+  }
+  void decompress(const void* src16, DType src_type, void* dst, DType dst_type,
+                  std::size_t n) override {
+    host_ops::decompress(src16, src_type, dst, dst_type, 0);
+    if (n) run([=] { host_ops::decompress(src16, src_type, dst, dst_type, n); });
+  }
+  std::shared_ptr<Work> fence() override { return run(nullptr); }
+
+ private:
+  std::shared_ptr<Work> run(std::function<void()> task) {
+    OpArgs args;
+    args.kind = OpKind::kLocal;
+    args.local = std::move(task);
+    return core_->submit(std::move(args));
+  }
+
+  std::shared_ptr<Core> core_;
+};
+
+// ---------------------------------------------------------------------------
 // The communicator
 
 class GlooCommunicator final : public Communicator {
@@ -811,6 +884,11 @@ class GlooCommunicator final : public Communicator {
 
   void abort() override { core_->abort("Communicator::abort"); }
 
+  StreamOps* stream_ops() override {
+    if (!stream_ops_) stream_ops_ = std::make_unique<GlooStreamOps>(core_);
+    return stream_ops_.get();
+  }
+
  private:
   std::shared_ptr<Work> submit(const OpArgs& args) { return core_->submit(args); }
 
@@ -828,6 +906,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Core> core_;
+  std::unique_ptr<GlooStreamOps> stream_ops_;
   std::string device_;
 };
 

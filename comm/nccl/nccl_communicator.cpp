@@ -35,6 +35,7 @@
 #include <vector>
 #include <thread>
 
+#include "comm/nccl/device_kernels.h"
 #include "comm/nccl/nccl_compat.h"
 
 namespace ddpdiag::nccl_backend {
@@ -211,6 +212,102 @@ ncclResult_t wait_comm_state(ncclComm_t comm, Clock::time_point deadline) {
   }
 }
 
+// StreamOps as kernels on the communicator's stream (comm/nccl/device_kernels.h):
+// ordered with its collectives, no host synchronisation.
+class NcclStreamOps final : public StreamOps {
+ public:
+  NcclStreamOps(std::shared_ptr<Shared> shared, cudaStream_t stream)
+      : shared_(std::move(shared)), stream_(stream) {}
+
+  class DevicePlan final : public CopyPlan {
+   public:
+    DevicePlan(int device, std::uint64_t bytes, std::vector<kernels::CopyChunk> chunks)
+        : device_(device), count_(chunks.size()) {
+      bytes_ = bytes;
+      if (chunks.empty()) return;
+      cudaSetDevice(device_);
+      const std::size_t size = chunks.size() * sizeof(kernels::CopyChunk);
+      cudaError_t e = cudaMalloc(&chunks_, size);
+      if (e == cudaSuccess) e = cudaMemcpy(chunks_, chunks.data(), size, cudaMemcpyHostToDevice);
+      if (e != cudaSuccess) {
+        if (chunks_) cudaFree(chunks_);
+        chunks_ = nullptr;
+        throw BackendError("uploading a flatten plan of " + std::to_string(count_) +
+                               " chunks failed: " + cuda_message(e),
+                           ErrorContext{"stream_ops.plan", -1, -1, "a CUDA error; check the GPU"});
+      }
+    }
+    ~DevicePlan() override {
+      if (chunks_) cudaFree(chunks_);
+    }
+    DevicePlan(const DevicePlan&) = delete;
+    DevicePlan& operator=(const DevicePlan&) = delete;
+    const kernels::CopyChunk* chunks() const { return chunks_; }
+    std::size_t count() const { return count_; }
+
+   private:
+    int device_;
+    kernels::CopyChunk* chunks_ = nullptr;
+    std::size_t count_;
+  };
+
+  std::unique_ptr<CopyPlan> plan(void* flat, std::uint64_t flat_bytes,
+                                 std::span<const FlatPiece> pieces) override {
+    host_ops::check_pieces(flat_bytes, pieces);
+    return std::make_unique<DevicePlan>(shared_->device, flat_bytes,
+                                        kernels::make_chunks(flat, pieces));
+  }
+  void flatten(const CopyPlan& p) override { run_plan(p, true, "flatten"); }
+  void unflatten(const CopyPlan& p) override { run_plan(p, false, "unflatten"); }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (!bytes || dst == src) return;
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "copy");
+  }
+  void zero(void* dst, std::size_t bytes) override {
+    if (bytes) check(cudaMemsetAsync(dst, 0, bytes, stream_), "zero");
+  }
+  void divide(void* buf, std::size_t n, DType t, int divisor) override {
+    check(kernels::divide(buf, n, t, divisor, stream_), "divide");
+  }
+  void compress(const void* src, DType src_type, void* dst16, DType dst_type, std::size_t n,
+                int divisor) override {
+    host_ops::compress(src, src_type, dst16, dst_type, 0, divisor);  // the type check
+    check(kernels::compress(src, src_type, dst16, dst_type, n, divisor, stream_), "compress");
+  }
+  void decompress(const void* src16, DType src_type, void* dst, DType dst_type,
+                  std::size_t n) override {
+    host_ops::decompress(src16, src_type, dst, dst_type, 0);
+    check(kernels::decompress(src16, src_type, dst, dst_type, n, stream_), "decompress");
+  }
+  std::shared_ptr<Work> fence() override {
+    cudaSetDevice(shared_->device);
+    cudaEvent_t ev = nullptr;
+    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(ev, stream_);
+    if (e != cudaSuccess) {
+      if (ev) cudaEventDestroy(ev);
+      check(e, "fence");
+    }
+    return std::make_shared<NcclWork>(shared_, ev, "fence #" + std::to_string(++fences_));
+  }
+
+ private:
+  void run_plan(const CopyPlan& p, bool to_flat, const char* what) {
+    const auto& d = dynamic_cast<const DevicePlan&>(p);
+    check(kernels::copy_chunks(d.chunks(), d.count(), to_flat, stream_), what);
+  }
+  void check(cudaError_t e, const char* what) {
+    if (e == cudaSuccess) return;
+    throw BackendError(std::string(what) + " on rank " + std::to_string(shared_->rank) +
+                           " could not be enqueued: CUDA " + cuda_message(e),
+                       ErrorContext{what, shared_->rank, -1, "a CUDA error; check the GPU"});
+  }
+
+  std::shared_ptr<Shared> shared_;
+  cudaStream_t stream_;
+  std::uint64_t fences_ = 0;
+};
+
 class NcclCommunicator final : public Communicator {
  public:
   NcclCommunicator(const CommOptions& opts, std::shared_ptr<Shared> shared, cudaStream_t stream,
@@ -357,6 +454,11 @@ class NcclCommunicator final : public Communicator {
 
   void abort() override { shared_->abort(); }
 
+  StreamOps* stream_ops() override {
+    if (!stream_ops_) stream_ops_ = std::make_unique<NcclStreamOps>(shared_, stream_);
+    return stream_ops_.get();
+  }
+
  private:
   template <typename Launch>
   std::shared_ptr<Work> enqueue(const char* what, Launch&& launch) {
@@ -415,6 +517,7 @@ class NcclCommunicator final : public Communicator {
   std::string device_name_;
   void* barrier_buf_ = nullptr;
   std::uint64_t issued_ = 0;
+  std::unique_ptr<NcclStreamOps> stream_ops_;
 };
 
 // "uuid|pci bus id|host|ordinal" of a device, as published at rendezvous.

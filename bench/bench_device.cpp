@@ -1,0 +1,222 @@
+// Device benchmarks on one GPU (run by scripts/gpu-check.sh):
+//  1. NCCL all_reduce at world size 1, per size: host-timed (a burst of
+//     back-to-back ops, then one synchronisation, as nccl-tests times) and
+//     CUDA-graph replay (the burst captured once, replayed, as nccl-tests -G).
+//  2. The reducer's bucket flatten/unflatten (StreamOps on the NCCL
+//     communicator's stream) for the largest bucket of each model preset,
+//     as a fraction of a device-to-device cudaMemcpyAsync of the same bytes
+//     measured the same way (target: at least 0.9).
+// Prints tables and writes every figure to --json FILE.
+// Usage: ddpdiag_bench_device [--json FILE] [--max-bytes N] [--iters N]
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comm/communicator.h"
+#include "comm/store/store.h"
+#include "comm/stream_ops.h"
+#include "ddp_core/bucket_assignment.h"
+#include "ddp_core/model_layout.h"
+#include "reports/report.h"
+
+namespace {
+
+using namespace ddpdiag;
+using Clock = std::chrono::steady_clock;
+
+[[noreturn]] void die(const std::string& what) {
+  std::fprintf(stderr, "ddpdiag_bench_device: %s\n", what.c_str());
+  std::exit(1);
+}
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) die(std::string(what) + ": " + cudaGetErrorString(e));
+}
+void check(ncclResult_t r, const char* what) {
+  if (r != ncclSuccess) die(std::string(what) + ": " + ncclGetErrorString(r));
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Median of `reps` timings of f(), each divided by `per`.
+template <typename F>
+double median_us(int reps, int per, F&& f) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    f();
+    t.push_back(seconds_since(t0) * 1e6 / per);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+nlohmann::json nccl_latency(std::size_t max_bytes, int iters) {
+  ncclComm_t comm = nullptr;
+  const int dev = 0;
+  check(cudaSetDevice(dev), "cudaSetDevice");
+  check(ncclCommInitAll(&comm, 1, &dev), "ncclCommInitAll");
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  void* buf = nullptr;
+  check(cudaMalloc(&buf, max_bytes), "cudaMalloc");
+  check(cudaMemset(buf, 0, max_bytes), "cudaMemset");
+  int version = 0;
+  ncclGetVersion(&version);
+
+  std::printf("# NCCL all_reduce, world size 1, float32 sum, in place (NCCL code %d)\n", version);
+  std::printf("# %12s %14s %14s %10s\n", "bytes", "host (us)", "graph (us)", "graph/host");
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
+    const std::size_t count = bytes / 4;
+    auto burst = [&] {
+      for (int i = 0; i < iters; ++i)
+        check(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, comm, s), "ncclAllReduce");
+    };
+    burst();  // warm-up
+    check(cudaStreamSynchronize(s), "sync");
+    const double host_us = median_us(5, iters, [&] {
+      burst();
+      check(cudaStreamSynchronize(s), "sync");
+    });
+    // The same burst as one CUDA graph.
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    check(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    burst();
+    check(cudaStreamEndCapture(s, &graph), "cudaStreamEndCapture");
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    check(cudaGraphLaunch(exec, s), "cudaGraphLaunch");  // warm-up
+    check(cudaStreamSynchronize(s), "sync");
+    const double graph_us = median_us(5, iters, [&] {
+      check(cudaGraphLaunch(exec, s), "cudaGraphLaunch");
+      check(cudaStreamSynchronize(s), "sync");
+    });
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    std::printf("  %12zu %14.2f %14.2f %10.3f\n", bytes, host_us, graph_us, graph_us / host_us);
+    rows.push_back({{"bytes", bytes}, {"host_us", host_us}, {"graph_us", graph_us}});
+  }
+  cudaFree(buf);
+  cudaStreamDestroy(s);
+  ncclCommDestroy(comm);
+  return rows;
+}
+
+nlohmann::json flatten_throughput(int iters) {
+  CommOptions o;
+  o.backend = Backend::kNccl;
+  o.store = std::make_shared<MemoryStore>();
+  o.timeout = std::chrono::seconds(60);
+  auto comm = make_communicator(o);
+  StreamOps* ops = comm->stream_ops();
+  if (!ops) die("the NCCL communicator has no stream ops");
+  cudaStream_t s = nullptr;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+
+  std::printf("\n# bucket flatten/unflatten on the GPU vs cudaMemcpyAsync D2D of the same bytes\n");
+  std::printf("# %-11s %8s %10s %12s %12s %12s %9s %9s\n", "model", "tensors", "bytes",
+              "flatten GB/s", "unflat GB/s", "memcpy GB/s", "flat/cpy", "unfl/cpy");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const std::string name : {"resnet50", "bert-large", "gpt2"}) {
+    const auto layout = *ddp_core::model_preset(name);
+    const auto buckets = ddp_core::ddp_buckets(layout, ddp_core::kDefaultBucketCapBytes,
+                                               ddp_core::kDefaultFirstBucketBytes);
+    const ddp_core::DdpBucket* big = &buckets[0];
+    for (const auto& b : buckets)
+      if (b.bytes > big->bytes) big = &b;
+    CommBuffer flat(*comm, big->bytes), src(*comm, big->bytes);
+    std::vector<CommBuffer> tensors;
+    std::vector<FlatPiece> pieces;
+    std::uint64_t off = 0;
+    for (std::size_t p : big->param_indices) {
+      const auto bytes = layout.tensors[p].bytes();
+      tensors.emplace_back(*comm, bytes);
+      pieces.push_back({tensors.back().get(), off, bytes});
+      off += bytes;
+    }
+    auto plan = ops->plan(flat.get(), big->bytes, pieces);
+    const double gb = static_cast<double>(big->bytes) / 1e9;
+    auto timed_ops = [&](bool to_flat) {
+      auto run = [&] {
+        for (int i = 0; i < iters; ++i) to_flat ? ops->flatten(*plan) : ops->unflatten(*plan);
+        ops->fence()->wait(std::chrono::seconds(60));
+      };
+      run();
+      return median_us(5, iters, run);
+    };
+    const double flat_us = timed_ops(true), unflat_us = timed_ops(false);
+    auto copy_burst = [&] {
+      for (int i = 0; i < iters; ++i)
+        check(cudaMemcpyAsync(flat.get(), src.get(), big->bytes, cudaMemcpyDeviceToDevice, s),
+              "cudaMemcpyAsync");
+      check(cudaStreamSynchronize(s), "sync");
+    };
+    copy_burst();
+    const double copy_us = median_us(5, iters, copy_burst);
+    const double fg = gb / (flat_us * 1e-6), ug = gb / (unflat_us * 1e-6),
+                 cg = gb / (copy_us * 1e-6);
+    std::printf("  %-11s %8zu %10llu %12.1f %12.1f %12.1f %9.3f %9.3f\n", name.c_str(),
+                pieces.size(), static_cast<unsigned long long>(big->bytes), fg, ug, cg, fg / cg,
+                ug / cg);
+    rows.push_back({{"model", name},
+                    {"tensors", pieces.size()},
+                    {"bytes", big->bytes},
+                    {"flatten_gbps", fg},
+                    {"unflatten_gbps", ug},
+                    {"memcpy_d2d_gbps", cg},
+                    {"flatten_vs_memcpy", fg / cg},
+                    {"unflatten_vs_memcpy", ug / cg}});
+  }
+  cudaStreamDestroy(s);
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path;
+  std::size_t max_bytes = 256u << 20;
+  int iters = 50;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) die(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--json")
+      json_path = value();
+    else if (a == "--max-bytes")
+      max_bytes = std::stoull(value());
+    else if (a == "--iters")
+      iters = std::max(1, std::stoi(value()));
+    else
+      die("unknown flag " + a + " (flags: --json FILE --max-bytes N --iters N)");
+  }
+  if (cuda_device_count() == 0) die("no GPU: " + cuda_unavailable_reason());
+  nlohmann::json doc;
+  doc["nccl_allreduce_ws1"] = nccl_latency(max_bytes, iters);
+  doc["bucket_flatten"] = flatten_throughput(iters);
+  double worst = 1e9;
+  for (const auto& r : doc["bucket_flatten"])
+    worst = std::min({worst, r["flatten_vs_memcpy"].get<double>(),
+                      r["unflatten_vs_memcpy"].get<double>()});
+  doc["flatten_target"] = 0.9;
+  doc["flatten_worst_ratio"] = worst;
+  std::printf("\n# flatten/unflatten worst ratio to memcpy: %.3f (target >= 0.9): %s\n", worst,
+              worst >= 0.9 ? "met" : "NOT met");
+  if (!json_path.empty()) reports::write_json_atomic(json_path, doc);
+  return 0;
+}
