@@ -40,6 +40,9 @@ using namespace std::chrono_literals;
 
 constexpr int kIoBoundMs = 5000;  // far above any honest answer on loopback
 
+// libFuzzer's -timeout is a SIGALRM timer, so every blocking call here can
+// return EINTR; each one retries.
+
 int connect_to(int port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) fail("socket: %s", std::strerror(errno));
@@ -47,7 +50,16 @@ int connect_to(int port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(static_cast<std::uint16_t>(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) fail("connect: %s", std::strerror(errno));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+  if (errno != EINTR) fail("connect: %s", std::strerror(errno));
+  // Interrupted: the connection goes on in the background; wait for it.
+  pollfd p{fd, POLLOUT, 0};
+  while (::poll(&p, 1, kIoBoundMs) < 0 && errno == EINTR) {
+  }
+  int err = 0;
+  socklen_t len = sizeof(err);
+  ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+  if (!(p.revents & POLLOUT) || err != 0) fail("connect: %s", std::strerror(err ? err : ETIMEDOUT));
   return fd;
 }
 
@@ -63,6 +75,7 @@ void close_hard(int fd) {
 void send_some(int fd, const std::uint8_t* p, std::size_t n) {
   while (n > 0) {
     ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return;
     p += w;
     n -= static_cast<std::size_t>(w);
@@ -82,6 +95,7 @@ void drain_to_eof(int fd) {
       fail("poll: %s", std::strerror(errno));
     }
     ssize_t r = ::recv(fd, buf, sizeof(buf), 0);
+    if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return;
   }
 }
@@ -90,8 +104,11 @@ bool recv_exact(int fd, std::uint8_t* out, std::size_t n) {
   std::size_t off = 0;
   while (off < n) {
     pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, kIoBoundMs) <= 0) return false;
+    int rc = ::poll(&p, 1, kIoBoundMs);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return false;
     ssize_t r = ::recv(fd, out + off, n - off, 0);
+    if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     off += static_cast<std::size_t>(r);
   }
