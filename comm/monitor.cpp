@@ -277,10 +277,15 @@ Diagnosis diagnose_store_unreachable(const RankState& self, int size,
     on_hosts += (i ? ", " : "") + others_hosts[i];
   if (!on_hosts.empty())
     on_hosts = fmt::format(" (host{} {})", others_hosts.size() == 1 ? "" : "s", on_hosts);
+  // The client's messages name the store themselves: "the store at H:P did
+  // not answer ..." reads "it did not answer ..." after our own "The store at".
+  std::string why = store_error;
+  const std::string named = "the store at " + store_address + " ";
+  if (why.rfind(named, 0) == 0) why = "it " + why.substr(named.size());
   d.lines.push_back(fmt::format(
       "The store at {} is unreachable from rank {}{}: no other rank's state can be read, so {}{} "
       "{} unreachable from here.",
-      store_address, self.rank, store_error.empty() ? "" : " (" + store_error + ")",
+      store_address, self.rank, why.empty() ? "" : " (" + why + ")",
       ranks_word(d.gone), on_hosts, d.gone.size() == 1 ? "is" : "are"));
   std::string last;
   if (const Fingerprint* f = self.at(self.last_started)) last = " " + f->describe();

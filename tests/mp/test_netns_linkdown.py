@@ -113,13 +113,18 @@ def setup():
         sh("ip", "-n", SWITCH, "link", "set", SWITCH_END[i], "up")
 
 
-def start(rank, args, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+def start(rank, hosts, args, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+    """Starts `rank` of a job whose rank r runs on host hosts[r]."""
+    host = hosts[rank]
+    local = [r for r in range(len(hosts)) if hosts[r] == host]
     inner = [BIN] + args[:1] + [
-        "--rank", str(rank), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
-        str(port), "--gloo-interface", IFACE, "--timeout", str(TIMEOUT)] + args[1:]
+        "--rank", str(rank), "--world-size", str(len(hosts)), "--local-rank",
+        str(local.index(rank)), "--local-world-size", str(len(local)), "--master-addr", ADDR[0],
+        "--master-port", str(port), "--gloo-interface", IFACE, "--timeout", str(TIMEOUT)
+    ] + args[1:]
     script = 'hostname "$0" && exec "$@"'
-    cmd = ["ip", "netns", "exec", HOSTS[rank], "unshare", "--uts", "sh", "-c", script,
-           "host%d" % rank] + inner
+    cmd = ["ip", "netns", "exec", HOSTS[host], "unshare", "--uts", "sh", "-c", script,
+           "host%d" % host] + inner
     return subprocess.Popen(cmd, env=clean_env(), stdout=stdout, stderr=stderr, text=True,
                             preexec_fn=die_with_parent)
 
@@ -146,6 +151,17 @@ def rank_path(path, rank):
     return path[:-len(".json")] + ".rank%d.json" % rank
 
 
+def ranks_word(ranks):
+    """As ddpdiag writes them: "rank 2", "ranks 2 and 3", "ranks 0, 1 and 2"."""
+    if len(ranks) == 1:
+        return "rank %d" % ranks[0]
+    return "ranks %s and %d" % (", ".join(str(r) for r in ranks[:-1]), ranks[-1])
+
+
+def ranks_are(ranks):
+    return ranks_word(ranks) + (" is" if len(ranks) == 1 else " are")
+
+
 def remove(*paths):
     for p in paths:
         if os.path.exists(p):
@@ -164,13 +180,13 @@ class LinkDown(unittest.TestCase):
             raise
         LinkDown.port += 2
         self.json = tmp_json()
-        self.addCleanup(remove, self.json, *[rank_path(self.json, r) for r in range(3)])
+        self.addCleanup(remove, self.json, *[rank_path(self.json, r) for r in range(4)])
 
     def tearDown(self):
         teardown()
 
-    def init_check_passes(self):
-        procs = [start(r, ["init-check"], self.port) for r in range(3)]
+    def init_check_passes(self, hosts):
+        procs = [start(r, hosts, ["init-check"], self.port) for r in range(len(hosts))]
         try:
             res = [p.communicate(timeout=60) + (p.returncode,) for p in procs]
         finally:
@@ -186,7 +202,7 @@ class LinkDown(unittest.TestCase):
                     self.fail("rank %d ended (rc %s) before the cut:\n%s" % (r, p.returncode,
                                                                           f.read()))
 
-    def run_and_cut(self, cut):
+    def run_and_cut(self, hosts, cut):
         """Runs allreduce-test on the three hosts, calls cut() once rank 0 has
         printed its table header, and returns per rank (rc, stderr, seconds
         from the cut to the rank's exit).
@@ -196,13 +212,14 @@ class LinkDown(unittest.TestCase):
         --timeout on a healthy link, so a run that times out was stopped by
         the cut, and the sweep outlasts the bound by minutes. Output goes to
         files, which never fill up as a pipe would."""
+        n = len(hosts)
         args = ["allreduce-test", "-b", "64K", "-e", "128K", "-i", "16", "-n", "5", "-w", "1",
                 "--json", self.json]
         logs = tempfile.TemporaryDirectory(prefix="ddpdiag-linkdown-")
         self.addCleanup(logs.cleanup)
         files = [(open(os.path.join(logs.name, "out%d" % r), "w+"),
-                  open(os.path.join(logs.name, "err%d" % r), "w+")) for r in range(3)]
-        procs = [start(r, args, self.port + 1, *files[r]) for r in range(3)]
+                  open(os.path.join(logs.name, "err%d" % r), "w+")) for r in range(n)]
+        procs = [start(r, hosts, args, self.port + 1, *files[r]) for r in range(n)]
         ended = {}
         try:
             t0 = time.monotonic()
@@ -217,7 +234,7 @@ class LinkDown(unittest.TestCase):
             cut()
             t_cut = time.monotonic()
             # Poll all three, so each exit time is its own.
-            while len(ended) < 3 and time.monotonic() - t_cut < TIMEOUT + 60:
+            while len(ended) < n and time.monotonic() - t_cut < TIMEOUT + 60:
                 for r, p in enumerate(procs):
                     if r not in ended and p.poll() is not None:
                         ended[r] = time.monotonic() - t_cut
@@ -233,55 +250,77 @@ class LinkDown(unittest.TestCase):
                 out[r] = (p.returncode, f.read(), ended.get(r, float("inf")))
         sys.stderr.write("\n  exit after the cut: %s\n" % ", ".join(
             "rank %d %.1f s (rc %s)" % (r, out[r][2], out[r][0]) for r in sorted(out)))
-        for r in range(3):
+        for r in range(n):
             self.assertIn(r, ended, "rank %d did not end within %d s of the cut:\n%s"
                           % (r, TIMEOUT + 60, out[r][1]))
         return out
 
-    def test_host2_link_down_names_it_unreachable(self):
-        self.init_check_passes()
-        out = self.run_and_cut(lambda: sh("ip", "-n", HOSTS[2], "link", "set", IFACE, "down"))
-        for r in range(3):
+    def host2_link_down(self, hosts):
+        """hosts[r]: the host of rank r. Host 2's interface goes down inside
+        its namespace."""
+        n = len(hosts)
+        cut = [r for r in range(n) if hosts[r] == 2]
+        self.init_check_passes(hosts)
+        out = self.run_and_cut(hosts, lambda: sh("ip", "-n", HOSTS[2], "link", "set", IFACE,
+                                                 "down"))
+        for r in range(n):
             rc, se, elapsed = out[r]
             self.assertEqual(rc, 5, "rank %d: %s" % (r, se))
             self.assertLess(elapsed, TIMEOUT + MARGIN, "rank %d: %s" % (r, se))
-        for r in (0, 1):
+        for r in range(n):
+            if r in cut:
+                continue
             se = out[r][1]
-            self.assertIn("Rank 2 did not publish its state: it is unreachable", se)
+            for q in cut:
+                self.assertIn("Rank %d did not publish its state: it is unreachable: no state and "
+                              "no heartbeat" % q, se)
             self.assertIn("(host host2, pid", se)
-            self.assertIn("hint: rank 2 is unreachable (host host2)", se)
+            self.assertIn("hint: %s unreachable (host host2)" % ranks_are(cut), se)
             self.assertNotIn("The store at", se)
+            # It reached the store: its view is in rank 0's report, no file of its own.
+            self.assertFalse(os.path.exists(rank_path(self.json, r)))
         rep = load(self.json)
         self.assertEqual(rep["error"]["exit_code"], 5)
-        self.assertEqual(rep["error"]["peer"], 2)
+        self.assertEqual(rep["error"]["peer"], cut[0])
         wd = rep["results"]["watchdog"]
-        self.assertEqual(wd["diagnosis"]["gone_ranks"], [2])
-        self.assertEqual(wd["diagnosis"]["unreachable_ranks"], [2])
+        self.assertEqual(wd["diagnosis"]["gone_ranks"], cut)
+        self.assertEqual(wd["diagnosis"]["unreachable_ranks"], cut)
         self.assertTrue(wd["store"]["reachable"])
-        self.assertTrue(any("Rank 2 did not publish its state: it is unreachable" in f
+        self.assertTrue(any("Rank %d did not publish its state: it is unreachable" % cut[0] in f
                             for f in wd["diagnosis"]["findings"]), wd["diagnosis"])
-        # Rank 1 reached the store: its view is in rank 0's report, no file of its own.
-        self.assertFalse(os.path.exists(rank_path(self.json, 1)))
 
-        se2 = out[2][1]
         store = "%s:%d" % (ADDR[0], self.port + 1)
-        self.assertIn("The store at %s is unreachable from rank 2" % store, se2)
-        self.assertIn("ranks 0 and 1 (hosts host0, host1) are unreachable from here", se2)
-        self.assertIn("its own report: " + rank_path(self.json, 2), se2)
-        own = load(rank_path(self.json, 2))
-        self.assertEqual(own["world"]["size"], 3)
-        self.assertEqual(own["error"]["exit_code"], 5)
-        self.assertEqual(own["error"]["rank"], 2)
-        wd2 = own["results"]["watchdog"]
-        self.assertEqual(wd2["diagnosis"]["unreachable_ranks"], [0, 1])
-        self.assertEqual(wd2["store"], {"address": store, "reachable": False,
-                                        "error": wd2["store"]["error"]})
-        self.assertTrue(wd2["store"]["error"], json.dumps(wd2["store"]))
+        for r in cut:
+            se = out[r][1]
+            others = [q for q in range(n) if q != r]
+            on = sorted({hosts[q] for q in others})
+            self.assertIn("The store at %s is unreachable from rank %d (it did not answer "
+                          % (store, r), se)
+            self.assertIn("%s (host%s %s) %s unreachable from here" % (
+                ranks_word(others), "s" if len(on) > 1 else "",
+                ", ".join("host%d" % h for h in on), "are" if len(others) > 1 else "is"), se)
+            self.assertIn("its own report: " + rank_path(self.json, r), se)
+            own = load(rank_path(self.json, r))
+            self.assertEqual(own["world"]["size"], n)
+            self.assertEqual(own["error"]["exit_code"], 5)
+            self.assertEqual(own["error"]["rank"], r)
+            wd = own["results"]["watchdog"]
+            self.assertEqual(wd["diagnosis"]["unreachable_ranks"], others)
+            self.assertEqual(wd["store"], {"address": store, "reachable": False,
+                                           "error": wd["store"]["error"]})
+            self.assertIn("did not answer", wd["store"]["error"])
+
+    def test_host2_link_down_names_it_unreachable(self):
+        self.host2_link_down([0, 1, 2])
+
+    def test_host2_with_two_ranks_link_down_names_both(self):
+        self.host2_link_down([0, 1, 2, 2])
 
     def test_store_host_link_down_names_the_store_unreachable(self):
-        self.init_check_passes()
+        hosts = [0, 1, 2]
+        self.init_check_passes(hosts)
         # The switch side this time: host0's port on the bridge goes down.
-        out = self.run_and_cut(lambda: sh("ip", "-n", SWITCH, "link", "set", SWITCH_END[0],
+        out = self.run_and_cut(hosts, lambda: sh("ip", "-n", SWITCH, "link", "set", SWITCH_END[0],
                                           "down"))
         store = "%s:%d" % (ADDR[0], self.port + 1)
         for r in range(3):
