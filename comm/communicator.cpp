@@ -55,6 +55,13 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& opts) {
                    ErrorContext{"backend.init", opts.rank, -1, "use --backend gloo or nccl"});
 }
 
+std::unique_ptr<Communicator> Communicator::split(int, int, Millis) {
+  throw BackendError("split is not implemented by the " + std::string(backend_name(backend())) +
+                         " backend",
+                     ErrorContext{"split", rank(), -1,
+                                  "create sub-groups with make_group_communicator"});
+}
+
 std::shared_ptr<Work> Communicator::sendrecv(const void*, std::size_t, int, void*, std::size_t, int,
                                              DType, std::uint32_t) {
   throw BackendError("sendrecv is not implemented by the " + std::string(backend_name(backend())) +

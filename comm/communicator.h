@@ -110,6 +110,16 @@ class Communicator {
   // Abort every outstanding operation; the communicator is unusable afterwards.
   virtual void abort() = 0;
 
+  // Splits this communicator the way ncclCommSplit does: collective over all
+  // of its ranks (every rank calls it, in the same order as its other
+  // collectives); ranks passing the same color >= 0 form a new communicator,
+  // ranked by key; a rank passing color < 0 takes no part and gets nullptr.
+  // Only where can_split() (NCCL); elsewhere BackendError, and sub-groups
+  // come from make_group_communicator (comm/group.h). TimeoutError at the
+  // deadline (the half-made communicator is aborted).
+  virtual bool can_split() const { return false; }
+  virtual std::unique_ptr<Communicator> split(int color, int key, Millis timeout);
+
   // Copies and element-wise work ordered with this communicator's
   // collectives (comm/stream_ops.h); owned by the communicator. nullptr for
   // a communicator that has none.

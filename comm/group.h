@@ -3,8 +3,9 @@
 // of hosts, halves). Gloo: a new context over the job's store under its own
 // prefix (gloo/gloo_group.h). NCCL: a new communicator whose unique id is
 // exchanged through the store under the group's prefix; it does not need a
-// healthy parent, which matters when the parent is the thing that failed
-// (ncclCommSplit would need one).
+// healthy parent, which matters when the parent is the thing that failed.
+// With a healthy NCCL parent, Communicator::split (ncclCommSplit) is the
+// cheaper way, which diag/bisect.cpp tries first.
 #pragma once
 
 #include <memory>

@@ -145,6 +145,10 @@ class AccountingCommunicator final : public Communicator {
   }
   void abort() override { inner_.abort(); }
   StreamOps* stream_ops() override { return inner_.stream_ops(); }
+  bool can_split() const override { return inner_.can_split(); }
+  std::unique_ptr<Communicator> split(int color, int key, Millis timeout) override {
+    return inner_.split(color, key, timeout);
+  }
 
  private:
   Communicator& inner_;

@@ -119,6 +119,10 @@ class MonitoredCommunicator final : public Communicator {
   void abort() override;
   // Local work carries no fingerprint: it cannot desynchronise the ranks.
   StreamOps* stream_ops() override { return inner_->stream_ops(); }
+  bool can_split() const override { return inner_->can_split(); }
+  std::unique_ptr<Communicator> split(int color, int key, Millis timeout) override {
+    return inner_->split(color, key, timeout);
+  }
 
   Communicator& inner() { return *inner_; }
   std::int64_t last_started() const { return started_.load(); }

@@ -18,13 +18,15 @@ using Clock = std::chrono::steady_clock;
 // One group's test on one member: init, warm-up, timed all_reduces, then a
 // checked one. Inputs are rank+1 so the sum is exact in float.
 GroupOutcome test_group(Job& job, const std::vector<Fault>& faults, const BisectGroup& g,
-                        std::size_t index, const BisectOptions& bo) {
+                        std::size_t index, const BisectOptions& bo,
+                        std::unique_ptr<Communicator> split) {
   GroupOutcome out;
   out.group = g;
   out.ran = true;
   try {
-    auto inner = make_group_communicator(job.comm_options, g.ranks,
-                                         fmt::format("bisect/{}", index));
+    auto inner = split ? std::move(split)
+                       : make_group_communicator(job.comm_options, g.ranks,
+                                                 fmt::format("bisect/{}", index));
     inner->set_default_timeout(job.timeout);
     MonitorOptions mo;  // no store: faults only, no watchdog
     mo.rank = inner->rank();
@@ -75,12 +77,30 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
   if (job.rank() == 0)
     std::printf("# bisect: %zu sub-group(s) of %d rank(s)\n", groups.size(), job.size());
   std::vector<GroupOutcome> outcomes;
+  // NCCL: sub-groups are split off the world communicator (ncclCommSplit,
+  // every rank taking part, members with color 0) while it is healthy; once
+  // a split fails on this rank, or on a backend without split (Gloo), each
+  // group is a fresh communicator over the store (Gloo sub-contexts), which
+  // does not need a healthy parent.
+  bool try_split = job.comm && job.comm->can_split();
   for (std::size_t i = 0; i < groups.size(); ++i) {
     const auto& g = groups[i];
     const bool member = std::find(g.ranks.begin(), g.ranks.end(), job.rank()) != g.ranks.end();
     const std::string key = fmt::format("{}/{}", base, i);
+    std::unique_ptr<Communicator> split;
+    if (try_split) {
+      try {
+        split = job.comm->split(member ? 0 : -1, job.rank(), job.timeout);
+      } catch (const Error& e) {
+        try_split = false;
+        std::fprintf(stderr,
+                     "[rank %d] bisect: splitting the world communicator failed (%s); this and "
+                     "the remaining sub-groups are created over the store\n",
+                     job.rank(), e.what());
+      }
+    }
     if (member) {
-      GroupOutcome mine = test_group(job, faults, g, i, bo);
+      GroupOutcome mine = test_group(job, faults, g, i, bo, std::move(split));
       job.store->set(fmt::format("{}/result/{}", key, job.rank()),
                      to_bytes(nlohmann::json({{"error", mine.error},
                                               {"wrong", mine.wrong},

@@ -459,6 +459,60 @@ class NcclCommunicator final : public Communicator {
     return stream_ops_.get();
   }
 
+  bool can_split() const override { return true; }
+  // ncclCommSplit, non-blocking like init: the parent's state and then the
+  // child's are polled until they leave ncclInProgress or the deadline.
+  std::unique_ptr<Communicator> split(int color, int key, Millis timeout) override {
+    if (shared_->aborted.load())
+      throw BackendError("split on rank " + std::to_string(rank()) +
+                             ": the communicator was aborted",
+                         ErrorContext{"split", rank(), -1, "create a new communicator"});
+    const auto deadline = deadline_after(timeout);
+    cudaSetDevice(shared_->device);
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    ncclComm_t child = nullptr;
+    ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
+                                   &child, &config);
+    if (r == ncclSuccess || r == ncclInProgress) r = wait_comm_state(shared_->comm, deadline);
+    if (r == ncclSuccess && child) r = wait_comm_state(child, deadline);
+    if (r != ncclSuccess) {
+      const std::string msg = r == ncclInProgress ? "" : nccl_message(r, shared_->comm);
+      if (child) ncclCommAbort(child);
+      if (r == ncclInProgress)
+        throw TimeoutError("ncclCommSplit did not finish within " +
+                               std::to_string(timeout.count()) + " ms on rank " +
+                               std::to_string(rank()),
+                           ErrorContext{"split", rank(), -1,
+                                        "every rank of the parent must call split; a rank "
+                                        "that does not (or is stuck) blocks the others"});
+      throw BackendError("ncclCommSplit failed on rank " + std::to_string(rank()) + ": " + msg,
+                         ErrorContext{"split", rank(), -1,
+                                      "rerun with NCCL_DEBUG=INFO for NCCL's own diagnosis"});
+    }
+    if (color < 0 || !child) return nullptr;
+    int child_rank = 0, child_size = 0;
+    ncclCommUserRank(child, &child_rank);
+    ncclCommCount(child, &child_size);
+    auto shared = std::make_shared<Shared>();
+    shared->comm = child;
+    shared->rank = child_rank;
+    shared->device = shared_->device;
+    cudaStream_t stream = nullptr;
+    if (const cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+        e != cudaSuccess) {
+      shared->abort();
+      throw BackendError("cudaStreamCreateWithFlags failed: " + cuda_message(e),
+                         ErrorContext{"split", rank(), -1, "a CUDA error; check the GPU"});
+    }
+    CommOptions o;
+    o.backend = Backend::kNccl;
+    o.rank = child_rank;
+    o.world_size = child_size;
+    o.timeout = timeout_;
+    return std::make_unique<NcclCommunicator>(o, std::move(shared), stream, device_name_);
+  }
+
  private:
   template <typename Launch>
   std::shared_ptr<Work> enqueue(const char* what, Launch&& launch) {
