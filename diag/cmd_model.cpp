@@ -518,7 +518,8 @@ Subcommand add_model_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--check-against", opts->check_against,
                   "Reports of measured runs (any world size) to compare predictions with; repeatable")
-      ->expected(1);
+      ->expected(1)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app->add_option("--check-min-bytes", opts->check_min_bytes,
                   "Compare only sizes >= this (bandwidth-bound)")
       ->capture_default_str();
@@ -533,7 +534,8 @@ Subcommand add_model_command(CLI::App& parent) {
       "  tree    T = 2 ceil(log2 p) (alpha + n beta)     (binomial reduce + broadcast, not pipelined)\n"
       "  gather  T = 2(p-1) (alpha + n beta)             (DataParallel-style, at the root's link)\n"
       "Fit: least squares of relative residuals, alpha, beta >= 0, per series of the inputs\n"
-      "(backend, ring, gather); refused with fewer than 3 points, one size only, or beta <= 0.\n"
+      "(backend, ring, gather), one point per size (the faster of out-of-place and in-place);\n"
+      "refused with fewer than 3 points, one size only, or beta <= 0.\n"
       "Hosts: ranks host by host; a ring step costs its slowest link (each inter-host link is\n"
       "crossed once per step); a tree round its slowest pair; gather sums the root's exchanges.\n"
       "Buckets: ddp_buckets() per cap, gradients ready in reverse order at --compute-gbps, each\n"

@@ -155,9 +155,12 @@ struct ReportRows {
 };
 
 // The all_reduce rows of an allreduce-test, dp-vs-ring or bucket-sweep
-// report: each timing block (out-of-place and in-place) of each size row is
-// one sample. Throws UsageError naming `source` for another command, a
-// report without a world size, or one without any usable row.
+// report, one sample per size row: the faster of its out-of-place and
+// in-place times. Both time the same all_reduce, and other processes on the
+// machine only ever add time, so the faster is the better measure of what
+// the links cost. Blocks with wrong results are left out. Throws UsageError
+// naming `source` for another command, a report without a world size, or
+// one without any usable row.
 ReportRows extract_rows(const nlohmann::json& report, const std::string& source);
 
 }  // namespace ddpdiag::cli::scale

@@ -243,25 +243,31 @@ TEST_CASE("scale model: the bucket schedule worked by hand", "[scale_model]") {
 
 TEST_CASE("scale model: rows of sweep reports", "[scale_model]") {
   json block = {{"time_us", 100.0}, {"busbw_gbps", 1.0}, {"wrong", 0}};
+  json faster = {{"time_us", 80.0}, {"busbw_gbps", 1.2}, {"wrong", 0}};
   json ar = {{"command", "allreduce-test"},
              {"world", {{"size", 2}, {"hosts", {"a"}}}},
              {"results",
               {{"collective", "all_reduce"},
                {"sizes",
-                {{{"bytes", 1024}, {"out_of_place", block}, {"in_place", block}},
+                {{{"bytes", 1024}, {"out_of_place", block}, {"in_place", faster}},
                  {{"bytes", 4096}, {"out_of_place", block}, {"in_place", nullptr}},
-                 {{"bytes", 8192}, {"out_of_place", {{"time_us", 5.0}, {"wrong", 3}}}, {"in_place", nullptr}}}}}}};
+                 {{"bytes", 8192}, {"out_of_place", {{"time_us", 5.0}, {"wrong", 3}}}, {"in_place", block}},
+                 {{"bytes", 16384}, {"out_of_place", {{"time_us", 5.0}, {"wrong", 3}}}, {"in_place", nullptr}}}}}}};
   const auto rows = extract_rows(ar, "ar.json");
   CHECK(rows.command == "allreduce-test");
   CHECK(rows.world_size == 2);
   CHECK(rows.hosts == 1);
-  // The block with wrong results is left out.
+  // One sample per size, the faster block; blocks with wrong results are
+  // left out, and a size with no other block with them.
   REQUIRE(rows.rows.size() == 3);
   CHECK(rows.rows[0].series == "backend");
   CHECK(rows.rows[0].sample.world_size == 2);
   CHECK(rows.rows[0].sample.bytes == 1024);
-  CHECK(rows.rows[0].sample.time_s == Approx(100e-6));
-  CHECK(rows.rows[2].sample.bytes == 4096);
+  CHECK(rows.rows[0].sample.time_s == Approx(80e-6));
+  CHECK(rows.rows[1].sample.bytes == 4096);
+  CHECK(rows.rows[1].sample.time_s == Approx(100e-6));
+  CHECK(rows.rows[2].sample.bytes == 8192);
+  CHECK(rows.rows[2].sample.time_s == Approx(100e-6));
 
   json dvr = {{"command", "dp-vs-ring"},
               {"world", {{"size", 4}, {"hosts", {"a", "b"}}}},

@@ -1,0 +1,250 @@
+"""`ddpdiag model` against measured runs: an allreduce-test sweep at 2 Gloo
+ranks is fitted, the predictions for 3 and 4 ranks are compared with
+allreduce-test measured at 3 and 4 ranks, and a fit from 2 + 3 ranks is
+compared with 4. Every prediction is recomputed here from the fitted alpha
+and beta and the ring formula, every error is printed, and the
+bandwidth-bound sizes (>= 1 MiB) must be within TOLERANCE_FACTOR of the
+measurement either way.
+
+TOLERANCE_FACTOR, from what was measured on this 2-core machine while other
+builds ran (load 6 to 11): 3 and 4 Gloo ranks are over-subscribed and a burst
+of load can double one size's time. Over eight rounds of sweeps the worst
+point of each round was off by 1.4x to 2.2x, twice 3.0x to 3.2x (the fit
+from 2 ranks predicting 3 and 4) and 1.1x to 1.9x, once 3.1x (the fit from
+2 + 3 predicting 4); typical errors are 10 % to 50 %, mostly under-predicted
+at 4 ranks. The limit is 3, and a round outside it is measured once more
+(fresh sweeps at 2, 3 and 4 ranks): a model wrong in kind fails both
+rounds, a burst of load rarely hits two.
+
+Also: the planning prediction at 64 ranks on 8 hosts with given links, its
+bucket caps and recommendation, the report against the schema and through
+the renderer, and input that must be refused (exit 2)."""
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import load, main, run, tmp_json  # noqa: E402
+
+TOLERANCE_FACTOR = 3.0
+SWEEP = ["-b", "4K", "-e", "16M", "-f", "4", "-n", "10", "-w", "3", "-c", "1"]
+
+
+def ring_s(alpha_s, beta, p, n):
+    return 2 * (p - 1) * alpha_s + 2 * (p - 1) / p * n * beta
+
+
+class ModelVsMeasured(unittest.TestCase):
+    sweeps = {}
+
+    @classmethod
+    def measure(cls):
+        for n in (2, 3, 4):
+            path = cls.sweeps.get(n) or tmp_json()
+            p = run(["allreduce-test", "--nproc", str(n), "--json", path] + SWEEP)
+            if p.returncode != 0:
+                raise AssertionError("allreduce-test --nproc %d: exit %d\n%s%s"
+                                     % (n, p.returncode, p.stdout, p.stderr))
+            cls.sweeps[n] = path
+
+    @classmethod
+    def setUpClass(cls):
+        cls.measure()
+
+    @classmethod
+    def tearDownClass(cls):
+        for path in cls.sweeps.values():
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def model(self, args, expect_rc=(0,)):
+        path = tmp_json()
+        p = run(["model"] + args + ["--json", path])
+        print(p.stdout, end="")
+        self.assertIn(p.returncode, expect_rc, p.stdout + p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["command"], "model")
+        return p, rep
+
+    def measured(self, n, min_bytes):
+        """(bytes, time_s) per size >= min_bytes of the n-rank sweep: the
+        faster of the out-of-place and in-place blocks, as the model reads
+        them."""
+        with open(self.sweeps[n]) as f:
+            rep = json.load(f)
+        out = []
+        for row in rep["results"]["sizes"]:
+            times = [row[b]["time_us"] for b in ("out_of_place", "in_place") if row[b] is not None]
+            if row["bytes"] >= min_bytes:
+                out.append((row["bytes"], min(times) * 1e-6))
+        return out
+
+    def one_round(self, fit_from, predict):
+        """Fits, predicts, checks the report's figures exactly; returns the
+        worst error factor and whether the model's own check passed."""
+        args = [self.sweeps[n] for n in fit_from]
+        for n in predict:
+            args += ["--check-against", self.sweeps[n]]
+        p, rep = self.model(args + ["--max-error-factor", str(TOLERANCE_FACTOR)], expect_rc=(0, 1))
+        res = rep["results"]
+        fits = {f["series"]: f for f in res["fits"]}
+        self.assertEqual(list(fits), ["backend"])
+        fit = fits["backend"]
+        self.assertEqual(fit["formula"], "ring")
+        self.assertEqual(fit["world_sizes"], list(fit_from))
+        self.assertEqual(fit["points"], 7 * len(fit_from))  # 4K .. 16M
+        self.assertGreater(fit["bandwidth_gbps"], 0)
+        self.assertGreaterEqual(fit["alpha_us"], 0)
+        alpha_s, beta = fit["alpha_us"] * 1e-6, fit["beta_s_per_byte"]
+        print("fit from %s ranks: alpha %.1f us, %.3f GB/s, R^2 %.4f, rms relative error %.1f%%"
+              % ("+".join(map(str, fit_from)), fit["alpha_us"], fit["bandwidth_gbps"],
+                 fit["r_squared"], fit["rms_rel_error_pct"]))
+
+        rows = res["validation"]
+        expected = [(n, b, t) for n in predict for (b, t) in self.measured(n, 1 << 20)]
+        self.assertEqual(len(rows), len(expected))
+        worst = 1.0
+        for row, (n, b, t) in zip(rows, expected):
+            self.assertEqual((row["world_size"], row["bytes"]), (n, b))
+            pred = ring_s(alpha_s, beta, n, b)
+            self.assertAlmostEqual(row["predicted_us"], pred * 1e6, delta=1e-6 * pred * 1e6)
+            self.assertAlmostEqual(row["measured_us"], t * 1e6, delta=1e-9 * t * 1e6)
+            factor = max(pred / t, t / pred)
+            self.assertAlmostEqual(row["error_factor"], factor, places=6)
+            self.assertEqual(row["within_tolerance"], factor <= TOLERANCE_FACTOR)
+            worst = max(worst, factor)
+            print("fit from %s, predict %d ranks, %8d B: measured %9.1f us, predicted %9.1f us, "
+                  "error %+6.1f%% (factor %.2f)"
+                  % ("+".join(map(str, fit_from)), n, b, t * 1e6, pred * 1e6,
+                     100 * (pred / t - 1), factor))
+        self.assertAlmostEqual(res["validation_worst_error_factor"], worst, places=6)
+        check = [c for c in rep["checks"] if c["name"] == "prediction_error"][0]
+        self.assertEqual(check["status"], "pass" if worst <= TOLERANCE_FACTOR else "fail", check)
+        return worst
+
+    def check_predictions(self, fit_from, predict):
+        worst = self.one_round(fit_from, predict)
+        if worst > TOLERANCE_FACTOR:
+            print("worst factor %.2f is over %g: measuring the sweeps once more" % (worst, TOLERANCE_FACTOR))
+            type(self).measure()
+            worst = self.one_round(fit_from, predict)
+        self.assertLessEqual(worst, TOLERANCE_FACTOR,
+                             "predictions from %s ranks off by %.2fx in two rounds of sweeps"
+                             % (fit_from, worst))
+
+    def test_fit_2_predict_3_4(self):
+        self.check_predictions((2,), (3, 4))
+
+    def test_fit_2_3_predict_4(self):
+        self.check_predictions((2, 3), (4,))
+
+    def test_the_check_can_fail(self):
+        # No two measurements agree to 0.01 %: with that tolerance over every
+        # size the comparison must fail, and say where.
+        p, rep = self.model([self.sweeps[2], "--check-against", self.sweeps[4],
+                             "--max-error-factor", "1.0001", "--check-min-bytes", "4K"],
+                            expect_rc=(1,))
+        check = [c for c in rep["checks"] if c["name"] == "prediction_error"][0]
+        self.assertEqual(check["status"], "fail")
+        self.assertEqual(rep["verdict"], "FAIL")
+        self.assertIn("OUTSIDE", p.stdout)
+        self.assertTrue(any(not v["within_tolerance"] for v in rep["results"]["validation"]))
+
+    def test_plan_64_ranks_on_8_hosts(self):
+        args = [self.sweeps[2], "--world-size", "64", "--ranks-per-host", "8",
+                "--inter-gbps", "1.25", "--inter-latency-us", "50", "-b", "1M", "-e", "64M",
+                "--model", "resnet50", "--caps", "1,5,25,100", "--compute-gbps", "1",
+                "--max-fit-error", "1000"]  # the fit's quality gate is not under test here
+        p, rep = self.model(args)
+        res = rep["results"]
+        self.assertEqual(rep["verdict"], "PASS")
+        self.assertEqual(res["prediction"]["hosts"], 8)
+        links = {l["algorithm"]: l for l in res["prediction"]["links"]}
+        self.assertEqual(sorted(links), ["gather", "ring", "tree"])
+        self.assertEqual(links["ring"]["fit_series"], "backend")
+        self.assertTrue(links["ring"]["measured"])
+        self.assertFalse(links["tree"]["measured"])
+        self.assertAlmostEqual(links["ring"]["inter"]["bandwidth_gbps"], 1.25)
+        self.assertAlmostEqual(links["ring"]["inter"]["alpha_us"], 50)
+        self.assertEqual(links["ring"]["inter"]["source"], "flags")
+        self.assertEqual(links["ring"]["intra"]["source"], "fit")
+        fit = res["fits"][0]
+        self.assertAlmostEqual(links["ring"]["intra"]["alpha_us"], fit["alpha_us"])
+        # Ring at 64 MiB: 126 steps of 1 MiB, each at the slower link's pace.
+        n = 64 << 20
+        intra = fit["alpha_us"] * 1e-6 + n / 64 * fit["beta_s_per_byte"]
+        inter = 50e-6 + n / 64 / 1.25e9
+        ring = [s for s in res["sizes"] if s["algorithm"] == "ring" and s["bytes"] == n][0]
+        self.assertAlmostEqual(ring["time_us"], 126 * max(intra, inter) * 1e6, delta=1e-3)
+        self.assertEqual(sorted({s["algorithm"] for s in res["sizes"]}), ["gather", "ring", "tree"])
+        self.assertEqual(len(res["sizes"]), 3 * 4)  # 1M, 4M, 16M, 64M
+        # The bucket caps: ResNet-50's buckets as `ddpdiag buckets` builds
+        # them, and the recommendation is the least exposed time.
+        caps = res["caps"]
+        self.assertEqual([c["bucket_cap_mb"] for c in caps], [1, 5, 25, 100])
+        for c in caps:
+            self.assertEqual(sum(c["bucket_bytes"]), res["total_bytes"])
+            self.assertGreater(c["exposed_comm_time_us"], 0)
+            self.assertLessEqual(c["exposed_comm_time_us"], c["comm_time_us"] + 1e-6)
+        best = min(caps, key=lambda c: c["exposed_comm_time_us"])
+        self.assertEqual(res["recommended_cap_mb"], best["bucket_cap_mb"])
+        self.assertIn("# Recommendation: bucket_cap_mb=%g" % best["bucket_cap_mb"], p.stdout)
+        path = tmp_json()
+        bk = run(["buckets", "--model", "resnet50", "--bucket-cap-mb", "25", "--json", path])
+        self.assertEqual(bk.returncode, 0, bk.stderr)
+        with open(path) as f:
+            expect = [b["bytes"] for b in json.load(f)["results"]["buckets"]]
+        os.unlink(path)
+        self.assertEqual([c for c in caps if c["bucket_cap_mb"] == 25][0]["bucket_bytes"], expect)
+
+    def test_report_renders(self):
+        path, html = tmp_json(), tmp_json() + ".html"
+        p = run(["model", self.sweeps[2], "--world-size", "16", "--model", "mlp",
+                 "--max-fit-error", "1000", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        load(path)
+        r = run(["report", "render", path, "--html", html])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(html) as f:
+            page = f.read()
+        self.assertIn("ddpdiag model", page)
+        self.assertIn("Bucket sweep", page)  # the caps chart
+        os.unlink(path)
+        os.unlink(html)
+
+    def test_refusals(self):
+        # One size only: latency and bandwidth cannot be told apart.
+        one = tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
+                 "--no-in-place", "--json", one])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        path = tmp_json()
+        p = run(["model", one, "--world-size", "8", "--json", path])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("1 measured point(s), at least 3 are needed", p.stderr)
+        rep = load(path)  # the error is in the report too
+        self.assertEqual(rep["verdict"], "ERROR")
+        self.assertEqual(rep["error"]["kind"], "usage")
+        os.unlink(path)
+        # Four points, all of one size at one world size.
+        p = run(["model", one, one, one, one, "--world-size", "8"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("cannot separate latency from bandwidth", p.stderr)
+        os.unlink(one)
+        for args, message in (
+                ([self.sweeps[2], "--world-size", "10", "--ranks-per-host", "4"],
+                 "--ranks-per-host 4 does not divide the world size 10"),
+                ([self.sweeps[2], "--world-size", "5000"], "is not in 2..4096"),
+                ([self.sweeps[2]], "nothing to predict"),
+                (["/nonexistent/report.json", "--world-size", "8"], "/nonexistent/report.json"),
+        ):
+            with self.subTest(args=args):
+                p = run(["model"] + args)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(message, p.stderr)
+
+
+if __name__ == "__main__":
+    main()
