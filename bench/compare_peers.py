@@ -238,6 +238,7 @@ def measure_allreduce(a, plan, state):
                 "ddpdiag_busbw_gbps": busbw(b, med["ddpdiag"], n)[1],
                 "torch_busbw_gbps": busbw(b, med["torch"], n)[1],
                 "bare_gloo_busbw_gbps": busbw(b, med["bare_gloo"], n)[1],
+                "ddpdiag_time_us": med["ddpdiag"],
                 # busbw ratios = inverse time ratios (same bytes, same n)
                 "ddpdiag_over_torch": med["torch"] / med["ddpdiag"],
                 "ddpdiag_over_bare_gloo": med["bare_gloo"] / med["ddpdiag"],
@@ -248,13 +249,14 @@ def measure_allreduce(a, plan, state):
 def print_allreduce(ratio_rows, repeats):
     print("# all_reduce, float32 sum in place, bus bandwidth (GB/s) from the median time of "
           "%d repeat(s)" % repeats)
-    print("# %5s %10s %12s %12s %12s %14s %16s" % ("ranks", "size", "ddpdiag", "torch",
-                                                   "bare gloo", "ddpdiag/torch",
-                                                   "ddpdiag/bare"))
+    print("# %5s %10s %12s %12s %12s %14s %14s %12s" % ("ranks", "size", "ddpdiag", "torch",
+                                                         "bare gloo", "ddpdiag/torch",
+                                                         "ddpdiag/bare", "ddpdiag(us)"))
     for r in ratio_rows:
-        print("  %5d %10s %12.4f %12.4f %12.4f %14.3f %16.3f" % (
+        print("  %5d %10s %12.4g %12.4g %12.4g %14.3f %14.3f %12.1f" % (
             r["world_size"], human(r["bytes"]), r["ddpdiag_busbw_gbps"], r["torch_busbw_gbps"],
-            r["bare_gloo_busbw_gbps"], r["ddpdiag_over_torch"], r["ddpdiag_over_bare_gloo"]))
+            r["bare_gloo_busbw_gbps"], r["ddpdiag_over_torch"], r["ddpdiag_over_bare_gloo"],
+            r.get("ddpdiag_time_us", float("nan"))))
     print()
     sys.stdout.flush()
 
@@ -639,7 +641,8 @@ def parse_args():
     ap.add_argument("--python", default=sys.executable, help="Python with torch 1.13")
     ap.add_argument("--json", default="compare-peers.json", help="report file")
     ap.add_argument("--quick", action="store_true",
-                    help="a smoke run: 2 ranks, 3 sizes, 1 repeat, small everything")
+                    help="a smoke run: 2 ranks, 3 sizes, 1 repeat, the mlp layout at one cap, "
+                         "64 rendezvous clients, short store runs")
     ap.add_argument("--ranks", default="2,4", help="world sizes for all_reduce")
     ap.add_argument("--min-bytes", default="4")
     ap.add_argument("--max-bytes", default="256M")
@@ -664,16 +667,21 @@ def parse_args():
     ap.add_argument("--skip", default="",
                     help="comma list of parts to leave out: allreduce, reducer, rendezvous, store")
     ap.add_argument("--timeout", type=int, default=300, help="seconds for any one run")
+    ap.add_argument("--from-report", metavar="FILE",
+                    help="print the tables and verdicts of an earlier report; measure nothing")
     ap.add_argument("--self-test", action="store_true",
                     help="run --quick into a temporary report and check it (the ctest entry)")
     a = ap.parse_args()
+    if a.from_report:
+        return a
     if a.self_test:
         a.quick = True
         a.json = os.path.join(tempfile.mkdtemp(prefix="compare-peers-"), "report.json")
     if a.quick:
         a.ranks, a.min_bytes, a.max_bytes, a.repeats = "2", "4", "1M", 1
         a.factor, a.iters, a.warmup = 512, 5, 1
-        a.caps, a.ddp_iters, a.ddp_warmup = "25", 2, 1
+        # The mlp layout: the same reducer path, a fraction of resnet50's time.
+        a.caps, a.model, a.ddp_iters, a.ddp_warmup = "25", "mlp", 2, 1
         a.rdzv_clients, a.store_min_time, a.timeout = "64", 0.05, 60
     try:
         a.ranks = [int(x) for x in a.ranks.split(",")]
@@ -755,7 +763,7 @@ def self_test(a, rc):
                    "ratio to bare Gloo at %d" % b)
     expect(len(res.get("all_reduce_ratios", [])) == 3, "3 ratio rows")
     red = res.get("reducer", [])
-    # An iteration of 97.5 MiB of gradients takes well under a minute here.
+    # An iteration of the mlp layout's gradients takes well under a minute here.
     expect(len(red) == 1 and red[0]["cap_mb"] == 25 and 0 < red[0]["ddpdiag_us"] < 60e6 and
            0 < red[0]["torch_us"] < 60e6, "reducer rows: %s" % red)
     rz = res.get("rendezvous", [])
@@ -781,8 +789,26 @@ def torch_version(python):
     return p.stdout.strip() if p.returncode == 0 else None
 
 
+def print_report(path):
+    with open(path) as f:
+        rep = json.load(f)
+    res = rep.get("results", {})
+    if res.get("all_reduce_ratios"):
+        print_allreduce(res["all_reduce_ratios"], res.get("repeats", 0))
+    print_reducer(res.get("reducer", []))
+    print_rendezvous(res.get("rendezvous", []), res.get("rendezvous_ratios", []))
+    print_store(res.get("store", []))
+    print("# targets (measured vs target)")
+    for c in rep.get("checks", []):
+        print("  %-36s %-5s %s" % (c["name"], c["status"].upper(), c["detail"]))
+    print("# verdict: %s" % rep.get("verdict"))
+    return 0
+
+
 def main():
     a = parse_args()
+    if a.from_report:
+        return print_report(a.from_report)
     tv = torch_version(a.python)
     if not tv or not tv.startswith("1.13"):
         print("SKIP: torch 1.13 is not importable from %s (found: %s); install python3-torch" %
