@@ -120,6 +120,7 @@ struct TcpStoreServer::Impl {
   std::unordered_map<std::uint64_t, Waiter> waiters;
   std::unordered_map<std::string, std::vector<std::uint64_t>> waiters_by_key;
   std::vector<std::uint64_t> to_close;
+  std::vector<std::uint8_t> read_buf;  // the loop's scratch for recv
   std::uint64_t next_conn_id = kFirstConnId;
   std::uint64_t next_wait_id = 1;
 
@@ -296,17 +297,18 @@ struct TcpStoreServer::Impl {
   void on_readable(Conn& c) {
     std::size_t got_total = 0;
     bool eof = false;
+    // Read into the loop's scratch buffer and append what came: growing
+    // c.in by a whole chunk first would zero-fill 64 KiB per event, which
+    // costs more than serving a small request.
+    if (read_buf.size() < kReadChunkBytes) read_buf.resize(kReadChunkBytes);
     while (got_total < kMaxReadPerEventBytes) {
-      std::size_t old = c.in.size();
-      c.in.resize(old + kReadChunkBytes);
-      ssize_t r = ::recv(c.fd, c.in.data() + old, kReadChunkBytes, 0);
+      ssize_t r = ::recv(c.fd, read_buf.data(), kReadChunkBytes, 0);
       if (r > 0) {
-        c.in.resize(old + static_cast<std::size_t>(r));
+        c.in.insert(c.in.end(), read_buf.data(), read_buf.data() + r);
         got_total += static_cast<std::size_t>(r);
         if (static_cast<std::size_t>(r) < kReadChunkBytes) break;
         continue;
       }
-      c.in.resize(old);
       if (r == 0) {
         eof = true;
       } else if (errno == EINTR) {
