@@ -107,13 +107,22 @@ BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
         o.time_us > it->second + min_slow_us)
       o.slow = true;
   }
+  // Wrong results and errors outrank slowness: when any group failed
+  // outright, only those groups are judged, so a group that merely looked
+  // slow (a noisy timing) cannot pull the suspects away from the broken one.
+  bool any_hard = false;
+  for (const auto& o : outcomes)
+    if (o.ran && (!o.error.empty() || o.wrong > 0)) any_hard = true;
+  auto counts_as_bad = [&](const GroupOutcome& o) {
+    return any_hard ? !o.error.empty() || o.wrong > 0 : o.bad();
+  };
   BisectVerdict v;
   std::set<int> in_good;
   std::optional<std::set<int>> in_every_bad;
   for (const auto& o : outcomes) {
     if (!o.ran) continue;
     std::set<int> members(o.group.ranks.begin(), o.group.ranks.end());
-    if (!o.bad()) {
+    if (!counts_as_bad(o)) {
       in_good.insert(members.begin(), members.end());
       continue;
     }

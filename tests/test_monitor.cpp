@@ -234,6 +234,16 @@ TEST_CASE("bisect judge: a broken rank, a slow rank, nobody", "[bisect]") {
   v = judge_bisect(fine, hosts);
   CHECK(v.suspect_ranks.empty());
   CHECK_FALSE(v.smallest_failing);
+
+  // Wrong results on rank 2 and, by noise, rank 0 alone timed slow: the
+  // wrong results decide, the slow timing does not dilute them.
+  auto noisy = outcome(2, false);
+  for (auto& o : noisy)
+    if (o.group.ranks == std::vector<int>{0}) o.time_us += 50000;
+  v = judge_bisect(noisy, hosts);
+  CHECK(v.suspect_ranks == std::vector<int>{2});
+  REQUIRE(v.smallest_failing);
+  CHECK(v.smallest_failing->ranks == std::vector<int>{2});
 }
 
 // ---------------------------------------------------------------------------
