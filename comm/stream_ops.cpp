@@ -17,13 +17,6 @@ bool is_float(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat64 || is_16bit_float(t);
 }
 
-void check_types(const char* what, DType floating, DType sixteen) {
-  if (!is_float(floating) || !is_16bit_float(sixteen))
-    throw UsageError(std::string(what) + ": needs a floating-point tensor and a 16-bit float type, "
-                         "got " + std::string(dtype_name(floating)) + " and " +
-                         std::string(dtype_name(sixteen)),
-                     ErrorContext{what, -1, -1, "compression hooks apply to floating-point buckets"});
-}
 
 template <std::uint16_t (*To)(float), float (*From)(std::uint16_t)>
 void compress_as(const void* src, DType src_type, std::uint16_t* dst, std::size_t n, int divisor) {
@@ -48,6 +41,14 @@ void decompress_as(const std::uint16_t* src, DType dst_type, void* dst, std::siz
 }
 
 }  // namespace
+
+void check_compress_types(const char* what, DType floating, DType sixteen) {
+  if (!is_float(floating) || !is_16bit_float(sixteen))
+    throw UsageError(std::string(what) + ": needs a floating-point tensor and a 16-bit float type, "
+                         "got " + std::string(dtype_name(floating)) + " and " +
+                         std::string(dtype_name(sixteen)),
+                     ErrorContext{what, -1, -1, "compression hooks apply to floating-point buckets"});
+}
 
 void check_pieces(std::uint64_t flat_bytes, std::span<const FlatPiece> pieces) {
   std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
@@ -96,7 +97,7 @@ void divide(void* buf, std::size_t n, DType t, int divisor) {
 
 void compress(const void* src, DType src_type, void* dst16, DType dst_type, std::size_t n,
               int divisor) {
-  check_types("compress", src_type, dst_type);
+  check_compress_types("compress", src_type, dst_type);
   auto* d = static_cast<std::uint16_t*>(dst16);
   if (dst_type == DType::kFloat16)
     compress_as<float_to_half, half_to_float>(src, src_type, d, n, divisor);
@@ -105,7 +106,7 @@ void compress(const void* src, DType src_type, void* dst16, DType dst_type, std:
 }
 
 void decompress(const void* src16, DType src_type, void* dst, DType dst_type, std::size_t n) {
-  check_types("decompress", dst_type, src_type);
+  check_compress_types("decompress", dst_type, src_type);
   const auto* s = static_cast<const std::uint16_t*>(src16);
   if (src_type == DType::kFloat16)
     decompress_as<half_to_float>(s, dst_type, dst, n);

@@ -83,6 +83,9 @@ void divide(void* buf, std::size_t n, DType t, int divisor);
 void compress(const void* src, DType src_type, void* dst16, DType dst_type, std::size_t n,
               int divisor);
 void decompress(const void* src16, DType src_type, void* dst, DType dst_type, std::size_t n);
+// Throws UsageError unless `floating` is a floating type and `sixteen` is
+// float16 or bfloat16 (what compress/decompress accept).
+void check_compress_types(const char* what, DType floating, DType sixteen);
 // Checks a plan's pieces (inside the flat buffer, no overlap); throws UsageError.
 void check_pieces(std::uint64_t flat_bytes, std::span<const FlatPiece> pieces);
 }  // namespace host_ops

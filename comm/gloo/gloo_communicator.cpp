@@ -770,12 +770,12 @@ class GlooStreamOps final : public StreamOps {
   }
   void compress(const void* src, DType src_type, void* dst16, DType dst_type, std::size_t n,
                 int divisor) override {
-    host_ops::compress(src, src_type, dst16, dst_type, 0, divisor);  // type check now
+    host_ops::check_compress_types("compress", src_type, dst_type);
     if (n) run([=] { host_ops::compress(src, src_type, dst16, dst_type, n, divisor); });
   }
   void decompress(const void* src16, DType src_type, void* dst, DType dst_type,
                   std::size_t n) override {
-    host_ops::decompress(src16, src_type, dst, dst_type, 0);
+    host_ops::check_compress_types("decompress", dst_type, src_type);
     if (n) run([=] { host_ops::decompress(src16, src_type, dst, dst_type, n); });
   }
   std::shared_ptr<Work> fence() override { return run(nullptr); }

@@ -271,12 +271,12 @@ class NcclStreamOps final : public StreamOps {
   }
   void compress(const void* src, DType src_type, void* dst16, DType dst_type, std::size_t n,
                 int divisor) override {
-    host_ops::compress(src, src_type, dst16, dst_type, 0, divisor);  // the type check
+    host_ops::check_compress_types("compress", src_type, dst_type);
     check(kernels::compress(src, src_type, dst16, dst_type, n, divisor, stream_), "compress");
   }
   void decompress(const void* src16, DType src_type, void* dst, DType dst_type,
                   std::size_t n) override {
-    host_ops::decompress(src16, src_type, dst, dst_type, 0);
+    host_ops::check_compress_types("decompress", dst_type, src_type);
     check(kernels::decompress(src16, src_type, dst, dst_type, n, stream_), "decompress");
   }
   std::shared_ptr<Work> fence() override {
