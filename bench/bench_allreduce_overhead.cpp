@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -223,6 +224,7 @@ int run_rank(int rank, int port, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a dead peer is an error, not a silent kill
   if (const char* rank = std::getenv("DDPDIAG_BENCH_RANK"))
     return run_rank(std::atoi(rank), std::atoi(std::getenv("DDPDIAG_BENCH_PORT")), argc, argv);
   TcpStoreServerOptions so;

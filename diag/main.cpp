@@ -1,6 +1,7 @@
 // ddpdiag: one executable, one subcommand a file. Errors from every layer
 // arrive here as exceptions and become exit codes and stderr messages in
 // this one place.
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -20,6 +21,13 @@ void print_error(const Error& e);
 
 int main(int argc, char** argv) {
   using namespace ddpdiag;
+  // A peer that dies leaves its sockets half-closed; Gloo's transport writes
+  // to them without MSG_NOSIGNAL, and the default SIGPIPE would kill this
+  // rank before it can report which peer went away. Ignored, the write fails
+  // with EPIPE and becomes an error naming the peer (as under Python, which
+  // ignores SIGPIPE for torch.distributed). Ranks the launcher starts inherit
+  // this across exec.
+  std::signal(SIGPIPE, SIG_IGN);
   CLI::App app{"ddpdiag: diagnostics for data-parallel training (NCCL and Gloo)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ddpdiag ") + config::kVersion + " (" +
