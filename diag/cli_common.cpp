@@ -14,6 +14,13 @@
 
 namespace ddpdiag::cli {
 
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+}
+
 void print_error(const Error& e) {
   const auto& c = e.context();
   std::string where;

@@ -22,6 +22,13 @@
 
 namespace ddpdiag::cli {
 
+inline constexpr double kMiB = 1024.0 * 1024.0;
+// DDP's default bucket_cap_mb.
+inline constexpr double kDefaultCapMb = 25;
+
+// The median (mean of the middle two for an even count; 0 when empty).
+double median(std::vector<double> v);
+
 void print_error(const Error& e);
 
 // Prints the report's checks and verdict under a command's table (rank 0).

@@ -64,13 +64,6 @@ void fill_rank_values(const LayoutParams& lp, int rank) {
   }
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
   const ModelLayout layout = load_model(o.model);
   const auto chunks_mb = parse_chunks(o.chunk_mb, job.rank());

@@ -40,8 +40,6 @@ namespace {
 using nlohmann::json;
 using namespace ddpdiag::ddp_core;
 
-constexpr double kMiB = 1024.0 * 1024.0;
-constexpr double kDefaultCapMb = 25;
 
 struct BucketSweepOptions {
   CommonOptions common;
@@ -142,11 +140,11 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   run_phase(0, c0, e0, s0, b0);
   run_phase(o.compute_gbps, c1, e1, s1, b1);
   std::tie(row.comm_time_us, row.comm_spread_us) =
-      slowest_and_spread(comm, tools::median(c0), job.timeout);
+      slowest_and_spread(comm, median(c0), job.timeout);
   std::tie(row.exposed_us, row.exposed_spread_us) =
-      slowest_and_spread(comm, tools::median(e1), job.timeout);
-  row.step_us = slowest_and_spread(comm, tools::median(s1), job.timeout).first;
-  row.backward_us = slowest_and_spread(comm, tools::median(b1), job.timeout).first;
+      slowest_and_spread(comm, median(e1), job.timeout);
+  row.step_us = slowest_and_spread(comm, median(s1), job.timeout).first;
+  row.backward_us = slowest_and_spread(comm, median(b1), job.timeout).first;
   const auto wrong = allgather_doubles(comm, {static_cast<double>(row.wrong)}, job.timeout);
   row.wrong = 0;
   for (double w : wrong) row.wrong += static_cast<std::int64_t>(w);

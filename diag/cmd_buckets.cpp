@@ -25,6 +25,7 @@
 #include "ddp_core/model_layout.h"
 #include "reports/render.h"
 #include "diag/launcher.h"
+#include "diag/cli_common.h"
 #include "diag/commands.h"
 #include "reports/report.h"
 
@@ -45,7 +46,6 @@ struct BucketsOptions {
   bool dump_layout = false;
 };
 
-constexpr double kMiB = 1024.0 * 1024.0;
 
 // DDP computes int(bucket_cap_mb * 1024 * 1024) in Python floats; the same
 // double arithmetic gives the same bytes.

@@ -37,13 +37,6 @@ struct DdpStepOptions {
   bool no_check = false;
 };
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 std::uint64_t mib_to_bytes(double mb, const char* flag, int rank) {
   if (!(mb > 0) || mb > 1e12)
     throw UsageError(fmt::format("{} must be a positive number of MiB, got {}", flag, mb),

@@ -98,7 +98,7 @@ SideResult measure_pair(Communicator& comm, int peer, std::size_t bw_bytes, cons
       f();
       t.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     }
-    return tools::median(t);
+    return median(t);
   };
   for (int i = 0; i < 2; ++i) ping();
   s.latency_us = median_us(std::max(1, o.latency_iters), ping) / 2;
@@ -362,7 +362,7 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   res["allreduce_bytes"] = ar_bytes;
   res["allreduce"] = ar_rows;
   res["transport_notes"] = notes;
-  res["median_busbw_gbps"] = tools::median([&] {
+  res["median_busbw_gbps"] = median([&] {
     std::vector<double> v;
     for (const auto& p : pairs) v.push_back(p.bandwidth_gbps);
     return v;

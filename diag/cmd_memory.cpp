@@ -50,7 +50,6 @@ namespace {
 using nlohmann::json;
 using namespace ddpdiag::ddp_core;
 
-constexpr double kMiB = 1024.0 * 1024.0;
 
 struct MemoryOptions {
   CommonOptions common;
@@ -235,7 +234,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   json flagged = json::array();
   std::vector<std::string> named;
   auto flag = [&](const char* metric, const std::vector<double>& v) {
-    const double med = tools::median(v);
+    const double med = median(v);
     for (int r : tools::ranks_above_median(v, o.imbalance_pct)) {
       const double pct = med > 0 ? 100 * (v[r] / med - 1) : 0;
       flagged.push_back({{"rank", r}, {"metric", metric}, {"bytes", v[r]}, {"median_bytes", med},
@@ -247,7 +246,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   flag("total_bytes", totals);
   if (have_process) flag(process_metric, process);
   res["imbalanced_ranks"] = flagged;
-  res["median_total_bytes"] = tools::median(totals);
+  res["median_total_bytes"] = median(totals);
   res["wrong_total"] = wrong_total;
 
   std::string detail;

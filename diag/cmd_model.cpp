@@ -36,8 +36,6 @@ namespace {
 using nlohmann::json;
 using scale::Algorithm;
 
-constexpr double kMiB = 1024.0 * 1024.0;
-constexpr double kDefaultCapMb = 25;
 constexpr int kMaxWorldSize = 4096;
 // Series of the input reports, in the order a prediction prefers them: the
 // backend's own all_reduce is what DDP runs.

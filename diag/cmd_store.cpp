@@ -22,6 +22,7 @@
 #include "ddpdiag/config.h"
 #include "comm/world.h"
 #include "reports/render.h"
+#include "diag/cli_common.h"
 #include "diag/commands.h"
 #include "diag/launcher.h"
 #include "reports/report.h"
@@ -104,12 +105,6 @@ struct PingResult {
   int connect_attempts = 0;
   std::optional<nlohmann::json> error;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 int run_ping(const PingOptions& o) {
   Address addr = parse_address(o.address);

@@ -10,13 +10,6 @@
 
 namespace ddpdiag::cli::tools {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const std::size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
 TimingBlock time_on_every_rank(Communicator& comm, int iters, int warmup, std::size_t bytes,
                                Millis timeout, const std::function<void()>& op) {
   for (int i = 0; i < warmup; ++i) op();

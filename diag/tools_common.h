@@ -19,10 +19,6 @@
 
 namespace ddpdiag::cli::tools {
 
-// Median of the values (mean of the middle two for an even count); 0 when
-// empty.
-double median(std::vector<double> v);
-
 // Times `op` on every rank: warm-up calls, a barrier, then `iters` calls
 // back to back; each rank's time per call is gathered onto every rank and
 // summarised as nccl-tests does (mean over ranks, fastest and slowest rank).

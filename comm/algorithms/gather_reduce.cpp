@@ -16,11 +16,6 @@ constexpr std::uint32_t kGatherTag = 0x6a7e0001;
 
 using Clock = std::chrono::steady_clock;
 
-Millis remaining(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-  return left.count() > 0 ? left : Millis(1);
-}
-
 void check_args(Communicator& comm, int root, const char* phase) {
   if (root < 0 || root >= comm.size())
     throw UsageError(std::string(phase) + ": root " + std::to_string(root) +
@@ -59,8 +54,8 @@ void gather_reduce_allreduce(CountingLinks& links, ScratchMemory& scratch, void*
 
   if (me != root) {
     try {
-      links.send(data, count, dtype, root, kGatherTag)->wait(remaining(deadline));
-      links.recv(data, count, dtype, root, kGatherTag)->wait(remaining(deadline));
+      links.send(data, count, dtype, root, kGatherTag)->wait(time_left(deadline));
+      links.recv(data, count, dtype, root, kGatherTag)->wait(time_left(deadline));
     } catch (Error& e) {
       if (e.context().peer < 0) e.context().peer = root;
       throw;
@@ -78,14 +73,14 @@ void gather_reduce_allreduce(CountingLinks& links, ScratchMemory& scratch, void*
   try {
     for (int p = 0; p < n; ++p)
       if (p != root) works.push_back(links.recv(slots + slot_of(p) * bytes, count, dtype, p, kGatherTag));
-    for (auto& w : works) w->wait(remaining(deadline));
+    for (auto& w : works) w->wait(time_left(deadline));
     works.clear();
     for (int p = 0; p < n; ++p)
       if (p != root) reduce_into(comm, dtype, op, data, slots + slot_of(p) * bytes, count, host_staging);
     if (op == ReduceOp::kAvg) divide_in_place(comm, dtype, data, count, n, host_staging);
     for (int p = 0; p < n; ++p)
       if (p != root) works.push_back(links.send(data, count, dtype, p, kGatherTag));
-    for (auto& w : works) w->wait(remaining(deadline));
+    for (auto& w : works) w->wait(time_left(deadline));
   } catch (...) {
     // Receives may still be posted into `gathered`: stop them before it goes.
     if (!works.empty()) comm.abort();

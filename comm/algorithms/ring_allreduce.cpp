@@ -15,11 +15,6 @@ constexpr std::uint32_t kRingTag = 0x7219e001;
 
 using Clock = std::chrono::steady_clock;
 
-Millis remaining(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-  return left.count() > 0 ? left : Millis(1);
-}
-
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
 }  // namespace
@@ -76,7 +71,7 @@ void ring_allreduce(CountingLinks& links, ScratchMemory& scratch, void* buf, std
       const int send_c = mod(r - s, n), recv_c = mod(r - s - 1, n);
       w = links.sendrecv(at(send_c), len(send_c), right, stage.get(), len(recv_c), left, dtype,
                          kRingTag);
-      w->wait(remaining(deadline));
+      w->wait(time_left(deadline));
       w.reset();
       reduce_into(comm, dtype, op, at(recv_c), stage.get(), len(recv_c), host_staging);
     }
@@ -85,7 +80,7 @@ void ring_allreduce(CountingLinks& links, ScratchMemory& scratch, void* buf, std
       const int send_c = mod(r + 1 - s, n), recv_c = mod(r - s, n);
       w = links.sendrecv(at(send_c), len(send_c), right, at(recv_c), len(recv_c), left, dtype,
                          kRingTag);
-      w->wait(remaining(deadline));
+      w->wait(time_left(deadline));
       w.reset();
     }
   } catch (...) {

@@ -75,13 +75,6 @@ Clock::time_point deadline_after(Millis timeout) {
   return timeout >= room ? Clock::time_point::max() : now + timeout;
 }
 
-// Remaining time to a deadline for a Gloo wait: at least 1 ms, because Gloo
-// reads 0 as "no timeout" and -1 as "the context's default".
-Millis remaining(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-  return std::max(left, Millis(1));
-}
-
 std::string local_hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
@@ -626,7 +619,7 @@ class Core : public std::enable_shared_from_this<Core> {
         out = staged[(s - 1) % 2].get();
         out->send(right, slot);
       }
-      if (!in->waitRecv(remaining(deadline)) || !out->waitSend(remaining(deadline)))
+      if (!in->waitRecv(time_left(deadline)) || !out->waitSend(time_left(deadline)))
         throw BackendError("reduce_scatter: a Gloo wait was aborted",
                            ErrorContext{"reduce_scatter", rank_, -1, ""});
       reduce_host(a.dtype, a.op, stage[s % 2], stage[s % 2], send + block_index(r - s - 2) * block,
@@ -670,7 +663,7 @@ class Core : public std::enable_shared_from_this<Core> {
       out = context_->createUnboundBuffer(const_cast<void*>(a.send), a.count * es);
       out->send(a.root_or_peer, slot);
     }
-    if ((in && !in->waitRecv(remaining(deadline))) || (out && !out->waitSend(remaining(deadline))))
+    if ((in && !in->waitRecv(time_left(deadline))) || (out && !out->waitSend(time_left(deadline))))
       throw BackendError("sendrecv: a Gloo wait was aborted", ErrorContext{"sendrecv", rank_, -1, ""});
   }
 

@@ -14,6 +14,14 @@ namespace ddpdiag {
 using Bytes = std::vector<std::uint8_t>;
 using Millis = std::chrono::milliseconds;
 
+// Time left until a deadline, at least 1 ms: every wait that takes a timeout
+// (ours and Gloo's, which reads 0 as "no timeout") gets a positive one.
+inline Millis time_left(std::chrono::steady_clock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+  return left.count() > 0 ? left : Millis(1);
+}
+
 inline Bytes to_bytes(const std::string& s) { return Bytes(s.begin(), s.end()); }
 inline std::string to_string(const Bytes& b) { return std::string(b.begin(), b.end()); }
 
