@@ -3,6 +3,17 @@
 // them) against a bare loop of gloo::allreduce calls on the same buffers,
 // 2 ranks on this machine, 4 B to 64 MiB.
 //
+// Three views. paired/SIZE: one bare and one ddpdiag batch per iteration,
+// side by side, and the median over 21 pairs of ours/bare time: on a shared
+// 2-core machine a 2-rank op's time swings by tens of percent from second
+// to second, and pairing is what keeps that out of the ratio.
+// harness_cost_ws1[_monitored]/SIZE: the same two loops at world size 1,
+// where nothing crosses the network, so ours - bare is the harness's own
+// cost per op (plain, and wrapped as the commands wrap it); divide it by a
+// 2-rank op's time for the harness's share without the network's noise.
+// bare_gloo, ddpdiag, ddpdiag_wait_each: each loop on its own (medians of
+// 5 repetitions), the last waiting on every op (the hand-off's cost).
+//
 // The binary starts its own two ranks (it forks itself; rank 1's output is
 // discarded). Both ranks must run exactly the same collectives, so every
 // benchmark has a fixed iteration and repetition count: Google Benchmark's
@@ -13,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -32,6 +44,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include "comm/communicator.h"
+#include "comm/monitored_communicator.h"
 #include "comm/store/tcp_store.h"
 
 namespace {
@@ -65,6 +78,13 @@ struct Rank {
   int rank = 0;
   std::shared_ptr<gloo::Context> bare;
   std::unique_ptr<Communicator> comm;
+  // World size 1 (this rank alone): the same two loops with no network,
+  // so what is left of ours over bare is the harness's own cost per op.
+  std::shared_ptr<gloo::Context> solo_bare;
+  std::unique_ptr<Communicator> solo;
+  // The same wrapped as every ddpdiag command wraps it: sequence numbers,
+  // fingerprints, the flight record and the watchdog thread.
+  std::unique_ptr<Communicator> solo_monitored;
   float* buf = nullptr;  // shared by both loops: the same memory, the same sizes
 };
 Rank* g_rank = nullptr;  // benchmark functions take no context argument
@@ -80,6 +100,12 @@ int batch_for(std::size_t bytes) {
   if (bytes <= (4u << 20)) return 10;
   if (bytes <= (16u << 20)) return 4;
   return 2;
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
 // Plain figures from the measured batch times (no rate flags, so the
@@ -135,6 +161,113 @@ void BM_Ddpdiag(benchmark::State& state) {
   report(state, bytes, batch, total_s);
 }
 
+// Side by side: every iteration times one bare batch and one ddpdiag batch
+// back to back (the order alternating), so a change of load on this shared
+// machine hits both of a pair alike. Counters: the median time per op of
+// each, and the median over pairs of ours / bare (time; > 1 means the
+// harness is slower, and busbw ratio = 1 / it).
+void BM_Paired(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / sizeof(float);
+  const int batch = batch_for(bytes);
+  auto& comm = *g_rank->comm;
+  auto bare_batch = [&] {
+    gloo::BarrierOptions bo(g_rank->bare);
+    gloo::barrier(bo);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < batch; ++i) {
+      gloo::AllreduceOptions o(g_rank->bare);
+      o.setOutput(g_rank->buf, count);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+          &gloo::sum<float>));
+      gloo::allreduce(o);
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count() / batch;
+  };
+  auto ours_batch = [&] {
+    comm.barrier()->wait(std::chrono::seconds(60));
+    const auto t0 = Clock::now();
+    std::shared_ptr<Work> last;
+    for (int i = 0; i < batch; ++i)
+      last = comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum);
+    last->wait(std::chrono::seconds(60));
+    return std::chrono::duration<double>(Clock::now() - t0).count() / batch;
+  };
+  std::vector<double> bare, ours, ratio;
+  double total_s = 0;
+  for (auto _ : state) {
+    double b = 0, o = 0;
+    if (bare.size() % 2 == 0) {
+      b = bare_batch();
+      o = ours_batch();
+    } else {
+      o = ours_batch();
+      b = bare_batch();
+    }
+    bare.push_back(b);
+    ours.push_back(o);
+    ratio.push_back(o / b);
+    state.SetIterationTime((b + o) * batch);
+    total_s += (b + o) * batch;
+  }
+  const double factor = busbw_factor(Collective::kAllReduce, 2);
+  state.counters["bytes"] = static_cast<double>(bytes);
+  state.counters["bare_us"] = median_of(bare) * 1e6;
+  state.counters["ours_us"] = median_of(ours) * 1e6;
+  state.counters["bare_busbw_GBps"] = static_cast<double>(bytes) * factor / median_of(bare) / 1e9;
+  state.counters["ours_busbw_GBps"] = static_cast<double>(bytes) * factor / median_of(ours) / 1e9;
+  state.counters["ours_over_bare"] = median_of(ratio);
+}
+
+// The harness's own cost per op, at world size 1 where Gloo sends nothing:
+// ours (queue, worker hand-off, completion) minus bare gloo::allreduce, both
+// in place, paired as above. Divided by a 2-rank op's time (paired/...) it is
+// the harness's share of that op, free of the network's noise.
+void BM_HarnessCost(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / sizeof(float);
+  constexpr int kBatch = 2000;
+  auto& comm = state.range(1) ? *g_rank->solo_monitored : *g_rank->solo;
+  auto bare_batch = [&] {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < kBatch; ++i) {
+      gloo::AllreduceOptions o(g_rank->solo_bare);
+      o.setOutput(g_rank->buf, count);
+      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
+          &gloo::sum<float>));
+      gloo::allreduce(o);
+    }
+    return std::chrono::duration<double>(Clock::now() - t0).count() / kBatch;
+  };
+  auto ours_batch = [&] {
+    const auto t0 = Clock::now();
+    std::shared_ptr<Work> last;
+    for (int i = 0; i < kBatch; ++i)
+      last = comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum);
+    last->wait(std::chrono::seconds(60));
+    return std::chrono::duration<double>(Clock::now() - t0).count() / kBatch;
+  };
+  std::vector<double> bare, ours, diff;
+  for (auto _ : state) {
+    double b = 0, o = 0;
+    if (bare.size() % 2 == 0) {
+      b = bare_batch();
+      o = ours_batch();
+    } else {
+      o = ours_batch();
+      b = bare_batch();
+    }
+    bare.push_back(b);
+    ours.push_back(o);
+    diff.push_back(o - b);
+    state.SetIterationTime((b + o) * kBatch);
+  }
+  state.counters["bytes"] = static_cast<double>(bytes);
+  state.counters["bare_us"] = median_of(bare) * 1e6;
+  state.counters["ours_us"] = median_of(ours) * 1e6;
+  state.counters["harness_us"] = median_of(diff) * 1e6;
+}
+
 // The same, waiting on every op: what a caller that needs each result pays
 // for the hand-off to the worker thread and back.
 void BM_DdpdiagWaitEach(benchmark::State& state) {
@@ -159,9 +292,22 @@ void BM_DdpdiagWaitEach(benchmark::State& state) {
 void register_all() {
   std::vector<std::int64_t> sizes;
   for (std::size_t b = 4; b <= kMaxBytes; b *= 4) sizes.push_back(static_cast<std::int64_t>(b));
-  // Interleaved per size (bare, ours, ours waiting each), so a change of
-  // machine load hits all three alike; medians of 5 repetitions.
+  // Per size: the paired comparison (21 pairs), then each loop on its own
+  // (medians of 5 repetitions), ours waiting on each op last.
+  for (std::int64_t s : {std::int64_t{4}, std::int64_t{1} << 20, std::int64_t{64} << 20})
+    for (int monitored : {0, 1})
+      benchmark::RegisterBenchmark(monitored ? "harness_cost_ws1_monitored" : "harness_cost_ws1",
+                                   &BM_HarnessCost)
+        ->Args({s, monitored})
+        ->UseManualTime()
+        ->Iterations(21)
+        ->Unit(benchmark::kMicrosecond);
   for (auto s : sizes) {
+    benchmark::RegisterBenchmark("paired", &BM_Paired)
+        ->Arg(s)
+        ->UseManualTime()
+        ->Iterations(21)
+        ->Unit(benchmark::kMicrosecond);
     for (auto [name, fn] : {std::pair{"bare_gloo", &BM_BareGloo},
                             std::pair{"ddpdiag", &BM_Ddpdiag},
                             std::pair{"ddpdiag_wait_each", &BM_DdpdiagWaitEach}}) {
@@ -200,6 +346,23 @@ int run_rank(int rank, int port, int argc, char** argv) {
   opts.store = std::make_shared<PrefixStore>("ddpdiag", store);
   opts.gloo_hostname = "127.0.0.1";
   r.comm = make_communicator(opts);
+  {
+    auto solo_dev = gloo::transport::tcp::CreateDevice(attr);
+    auto solo = std::make_shared<gloo::rendezvous::Context>(0, 1);
+    GlooStore solo_store(std::make_shared<PrefixStore>("solo" + std::to_string(rank) + "/bare", store));
+    solo->connectFullMesh(solo_store, solo_dev);
+    r.solo_bare = solo;
+    CommOptions so = opts;
+    so.rank = 0;
+    so.world_size = 1;
+    so.store = std::make_shared<PrefixStore>("solo" + std::to_string(rank) + "/ddpdiag", store);
+    r.solo = make_communicator(so);
+    so.store = std::make_shared<PrefixStore>("solo" + std::to_string(rank) + "/monitored", store);
+    MonitorOptions mo;
+    mo.store = std::make_shared<PrefixStore>("monitor", so.store);
+    mo.peers.push_back({"localhost", static_cast<long>(getpid()), true});
+    r.solo_monitored = std::make_unique<MonitoredCommunicator>(make_communicator(so), mo);
+  }
   r.buf = static_cast<float*>(r.comm->alloc(kMaxBytes));
   for (std::size_t i = 0; i < kMaxBytes / sizeof(float); ++i) r.buf[i] = 1.0f;
   g_rank = &r;
