@@ -224,9 +224,9 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
       line += fmt::format("{} rank {} last started #{} and completed #{}", i ? ";" : "", s.rank,
                           s.last_started, s.last_completed);
     }
-    line += fmt::format(", while {} {} waiting in collective #{}{}.", ranks_word(ahead),
-                        ahead.size() == 1 ? "is" : "are", waiting_in,
-                        f ? " " + f->describe() : std::string());
+    line += fmt::format(", while {} {} waiting in collective #{}{}{}.", ranks_word(ahead),
+                        ahead.size() == 1 ? "is" : "are", waiting_in, f ? " " : "",
+                        f ? f->describe() : std::string());
     d.lines.push_back(line);
     d.stuck_seq = waiting_in;
   }
@@ -288,7 +288,7 @@ Diagnosis diagnose_store_unreachable(const RankState& self, int size,
       store_address, self.rank, why.empty() ? "" : " (" + why + ")",
       ranks_word(d.gone), on_hosts, d.gone.size() == 1 ? "is" : "are"));
   std::string last;
-  if (const Fingerprint* f = self.at(self.last_started)) last = " " + f->describe();
+  if (const Fingerprint* f = self.at(self.last_started)) last = fmt::format(" {}", f->describe());
   d.lines.push_back(fmt::format("Rank {} last started collective #{}{} and completed #{}.",
                                 self.rank, self.last_started, last, self.last_completed));
   return d;
