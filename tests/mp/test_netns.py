@@ -8,56 +8,21 @@ link-health must flag it, and only it. Needs root, `ip netns`, tc and
 unshare; exits 77 (skipped) otherwise. Namespaces are removed on every
 path."""
 import os
-import shutil
 import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import BIN, clean_env, load, tmp_json  # noqa: E402
+from netns import BridgedHosts, finish, sh  # noqa: E402
+import netns  # noqa: E402
 
 SKIP = 77
 TAG = "ddl%d" % (os.getpid() % 100000)
-HOSTS = [TAG + "h0", TAG + "h1", TAG + "h2"]
-SWITCH = TAG + "sw"
-NET = "10.232.%d" % (os.getpid() % 200)
-ADDR = ["%s.%d" % (NET, i + 1) for i in range(3)]
 IFACE = "ddl0"
-
-
-def sh(*args, check=True):
-    return subprocess.run(list(args), capture_output=True, text=True, check=check)
-
-
-def usable():
-    if os.geteuid() != 0:
-        return "needs root"
-    for tool in ("ip", "tc", "unshare"):
-        if not shutil.which(tool):
-            return "needs %s" % tool
-    p = sh("ip", "netns", "add", TAG + "probe", check=False)
-    if p.returncode != 0:
-        return "cannot create a network namespace: " + p.stderr.strip()
-    sh("ip", "netns", "del", TAG + "probe", check=False)
-    return None
-
-
-def setup():
-    sh("ip", "netns", "add", SWITCH)
-    sh("ip", "-n", SWITCH, "link", "add", "br0", "type", "bridge")
-    sh("ip", "-n", SWITCH, "link", "set", "br0", "up")
-    for i, ns in enumerate(HOSTS):
-        sh("ip", "netns", "add", ns)
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
-        host_end, switch_end = "%sa%d" % (TAG, i), "%sb%d" % (TAG, i)
-        sh("ip", "link", "add", host_end, "type", "veth", "peer", "name", switch_end)
-        sh("ip", "link", "set", host_end, "netns", ns)
-        sh("ip", "-n", ns, "link", "set", host_end, "name", IFACE)
-        sh("ip", "-n", ns, "addr", "add", ADDR[i] + "/24", "dev", IFACE)
-        sh("ip", "-n", ns, "link", "set", IFACE, "up")
-        sh("ip", "link", "set", switch_end, "netns", SWITCH)
-        sh("ip", "-n", SWITCH, "link", "set", switch_end, "master", "br0")
-        sh("ip", "-n", SWITCH, "link", "set", switch_end, "up")
+NET = BridgedHosts(TAG, 3, "10.232.%d" % (os.getpid() % 200), IFACE)
+HOSTS, ADDR = NET.hosts, NET.addr
+setup, teardown = NET.setup, NET.teardown
 
 
 def slow_link(src, dst):
@@ -76,30 +41,12 @@ def slow_link(src, dst):
        "dst", ADDR[dst] + "/32", "flowid", "1:30")
 
 
-def teardown():
-    for ns in HOSTS + [SWITCH]:
-        sh("ip", "netns", "del", ns, check=False)
-
-
 def start(rank, args, port):
     inner = [BIN] + args[:1] + [
         "--rank", str(rank), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
         str(port), "--gloo-interface", IFACE, "--timeout", "30"] + args[1:]
-    script = 'hostname "$0" && exec "$@"'
-    cmd = ["ip", "netns", "exec", HOSTS[rank], "unshare", "--uts", "sh", "-c", script,
-           "host%d" % rank] + inner
-    return subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
-
-
-def finish(p, timeout):
-    try:
-        so, se = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        so, se = p.communicate()
-        raise AssertionError("rank did not end in %.0f s:\n%s" % (timeout, se))
-    return p.returncode, so, se
+    return subprocess.Popen(NET.command(rank, inner), env=clean_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 class LinkHealthAcrossHosts(unittest.TestCase):
@@ -171,7 +118,7 @@ class LinkHealthAcrossHosts(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    why = usable()
+    why = netns.usable(TAG, ("ip", "tc", "unshare"))
     if why:
         print("SKIP: " + why)
         sys.exit(SKIP)

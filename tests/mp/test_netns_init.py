@@ -5,7 +5,6 @@ sides, so every rank passes the same --gloo-interface). Rank 0 lives in the
 first and hosts the store, rank 1 in the second. Needs root and `ip netns`;
 exits 77 (skipped) otherwise."""
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import BIN, clean_env, load, tmp_json  # noqa: E402
+from netns import finish, sh  # noqa: E402
+import netns  # noqa: E402
 
 SKIP = 77
 TIMEOUT = 5
@@ -22,20 +23,6 @@ TAG = "ddh%d" % (os.getpid() % 100000)
 NS = [TAG + "a", TAG + "b"]
 ADDR = ["10.231.%d.1" % (os.getpid() % 200), "10.231.%d.2" % (os.getpid() % 200)]
 IFACE = "ddh0"
-
-
-def sh(*args, check=True):
-    return subprocess.run(list(args), capture_output=True, text=True, check=check)
-
-
-def usable():
-    if os.geteuid() != 0 or not shutil.which("ip"):
-        return "needs root and iproute2"
-    p = sh("ip", "netns", "add", TAG + "probe", check=False)
-    if p.returncode != 0:
-        return "cannot create a network namespace: " + p.stderr.strip()
-    sh("ip", "netns", "del", TAG + "probe", check=False)
-    return None
 
 
 def setup():
@@ -61,16 +48,6 @@ def start(rank, args, port):
         str(port), "--gloo-interface", IFACE, "--timeout", str(TIMEOUT)] + args[1:]
     return subprocess.Popen(cmd, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-
-
-def finish(p, timeout):
-    try:
-        so, se = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        so, se = p.communicate()
-        raise AssertionError("rank did not end in %.0f s:\n%s" % (timeout, se))
-    return p.returncode, so, se
 
 
 class Netns(unittest.TestCase):
@@ -133,7 +110,7 @@ class Netns(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    why = usable()
+    why = netns.usable(TAG)
     if why:
         print("SKIP: " + why)
         sys.exit(SKIP)

@@ -26,7 +26,6 @@ import ctypes
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,6 +35,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import BIN, clean_env, load, tmp_json  # noqa: E402
+from netns import BridgedHosts, sh  # noqa: E402
+import netns  # noqa: E402
 
 SKIP = 77
 TIMEOUT = 10   # --timeout of the runs (s)
@@ -46,30 +47,10 @@ TIMEOUT = 10   # --timeout of the runs (s)
 MARGIN = 10
 PREFIX = "ddk"
 TAG = "%s%d" % (PREFIX, os.getpid())
-HOSTS = [TAG + "h%d" % i for i in range(3)]
-SWITCH = TAG + "sw"
-NET = "10.233.%d" % (os.getpid() % 250)
-ADDR = ["%s.%d" % (NET, i + 1) for i in range(3)]
 IFACE = "ddk0"
-HOST_END = ["%sa%d" % (TAG, i) for i in range(3)]     # <= 15 characters: pid < 2^22
-SWITCH_END = ["%sb%d" % (TAG, i) for i in range(3)]
-
-
-def sh(*args, check=True):
-    return subprocess.run(list(args), capture_output=True, text=True, check=check)
-
-
-def usable():
-    if os.geteuid() != 0:
-        return "needs root"
-    for tool in ("ip", "unshare"):
-        if not shutil.which(tool):
-            return "needs %s" % tool
-    p = sh("ip", "netns", "add", TAG + "probe", check=False)
-    if p.returncode != 0:
-        return "cannot create a network namespace: " + p.stderr.strip()
-    sh("ip", "netns", "del", TAG + "probe", check=False)
-    return None
+NET = BridgedHosts(TAG, 3, "10.233.%d" % (os.getpid() % 250), IFACE)  # pid < 2^22: names fit
+HOSTS, SWITCH, ADDR, SWITCH_END = NET.hosts, NET.switch, NET.addr, NET.switch_end
+setup, teardown = NET.setup, NET.teardown
 
 
 def remove_stale():
@@ -86,33 +67,6 @@ def remove_stale():
             sh("ip", "netns", "del", m.group(1), check=False)
 
 
-def teardown():
-    # Deleting a namespace deletes the veth ends inside it (and so their
-    # peers); an end still in the root namespace (setup failed half-way) is
-    # deleted by name.
-    for ns in HOSTS + [SWITCH]:
-        sh("ip", "netns", "del", ns, check=False)
-    for dev in HOST_END + SWITCH_END:
-        sh("ip", "link", "del", dev, check=False)
-
-
-def setup():
-    sh("ip", "netns", "add", SWITCH)
-    sh("ip", "-n", SWITCH, "link", "add", "br0", "type", "bridge")
-    sh("ip", "-n", SWITCH, "link", "set", "br0", "up")
-    for i, ns in enumerate(HOSTS):
-        sh("ip", "netns", "add", ns)
-        sh("ip", "-n", ns, "link", "set", "lo", "up")
-        sh("ip", "link", "add", HOST_END[i], "type", "veth", "peer", "name", SWITCH_END[i])
-        sh("ip", "link", "set", HOST_END[i], "netns", ns)
-        sh("ip", "-n", ns, "link", "set", HOST_END[i], "name", IFACE)
-        sh("ip", "-n", ns, "addr", "add", ADDR[i] + "/24", "dev", IFACE)
-        sh("ip", "-n", ns, "link", "set", IFACE, "up")
-        sh("ip", "link", "set", SWITCH_END[i], "netns", SWITCH)
-        sh("ip", "-n", SWITCH, "link", "set", SWITCH_END[i], "master", "br0")
-        sh("ip", "-n", SWITCH, "link", "set", SWITCH_END[i], "up")
-
-
 def start(rank, hosts, args, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
     """Starts `rank` of a job whose rank r runs on host hosts[r]."""
     host = hosts[rank]
@@ -122,10 +76,8 @@ def start(rank, hosts, args, port, stdout=subprocess.PIPE, stderr=subprocess.PIP
         str(local.index(rank)), "--local-world-size", str(len(local)), "--master-addr", ADDR[0],
         "--master-port", str(port), "--gloo-interface", IFACE, "--timeout", str(TIMEOUT)
     ] + args[1:]
-    script = 'hostname "$0" && exec "$@"'
-    cmd = ["ip", "netns", "exec", HOSTS[host], "unshare", "--uts", "sh", "-c", script,
-           "host%d" % host] + inner
-    return subprocess.Popen(cmd, env=clean_env(), stdout=stdout, stderr=stderr, text=True,
+    return subprocess.Popen(NET.command(host, inner), env=clean_env(), stdout=stdout,
+                            stderr=stderr, text=True,
                             preexec_fn=die_with_parent)
 
 
@@ -351,7 +303,7 @@ def on_term(_signum, _frame):
 
 
 if __name__ == "__main__":
-    why = usable()
+    why = netns.usable(TAG, ("ip", "unshare"))
     if why:
         print("SKIP: " + why)
         sys.exit(SKIP)
