@@ -111,9 +111,7 @@ struct BucketCopy {
 BucketCopy largest_resnet50_bucket() {
   const auto layout = *model_preset("resnet50");
   const auto buckets = ddp_buckets(layout, kDefaultBucketCapBytes, kDefaultFirstBucketBytes);
-  const DdpBucket* big = &buckets[0];
-  for (const auto& b : buckets)
-    if (b.bytes > big->bytes) big = &b;
+  const DdpBucket* big = &largest_bucket(buckets);
   BucketCopy c;
   c.flat.assign(big->bytes, 1);
   std::uint64_t off = 0;

@@ -134,9 +134,7 @@ nlohmann::json flatten_throughput(int iters) {
     const auto layout = *ddp_core::model_preset(name);
     const auto buckets = ddp_core::ddp_buckets(layout, ddp_core::kDefaultBucketCapBytes,
                                                ddp_core::kDefaultFirstBucketBytes);
-    const ddp_core::DdpBucket* big = &buckets[0];
-    for (const auto& b : buckets)
-      if (b.bytes > big->bytes) big = &b;
+    const ddp_core::DdpBucket* big = &ddp_core::largest_bucket(buckets);
     CommBuffer flat(*comm, big->bytes), src(*comm, big->bytes);
     std::vector<CommBuffer> tensors;
     std::vector<FlatPiece> pieces;

@@ -125,4 +125,10 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t buck
   return out;
 }
 
+const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets) {
+  DDPDIAG_ASSERT(!buckets.empty());
+  return *std::max_element(buckets.begin(), buckets.end(),
+                           [](const DdpBucket& a, const DdpBucket& b) { return a.bytes < b.bytes; });
+}
+
 }  // namespace ddpdiag::ddp_core

@@ -79,4 +79,7 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout,
                                    std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes,
                                    std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes);
 
+// The bucket with the most bytes (the first of equals); `buckets` is not empty.
+const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets);
+
 }  // namespace ddpdiag::ddp_core
