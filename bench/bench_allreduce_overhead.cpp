@@ -118,23 +118,44 @@ void report(benchmark::State& state, std::size_t bytes, int batch, double total_
   state.counters["busbw_GBps"] = static_cast<double>(bytes) * factor * ops / total_s / 1e9;
 }
 
+// Seconds per op of `batch` bare gloo::allreduce calls on ctx, in place.
+double bare_loop(const std::shared_ptr<gloo::Context>& ctx, std::size_t count, int batch) {
+  const auto t0 = Clock::now();
+  for (int i = 0; i < batch; ++i) {
+    gloo::AllreduceOptions o(ctx);
+    o.setOutput(g_rank->buf, count);
+    o.setReduceFunction(
+        static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+    gloo::allreduce(o);
+  }
+  return std::chrono::duration<double>(Clock::now() - t0).count() / batch;
+}
+
+// Seconds per op of ddpdiag's loop: `batch` all_reduces launched back to
+// back and one wait on the last, in place, as allreduce-test times them.
+double ours_loop(Communicator& comm, std::size_t count, int batch) {
+  const auto t0 = Clock::now();
+  std::shared_ptr<Work> last;
+  for (int i = 0; i < batch; ++i)
+    last = comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum);
+  last->wait(std::chrono::seconds(60));
+  return std::chrono::duration<double>(Clock::now() - t0).count() / batch;
+}
+
+void barrier_bare() {
+  gloo::BarrierOptions bo(g_rank->bare);
+  gloo::barrier(bo);
+}
+
+void barrier_ours() { g_rank->comm->barrier()->wait(std::chrono::seconds(60)); }
+
 void BM_BareGloo(benchmark::State& state) {
   const std::size_t bytes = static_cast<std::size_t>(state.range(0));
-  const std::size_t count = bytes / sizeof(float);
   const int batch = batch_for(bytes);
   double total_s = 0;
   for (auto _ : state) {
-    gloo::BarrierOptions bo(g_rank->bare);
-    gloo::barrier(bo);
-    auto t0 = Clock::now();
-    for (int i = 0; i < batch; ++i) {
-      gloo::AllreduceOptions o(g_rank->bare);
-      o.setOutput(g_rank->buf, count);
-      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<float>));
-      gloo::allreduce(o);
-    }
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    barrier_bare();
+    const double dt = bare_loop(g_rank->bare, bytes / sizeof(float), batch) * batch;
     state.SetIterationTime(dt);
     total_s += dt;
   }
@@ -143,79 +164,67 @@ void BM_BareGloo(benchmark::State& state) {
 
 void BM_Ddpdiag(benchmark::State& state) {
   const std::size_t bytes = static_cast<std::size_t>(state.range(0));
-  const std::size_t count = bytes / sizeof(float);
   const int batch = batch_for(bytes);
   double total_s = 0;
-  auto& comm = *g_rank->comm;
   for (auto _ : state) {
-    comm.barrier()->wait(std::chrono::seconds(60));
-    auto t0 = Clock::now();
-    std::shared_ptr<Work> last;
-    for (int i = 0; i < batch; ++i)
-      last = comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum);
-    last->wait(std::chrono::seconds(60));
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    barrier_ours();
+    const double dt = ours_loop(*g_rank->comm, bytes / sizeof(float), batch) * batch;
     state.SetIterationTime(dt);
     total_s += dt;
   }
   report(state, bytes, batch, total_s);
 }
 
-// Side by side: every iteration times one bare batch and one ddpdiag batch
-// back to back (the order alternating), so a change of load on this shared
-// machine hits both of a pair alike. Counters: the median time per op of
-// each, and the median over pairs of ours / bare (time; > 1 means the
-// harness is slower, and busbw ratio = 1 / it).
-void BM_Paired(benchmark::State& state) {
-  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
-  const std::size_t count = bytes / sizeof(float);
-  const int batch = batch_for(bytes);
-  auto& comm = *g_rank->comm;
-  auto bare_batch = [&] {
-    gloo::BarrierOptions bo(g_rank->bare);
-    gloo::barrier(bo);
-    const auto t0 = Clock::now();
-    for (int i = 0; i < batch; ++i) {
-      gloo::AllreduceOptions o(g_rank->bare);
-      o.setOutput(g_rank->buf, count);
-      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<float>));
-      gloo::allreduce(o);
-    }
-    return std::chrono::duration<double>(Clock::now() - t0).count() / batch;
-  };
-  auto ours_batch = [&] {
-    comm.barrier()->wait(std::chrono::seconds(60));
-    const auto t0 = Clock::now();
-    std::shared_ptr<Work> last;
-    for (int i = 0; i < batch; ++i)
-      last = comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum);
-    last->wait(std::chrono::seconds(60));
-    return std::chrono::duration<double>(Clock::now() - t0).count() / batch;
-  };
-  std::vector<double> bare, ours, ratio;
-  double total_s = 0;
+// Per iteration one bare and one ddpdiag batch back to back, the order
+// alternating, so that a change of load on this shared machine hits both of
+// a pair alike. Returns each side's seconds per op, one entry per iteration.
+struct Pairs {
+  std::vector<double> bare, ours;
+};
+template <typename Bare, typename Ours>
+Pairs run_pairs(benchmark::State& state, int batch, Bare bare_batch, Ours ours_batch) {
+  Pairs p;
   for (auto _ : state) {
     double b = 0, o = 0;
-    if (bare.size() % 2 == 0) {
+    if (p.bare.size() % 2 == 0) {
       b = bare_batch();
       o = ours_batch();
     } else {
       o = ours_batch();
       b = bare_batch();
     }
-    bare.push_back(b);
-    ours.push_back(o);
-    ratio.push_back(o / b);
+    p.bare.push_back(b);
+    p.ours.push_back(o);
     state.SetIterationTime((b + o) * batch);
-    total_s += (b + o) * batch;
   }
+  state.counters["bare_us"] = median_of(p.bare) * 1e6;
+  state.counters["ours_us"] = median_of(p.ours) * 1e6;
+  return p;
+}
+
+// 2 ranks side by side. Counters: the median time per op of each, and the
+// median over pairs of ours / bare (time; > 1 means the harness is slower,
+// and the busbw ratio is 1 / it).
+void BM_Paired(benchmark::State& state) {
+  const std::size_t bytes = static_cast<std::size_t>(state.range(0));
+  const std::size_t count = bytes / sizeof(float);
+  const int batch = batch_for(bytes);
+  const Pairs p = run_pairs(
+      state, batch,
+      [&] {
+        barrier_bare();
+        return bare_loop(g_rank->bare, count, batch);
+      },
+      [&] {
+        barrier_ours();
+        return ours_loop(*g_rank->comm, count, batch);
+      });
+  std::vector<double> ratio;
+  for (std::size_t i = 0; i < p.bare.size(); ++i) ratio.push_back(p.ours[i] / p.bare[i]);
   const double factor = busbw_factor(Collective::kAllReduce, 2);
   state.counters["bytes"] = static_cast<double>(bytes);
-  state.counters["bare_us"] = median_of(bare) * 1e6;
-  state.counters["ours_us"] = median_of(ours) * 1e6;
-  state.counters["bare_busbw_GBps"] = static_cast<double>(bytes) * factor / median_of(bare) / 1e9;
-  state.counters["ours_busbw_GBps"] = static_cast<double>(bytes) * factor / median_of(ours) / 1e9;
+  state.counters["bare_busbw_GBps"] = static_cast<double>(bytes) * factor / median_of(p.bare) / 1e9;
+  state.counters["ours_busbw_GBps"] = static_cast<double>(bytes) * factor / median_of(p.ours) / 1e9;
   state.counters["ours_over_bare"] = median_of(ratio);
 }
 
@@ -228,43 +237,12 @@ void BM_HarnessCost(benchmark::State& state) {
   const std::size_t count = bytes / sizeof(float);
   constexpr int kBatch = 2000;
   auto& comm = state.range(1) ? *g_rank->solo_monitored : *g_rank->solo;
-  auto bare_batch = [&] {
-    const auto t0 = Clock::now();
-    for (int i = 0; i < kBatch; ++i) {
-      gloo::AllreduceOptions o(g_rank->solo_bare);
-      o.setOutput(g_rank->buf, count);
-      o.setReduceFunction(static_cast<void (*)(void*, const void*, const void*, size_t)>(
-          &gloo::sum<float>));
-      gloo::allreduce(o);
-    }
-    return std::chrono::duration<double>(Clock::now() - t0).count() / kBatch;
-  };
-  auto ours_batch = [&] {
-    const auto t0 = Clock::now();
-    std::shared_ptr<Work> last;
-    for (int i = 0; i < kBatch; ++i)
-      last = comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum);
-    last->wait(std::chrono::seconds(60));
-    return std::chrono::duration<double>(Clock::now() - t0).count() / kBatch;
-  };
-  std::vector<double> bare, ours, diff;
-  for (auto _ : state) {
-    double b = 0, o = 0;
-    if (bare.size() % 2 == 0) {
-      b = bare_batch();
-      o = ours_batch();
-    } else {
-      o = ours_batch();
-      b = bare_batch();
-    }
-    bare.push_back(b);
-    ours.push_back(o);
-    diff.push_back(o - b);
-    state.SetIterationTime((b + o) * kBatch);
-  }
+  const Pairs p = run_pairs(
+      state, kBatch, [&] { return bare_loop(g_rank->solo_bare, count, kBatch); },
+      [&] { return ours_loop(comm, count, kBatch); });
+  std::vector<double> diff;
+  for (std::size_t i = 0; i < p.bare.size(); ++i) diff.push_back(p.ours[i] - p.bare[i]);
   state.counters["bytes"] = static_cast<double>(bytes);
-  state.counters["bare_us"] = median_of(bare) * 1e6;
-  state.counters["ours_us"] = median_of(ours) * 1e6;
   state.counters["harness_us"] = median_of(diff) * 1e6;
 }
 
@@ -277,7 +255,7 @@ void BM_DdpdiagWaitEach(benchmark::State& state) {
   double total_s = 0;
   auto& comm = *g_rank->comm;
   for (auto _ : state) {
-    comm.barrier()->wait(std::chrono::seconds(60));
+    barrier_ours();
     auto t0 = Clock::now();
     for (int i = 0; i < batch; ++i)
       comm.allreduce(g_rank->buf, g_rank->buf, count, DType::kFloat32, ReduceOp::kSum)
