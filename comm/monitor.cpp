@@ -260,17 +260,23 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
 Diagnosis diagnose_store_unreachable(const RankState& self, int size,
                                      const std::string& store_address,
                                      const std::string& store_error,
-                                     const std::vector<std::string>& hosts) {
+                                     const std::vector<std::string>& hosts,
+                                     const std::vector<bool>& same_machine) {
   Diagnosis d;
   std::vector<std::string> others_hosts;
+  std::vector<int> here;  // on this host: cut off with this rank
   for (int r = 0; r < size; ++r) {
     if (r == self.rank) continue;
     d.gone.push_back(r);
+    if (r < static_cast<int>(same_machine.size()) && same_machine[r]) {
+      here.push_back(r);
+      continue;
+    }
+    d.unreachable.push_back(r);
     if (r < static_cast<int>(hosts.size()) && !hosts[r].empty() &&
         std::find(others_hosts.begin(), others_hosts.end(), hosts[r]) == others_hosts.end())
       others_hosts.push_back(hosts[r]);
   }
-  d.unreachable = d.gone;
   d.stuck_seq = self.last_completed + 1;
   std::string on_hosts;
   for (std::size_t i = 0; i < others_hosts.size(); ++i)
@@ -282,11 +288,16 @@ Diagnosis diagnose_store_unreachable(const RankState& self, int size,
   std::string why = store_error;
   const std::string named = "the store at " + store_address + " ";
   if (why.rfind(named, 0) == 0) why = "it " + why.substr(named.size());
-  d.lines.push_back(fmt::format(
-      "The store at {} is unreachable from rank {}{}: no other rank's state can be read, so {}{} "
-      "{} unreachable from here.",
-      store_address, self.rank, why.empty() ? "" : " (" + why + ")",
-      ranks_word(d.gone), on_hosts, d.gone.size() == 1 ? "is" : "are"));
+  std::string line = fmt::format(
+      "The store at {} is unreachable from rank {}{}: no other rank's state can be read", store_address,
+      self.rank, why.empty() ? "" : " (" + why + ")");
+  if (!d.unreachable.empty())
+    line += fmt::format(", so {}{} {} unreachable from here", ranks_word(d.unreachable), on_hosts,
+                        d.unreachable.size() == 1 ? "is" : "are");
+  if (!here.empty())
+    line += fmt::format("; {}, on this host, {} cut off with it",
+                        ranks_word(here), here.size() == 1 ? "is" : "are");
+  d.lines.push_back(line + ".");
   std::string last;
   if (const Fingerprint* f = self.at(self.last_started)) last = fmt::format(" {}", f->describe());
   d.lines.push_back(fmt::format("Rank {} last started collective #{}{} and completed #{}.",

@@ -98,14 +98,16 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
                    const GoneNotes& gone_notes = {});
 
 // The diagnosis of a rank that cannot reach the store: it knows only its own
-// state, so every other rank is listed as gone and unreachable from here, and
-// the first line says that the store at `store_address` is out of reach
-// (`store_error`: what the store client said). `hosts[r]` names rank r's host
-// where known.
+// state, so every other rank is listed as gone; the ranks on other hosts are
+// unreachable from here, and those on this host (`same_machine[r]`) are cut
+// off with it, not unreachable. The first line says that the store at
+// `store_address` is out of reach (`store_error`: what the store client
+// said). `hosts[r]` names rank r's host where known.
 Diagnosis diagnose_store_unreachable(const RankState& self, int size,
                                      const std::string& store_address,
                                      const std::string& store_error,
-                                     const std::vector<std::string>& hosts = {});
+                                     const std::vector<std::string>& hosts = {},
+                                     const std::vector<bool>& same_machine = {});
 
 // Ranks as "1", "1 and 2", "0, 2 and 3".
 std::string rank_list(const std::vector<int>& ranks);

@@ -539,9 +539,13 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause) {
   Diagnosis d;
   if (store_lost) {
     std::vector<std::string> hosts;
-    for (const auto& p : opts_.peers) hosts.push_back(p.host);
+    std::vector<bool> same_machine;
+    for (const auto& p : opts_.peers) {
+      hosts.push_back(p.host);
+      same_machine.push_back(p.same_machine);
+    }
     d = diagnose_store_unreachable(*states[rank()], size(), opts_.store_address, store_error,
-                                   hosts);
+                                   hosts, same_machine);
   } else {
     std::vector<int> unreachable;
     GoneNotes notes = gone_notes(states, heartbeats, unreachable);

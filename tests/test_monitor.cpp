@@ -134,6 +134,32 @@ TEST_CASE("diagnosis: ranks without a state are gone, with the caller's note", "
   CHECK(j["gone_ranks"] == nlohmann::json::array({1}));
 }
 
+TEST_CASE("diagnosis: a rank cut off from the store tells other hosts from its own", "[monitor]") {
+  const RankState self = state_of(2, {ar(), ar()}, 1);
+  const std::string store = "10.0.0.1:29500";
+  const std::string err = "the store at 10.0.0.1:29500 did not answer within 2.5 s";
+  Diagnosis d = diagnose_store_unreachable(self, 4, store, err, {"h0", "h1", "h2", "h2"},
+                                           {false, false, true, true});
+  CHECK(d.gone == std::vector<int>{0, 1, 3});
+  CHECK(d.unreachable == std::vector<int>{0, 1});
+  CHECK(contains(d.summary(), "The store at 10.0.0.1:29500 is unreachable from rank 2 (it did "
+                              "not answer within 2.5 s): no other rank's state can be read, so "
+                              "ranks 0 and 1 (hosts h0, h1) are unreachable from here; rank 3, "
+                              "on this host, is cut off with it."));
+  CHECK(contains(d.summary(), "Rank 2 last started collective #2"));
+  // Alone on its host: every other rank is unreachable, nothing is "on this host".
+  Diagnosis alone = diagnose_store_unreachable(self, 3, store, err, {"h0", "h1", "h2"},
+                                               {false, false, true});
+  CHECK(alone.unreachable == std::vector<int>{0, 1});
+  CHECK_FALSE(contains(alone.summary(), "on this host"));
+  // Every peer on this host: none is unreachable, all are cut off with it.
+  Diagnosis local = diagnose_store_unreachable(self, 3, store, "", {"h", "h", "h"},
+                                               {true, true, true});
+  CHECK(local.unreachable.empty());
+  CHECK(contains(local.summary(), "no other rank's state can be read; ranks 0 and 1, on this "
+                                  "host, are cut off with it."));
+}
+
 TEST_CASE("diagnosis: everyone in the same collective points at the network", "[monitor]") {
   std::vector<std::optional<RankState>> st = {state_of(0, {ar(), ar()}, 1),
                                               state_of(1, {ar(), ar()}, 1)};

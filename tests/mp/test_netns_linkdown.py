@@ -245,19 +245,27 @@ class LinkDown(unittest.TestCase):
         for r in cut:
             se = out[r][1]
             others = [q for q in range(n) if q != r]
-            on = sorted({hosts[q] for q in others})
+            far = [q for q in others if q not in cut]      # on other hosts: unreachable
+            near = [q for q in others if q in cut]         # on host2 too: cut off with it
+            on = sorted({hosts[q] for q in far})
             self.assertIn("The store at %s is unreachable from rank %d (it did not answer "
                           % (store, r), se)
             self.assertIn("%s (host%s %s) %s unreachable from here" % (
-                ranks_word(others), "s" if len(on) > 1 else "",
-                ", ".join("host%d" % h for h in on), "are" if len(others) > 1 else "is"), se)
+                ranks_word(far), "s" if len(on) > 1 else "",
+                ", ".join("host%d" % h for h in on), "are" if len(far) > 1 else "is"), se)
+            if near:
+                self.assertIn("; %s, on this host, %s cut off with it." % (
+                    ranks_word(near), "are" if len(near) > 1 else "is"), se)
+            else:
+                self.assertNotIn("on this host", se)
             self.assertIn("its own report: " + rank_path(self.json, r), se)
             own = load(rank_path(self.json, r))
             self.assertEqual(own["world"]["size"], n)
             self.assertEqual(own["error"]["exit_code"], 5)
             self.assertEqual(own["error"]["rank"], r)
             wd = own["results"]["watchdog"]
-            self.assertEqual(wd["diagnosis"]["unreachable_ranks"], others)
+            self.assertEqual(wd["diagnosis"]["unreachable_ranks"], far)
+            self.assertEqual(wd["diagnosis"]["gone_ranks"], others)
             self.assertEqual(wd["store"], {"address": store, "reachable": False,
                                            "error": wd["store"]["error"]})
             self.assertIn("did not answer", wd["store"]["error"])
