@@ -288,9 +288,9 @@ Diagnosis diagnose_store_unreachable(const RankState& self, int size,
   std::string why = store_error;
   const std::string named = "the store at " + store_address + " ";
   if (why.rfind(named, 0) == 0) why = "it " + why.substr(named.size());
-  std::string line = fmt::format(
-      "The store at {} is unreachable from rank {}{}: no other rank's state can be read", store_address,
-      self.rank, why.empty() ? "" : " (" + why + ")");
+  std::string line =
+      fmt::format("The store at {} is unreachable from rank {}{}: no other rank's state can be read",
+                  store_address, self.rank, why.empty() ? "" : " (" + why + ")");
   if (!d.unreachable.empty())
     line += fmt::format(", so {}{} {} unreachable from here", ranks_word(d.unreachable), on_hosts,
                         d.unreachable.size() == 1 ? "is" : "are");

@@ -240,25 +240,23 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   // Checked at parse time, in the launcher and in every rank before the
   // rendezvous, so a typo is exit 2 everywhere instead of one rank leaving
   // the others to fail their connection.
+  auto parsed_or_all = [](auto parse, std::string what, std::string choices, std::string name) {
+    return CLI::Validator(
+        [=](std::string& s) -> std::string {
+          return s == "all" || parse(s)
+                     ? std::string()
+                     : "unknown " + what + " '" + s + "'; use one of " + choices + ", all";
+        },
+        name);
+  };
   app->add_option("-d,--datatype,--dtype", opts->dtype,
                   "float, double, half, bfloat16, int32, int64, int8, uint8")
-      ->check(CLI::Validator(
-          [](std::string& s) -> std::string {
-            return s == "all" || parse_dtype(s)
-                       ? std::string()
-                       : "unknown dtype '" + s +
-                             "'; use one of float, double, half, bfloat16, int32, int64, "
-                             "int8, uint8, all";
-          },
-          "DTYPE"));
+      ->check(parsed_or_all([](const std::string& s) { return parse_dtype(s).has_value(); },
+                            "dtype", "float, double, half, bfloat16, int32, int64, int8, uint8",
+                            "DTYPE"));
   app->add_option("-o,--op", opts->op, "sum, prod, min, max, avg")
-      ->check(CLI::Validator(
-          [](std::string& s) -> std::string {
-            return s == "all" || parse_reduce_op(s)
-                       ? std::string()
-                       : "unknown reduction '" + s + "'; use one of sum, prod, min, max, avg, all";
-          },
-          "OP"));
+      ->check(parsed_or_all([](const std::string& s) { return parse_reduce_op(s).has_value(); },
+                            "reduction", "sum, prod, min, max, avg", "OP"));
   app->add_flag("--no-in-place", opts->no_in_place, "Skip the in-place block");
   app->add_flag("--no-out-of-place", opts->no_out_of_place, "Skip the out-of-place block");
   app->add_option("--min-busbw", opts->min_busbw_gbps,
