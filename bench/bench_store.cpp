@@ -3,7 +3,10 @@
 // client, as ranks of a job would have). Reported as items_per_second = store
 // ops per second summed over all clients. SET has no reply in the c10d
 // protocol, so set figures measure what the server and the socket buffers
-// absorb; get is WAIT + GET (two round trips), as c10d's client does it.
+// absorb. store_get is how ddpdiag's ranks read from ddpdiag's own server
+// (one_trip_get: one GET round trip on the 2.x protocol, WAIT + GET on 1.13);
+// store_get_c10d is WAIT + GET (two round trips), as c10d's client does it
+// and as ddpdiag does against a server of unknown make.
 #include <string>
 
 #include <benchmark/benchmark.h>
@@ -19,8 +22,9 @@ TcpStoreServer& server() {
   return s;
 }
 
-TcpStoreClientOptions options(const benchmark::State& state) {
+TcpStoreClientOptions options(const benchmark::State& state, bool one_trip_get) {
   TcpStoreClientOptions o;
+  o.one_trip_get = one_trip_get;
   o.host = "127.0.0.1";
   o.port = server().port();
   o.protocol = static_cast<StoreProtocol>(state.range(0));
@@ -29,11 +33,11 @@ TcpStoreClientOptions options(const benchmark::State& state) {
   return o;
 }
 
-enum class Kind { kSet, kGet, kAdd, kWait };
+enum class Kind { kSet, kGet, kGetC10d, kAdd, kWait };
 
 template <Kind kind>
 void BM_store(benchmark::State& state) {
-  TcpStoreClient client(options(state));
+  TcpStoreClient client(options(state, kind == Kind::kGet));
   const std::string key = "bench/" + std::to_string(state.thread_index());
   const Bytes value(64, 0x5a);
   client.set(key, value);
@@ -41,7 +45,8 @@ void BM_store(benchmark::State& state) {
   for (auto _ : state) {
     switch (kind) {
       case Kind::kSet: client.set(key, value); break;
-      case Kind::kGet: benchmark::DoNotOptimize(client.get(key, Millis(10000))); break;
+      case Kind::kGet:
+      case Kind::kGetC10d: benchmark::DoNotOptimize(client.get(key, Millis(10000))); break;
       case Kind::kAdd: benchmark::DoNotOptimize(client.add("bench/counter", 1)); break;
       case Kind::kWait: client.wait({key}, Millis(10000)); break;
     }
@@ -59,6 +64,7 @@ void clients(benchmark::internal::Benchmark* b) {
 
 BENCHMARK_TEMPLATE(BM_store, Kind::kSet)->Name("store_set")->Apply(clients);
 BENCHMARK_TEMPLATE(BM_store, Kind::kGet)->Name("store_get")->Apply(clients);
+BENCHMARK_TEMPLATE(BM_store, Kind::kGetC10d)->Name("store_get_c10d")->Apply(clients);
 BENCHMARK_TEMPLATE(BM_store, Kind::kAdd)->Name("store_add")->Apply(clients);
 BENCHMARK_TEMPLATE(BM_store, Kind::kWait)->Name("store_wait")->Apply(clients);
 

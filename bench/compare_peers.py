@@ -536,31 +536,38 @@ def measure_store(a):
     return rows
 
 
+def judged(r):
+    """The rows the store target judges: ddpdiag's ranks against ddpdiag's
+    server, i.e. the 2.x protocol, with get in one round trip. The 1.13 rows
+    and get_c10d (c10d's WAIT + GET, two round trips) are shown beside them."""
+    return r["protocol"] == "torch-2.x" and r["op"] != "get_c10d"
+
+
 def print_store(rows):
     if not rows:
         return
     print("# store throughput, %d clients, small keys (ops/s summed over clients)" %
           STORE_CLIENTS)
-    print("# %6s %12s %14s %8s" % ("op", "protocol", "ops/s", "target"))
+    print("# %8s %12s %14s %8s" % ("op", "protocol", "ops/s", "target"))
     for r in rows:
-        print("  %6s %12s %14.0f %8s" % (r["op"], r["protocol"], r["ops_per_second"],
-                                         "met" if r["ops_per_second"] >= TARGET_STORE_OPS
-                                         else "MISSED"))
+        verdict = ("met" if r["ops_per_second"] >= TARGET_STORE_OPS else "MISSED") \
+            if judged(r) else "(shown)"
+        print("  %8s %12s %14.0f %8s" % (r["op"], r["protocol"], r["ops_per_second"], verdict))
     print()
     sys.stdout.flush()
 
 
 def store_checks(rows):
+    rows = [r for r in rows if judged(r)]
     if not rows:
         return [{"name": "store_64_clients", "status": "skip",
                  "detail": "the store benchmark was not run"}]
     worst = min(rows, key=lambda r: r["ops_per_second"])
     ok = worst["ops_per_second"] >= TARGET_STORE_OPS
     return [{"name": "store_64_clients", "status": "pass" if ok else "fail",
-             "detail": "lowest of %d op/protocol pairs: %s %s %.0f ops/s (target >= %.0f; "
+             "detail": "lowest of the 2.x protocol's ops: %s %.0f ops/s (target >= %.0f; "
                        "%d of %d meet it)" % (
-                           len(rows), worst["op"], worst["protocol"], worst["ops_per_second"],
-                           TARGET_STORE_OPS,
+                           worst["op"], worst["ops_per_second"], TARGET_STORE_OPS,
                            sum(r["ops_per_second"] >= TARGET_STORE_OPS for r in rows),
                            len(rows))}]
 

@@ -262,6 +262,9 @@ std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o) {
     co.connect_timeout = job.timeout;
     co.io_timeout = job.timeout;
     co.rank = job.world.rank;
+    // Our own server when rank 0 hosts it or ddpdiag's launcher does; under
+    // an agent store of unknown make, get() keeps c10d's WAIT + GET.
+    co.one_trip_get = !job.world.agent_store || job.world.launcher == Launcher::kDdpdiag;
     base = std::make_shared<TcpStoreClient>(co);
     job.store_client = co;
   }

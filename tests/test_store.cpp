@@ -285,6 +285,65 @@ TEST_CASE("every store op on both protocols", "[store][tcp]") {
   CHECK(c.ping_us() > 0);
 }
 
+TEST_CASE("one_trip_get: a present value in one round trip, empty and missing ones through WAIT", "[store][tcp]") {
+  auto proto = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
+  CAPTURE(store_protocol_name(proto));
+  TcpStoreServer server({});
+  auto o = client_opts(server.port(), proto);
+  o.one_trip_get = true;
+  TcpStoreClient c(o);
+  TcpStoreClient writer(client_opts(server.port(), proto));
+  // Requests the server handled for one call: GET alone on 2.x; 1.13's
+  // server closes on a GET of a missing key, so there it stays WAIT + GET.
+  auto trips = [&](auto&& call) {
+    std::uint64_t before = server.requests_served();
+    call();
+    std::uint64_t n = 0;
+    eventually([&] { return (n = server.requests_served() - before) > 0; });
+    return n;
+  };
+  const bool v2 = proto == StoreProtocol::kV2;
+  c.set("a", to_bytes("alpha"));
+  c.num_keys();
+  CHECK(trips([&] { CHECK(to_string(c.get("a", 1000ms)) == "alpha"); }) == (v2 ? 1u : 2u));
+  c.set("empty", Bytes{});
+  c.num_keys();
+  CHECK(trips([&] { CHECK(c.get("empty", 1000ms).empty()); }) == (v2 ? 3u : 2u));
+
+  // Missing: the get blocks until another client sets the key.
+  std::thread t([&] {
+    std::this_thread::sleep_for(100ms);
+    writer.set("late", to_bytes("here"));
+  });
+  auto t0 = std::chrono::steady_clock::now();
+  CHECK(to_string(c.get("late", 5000ms)) == "here");
+  CHECK(std::chrono::steady_clock::now() - t0 >= 90ms);
+  t.join();
+
+  // Missing for good: the usual timeout naming the key, and the connection
+  // (kept on 2.x, renewed on 1.13) still serves the next call.
+  CHECK_THROWS_AS(c.get("never", 200ms), TimeoutError);
+  CHECK(to_string(c.get("a", 1000ms)) == "alpha");
+
+  // Values larger than the client's receive buffer, and many replies read
+  // through it back to back.
+  Bytes big(200 * 1024);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::uint8_t>(i * 7 + 3);
+  c.set("big", big);
+  CHECK(c.get("big", 1000ms) == big);
+  for (int i = 0; i < 50; ++i) CHECK(c.add("n", 1) == i + 1);
+}
+
+TEST_CASE("without one_trip_get a get is c10d's WAIT + GET", "[store][tcp]") {
+  TcpStoreServer server({});
+  TcpStoreClient c(client_opts(server.port(), StoreProtocol::kV2));
+  c.set("a", to_bytes("alpha"));
+  c.num_keys();
+  std::uint64_t before = server.requests_served();
+  CHECK(to_string(c.get("a", 1000ms)) == "alpha");
+  CHECK(eventually([&] { return server.requests_served() - before == 2; }));
+}
+
 TEST_CASE("keys carry torch's '/' prefix on the wire", "[store][tcp]") {
   auto proto = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
   TcpStoreServer server({});

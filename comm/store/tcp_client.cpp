@@ -93,9 +93,15 @@ struct TcpStoreClient::Impl {
   }
   std::string key(const std::string& k) const { return opts.torch_key_prefix ? "/" + k : k; }
 
+  // Bytes received and not yet consumed (replies are read through it, so a
+  // reply usually takes one poll and one recv, not one recv per field).
+  std::vector<std::uint8_t> rbuf;  // kRecvChunk bytes once first used
+  std::size_t rpos = 0, rend = 0;
+
   void drop() {
     if (fd >= 0) ::close(fd);
     fd = -1;
+    rpos = rend = 0;
   }
 
   // ---- connecting -------------------------------------------------------
@@ -242,23 +248,40 @@ struct TcpStoreClient::Impl {
     return IoStatus::kOk;
   }
 
+  // Reads exactly n bytes: first what the buffer holds, then from the socket.
+  // The socket is polled before each read (after a request the reply is
+  // rarely there yet, so reading first would mostly cost an EAGAIN); reads of
+  // at least kRecvChunk go straight into buf, smaller ones fill the buffer.
+  static constexpr std::size_t kRecvChunk = 16384;
   IoStatus recv_exact(std::uint8_t* buf, std::size_t n, Deadline deadline) {
-    std::size_t off = 0;
+    std::size_t off = std::min(n, rend - rpos);
+    if (off) std::memcpy(buf, rbuf.data() + rpos, off);
+    rpos += off;
     while (off < n) {
-      ssize_t r = ::recv(fd, buf + off, n - off, 0);
+      rpos = rend = 0;  // the buffer is empty here
+      pollfd p{fd, POLLIN, 0};
+      int pr = ::poll(&p, 1, poll_timeout_ms(deadline));
+      if (pr == 0) return IoStatus::kTimeout;
+      if (pr < 0) {
+        if (errno == EINTR) continue;
+        return IoStatus::kError;
+      }
+      const bool direct = n - off >= kRecvChunk;
+      if (!direct && rbuf.empty()) rbuf.resize(kRecvChunk);
+      ssize_t r = direct ? ::recv(fd, buf + off, n - off, 0) : ::recv(fd, rbuf.data(), kRecvChunk, 0);
       if (r > 0) {
-        off += static_cast<std::size_t>(r);
+        if (direct) {
+          off += static_cast<std::size_t>(r);
+        } else {
+          rend = static_cast<std::size_t>(r);
+          rpos = std::min(n - off, rend);
+          std::memcpy(buf + off, rbuf.data(), rpos);
+          off += rpos;
+        }
         continue;
       }
       if (r == 0) return IoStatus::kClosed;
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        pollfd p{fd, POLLIN, 0};
-        int pr = ::poll(&p, 1, poll_timeout_ms(deadline));
-        if (pr == 0) return IoStatus::kTimeout;
-        if (pr < 0 && errno != EINTR) return IoStatus::kError;
-        continue;
-      }
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       return errno == ECONNRESET ? IoStatus::kClosed : IoStatus::kError;
     }
     return IoStatus::kOk;
@@ -451,6 +474,14 @@ void TcpStoreClient::set(const std::string& key, const Bytes& value) {
 
 Bytes TcpStoreClient::get(const std::string& key, Millis timeout) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->ensure_connected();
+  if (impl_->opts.one_trip_get && impl_->protocol == StoreProtocol::kV2) {
+    impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kGet, {impl_->key(key)}, {}, 0, 0},
+                    impl_->io_deadline());
+    Bytes v = impl_->recv_value(impl_->io_deadline(), tcp_protocol::Op::kGet);
+    if (!v.empty()) return v;
+    // Missing, or present and empty: WAIT tells them apart.
+  }
   impl_->wait({key}, timeout);
   impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kGet, {impl_->key(key)}, {}, 0, 0}, impl_->io_deadline());
   return impl_->recv_value(impl_->io_deadline(), tcp_protocol::Op::kGet);

@@ -112,6 +112,7 @@ struct TcpStoreServer::Impl {
   std::thread loop_thread;
   std::atomic<std::size_t> open_connections{0};
   std::atomic<std::int64_t> key_count{0};
+  std::atomic<std::uint64_t> requests{0};
 
   // Loop-thread state.
   std::unordered_map<std::string, Bytes> kv;
@@ -344,6 +345,7 @@ struct TcpStoreServer::Impl {
       }
       c.need = 0;
       c.in_off += pr.consumed;
+      requests.store(requests.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
       handle(c, pr.request);
     }
     if (c.in_off == c.in.size()) {
@@ -615,5 +617,6 @@ std::size_t TcpStoreServer::num_connections() const {
   return impl_->open_connections.load(std::memory_order_relaxed);
 }
 std::int64_t TcpStoreServer::num_keys() const { return impl_->key_count.load(std::memory_order_relaxed); }
+std::uint64_t TcpStoreServer::requests_served() const { return impl_->requests.load(std::memory_order_relaxed); }
 
 }  // namespace ddpdiag

@@ -44,6 +44,7 @@ class TcpStoreServer {
   int port() const;
   std::size_t num_connections() const;  // open client connections now
   std::int64_t num_keys() const;
+  std::uint64_t requests_served() const;  // complete requests handled since start
 
   TcpStoreServer(const TcpStoreServer&) = delete;
   TcpStoreServer& operator=(const TcpStoreServer&) = delete;
@@ -67,6 +68,13 @@ struct TcpStoreClientOptions {
   // torch and ddpdiag see the same keys.
   bool torch_key_prefix = true;
   int rank = -1;  // for error messages only
+  // The server is ddpdiag's own. On the 2.x protocol it answers GET of a
+  // missing key with an empty value (as torch's libuv server does), so get()
+  // sends GET first and falls back to WAIT + GET only when the value is
+  // empty: one round trip instead of two when the key is there. Leave it off
+  // for servers of unknown make: torch's older (non-libuv) daemon closes the
+  // connection on a GET of a missing key.
+  bool one_trip_get = false;
 };
 
 // One TCP connection to a store (v1: a second, silent connection is not
