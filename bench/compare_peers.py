@@ -781,7 +781,8 @@ def self_test(a, rc):
         expect(r["clients"] == 64 and 0 < r["connect_s"] <= r["time_s"] < 60, "rendezvous %s" % r)
     st = res.get("store", [])
     expect({(r["op"], r["clients"]) for r in st} ==
-           {(op, STORE_CLIENTS) for op in ("set", "get", "add", "wait")} and len(st) == 8 and
+           {(op, STORE_CLIENTS) for op in ("set", "get", "get_c10d", "add", "wait")} and
+           len(st) == 10 and
            all(r["ops_per_second"] > 0 for r in st), "store rows: %s" % st)
     names = {c["name"] for c in rep.get("checks", [])}
     expect(names == {"allreduce_vs_bare_gloo_2ranks", "allreduce_vs_torch_2ranks",

@@ -7,8 +7,9 @@
 //   every client connects, SETs its own key, ADDs 1 to a shared counter;
 //   the client whose ADD returns N SETs a "done" key; every client WAITs
 //   for "done".
-// Time: from just before the first client thread starts until the last
-// client has returned from its WAIT. Every repeat uses fresh keys on the
+// Time: from the moment the client threads, started beforehand and parked
+// at a gate (as a job's ranks are running before they meet), are released
+// until the last client has returned from its WAIT. Every repeat uses fresh keys on the
 // same server; connections are closed between repeats (outside the time).
 //
 // Prints one JSON object on stdout:
@@ -23,6 +24,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -120,10 +122,16 @@ Outcome rendezvous_once(const Options& o, int repeat) {
   std::string first_error;
   std::vector<std::thread> threads;
   threads.reserve(o.clients);
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  bool open = false;
 
-  const auto t0 = Clock::now();
   for (int i = 0; i < o.clients; ++i) {
     threads.emplace_back([&, i] {
+      {
+        std::unique_lock<std::mutex> lk(gate_mu);
+        gate_cv.wait(lk, [&] { return open; });
+      }
       try {
         TcpStoreClientOptions co;
         co.host = o.host;
@@ -145,6 +153,13 @@ Outcome rendezvous_once(const Options& o, int repeat) {
       }
     });
   }
+  Clock::time_point t0;
+  {
+    std::lock_guard<std::mutex> lk(gate_mu);
+    open = true;
+    t0 = Clock::now();
+  }
+  gate_cv.notify_all();
   for (auto& t : threads) t.join();
   if (!first_error.empty()) throw std::runtime_error(first_error);
   Outcome out;

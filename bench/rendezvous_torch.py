@@ -5,8 +5,9 @@
   clients  the same rendezvous as ddpdiag_rendezvous_bench, with torch's own
            client: N threads, each opens a TCPStore(is_master=False), SETs
            its key, ADDs 1 to a counter; the one that reaches N SETs "done";
-           all WAIT for "done". Time from before the first thread starts to
-           the last WAIT's return; one JSON object on stdout:
+           all WAIT for "done". The threads are started first and parked
+           at a gate (as a job's ranks run before they meet); time from the
+           gate's opening to the last WAIT's return; one JSON object on stdout:
            {"clients":N,"times_s":[...],"connect_s":[...]}.
 
 Usage: /usr/bin/python3 bench/rendezvous_torch.py serve --port P
@@ -54,7 +55,10 @@ def clients(a):
         held = [None] * a.clients
         errors = []
 
+        gate = threading.Event()
+
         def client(i):
+            gate.wait()
             try:
                 s = dist.TCPStore(a.host, a.port, is_master=False, timeout=timeout)
                 connected[i] = time.perf_counter()
@@ -68,9 +72,10 @@ def clients(a):
                 errors.append("client %d: %s" % (i, e))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
-        t0 = time.perf_counter()
         for t in threads:
             t.start()
+        t0 = time.perf_counter()
+        gate.set()
         for t in threads:
             t.join()
         if errors:
