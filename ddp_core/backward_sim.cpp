@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <span>
 #include <thread>
+
+#include <fmt/core.h>
 
 namespace ddpdiag::ddp_core {
 
@@ -28,6 +31,17 @@ void fill(DType t, void* buf, std::size_t n, int world, int rank, std::size_t p,
   }
   for (std::size_t i = 0; i < n; ++i)
     store_from_double(t, buf, i, world * scale * k_of(base, i));
+}
+
+std::uint64_t splitmix64(std::uint64_t& x) {
+  std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+std::size_t row_numel_of(const TensorSpec& t) {
+  return static_cast<std::size_t>(t.numel() / t.shape[0]);
 }
 
 // Waits until t, polling the reducer: sleeps while far away (the machine may
@@ -59,6 +73,21 @@ double sim_gradient_value(int world_size, int rank, std::size_t param, std::size
   return world_size * scale * k_of(base_of(rank, param, iteration), i);
 }
 
+std::vector<std::int64_t> sim_sparse_rows(const TensorSpec& t, int rank, std::size_t param,
+                                          std::uint64_t iteration,
+                                          std::optional<std::int64_t> sparse_rows) {
+  if (t.shape.empty() || t.shape[0] <= 0) return {};
+  const std::int64_t v = t.shape[0];
+  const std::int64_t m = sparse_rows ? std::max<std::int64_t>(0, *sparse_rows)
+                                     : std::min(v, kDefaultSparseRows);
+  std::uint64_t state = 0x5eed0000ULL ^ (static_cast<std::uint64_t>(param) << 40) ^
+                        (static_cast<std::uint64_t>(rank) << 24) ^ iteration;
+  splitmix64(state);
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(m));
+  for (auto& r : rows) r = static_cast<std::int64_t>(splitmix64(state) % static_cast<std::uint64_t>(v));
+  return rows;
+}
+
 BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::uint64_t iteration,
                                     const BackwardSimOptions& o) {
   const auto& tensors = reducer.layout().tensors;
@@ -67,6 +96,9 @@ BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::u
   std::vector<std::uint8_t> skip(tensors.size(), 0);
   for (std::size_t p : o.unused)
     if (p < skip.size()) skip[p] = 1;
+  if (o.sparse_rows && *o.sparse_rows < 0)
+    throw UsageError(fmt::format("sparse_rows must be >= 0, got {}", *o.sparse_rows),
+                     {"backward_sim", rank, -1, "pass --sparse-rows 0 or more"});
   if (o.declare_unused && !o.unused.empty())
     reducer.prepare_for_backward(o.unused);
   else
@@ -82,7 +114,16 @@ BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::u
     if (skip[k]) continue;
     const auto& t = tensors[k];
     const auto n = static_cast<std::size_t>(t.numel());
-    if (device) {
+    std::uint64_t bytes = t.bytes();
+    if (t.expects_sparse) {
+      const auto rows = sim_sparse_rows(t, rank, k, iteration, o.sparse_rows);
+      const std::size_t values = rows.empty() ? 0 : rows.size() * row_numel_of(t);
+      bytes = values * dtype_size(t.dtype);
+      staging.resize(bytes);
+      fill(t.dtype, staging.data(), values, world, rank, k, iteration, o.value_scale);
+      reducer.set_sparse_grad(k, rows,
+                              std::as_bytes(std::span<const std::uint8_t>(staging.data(), bytes)));
+    } else if (device) {
       staging.resize(t.bytes());
       fill(t.dtype, staging.data(), n, world, rank, k, iteration, o.value_scale);
       comm.copy_from_host(reducer.grad(k), staging.data(), t.bytes());
@@ -90,7 +131,7 @@ BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::u
       fill(t.dtype, reducer.grad(k), n, world, rank, k, iteration, o.value_scale);
     }
     if (o.compute_gbps > 0) {
-      scheduled_s += static_cast<double>(t.bytes()) / (o.compute_gbps * 1e9);
+      scheduled_s += static_cast<double>(bytes) / (o.compute_gbps * 1e9);
       wait_until(r.start + std::chrono::duration_cast<ReducerClock::duration>(
                                std::chrono::duration<double>(scheduled_s)),
                  reducer);
@@ -102,7 +143,8 @@ BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::u
 }
 
 GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::uint64_t iteration,
-                              double scale, double tol, const UsedBy& used_by) {
+                              double scale, double tol, const UsedBy& used_by,
+                              std::optional<std::int64_t> sparse_rows) {
   const auto& tensors = reducer.layout().tensors;
   const int world = comm.size();
   const bool device = comm.memory_kind() == MemoryKind::kDevice;
@@ -123,12 +165,34 @@ GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::u
       if (!used_by || used_by(r, p)) users.push_back(r);
     std::vector<std::uint64_t> bases;
     for (int r : users) bases.push_back(base_of(r, p, iteration));
+    // Sparse: every user's entries summed into their rows.
+    std::vector<long> sparse_sum, sparse_abs;
+    if (t.expects_sparse && !t.shape.empty() && t.shape[0] > 0) {
+      sparse_sum.assign(n, 0);
+      sparse_abs.assign(n, 0);
+      const std::size_t rn = row_numel_of(t);
+      for (std::size_t u = 0; u < users.size(); ++u) {
+        const auto rows = sim_sparse_rows(t, users[u], p, iteration, sparse_rows);
+        for (std::size_t j = 0; j < rows.size(); ++j)
+          for (std::size_t e = 0; e < rn; ++e) {
+            const int k = k_of(bases[u], j * rn + e);
+            const std::size_t at = static_cast<std::size_t>(rows[j]) * rn + e;
+            sparse_sum[at] += k;
+            sparse_abs[at] += k < 0 ? -k : k;
+          }
+      }
+    }
     for (std::size_t i = 0; i < n; ++i) {
       long sum = 0, abs_sum = 0;
-      for (auto b : bases) {
-        const int k = k_of(b, i);
-        sum += k;
-        abs_sum += k < 0 ? -k : k;
+      if (!sparse_sum.empty()) {
+        sum = sparse_sum[i];
+        abs_sum = sparse_abs[i];
+      } else {
+        for (auto b : bases) {
+          const int k = k_of(b, i);
+          sum += k;
+          abs_sum += k < 0 ? -k : k;
+        }
       }
       const double want = scale * static_cast<double>(sum);
       const double have = t.dtype == DType::kFloat32 ? static_cast<const float*>(got)[i]

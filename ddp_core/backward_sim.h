@@ -12,11 +12,20 @@
 // and bf16). The true mean is scale * (sum over the ranks that used p of k).
 // A scale that is not a power of two (0.1) makes the values inexact in 16
 // bits, to exercise the compression hooks' rounding.
+//
+// A sparse parameter (expects_sparse) gets a sparse gradient instead: on rank
+// r in iteration t it touches sparse_rows rows (default min(shape[0], 512)),
+// entry j at row sim_sparse_rows(...)[j], drawn with replacement from a
+// generator seeded by (p, r, t), so rows repeat within a rank and are shared
+// across ranks; element e of entry j has the value of element
+// j * row_numel + e above. The true mean of element (row, e) is scale times
+// the sum of k over every rank's entries at that row.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "ddp_core/reducer.h"
@@ -33,7 +42,18 @@ struct BackwardSimOptions {
   // Declare them to prepare_for_backward (as DDP's graph walk does) rather
   // than leaving them for finalize() to discover.
   bool declare_unused = true;
+  // Rows touched per sparse parameter and iteration; nullopt: min(shape[0],
+  // kDefaultSparseRows). Must be >= 0.
+  std::optional<std::int64_t> sparse_rows;
 };
+
+inline constexpr std::int64_t kDefaultSparseRows = 512;
+
+// The rows rank `rank` touches in parameter `param` (a sparse one) in this
+// iteration, in the order they are handed to the reducer.
+std::vector<std::int64_t> sim_sparse_rows(const TensorSpec& spec, int rank, std::size_t param,
+                                          std::uint64_t iteration,
+                                          std::optional<std::int64_t> sparse_rows = std::nullopt);
 
 struct BackwardSimResult {
   ReducerClock::time_point start{};
@@ -68,6 +88,7 @@ struct GradientCheck {
 // tolerance * (sum over ranks of |contribution|) + 1e-30.
 GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::uint64_t iteration,
                               double value_scale = 1.0, double relative_tolerance = 0,
-                              const UsedBy& used_by = {});
+                              const UsedBy& used_by = {},
+                              std::optional<std::int64_t> sparse_rows = std::nullopt);
 
 }  // namespace ddpdiag::ddp_core

@@ -36,7 +36,28 @@ void copy_divided(DType t, void* dst, const void* src, std::size_t n, int world)
   divide_host(t, dst, n, world);
 }
 
+// Grows a communicator buffer to at least bytes (contents not kept).
+void ensure(CommBuffer& b, Communicator& comm, std::size_t bytes) {
+  if (b.bytes() >= bytes) return;
+  b = CommBuffer(comm, std::max(bytes, 2 * b.bytes()));
+}
+
 }  // namespace
+
+// A sparse bucket's gradient of this iteration and its communication buffers
+// (host memory).
+struct SparseState {
+  std::size_t param = 0;
+  std::int64_t num_rows = 0;    // shape[0]
+  std::size_t row_numel = 0;    // product of shape[1:]
+  std::size_t row_bytes = 0;
+  std::vector<std::int64_t> rows;   // as handed over, uncoalesced
+  std::vector<std::byte> values;
+  CommBuffer nnz_send, nnz_all;     // int64: 1 and world
+  CommBuffer idx_send, idx_all;     // int64: max_nnz and world * max_nnz
+  CommBuffer val_send, val_all;     // dtype: max_nnz and world * max_nnz rows
+  std::int64_t max_nnz = 0;
+};
 
 std::string_view compression_hook_name(CompressionHook h) {
   switch (h) {
@@ -88,6 +109,29 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   }
   if (options_.averaging == Averaging::kAvgOp) sum_op_ = ReduceOp::kAvg;
 
+  for (std::size_t p = 0; p < layout_.tensors.size(); ++p) {
+    const auto& t = layout_.tensors[p];
+    if (!t.expects_sparse) continue;
+    if (device_)
+      throw UsageError(
+          fmt::format("parameter {} (index {}) has a sparse gradient, which the reducer does not "
+                      "reduce on device memory ({} communicator); torch reduces sparse gradients "
+                      "with an allgather of indices and values, as the Gloo backend does",
+                      t.name, p, backend_name(comm_.backend())),
+          {"reducer.init", comm_.rank(), -1,
+           "use --backend gloo for layouts with sparse (nn.Embedding(sparse=True)) parameters"});
+    if (t.dtype != DType::kFloat32 && t.dtype != DType::kFloat64)
+      throw UsageError(fmt::format("parameter {} (index {}) has a sparse gradient of dtype {}; "
+                                   "sparse gradients are reduced in float32 or float64 only",
+                                   t.name, p, dtype_name(t.dtype)),
+                       {"reducer.init", comm_.rank(), -1,
+                        "make the embedding float32, or mark it dense in the layout"});
+    if (t.shape.empty() || t.shape[0] <= 0)
+      throw UsageError(fmt::format("parameter {} (index {}) has a sparse gradient but no rows "
+                                   "(shape needs a first dimension > 0)",
+                                   t.name, p),
+                       {"reducer.init", comm_.rank(), -1, "check the layout's shape"});
+  }
   const auto specs = ddp_buckets(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes);
   where_.resize(layout_.tensors.size());
   buckets_.reserve(specs.size());
@@ -105,8 +149,20 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
     DDPDIAG_ASSERT(off == rb.spec.bytes);
     rb.numel = off / dtype_size(rb.spec.dtype);
     state_[b].buffer = CommBuffer(comm_, off);
-    if (options_.hook != CompressionHook::kNone)
+    if (rb.spec.sparse) {
+      DDPDIAG_ASSERT(rb.spec.param_indices.size() == 1);
+      auto sp = std::make_unique<SparseState>();
+      sp->param = rb.spec.param_indices[0];
+      const auto& t = layout_.tensors[sp->param];
+      sp->num_rows = t.shape[0];
+      sp->row_numel = static_cast<std::size_t>(t.numel() / t.shape[0]);
+      sp->row_bytes = sp->row_numel * dtype_size(t.dtype);
+      sp->nnz_send = CommBuffer(comm_, sizeof(std::int64_t));
+      sp->nnz_all = CommBuffer(comm_, sizeof(std::int64_t) * static_cast<std::size_t>(comm_.size()));
+      state_[b].sparse = std::move(sp);
+    } else if (options_.hook != CompressionHook::kNone) {
       state_[b].compressed = CommBuffer(comm_, rb.numel * 2);
+    }
     // Zeroed buckets: a gradient view reads as zero before its first
     // backward, as DDP's bucket views do.
     if (off) {
@@ -206,6 +262,10 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
     s.done = false;
     s.work.reset();
     s.post.reset();
+    if (s.sparse) {
+      s.sparse->rows.clear();
+      s.sparse->values.clear();
+    }
   }
   std::fill(marked_.begin(), marked_.end(), 0);
   marked_count_ = 0;
@@ -217,6 +277,49 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
   in_iteration_ = true;
   ++iteration_;
   for (std::size_t p : locally_unused) mark_ready_impl(p, false);
+}
+
+void Reducer::set_sparse_grad(std::size_t p, std::span<const std::int64_t> rows,
+                              std::span<const std::byte> values) {
+  check_index(p, "set_sparse_grad");
+  const auto& t = layout_.tensors[p];
+  if (!t.expects_sparse)
+    throw UsageError(
+        fmt::format("set_sparse_grad: parameter {} (index {}) has a dense gradient (its layout "
+                    "entry is not sparse)",
+                    t.name, p),
+        {"reducer.set_sparse_grad", comm_.rank(), -1,
+         "write a dense gradient into grad(p), or mark the tensor \"sparse\": true in the layout"});
+  if (!in_iteration_)
+    throw UsageError(fmt::format("set_sparse_grad for {} outside an iteration", t.name),
+                     {"reducer.set_sparse_grad", comm_.rank(), -1,
+                      "call prepare_for_backward() first"});
+  if (marked_[p])
+    throw UsageError(
+        fmt::format("set_sparse_grad: parameter {} (index {}) was already marked ready in "
+                    "iteration {}",
+                    t.name, p, iteration_),
+        {"reducer.set_sparse_grad", comm_.rank(), -1,
+         "hand the sparse gradient over before mark_ready"});
+  auto& sp = *state_[where_[p].bucket].sparse;
+  if (values.size() != rows.size() * sp.row_bytes)
+    throw UsageError(
+        fmt::format("set_sparse_grad: parameter {} (index {}): {} rows of {} {} element(s) need "
+                    "{} value bytes, got {}",
+                    t.name, p, rows.size(), sp.row_numel, dtype_name(t.dtype),
+                    rows.size() * sp.row_bytes, values.size()),
+        {"reducer.set_sparse_grad", comm_.rank(), -1,
+         "values hold rows.size() * product(shape[1:]) elements of the parameter's dtype"});
+  for (std::size_t j = 0; j < rows.size(); ++j)
+    if (rows[j] < 0 || rows[j] >= sp.num_rows)
+      throw UsageError(
+          fmt::format("set_sparse_grad: parameter {} (index {}): row {} (entry {}) is outside "
+                      "[0, {})",
+                      t.name, p, rows[j], j, sp.num_rows),
+          {"reducer.set_sparse_grad", comm_.rank(), -1,
+           "row indices index the first dimension of the parameter"});
+  sp.rows.insert(sp.rows.end(), rows.begin(), rows.end());
+  sp.values.insert(sp.values.end(), values.begin(), values.end());
 }
 
 void Reducer::mark_ready(std::size_t param_index) {
@@ -267,8 +370,16 @@ void Reducer::mark_ready_impl(std::size_t p, bool used) {
          "each parameter takes part in the loss once per iteration (or declare it unused)"});
   marked_[p] = used ? 1 : 2;
   ++marked_count_;
-  copy_into_bucket(p, !used);
   auto& s = state_[where_[p].bucket];
+  if (s.sparse) {
+    // Unused: no rows, whatever was handed over.
+    if (!used) {
+      s.sparse->rows.clear();
+      s.sparse->values.clear();
+    }
+  } else {
+    copy_into_bucket(p, !used);
+  }
   DDPDIAG_ASSERT(s.pending > 0);
   if (--s.pending == 0) {
     timing_.buckets[where_[p].bucket].ready = ReducerClock::now();
@@ -327,6 +438,12 @@ void Reducer::launch(std::size_t b) {
   auto& s = state_[b];
   const auto& rb = buckets_[b];
   const auto n = static_cast<std::size_t>(rb.numel);
+  if (s.sparse) {
+    launch_sparse(b);
+    return;
+  }
+  timing_.buckets[b].payload_bytes =
+      options_.hook == CompressionHook::kNone ? rb.spec.bytes : rb.numel * 2;
   if (ops_) {
     launch_stream(b);
     s.launched = true;
@@ -354,6 +471,152 @@ void Reducer::launch(std::size_t b) {
   timing_.buckets[b].launched = ReducerClock::now();
 }
 
+namespace {
+
+// Divides (optionally) and coalesces: out_rows sorted and unique, out_vals
+// the sum of each row's entries in the order they were handed over.
+template <typename T>
+void coalesce(const std::vector<std::int64_t>& rows, const std::byte* values,
+              std::size_t row_numel, int divisor, std::vector<std::int64_t>& out_rows,
+              std::vector<std::byte>& out_vals) {
+  std::vector<std::size_t> order(rows.size());
+  for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](std::size_t a, std::size_t b) { return rows[a] < rows[b]; });
+  out_rows.clear();
+  for (std::size_t j : order)
+    if (out_rows.empty() || out_rows.back() != rows[j]) out_rows.push_back(rows[j]);
+  out_vals.assign(out_rows.size() * row_numel * sizeof(T), std::byte{0});
+  auto* out = reinterpret_cast<T*>(out_vals.data());
+  const T d = static_cast<T>(divisor);
+  std::size_t k = 0;
+  std::int64_t prev = -1;
+  bool first = true;
+  for (std::size_t j : order) {
+    if (!first && rows[j] != prev) ++k;
+    const bool fresh = first || rows[j] != prev;
+    first = false;
+    prev = rows[j];
+    T* dst = out + k * row_numel;
+    T v;
+    for (std::size_t e = 0; e < row_numel; ++e) {
+      std::memcpy(&v, values + (j * row_numel + e) * sizeof(T), sizeof(T));
+      if (divisor > 1) v = v / d;
+      dst[e] = fresh ? v : dst[e] + v;
+    }
+  }
+}
+
+template <typename T>
+void scatter_add(T* dense, const std::int64_t* rows, const T* vals, std::int64_t nnz,
+                 std::size_t row_numel) {
+  for (std::int64_t j = 0; j < nnz; ++j) {
+    T* dst = dense + static_cast<std::size_t>(rows[j]) * row_numel;
+    const T* src = vals + static_cast<std::size_t>(j) * row_numel;
+    for (std::size_t e = 0; e < row_numel; ++e) dst[e] += src[e];
+  }
+}
+
+}  // namespace
+
+// A sparse bucket: divide and coalesce, allgather the nnz and wait for it (the
+// padding must be known on every rank), then allgather indices and values
+// padded to the largest nnz, asynchronously; finish_sparse sums them.
+void Reducer::launch_sparse(std::size_t b) {
+  auto& s = state_[b];
+  auto& sp = *s.sparse;
+  const auto& t = layout_.tensors[sp.param];
+  const int world = comm_.size();
+  // Without a hook DDP divides the sparse gradient before the SUM; hooks do
+  // not apply to sparse gradients, so with one the same happens; the AVG op
+  // sums, then divides (finish_sparse).
+  const bool divide_first = sum_op_ == ReduceOp::kSum || options_.hook != CompressionHook::kNone;
+  const int divisor = divide_first ? world : 1;
+  std::vector<std::int64_t> rows;
+  std::vector<std::byte> vals;
+  if (t.dtype == DType::kFloat32)
+    coalesce<float>(sp.rows, sp.values.data(), sp.row_numel, divisor, rows, vals);
+  else
+    coalesce<double>(sp.rows, sp.values.data(), sp.row_numel, divisor, rows, vals);
+  const auto nnz = static_cast<std::int64_t>(rows.size());
+  std::memcpy(sp.nnz_send.get(), &nnz, sizeof nnz);
+  auto& timing = timing_.buckets[b];
+  timing.sparse = true;
+  s.work = comm_.allgather(sp.nnz_send.get(), sp.nnz_all.get(), 1, DType::kInt64);
+  s.launched = true;
+  timing.launched = ReducerClock::now();
+  try {
+    s.work->wait(timeout());
+  } catch (const TimeoutError& e) {
+    throw TimeoutError(
+        fmt::format("rank {}: the nnz allgather of sparse bucket {} ({}) did not complete within "
+                    "{} ms: {}",
+                    comm_.rank(), b, describe_params({sp.param}), timeout().count(), e.what()),
+        {"reducer.mark_ready", comm_.rank(), e.context().peer,
+         "another rank may not have produced gradients for the buckets before it (pass "
+         "--find-unused-parameters there), or a peer is slow or dead"});
+  }
+  const auto* all = static_cast<const std::int64_t*>(sp.nnz_all.get());
+  sp.max_nnz = 0;
+  for (int r = 0; r < world; ++r) sp.max_nnz = std::max(sp.max_nnz, all[r]);
+  const auto m = static_cast<std::size_t>(sp.max_nnz);
+  const auto w = static_cast<std::size_t>(world);
+  timing.payload_bytes = w * (sizeof(std::int64_t) + m * (sizeof(std::int64_t) + sp.row_bytes));
+  if (m == 0) return;  // nothing touched anywhere: s.work (done) stands for the bucket
+  ensure(sp.idx_send, comm_, m * sizeof(std::int64_t));
+  ensure(sp.idx_all, comm_, w * m * sizeof(std::int64_t));
+  ensure(sp.val_send, comm_, m * sp.row_bytes);
+  ensure(sp.val_all, comm_, w * m * sp.row_bytes);
+  std::memset(sp.idx_send.get(), 0, m * sizeof(std::int64_t));
+  std::memset(sp.val_send.get(), 0, m * sp.row_bytes);
+  if (nnz) {
+    std::memcpy(sp.idx_send.get(), rows.data(), rows.size() * sizeof(std::int64_t));
+    std::memcpy(sp.val_send.get(), vals.data(), vals.size());
+  }
+  s.work = comm_.allgather(sp.idx_send.get(), sp.idx_all.get(), m, DType::kInt64);
+  s.post = comm_.allgather(sp.val_send.get(), sp.val_all.get(), m * sp.row_numel, t.dtype);
+}
+
+// Every rank's rows summed, in rank order, into the zeroed dense gradient.
+void Reducer::finish_sparse(std::size_t b) {
+  auto& sp = *state_[b].sparse;
+  const auto& t = layout_.tensors[sp.param];
+  void* dense = grad(sp.param);
+  std::memset(dense, 0, t.bytes());
+  const int world = comm_.size();
+  const auto m = static_cast<std::size_t>(sp.max_nnz);
+  if (m == 0) return;
+  const auto* nnz = static_cast<const std::int64_t*>(sp.nnz_all.get());
+  const auto* idx = static_cast<const std::int64_t*>(sp.idx_all.get());
+  const auto* vals = static_cast<const std::byte*>(sp.val_all.get());
+  std::vector<std::int64_t> touched;
+  for (int r = 0; r < world; ++r) {
+    const auto* ri = idx + static_cast<std::size_t>(r) * m;
+    const auto* rv = vals + static_cast<std::size_t>(r) * m * sp.row_bytes;
+    for (std::int64_t j = 0; j < nnz[r]; ++j)
+      if (ri[j] < 0 || ri[j] >= sp.num_rows)
+        throw BackendError(fmt::format("rank {}: rank {} sent row {} for {}, outside [0, {})",
+                                       comm_.rank(), r, ri[j], t.name, sp.num_rows),
+                           {"reducer.finalize", comm_.rank(), r,
+                            "the ranks disagree on the layout (pass the same --model everywhere)"});
+    if (t.dtype == DType::kFloat32)
+      scatter_add(static_cast<float*>(dense), ri, reinterpret_cast<const float*>(rv), nnz[r],
+                  sp.row_numel);
+    else
+      scatter_add(static_cast<double*>(dense), ri, reinterpret_cast<const double*>(rv), nnz[r],
+                  sp.row_numel);
+    if (sum_op_ == ReduceOp::kAvg && options_.hook == CompressionHook::kNone)
+      touched.insert(touched.end(), ri, ri + nnz[r]);
+  }
+  if (touched.empty() || world == 1) return;
+  // The AVG op: the sum, then the division, as Gloo's AVG does.
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  for (std::int64_t row : touched)
+    divide_host(t.dtype, at(dense, static_cast<std::uint64_t>(row) * sp.row_bytes), sp.row_numel,
+                world);
+}
+
 void Reducer::poll() {
   for (std::size_t b = 0; b < next_to_launch_; ++b) {
     auto& t = timing_.buckets[b];
@@ -377,9 +640,9 @@ void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point deadline) {
                                    params.begin() + static_cast<std::ptrdiff_t>(
                                                         std::min<std::size_t>(params.size(), 3)));
     throw TimeoutError(
-        fmt::format("rank {}: the all_reduce of bucket {} ({} parameter(s), {} B, e.g. {}) did not "
+        fmt::format("rank {}: the {} of bucket {} ({} parameter(s), {} B, e.g. {}) did not "
                     "complete within {} ms: {}",
-                    comm_.rank(), b, params.size(), buckets_[b].spec.bytes, describe_params(first),
+                    comm_.rank(), s.sparse ? "sparse allgathers" : "all_reduce", b, params.size(), buckets_[b].spec.bytes, describe_params(first),
                     timeout().count(), e.what()),
         {"reducer.finalize", comm_.rank(), e.context().peer,
          "another rank may not have produced gradients for these parameters (pass "
@@ -390,7 +653,9 @@ void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point deadline) {
 
 void Reducer::finish_bucket(std::size_t b) {
   auto& s = state_[b];
-  if (!ops_) {
+  if (s.sparse) {
+    finish_sparse(b);
+  } else if (!ops_) {
     const auto& rb = buckets_[b];
     const auto n = static_cast<std::size_t>(rb.numel);
     if (options_.hook == CompressionHook::kFp16)

@@ -28,6 +28,25 @@
 // host memory with ReducerOptions::stream_path (Gloo runs the steps on its
 // worker thread), which is how it is tested without a GPU; results are
 // identical to the default host path.
+//
+// Sparse gradients. A parameter whose layout entry expects_sparse
+// (nn.Embedding(sparse=True)) has a bucket of its own and is handed over as
+// rows and values (set_sparse_grad), not through grad(). Its bucket is
+// reduced as torch's Gloo backend reduces a sparse tensor: the gradient is
+// divided by the world size (as DDP does without a comm hook) and coalesced
+// (duplicate rows summed, rows sorted); the ranks allgather their nnz, then
+// their row indices (int64) and values, padded to the largest nnz; every
+// rank sums all of them into grad(p), zeroed first, so after finalize grad(p)
+// holds torch's coalesced result densified. Only the touched rows travel.
+// The nnz allgather is waited for when the bucket is launched (the padded
+// size must be known before the other two are issued), so launching a sparse
+// bucket blocks until the collectives issued before it and the peers' nnz
+// arrive; the index and value allgathers then run asynchronously like a dense
+// bucket's all_reduce, and the sum into grad(p) happens in finalize().
+// Compression hooks do not apply to sparse gradients (values stay in the
+// parameter's dtype, divided by the world size). float32 and float64 only;
+// host memory (Gloo) only: the constructor refuses sparse parameters on
+// device memory.
 #pragma once
 
 #include <chrono>
@@ -44,6 +63,8 @@
 #include "ddp_core/model_layout.h"
 
 namespace ddpdiag::ddp_core {
+
+struct SparseState;  // reducer.cpp
 
 using ReducerClock = std::chrono::steady_clock;
 
@@ -81,6 +102,11 @@ struct BucketTiming {
   ReducerClock::time_point ready{};      // its last gradient was marked ready
   ReducerClock::time_point launched{};   // its all_reduce was issued
   ReducerClock::time_point completed{};  // completion first observed (poll or finalize)
+  // Bytes of the bucket's collectives as issued: a dense bucket's all_reduce
+  // buffer (16-bit with a hook); a sparse bucket's allgathers counted at
+  // their gathered size, world * (8 + max_nnz * (8 + row bytes)).
+  std::uint64_t payload_bytes = 0;
+  bool sparse = false;
 };
 
 struct IterationTiming {
@@ -123,7 +149,19 @@ class Reducer {
   // marked ready at once with zero gradients. Only with find_unused_parameters.
   // Throws UsageError when the previous iteration was not finalized.
   void prepare_for_backward(std::span<const std::size_t> locally_unused = {});
-  // The gradient of parameter param_index is complete in grad(param_index).
+  // The sparse gradient of a parameter whose layout entry expects_sparse:
+  // rows.size() row indices in [0, shape[0]) (any order, repeats allowed, as
+  // in an uncoalesced torch sparse gradient) and rows.size() * row_numel
+  // values of the parameter's dtype, row after row (row_numel = product of
+  // shape[1:]), in host memory, copied before the call returns. Between
+  // prepare_for_backward and the parameter's mark_ready; a second call in the
+  // same iteration adds its rows to the first's. A sparse parameter marked
+  // ready without a call contributes no rows. Throws UsageError for a dense
+  // parameter, a row out of range or a values size that does not match.
+  void set_sparse_grad(std::size_t param_index, std::span<const std::int64_t> rows,
+                       std::span<const std::byte> values);
+  // The gradient of parameter param_index is complete in grad(param_index)
+  // (a sparse parameter's in set_sparse_grad).
   void mark_ready(std::size_t param_index);
   // Records completions of launched buckets without blocking.
   void poll();
@@ -135,7 +173,8 @@ class Reducer {
   void finalize();
 
   // The gradient buffer of a parameter, in the communicator's memory kind.
-  // Valid for the reducer's lifetime.
+  // Valid for the reducer's lifetime. A sparse parameter's holds its reduced
+  // gradient densified after finalize (written by the reducer only).
   void* grad(std::size_t param_index) const;
   std::uint64_t grad_bytes(std::size_t param_index) const;
 
@@ -163,6 +202,8 @@ class Reducer {
     std::shared_ptr<Work> work;
     std::shared_ptr<Work> post;  // stream path: the fence after the bucket's post-processing
     std::unique_ptr<StreamOps::CopyPlan> plan;  // stream path, views off
+    // A sparse bucket: work is the index allgather, post the value allgather.
+    std::unique_ptr<SparseState> sparse;
   };
 
   void mark_ready_impl(std::size_t param_index, bool used);
@@ -178,6 +219,8 @@ class Reducer {
   void copy_into_bucket(std::size_t param_index, bool zero);
   void copy_out_of_bucket(std::size_t param_index);
   void launch_stream(std::size_t b);
+  void launch_sparse(std::size_t b);
+  void finish_sparse(std::size_t b);
 
   Communicator& comm_;
   ModelLayout layout_;

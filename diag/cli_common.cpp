@@ -296,6 +296,12 @@ void create_communicator(Job& job, const CommonOptions& o) {
   job.comm_options = co;
   auto inner = make_communicator(co);
   inner->set_default_timeout(job.timeout);
+  // No rank goes on until every rank has its connections up. Otherwise a rank
+  // that fails at once (a bad flag, a bad model file) exits while a peer's
+  // Gloo is still finishing the handshake with it, and Gloo's own thread
+  // aborts that peer's process (getpeername on the closed socket) before it
+  // can report anything.
+  inner->barrier()->wait(job.timeout);
 
   // The watchdog talks to the store over a connection of its own, so a main
   // thread blocked in a store wait never delays it.

@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
+#include <optional>
+#include <span>
 #include <string>
 
 #include <fmt/core.h>
@@ -359,6 +362,348 @@ TEST_CASE("reducer: the stream path gives the host path's bits", "[reducer]") {
                                        c.rank(), compression_hook_name(h), views,
                                        l.tensors[p].name));
       }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+// Sparse gradients (nn.Embedding(sparse=True)): reduced as torch's Gloo
+// backend reduces a sparse tensor, the embedding between two dense tensors.
+namespace {
+
+ModelLayout sparse_layout(DType emb_dtype = DType::kFloat32) {
+  ModelLayout l;
+  l.name = "test-sparse";
+  l.tensors = {{"fc.weight", {16, 8}, DType::kFloat32, false},
+               {"emb.weight", {1000, 8}, emb_dtype, true},
+               {"out.bias", {8}, DType::kFloat32, false}};
+  return l;
+}
+
+constexpr std::size_t kEmb = 1;
+constexpr std::size_t kRowNumel = 8;
+
+// Rank r's rows in iteration it: duplicates within the rank (7, 100 + r),
+// rows shared by every rank (7, 500 + it), rows of its own; rank 1 touches
+// nothing in odd iterations (nnz 0).
+std::vector<std::int64_t> rows_of(int r, std::uint64_t it) {
+  if (r == 1 && it % 2 == 1) return {};
+  return {7, 100 + r, 7, 999 - r, static_cast<std::int64_t>(500 + it), 100 + r, 3 * r,
+          static_cast<std::int64_t>(20 * it + r)};
+}
+
+// Small integers; the world size times them, so the division is exact.
+int sparse_k(int r, std::uint64_t it, std::size_t j, std::size_t e) {
+  return static_cast<int>((j + 3 * e + 5 * static_cast<std::size_t>(r) + it) % 7) - 3;
+}
+int dense_k(int r, std::uint64_t it, std::size_t p, std::size_t i) {
+  return static_cast<int>((i + 2 * p + 3 * static_cast<std::size_t>(r) + it) % 9) - 4;
+}
+
+template <typename T>
+std::vector<T> sparse_values(int world, int r, std::uint64_t it) {
+  const auto rows = rows_of(r, it);
+  std::vector<T> v(rows.size() * kRowNumel);
+  for (std::size_t j = 0; j < rows.size(); ++j)
+    for (std::size_t e = 0; e < kRowNumel; ++e)
+      v[j * kRowNumel + e] = static_cast<T>(world * sparse_k(r, it, j, e));
+  return v;
+}
+
+// One backward by hand: dense gradients written into grad(p), the sparse one
+// handed over, in reverse order. unused: parameters this rank declares unused.
+template <typename T>
+void sparse_backward(Reducer& red, Communicator& c, std::uint64_t it,
+                     const std::vector<std::size_t>& unused = {}) {
+  const int world = c.size(), r = c.rank();
+  red.prepare_for_backward(unused);
+  const auto& ts = red.layout().tensors;
+  for (std::size_t p = ts.size(); p-- > 0;) {
+    if (std::find(unused.begin(), unused.end(), p) != unused.end()) continue;
+    if (ts[p].expects_sparse) {
+      const auto rows = rows_of(r, it);
+      const auto vals = sparse_values<T>(world, r, it);
+      red.set_sparse_grad(p, rows, std::as_bytes(std::span<const T>(vals)));
+    } else {
+      auto* g = static_cast<float*>(red.grad(p));
+      for (std::size_t i = 0; i < static_cast<std::size_t>(ts[p].numel()); ++i)
+        g[i] = static_cast<float>(world * dense_k(r, it, p, i));
+    }
+    red.mark_ready(p);
+  }
+}
+
+// The densified mean, and every gradient compared element for element.
+// used(r, p): whether rank r used p.
+template <typename T>
+void expect_sparse_exact(const Reducer& red, Communicator& c, std::uint64_t it,
+                         const std::string& what, Failures& fail,
+                         const std::function<bool(int, std::size_t)>& used = {}) {
+  const int world = c.size();
+  const auto& ts = red.layout().tensors;
+  for (std::size_t p = 0; p < ts.size(); ++p) {
+    const auto n = static_cast<std::size_t>(ts[p].numel());
+    std::vector<double> want(n, 0);
+    for (int r = 0; r < world; ++r) {
+      if (used && !used(r, p)) continue;
+      if (ts[p].expects_sparse) {
+        const auto rows = rows_of(r, it);
+        for (std::size_t j = 0; j < rows.size(); ++j)
+          for (std::size_t e = 0; e < kRowNumel; ++e)
+            want[static_cast<std::size_t>(rows[j]) * kRowNumel + e] += sparse_k(r, it, j, e);
+      } else {
+        for (std::size_t i = 0; i < n; ++i) want[i] += dense_k(r, it, p, i);
+      }
+    }
+    std::size_t wrong = 0, first = n;
+    double have_first = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const double have = ts[p].expects_sparse ? static_cast<double>(static_cast<const T*>(red.grad(p))[i])
+                                               : static_cast<const float*>(red.grad(p))[i];
+      if (have != want[i]) {
+        if (!wrong) first = i, have_first = have;
+        ++wrong;
+      }
+    }
+    if (wrong)
+      fail.push_back(fmt::format("rank {} {} iteration {}: {} of {} elements of {} wrong, first at "
+                                 "{}: {} instead of {}",
+                                 c.rank(), what, it, wrong, n, ts[p].name, first, have_first,
+                                 want[first]));
+  }
+}
+
+std::size_t unique_rows(int r, std::uint64_t it) {
+  auto rows = rows_of(r, it);
+  std::sort(rows.begin(), rows.end());
+  return static_cast<std::size_t>(std::unique(rows.begin(), rows.end()) - rows.begin());
+}
+
+}  // namespace
+
+TEST_CASE("reducer: a sparse gradient is the densified mean on every rank", "[reducer][sparse]") {
+  const int n = GENERATE(2, 3, 4);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int, Failures& fail) {
+    for (bool stream : {false, true})
+      for (bool views : {true, false})
+        for (Averaging avg : {Averaging::kDivideThenSum, Averaging::kAvgOp}) {
+          ReducerOptions o;
+          // out.bias (32 B) fills the first bucket, so the buckets are
+          // [out.bias], [emb.weight], [fc.weight]: dense, sparse, dense.
+          o.bucket_cap_bytes = 256;
+          o.first_bucket_bytes = 32;
+          o.timeout = 20s;
+          o.gradient_as_bucket_view = views;
+          o.averaging = avg;
+          o.stream_path = stream;
+          Reducer red(c, sparse_layout(), o);
+          const std::string what = fmt::format("views {} avg-op {} stream {}", views,
+                                               avg == Averaging::kAvgOp, stream);
+          // The embedding alone in its bucket, between the dense ones.
+          const auto& eb = red.buckets()[red.bucket_of(kEmb)];
+          if (!eb.spec.sparse || eb.spec.param_indices.size() != 1)
+            fail.push_back(what + ": the embedding is not alone in a sparse bucket");
+          if (red.buckets().size() != 3 || red.bucket_of(2) != 0 || red.bucket_of(kEmb) != 1 ||
+              red.bucket_of(0) != 2)
+            fail.push_back(what + ": the sparse bucket is not between the dense ones");
+          // Iterations 0..3: rank 1 touches nothing in 1 and 3, so rows of
+          // iteration 0 must not survive into 1 (buffers re-zeroed).
+          for (std::uint64_t it = 0; it < 4; ++it) {
+            sparse_backward<float>(red, c, it);
+            red.finalize();
+            expect_sparse_exact<float>(red, c, it, what, fail);
+            const auto& tm = red.last_timing();
+            for (const auto& b : tm.buckets)
+              if (b.launched < b.ready || b.completed < b.launched)
+                fail.push_back(what + ": bucket timestamps out of order");
+            const auto& sb = tm.buckets[red.bucket_of(kEmb)];
+            std::size_t max_nnz = 0;
+            for (int r = 0; r < n; ++r) max_nnz = std::max(max_nnz, unique_rows(r, it));
+            const std::uint64_t want_bytes =
+                static_cast<std::uint64_t>(n) * (8 + max_nnz * (8 + kRowNumel * 4));
+            if (!sb.sparse || sb.payload_bytes != want_bytes)
+              fail.push_back(fmt::format("{}: sparse bucket moved {} B, want {} B (max nnz {})",
+                                         what, sb.payload_bytes, want_bytes, max_nnz));
+            if (sb.payload_bytes >= eb.spec.bytes / 10)
+              fail.push_back(what + ": the sparse bucket moved nearly the dense table");
+            for (std::size_t b = 0; b < tm.buckets.size(); ++b)
+              if (b != red.bucket_of(kEmb) && tm.buckets[b].payload_bytes != red.buckets()[b].spec.bytes)
+                fail.push_back(what + ": a dense bucket's payload is not its size");
+          }
+        }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: sparse float64, with a compression hook (not applied to it)",
+          "[reducer][sparse]") {
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int, Failures& fail) {
+    for (CompressionHook h : {CompressionHook::kNone, CompressionHook::kFp16, CompressionHook::kBf16}) {
+      ReducerOptions o;
+      o.timeout = 20s;
+      o.hook = h;
+      Reducer red(c, sparse_layout(DType::kFloat64), o);
+      for (std::uint64_t it = 0; it < 2; ++it) {
+        sparse_backward<double>(red, c, it);
+        red.finalize();
+        expect_sparse_exact<double>(red, c, it,
+                                    fmt::format("float64 hook {}", compression_hook_name(h)), fail);
+      }
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: sparse gradients with find_unused_parameters", "[reducer][sparse]") {
+  const int n = GENERATE(2, 3, 4);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    ReducerOptions o;
+    o.timeout = 20s;
+    o.find_unused_parameters = true;
+    Reducer red(c, sparse_layout(), o);
+    // 0: all used; 1: the embedding unused on rank 0; 2: unused everywhere
+    // (its rows of iteration 1 must be gone); 3: used again.
+    for (std::uint64_t it = 0; it < 4; ++it) {
+      auto used = [&](int r, std::size_t p) {
+        return p != kEmb || !((it == 1 && r == 0) || it == 2);
+      };
+      std::vector<std::size_t> unused;
+      if (!used(rank, kEmb)) unused.push_back(kEmb);
+      sparse_backward<float>(red, c, it, unused);
+      red.finalize();
+      expect_sparse_exact<float>(red, c, it, "find_unused", fail, used);
+      const std::vector<std::size_t> want = it == 2 ? std::vector<std::size_t>{kEmb}
+                                                    : std::vector<std::size_t>{};
+      if (red.globally_unused() != want)
+        fail.push_back(fmt::format("iteration {}: {} globally unused", it,
+                                   red.globally_unused().size()));
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: set_sparse_grad misuse is a UsageError naming the parameter",
+          "[reducer][sparse]") {
+  const Failures f = run_gloo_ranks(2, [&](Communicator& c, int, Failures& fail) {
+    ReducerOptions o;
+    o.timeout = 20s;
+    Reducer red(c, sparse_layout(), o);
+    auto expect_usage = [&](const char* what, const std::function<void()>& call,
+                            std::vector<std::string> wants) {
+      try {
+        call();
+        fail.push_back(std::string(what) + ": no error");
+      } catch (const UsageError& e) {
+        for (const auto& w : wants)
+          if (std::string(e.what()).find(w) == std::string::npos)
+            fail.push_back(fmt::format("{}: message lacks '{}': {}", what, w, e.what()));
+      }
+    };
+    const std::vector<std::int64_t> good = {1, 2};
+    const std::vector<float> vals(2 * kRowNumel, 1.0f);
+    const auto bytes = std::as_bytes(std::span<const float>(vals));
+    expect_usage("outside an iteration", [&] { red.set_sparse_grad(kEmb, good, bytes); },
+                 {"emb.weight", "outside an iteration"});
+    red.prepare_for_backward();
+    const std::vector<std::int64_t> out_of_range = {3, 1000};
+    expect_usage("row out of range", [&] { red.set_sparse_grad(kEmb, out_of_range, bytes); },
+                 {"emb.weight", "row 1000", "[0, 1000)"});
+    const std::vector<std::int64_t> negative = {-1, 3};
+    expect_usage("negative row", [&] { red.set_sparse_grad(kEmb, negative, bytes); },
+                 {"emb.weight", "row -1"});
+    expect_usage("dense parameter", [&] { red.set_sparse_grad(0, good, bytes); },
+                 {"fc.weight", "dense gradient"});
+    expect_usage("values size", [&] { red.set_sparse_grad(kEmb, good, bytes.first(60)); },
+                 {"emb.weight", "64", "60"});
+    // Nothing of the refused calls was kept: the embedding gets rows 1 and 2
+    // only (twice: two calls add up), then the iteration completes.
+    red.set_sparse_grad(kEmb, good, bytes);
+    red.set_sparse_grad(kEmb, good, bytes);
+    for (std::size_t p = 3; p-- > 0;) red.mark_ready(p);
+    expect_usage("after mark_ready", [&] { red.set_sparse_grad(kEmb, good, bytes); },
+                 {"emb.weight", "already marked ready"});
+    red.finalize();
+    const auto* g = static_cast<const float*>(red.grad(kEmb));
+    // Each rank: 2 * 1.0 per element of rows 1 and 2, divided by 2, summed
+    // over the 2 ranks: 2.
+    for (std::size_t i = 0; i < 1000 * kRowNumel; ++i) {
+      const std::size_t row = i / kRowNumel;
+      const float want = row == 1 || row == 2 ? 2.0f : 0.0f;
+      if (g[i] != want) {
+        fail.push_back(fmt::format("element {}: {} instead of {}", i, g[i], want));
+        break;
+      }
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: sparse parameters of an unsupported dtype are refused at construction",
+          "[reducer][sparse]") {
+  const Failures f = run_gloo_ranks(1, [&](Communicator& c, int, Failures& fail) {
+    try {
+      Reducer red(c, sparse_layout(DType::kFloat16), {});
+      fail.push_back("a float16 sparse parameter was accepted");
+    } catch (const UsageError& e) {
+      if (std::string(e.what()).find("emb.weight") == std::string::npos)
+        fail.push_back(std::string("no name in ") + e.what());
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: the backward simulator's sparse gradients check exactly",
+          "[reducer][sparse]") {
+  const int n = GENERATE(2, 3, 4);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int, Failures& fail) {
+    for (std::optional<std::int64_t> rows : {std::optional<std::int64_t>{},
+                                              std::optional<std::int64_t>{0},
+                                              std::optional<std::int64_t>{37},
+                                              std::optional<std::int64_t>{3000}})
+      for (bool views : {true, false}) {
+        ReducerOptions o;
+        o.timeout = 20s;
+        o.gradient_as_bucket_view = views;
+        Reducer red(c, sparse_layout(), o);
+        BackwardSimOptions so;
+        so.sparse_rows = rows;
+        const std::string what =
+            fmt::format("sparse_rows {} views {}", rows ? *rows : -1, views);
+        for (std::uint64_t it = 0; it < 2; ++it) {
+          simulate_backward(red, c, it, so);
+          red.finalize();
+          const auto chk = check_gradients(red, c, it, 1.0, 0, {}, rows);
+          if (chk.wrong)
+            fail.push_back(fmt::format("rank {} {}: {} of {} wrong", c.rank(), what, chk.wrong,
+                                       chk.checked));
+          // The checker is not vacuous: another row count expects other rows.
+          if (rows && *rows == 37 &&
+              check_gradients(red, c, it, 1.0, 0, {}, std::int64_t{36}).wrong == 0)
+            fail.push_back(what + ": the check accepts the wrong rows");
+        }
+        // The rows: as many as asked (default min(1000, 512)), repeating.
+        const auto r0 = sim_sparse_rows(sparse_layout().tensors[kEmb], c.rank(), kEmb, 0, rows);
+        const std::size_t want = rows ? static_cast<std::size_t>(*rows) : 512;
+        if (r0.size() != want) fail.push_back(what + ": wrong number of rows");
+      }
+    BackwardSimOptions bad;
+    bad.sparse_rows = -1;
+    Reducer red(c, sparse_layout(), {});
+    try {
+      simulate_backward(red, c, 0, bad);
+      fail.push_back("sparse_rows -1 accepted");
+    } catch (const UsageError&) {
+    }
   });
   INFO(describe(f));
   CHECK(f.empty());

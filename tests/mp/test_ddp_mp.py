@@ -62,6 +62,32 @@ class DdpStep(unittest.TestCase):
         self.assertLess(tl[0]["launched_us"], end / 2)
         self.assertLess(tl[0]["completed_us"], end)
 
+    def test_sparse_embedding_2_3_4_ranks(self):
+        # A layout with an nn.Embedding(sparse=True) between dense tensors:
+        # the sparse gradient is checked exactly on every rank, and its
+        # bucket moves the touched rows only.
+        layout = tmp_json()
+        with open(layout, "w") as f:
+            f.write('{"tensors": [{"name": "fc.weight", "shape": [16, 8]},'
+                    ' {"name": "emb.weight", "shape": [30000, 64], "sparse": true},'
+                    ' {"name": "out.bias", "shape": [8]}]}')
+        try:
+            for n in (2, 3, 4):
+                for extra in ([], ["--no-views", "--sparse-rows", "100"],
+                              ["--find-unused-parameters", "--avg-op"]):
+                    with self.subTest(ranks=n, extra=extra):
+                        res = self.run_step(n, layout, extra)
+                        sparse = [b for b in res["timeline_rank0"] if b.get("sparse")]
+                        self.assertEqual(len(sparse), 1)
+                        self.assertEqual(sparse[0]["bytes"], 30000 * 64 * 4)
+                        self.assertGreater(sparse[0]["payload_bytes"], 0)
+                        self.assertLess(sparse[0]["payload_bytes"], sparse[0]["bytes"] / 4)
+            p = run(["ddp-step", "--nproc", "2", "--model", layout, "--sparse-rows", "-3"])
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("--sparse-rows", p.stderr)
+        finally:
+            os.unlink(layout)
+
     def test_bad_hook_is_usage_error(self):
         p = run(["ddp-step", "--nproc", "2", "--model", "mlp", "--hook", "int8"])
         self.assertEqual(p.returncode, 2, p.stderr)
