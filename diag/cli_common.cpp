@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <thread>
@@ -20,6 +21,12 @@ double median(std::vector<double> v) {
   const std::size_t m = v.size() / 2;
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
+
+namespace {
+std::atomic<int> g_rank{-1};
+}  // namespace
+
+int current_rank() { return g_rank.load(std::memory_order_relaxed); }
 
 void print_error(const Error& e) {
   const auto& c = e.context();
@@ -350,6 +357,7 @@ namespace {
 // Sets up store and communicator for this rank.
 void start_job(Job& job, const CommonOptions& o) {
   job.world = discover_world(o.world, process_env());
+  g_rank.store(job.world.rank, std::memory_order_relaxed);
   job.backend = choose_backend(o);
   job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
   host_store(job);

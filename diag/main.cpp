@@ -2,6 +2,7 @@
 // arrive here as exceptions and become exit codes and stderr messages in
 // this one place.
 #include <csignal>
+#include <cstdlib>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -17,7 +18,39 @@
 namespace ddpdiag::cli {
 // Prints the error the way every subcommand does; defined in cli_common.cpp.
 void print_error(const Error& e);
+// This process's rank once the world is known, else -1; cli_common.cpp.
+int current_rank();
 }  // namespace ddpdiag::cli
+
+namespace {
+
+// An exception that escapes a thread we do not own ends in std::terminate.
+// The one seen in practice: Gloo's network thread throws when a peer's socket
+// closes in the middle of the connection handshake (the peer exited or was
+// killed during setup). Say so on stderr and exit as "a peer failed" (5),
+// instead of dying of SIGABRT with a bare library message.
+[[noreturn]] void on_terminate() {
+  std::string what = "no exception";
+  if (auto e = std::current_exception()) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+      what = "an exception of unknown type";
+    }
+  }
+  const int rank = ddpdiag::cli::current_rank();
+  std::fprintf(stderr,
+               "ddpdiag: error%s: a library thread failed: %s\n"
+               "ddpdiag: hint: this happens when a peer exits or is killed while the ranks are "
+               "still connecting; see the other ranks' messages for the first failure\n",
+               rank >= 0 ? fmt::format(" on rank {}", rank).c_str() : "", what.c_str());
+  std::fflush(stderr);
+  std::_Exit(static_cast<int>(ddpdiag::ExitCode::kPeerFailed));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace ddpdiag;
@@ -28,6 +61,7 @@ int main(int argc, char** argv) {
   // ignores SIGPIPE for torch.distributed). Ranks the launcher starts inherit
   // this across exec.
   std::signal(SIGPIPE, SIG_IGN);
+  std::set_terminate(on_terminate);
   CLI::App app{"ddpdiag: diagnostics for data-parallel training (NCCL and Gloo)"};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("ddpdiag ") + config::kVersion + " (" +
