@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -126,40 +127,53 @@ Outcome rendezvous_once(const Options& o, int repeat) {
   std::condition_variable gate_cv;
   bool open = false;
 
+  auto release = [&] {
+    Clock::time_point at;
+    {
+      std::lock_guard<std::mutex> lk(gate_mu);
+      open = true;
+      at = Clock::now();
+    }
+    gate_cv.notify_all();
+    return at;
+  };
+  auto client = [&](int i) {
+    {
+      std::unique_lock<std::mutex> lk(gate_mu);
+      gate_cv.wait(lk, [&] { return open; });
+    }
+    try {
+      TcpStoreClientOptions co;
+      co.host = o.host;
+      co.port = o.port;
+      co.protocol = o.protocol;
+      co.connect_timeout = timeout;
+      co.io_timeout = timeout;
+      co.rank = i;
+      auto c = std::make_unique<TcpStoreClient>(co);
+      connected[i] = Clock::now();
+      c->set(base + "client/" + std::to_string(i), Bytes{'1'});
+      if (c->add(base + "arrived", 1) == o.clients) c->set(base + "done", Bytes{'1'});
+      c->wait({base + "done"}, timeout);
+      done[i] = Clock::now();
+      held[i] = std::move(c);  // closed after the clock stops
+    } catch (const std::exception& e) {
+      std::lock_guard<std::mutex> lk(err_mu);
+      if (first_error.empty()) first_error = "client " + std::to_string(i) + ": " + e.what();
+    }
+  };
   for (int i = 0; i < o.clients; ++i) {
-    threads.emplace_back([&, i] {
-      {
-        std::unique_lock<std::mutex> lk(gate_mu);
-        gate_cv.wait(lk, [&] { return open; });
-      }
-      try {
-        TcpStoreClientOptions co;
-        co.host = o.host;
-        co.port = o.port;
-        co.protocol = o.protocol;
-        co.connect_timeout = timeout;
-        co.io_timeout = timeout;
-        co.rank = i;
-        auto c = std::make_unique<TcpStoreClient>(co);
-        connected[i] = Clock::now();
-        c->set(base + "client/" + std::to_string(i), Bytes{'1'});
-        if (c->add(base + "arrived", 1) == o.clients) c->set(base + "done", Bytes{'1'});
-        c->wait({base + "done"}, timeout);
-        done[i] = Clock::now();
-        held[i] = std::move(c);  // closed after the clock stops
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lk(err_mu);
-        if (first_error.empty()) first_error = "client " + std::to_string(i) + ": " + e.what();
-      }
-    });
+    try {
+      threads.emplace_back(client, i);
+    } catch (const std::system_error& e) {  // out of threads: let the others go, then fail
+      release();
+      for (auto& t : threads) t.join();
+      throw std::runtime_error("could not start client thread " + std::to_string(i) + " of " +
+                               std::to_string(o.clients) + ": " + e.what() +
+                               " (raise ulimit -u or use fewer --clients)");
+    }
   }
-  Clock::time_point t0;
-  {
-    std::lock_guard<std::mutex> lk(gate_mu);
-    open = true;
-    t0 = Clock::now();
-  }
-  gate_cv.notify_all();
+  const Clock::time_point t0 = release();
   for (auto& t : threads) t.join();
   if (!first_error.empty()) throw std::runtime_error(first_error);
   Outcome out;

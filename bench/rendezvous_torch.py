@@ -72,8 +72,15 @@ def clients(a):
                 errors.append("client %d: %s" % (i, e))
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(a.clients)]
-        for t in threads:
-            t.start()
+        for i, t in enumerate(threads):
+            try:
+                t.start()
+            except RuntimeError as e:  # out of threads: let the started ones go, then fail
+                gate.set()
+                for u in threads[:i]:
+                    u.join()
+                raise SystemExit("rendezvous_torch: could not start client thread %d of %d: %s"
+                                 % (i, a.clients, e))
         t0 = time.perf_counter()
         gate.set()
         for t in threads:
