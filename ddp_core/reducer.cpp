@@ -57,6 +57,9 @@ struct SparseState {
   CommBuffer idx_send, idx_all;     // int64: max_nnz and world * max_nnz
   CommBuffer val_send, val_all;     // dtype: max_nnz and world * max_nnz rows
   std::int64_t max_nnz = 0;
+  // Between the two stages: this rank's coalesced (and divided) gradient.
+  std::vector<std::int64_t> coalesced_rows;
+  std::vector<std::byte> coalesced_values;
 };
 
 std::string_view compression_hook_name(CompressionHook h) {
@@ -274,6 +277,7 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
   timing_ = IterationTiming{};
   timing_.buckets.resize(buckets_.size());
   timing_.backward_start = ReducerClock::now();
+  sparse_second_stage_.reset();
   in_iteration_ = true;
   ++iteration_;
   for (std::size_t p : locally_unused) mark_ready_impl(p, false);
@@ -435,6 +439,7 @@ void Reducer::launch_stream(std::size_t b) {
 }
 
 void Reducer::launch(std::size_t b) {
+  issue_sparse_second_stage(true);  // before any other collective of ours
   auto& s = state_[b];
   const auto& rb = buckets_[b];
   const auto n = static_cast<std::size_t>(rb.numel);
@@ -519,32 +524,53 @@ void scatter_add(T* dense, const std::int64_t* rows, const T* vals, std::int64_t
 
 }  // namespace
 
-// A sparse bucket: divide and coalesce, allgather the nnz and wait for it (the
-// padding must be known on every rank), then allgather indices and values
-// padded to the largest nnz, asynchronously; finish_sparse sums them.
+// A sparse bucket, first stage: divide and coalesce, then allgather the nnz.
+// The second stage (indices and values, padded to the largest nnz) needs
+// every rank's nnz, so it is issued later: by poll() once the nnz allgather
+// has completed, or at the latest just before this reducer issues its next
+// collective (the next bucket, the used-bitmap all_reduce, or finalize's
+// waits). Either way every rank issues the same collectives in the same
+// order: nnz(b), indices(b), values(b), then whatever follows.
 void Reducer::launch_sparse(std::size_t b) {
   auto& s = state_[b];
   auto& sp = *s.sparse;
   const auto& t = layout_.tensors[sp.param];
-  const int world = comm_.size();
   // Without a hook DDP divides the sparse gradient before the SUM; hooks do
   // not apply to sparse gradients, so with one the same happens; the AVG op
   // sums, then divides (finish_sparse).
   const bool divide_first = sum_op_ == ReduceOp::kSum || options_.hook != CompressionHook::kNone;
-  const int divisor = divide_first ? world : 1;
-  std::vector<std::int64_t> rows;
-  std::vector<std::byte> vals;
+  const int divisor = divide_first ? comm_.size() : 1;
   if (t.dtype == DType::kFloat32)
-    coalesce<float>(sp.rows, sp.values.data(), sp.row_numel, divisor, rows, vals);
+    coalesce<float>(sp.rows, sp.values.data(), sp.row_numel, divisor, sp.coalesced_rows,
+                    sp.coalesced_values);
   else
-    coalesce<double>(sp.rows, sp.values.data(), sp.row_numel, divisor, rows, vals);
-  const auto nnz = static_cast<std::int64_t>(rows.size());
+    coalesce<double>(sp.rows, sp.values.data(), sp.row_numel, divisor, sp.coalesced_rows,
+                     sp.coalesced_values);
+  const auto nnz = static_cast<std::int64_t>(sp.coalesced_rows.size());
   std::memcpy(sp.nnz_send.get(), &nnz, sizeof nnz);
   auto& timing = timing_.buckets[b];
   timing.sparse = true;
   s.work = comm_.allgather(sp.nnz_send.get(), sp.nnz_all.get(), 1, DType::kInt64);
   s.launched = true;
   timing.launched = ReducerClock::now();
+  sparse_second_stage_ = b;
+}
+
+// The second stage of the sparse bucket whose nnz allgather is out, if any.
+// With block false it is issued only when that allgather has completed.
+void Reducer::issue_sparse_second_stage(bool block) {
+  if (!sparse_second_stage_) return;
+  const std::size_t b = *sparse_second_stage_;
+  auto& s = state_[b];
+  auto& sp = *s.sparse;
+  if (!block) {
+    if (!s.work->is_completed()) return;
+    try {
+      s.work->wait(Millis(1));
+    } catch (...) {
+      return;  // failed: reported by the blocking call (next launch or finalize)
+    }
+  }
   try {
     s.work->wait(timeout());
   } catch (const TimeoutError& e) {
@@ -552,26 +578,31 @@ void Reducer::launch_sparse(std::size_t b) {
         fmt::format("rank {}: the nnz allgather of sparse bucket {} ({}) did not complete within "
                     "{} ms: {}",
                     comm_.rank(), b, describe_params({sp.param}), timeout().count(), e.what()),
-        {"reducer.mark_ready", comm_.rank(), e.context().peer,
+        {"reducer.sparse", comm_.rank(), e.context().peer,
          "another rank may not have produced gradients for the buckets before it (pass "
          "--find-unused-parameters there), or a peer is slow or dead"});
   }
+  sparse_second_stage_.reset();
+  const int world = comm_.size();
   const auto* all = static_cast<const std::int64_t*>(sp.nnz_all.get());
   sp.max_nnz = 0;
   for (int r = 0; r < world; ++r) sp.max_nnz = std::max(sp.max_nnz, all[r]);
   const auto m = static_cast<std::size_t>(sp.max_nnz);
   const auto w = static_cast<std::size_t>(world);
-  timing.payload_bytes = w * (sizeof(std::int64_t) + m * (sizeof(std::int64_t) + sp.row_bytes));
+  timing_.buckets[b].payload_bytes =
+      w * (sizeof(std::int64_t) + m * (sizeof(std::int64_t) + sp.row_bytes));
   if (m == 0) return;  // nothing touched anywhere: s.work (done) stands for the bucket
+  const auto& t = layout_.tensors[sp.param];
   ensure(sp.idx_send, comm_, m * sizeof(std::int64_t));
   ensure(sp.idx_all, comm_, w * m * sizeof(std::int64_t));
   ensure(sp.val_send, comm_, m * sp.row_bytes);
   ensure(sp.val_all, comm_, w * m * sp.row_bytes);
   std::memset(sp.idx_send.get(), 0, m * sizeof(std::int64_t));
   std::memset(sp.val_send.get(), 0, m * sp.row_bytes);
-  if (nnz) {
-    std::memcpy(sp.idx_send.get(), rows.data(), rows.size() * sizeof(std::int64_t));
-    std::memcpy(sp.val_send.get(), vals.data(), vals.size());
+  if (!sp.coalesced_rows.empty()) {
+    std::memcpy(sp.idx_send.get(), sp.coalesced_rows.data(),
+                sp.coalesced_rows.size() * sizeof(std::int64_t));
+    std::memcpy(sp.val_send.get(), sp.coalesced_values.data(), sp.coalesced_values.size());
   }
   s.work = comm_.allgather(sp.idx_send.get(), sp.idx_all.get(), m, DType::kInt64);
   s.post = comm_.allgather(sp.val_send.get(), sp.val_all.get(), m * sp.row_numel, t.dtype);
@@ -618,7 +649,9 @@ void Reducer::finish_sparse(std::size_t b) {
 }
 
 void Reducer::poll() {
+  issue_sparse_second_stage(false);
   for (std::size_t b = 0; b < next_to_launch_; ++b) {
+    if (sparse_second_stage_ == b) continue;  // its nnz allgather alone is not the bucket
     auto& t = timing_.buckets[b];
     const auto& w = state_[b].post ? state_[b].post : state_[b].work;
     if (!happened(t.completed) && w && w->is_completed()) t.completed = ReducerClock::now();
@@ -642,7 +675,8 @@ void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point deadline) {
     throw TimeoutError(
         fmt::format("rank {}: the {} of bucket {} ({} parameter(s), {} B, e.g. {}) did not "
                     "complete within {} ms: {}",
-                    comm_.rank(), s.sparse ? "sparse allgathers" : "all_reduce", b, params.size(), buckets_[b].spec.bytes, describe_params(first),
+                    comm_.rank(), s.sparse ? "sparse allgathers" : "all_reduce", b,
+                    params.size(), buckets_[b].spec.bytes, describe_params(first),
                     timeout().count(), e.what()),
         {"reducer.finalize", comm_.rank(), e.context().peer,
          "another rank may not have produced gradients for these parameters (pass "
@@ -687,6 +721,7 @@ void Reducer::drain_in_flight(ReducerClock::time_point deadline) noexcept {
     }
   drain(used_map_work_);
   used_map_work_.reset();
+  sparse_second_stage_.reset();
   // A collective that is still running may write into buffers we are about
   // to free or reuse: stop the backend.
   if (stuck) {
@@ -726,6 +761,7 @@ void Reducer::finalize() {
     // Parameters that never arrived count as locally unused: zero
     // contributions, so their buckets complete on every rank.
     for (std::size_t p : missing) mark_ready_impl(p, false);
+    issue_sparse_second_stage(true);
     if (options_.find_unused_parameters) {
       // After every bucket, so all ranks issue it at the same position.
       for (std::size_t p = 0; p < marked_.size(); ++p) used_map_[p] = marked_[p] == 1 ? 1 : 0;

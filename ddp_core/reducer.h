@@ -38,11 +38,12 @@
 // their row indices (int64) and values, padded to the largest nnz; every
 // rank sums all of them into grad(p), zeroed first, so after finalize grad(p)
 // holds torch's coalesced result densified. Only the touched rows travel.
-// The nnz allgather is waited for when the bucket is launched (the padded
-// size must be known before the other two are issued), so launching a sparse
-// bucket blocks until the collectives issued before it and the peers' nnz
-// arrive; the index and value allgathers then run asynchronously like a dense
-// bucket's all_reduce, and the sum into grad(p) happens in finalize().
+// The index and value allgathers need every rank's nnz, so they are issued
+// after the nnz allgather completes: by poll() when it has, or at the latest
+// just before the reducer's next collective (the next bucket's, the
+// used-bitmap all_reduce, or finalize's waits), which waits for it there.
+// Every rank thus issues nnz(b), indices(b), values(b) and then the next
+// collective, in the same order. The sum into grad(p) happens in finalize().
 // Compression hooks do not apply to sparse gradients (values stay in the
 // parameter's dtype, divided by the world size). float32 and float64 only;
 // host memory (Gloo) only: the constructor refuses sparse parameters on
@@ -220,6 +221,7 @@ class Reducer {
   void copy_out_of_bucket(std::size_t param_index);
   void launch_stream(std::size_t b);
   void launch_sparse(std::size_t b);
+  void issue_sparse_second_stage(bool block);
   void finish_sparse(std::size_t b);
 
   Communicator& comm_;
@@ -238,6 +240,9 @@ class Reducer {
   ReduceOp sum_op_ = ReduceOp::kSum;    // the op of the buckets' all_reduce
   std::vector<std::size_t> globally_unused_;
   std::size_t next_to_launch_ = 0;
+  // A sparse bucket whose nnz allgather is out and whose index and value
+  // allgathers are not yet issued.
+  std::optional<std::size_t> sparse_second_stage_;
   std::size_t marked_count_ = 0;
   bool in_iteration_ = false;
   std::uint64_t iteration_ = 0;

@@ -646,6 +646,61 @@ TEST_CASE("reducer: set_sparse_grad misuse is a UsageError naming the parameter"
   CHECK(f.empty());
 }
 
+TEST_CASE("reducer: launching a sparse bucket does not wait for a late peer", "[reducer][sparse]") {
+  // Dense buckets on both sides of the sparse one (out.weight, over the
+  // first bucket's 1 MiB, closes bucket 0 before the embedding is reached in
+  // reverse order). Rank 1 reaches the embedding's gradient 1 s late: rank
+  // 0's mark_ready of the embedding returns at once (only the nnz allgather
+  // goes out), and the index and value allgathers follow before the next
+  // bucket's all_reduce, which is where rank 0 waits.
+  ModelLayout l;
+  l.name = "test-sparse-middle";
+  l.tensors = {{"fc.weight", {16, 8}, DType::kFloat32, false},
+               {"emb.weight", {100, 4}, DType::kFloat32, true},
+               {"out.weight", {300000}, DType::kFloat32, false}};
+  const Failures f = run_gloo_ranks(2, [&](Communicator& c, int rank, Failures& fail) {
+    ReducerOptions o;
+    o.timeout = 20s;
+    Reducer red(c, l, o);
+    if (red.buckets().size() != 3 || red.bucket_of(1) != 1) {
+      fail.push_back("expected three buckets with the embedding's in the middle");
+      return;
+    }
+    red.prepare_for_backward();
+    std::fill_n(static_cast<float*>(red.grad(2)), 300000, 2.0f);
+    red.mark_ready(2);
+    if (rank == 1) std::this_thread::sleep_for(1000ms);
+    const std::vector<std::int64_t> rows = {rank, 50};
+    const std::vector<float> vals(8, static_cast<float>(2 * (rank + 1)));  // world * (rank + 1)
+    red.set_sparse_grad(1, rows, std::as_bytes(std::span<const float>(vals)));
+    const auto t0 = std::chrono::steady_clock::now();
+    red.mark_ready(1);
+    const auto took = std::chrono::steady_clock::now() - t0;
+    if (rank == 0 && took > 500ms)
+      fail.push_back(fmt::format("rank 0's mark_ready of the sparse parameter took {} ms",
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(took).count()));
+    std::fill_n(static_cast<float*>(red.grad(0)), 16 * 8, 2.0f);
+    red.mark_ready(0);
+    red.finalize();
+    // Means: row 0 gets rank 0's 1, row 1 rank 1's 2, row 50 both (3).
+    const auto* emb = static_cast<const float*>(red.grad(1));
+    for (int row = 0; row < 100; ++row)
+      for (int e = 0; e < 4; ++e) {
+        const float want = row == 0 ? 1.0f : row == 1 ? 2.0f : row == 50 ? 3.0f : 0.0f;
+        if (emb[row * 4 + e] != want) {
+          fail.push_back(fmt::format("rank {}: emb[{}][{}] = {}, want {}", rank, row, e,
+                                     emb[row * 4 + e], want));
+          return;
+        }
+      }
+    if (static_cast<const float*>(red.grad(0))[5] != 2.0f ||
+        static_cast<const float*>(red.grad(2))[299999] != 2.0f)
+      fail.push_back(fmt::format("rank {}: a dense gradient is not the mean", rank));
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
 TEST_CASE("reducer: sparse parameters of an unsupported dtype are refused at construction",
           "[reducer][sparse]") {
   const Failures f = run_gloo_ranks(1, [&](Communicator& c, int, Failures& fail) {
@@ -671,30 +726,40 @@ TEST_CASE("reducer: the backward simulator's sparse gradients check exactly",
                                               std::optional<std::int64_t>{37},
                                               std::optional<std::int64_t>{3000}})
       for (bool views : {true, false}) {
-        ReducerOptions o;
-        o.timeout = 20s;
-        o.gradient_as_bucket_view = views;
-        Reducer red(c, sparse_layout(), o);
-        BackwardSimOptions so;
-        so.sparse_rows = rows;
-        const std::string what =
-            fmt::format("sparse_rows {} views {}", rows ? *rows : -1, views);
-        for (std::uint64_t it = 0; it < 2; ++it) {
-          simulate_backward(red, c, it, so);
-          red.finalize();
-          const auto chk = check_gradients(red, c, it, 1.0, 0, {}, rows);
-          if (chk.wrong)
-            fail.push_back(fmt::format("rank {} {}: {} of {} wrong", c.rank(), what, chk.wrong,
-                                       chk.checked));
-          // The checker is not vacuous: another row count expects other rows.
-          if (rows && *rows == 37 &&
-              check_gradients(red, c, it, 1.0, 0, {}, std::int64_t{36}).wrong == 0)
-            fail.push_back(what + ": the check accepts the wrong rows");
+        // With compute time the simulator polls the reducer between
+        // gradients, which issues the sparse bucket's second stage early.
+        for (double gbps : {0.0, 0.05}) {
+          ReducerOptions o;
+          o.timeout = 20s;
+          o.gradient_as_bucket_view = views;
+          Reducer red(c, sparse_layout(), o);
+          BackwardSimOptions so;
+          so.sparse_rows = rows;
+          so.compute_gbps = gbps;
+          const std::string what =
+              fmt::format("sparse_rows {} views {} compute {} GB/s", rows ? *rows : -1, views,
+                          gbps);
+          for (std::uint64_t it = 0; it < 2; ++it) {
+            simulate_backward(red, c, it, so);
+            red.finalize();
+            const auto chk = check_gradients(red, c, it, 1.0, 0, {}, rows);
+            if (chk.wrong)
+              fail.push_back(fmt::format("rank {} {}: {} of {} wrong", c.rank(), what, chk.wrong,
+                                         chk.checked));
+            // The checker is not vacuous: another row count expects other rows.
+            if (rows && *rows == 37 &&
+                check_gradients(red, c, it, 1.0, 0, {}, std::int64_t{36}).wrong == 0)
+              fail.push_back(what + ": the check accepts the wrong rows");
+          }
+          // The rows: as many as asked (default min(1000, 512)), repeating.
+          const auto r0 =
+              sim_sparse_rows(sparse_layout().tensors[kEmb], c.rank(), kEmb, 0, rows);
+          const std::size_t want = rows ? static_cast<std::size_t>(*rows) : 512;
+          if (r0.size() != want) fail.push_back(what + ": wrong number of rows");
+          const auto& sb = red.last_timing().buckets[red.bucket_of(kEmb)];
+          if (!(sb.launched <= sb.completed && sb.completed <= red.last_timing().finalize_end))
+            fail.push_back(what + ": the sparse bucket's times are out of order");
         }
-        // The rows: as many as asked (default min(1000, 512)), repeating.
-        const auto r0 = sim_sparse_rows(sparse_layout().tensors[kEmb], c.rank(), kEmb, 0, rows);
-        const std::size_t want = rows ? static_cast<std::size_t>(*rows) : 512;
-        if (r0.size() != want) fail.push_back(what + ": wrong number of rows");
       }
     BackwardSimOptions bad;
     bad.sparse_rows = -1;
