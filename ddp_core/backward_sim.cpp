@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <span>
 #include <thread>
 
@@ -151,59 +152,77 @@ GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::u
   GradientCheck c;
   std::vector<std::uint8_t> host;
   std::vector<int> users;
+  auto judge = [&](double have, long sum, long abs_sum) {
+    const double want = scale * static_cast<double>(sum);
+    const double err = std::fabs(have - want);
+    c.max_abs_error = std::max(c.max_abs_error, err);
+    const bool ok = tol == 0 ? have == static_cast<double>(static_cast<float>(want)) || have == want
+                             : err <= tol * std::fabs(scale) * static_cast<double>(abs_sum + 1) +
+                                          1e-30;
+    if (!ok || std::isnan(have)) ++c.wrong;
+  };
   for (std::size_t p = 0; p < tensors.size(); ++p) {
     const auto& t = tensors[p];
     const auto n = static_cast<std::size_t>(t.numel());
+    users.clear();
+    for (int r = 0; r < world; ++r)
+      if (!used_by || used_by(r, p)) users.push_back(r);
+    std::vector<std::uint64_t> bases;
+    for (int r : users) bases.push_back(base_of(r, p, iteration));
+    if (t.expects_sparse) {
+      // The coalesced result: exactly the rows some user touched, each with
+      // the sum of every user's entries at that row.
+      const std::size_t rn = row_numel_of(t);
+      std::map<std::int64_t, std::pair<std::vector<long>, std::vector<long>>> want;
+      for (std::size_t u = 0; u < users.size(); ++u) {
+        const auto rows = sim_sparse_rows(t, users[u], p, iteration, sparse_rows);
+        for (std::size_t j = 0; j < rows.size(); ++j) {
+          auto& [sum, abs_sum] = want[rows[j]];
+          sum.resize(rn, 0);
+          abs_sum.resize(rn, 0);
+          for (std::size_t e = 0; e < rn; ++e) {
+            const int k = k_of(bases[u], j * rn + e);
+            sum[e] += k;
+            abs_sum[e] += k < 0 ? -k : k;
+          }
+        }
+      }
+      const SparseGrad g = reducer.sparse_grad(p);
+      const std::size_t elem = dtype_size(t.dtype);
+      std::size_t matched = 0;
+      for (const auto& [row, sums] : want) {
+        const auto it = std::lower_bound(g.rows.begin(), g.rows.end(), row);
+        if (it == g.rows.end() || *it != row) {
+          c.wrong += static_cast<std::int64_t>(rn);  // a touched row is missing
+          continue;
+        }
+        ++matched;
+        const auto* vals = g.values.data() +
+                           static_cast<std::size_t>(it - g.rows.begin()) * rn * elem;
+        for (std::size_t e = 0; e < rn; ++e)
+          judge(load_as_double(t.dtype, vals, e), sums.first[e], sums.second[e]);
+      }
+      // Rows in the result that nobody touched.
+      c.wrong += static_cast<std::int64_t>((g.rows.size() - matched) * rn);
+      c.checked += static_cast<std::int64_t>(std::max(want.size(), g.rows.size()) * rn);
+      continue;
+    }
     const void* got = reducer.grad(p);
     if (device) {
       host.resize(t.bytes());
       comm.copy_to_host(host.data(), got, t.bytes());
       got = host.data();
     }
-    users.clear();
-    for (int r = 0; r < world; ++r)
-      if (!used_by || used_by(r, p)) users.push_back(r);
-    std::vector<std::uint64_t> bases;
-    for (int r : users) bases.push_back(base_of(r, p, iteration));
-    // Sparse: every user's entries summed into their rows.
-    std::vector<long> sparse_sum, sparse_abs;
-    if (t.expects_sparse && !t.shape.empty() && t.shape[0] > 0) {
-      sparse_sum.assign(n, 0);
-      sparse_abs.assign(n, 0);
-      const std::size_t rn = row_numel_of(t);
-      for (std::size_t u = 0; u < users.size(); ++u) {
-        const auto rows = sim_sparse_rows(t, users[u], p, iteration, sparse_rows);
-        for (std::size_t j = 0; j < rows.size(); ++j)
-          for (std::size_t e = 0; e < rn; ++e) {
-            const int k = k_of(bases[u], j * rn + e);
-            const std::size_t at = static_cast<std::size_t>(rows[j]) * rn + e;
-            sparse_sum[at] += k;
-            sparse_abs[at] += k < 0 ? -k : k;
-          }
-      }
-    }
     for (std::size_t i = 0; i < n; ++i) {
       long sum = 0, abs_sum = 0;
-      if (!sparse_sum.empty()) {
-        sum = sparse_sum[i];
-        abs_sum = sparse_abs[i];
-      } else {
-        for (auto b : bases) {
-          const int k = k_of(b, i);
-          sum += k;
-          abs_sum += k < 0 ? -k : k;
-        }
+      for (auto b : bases) {
+        const int k = k_of(b, i);
+        sum += k;
+        abs_sum += k < 0 ? -k : k;
       }
-      const double want = scale * static_cast<double>(sum);
-      const double have = t.dtype == DType::kFloat32 ? static_cast<const float*>(got)[i]
-                                                     : load_as_double(t.dtype, got, i);
-      const double err = std::fabs(have - want);
-      c.max_abs_error = std::max(c.max_abs_error, err);
-      const bool ok = tol == 0 ? have == static_cast<double>(static_cast<float>(want)) ||
-                                     have == want
-                               : err <= tol * std::fabs(scale) * static_cast<double>(abs_sum + 1) +
-                                            1e-30;
-      if (!ok || std::isnan(have)) ++c.wrong;
+      judge(t.dtype == DType::kFloat32 ? static_cast<const float*>(got)[i]
+                                       : load_as_double(t.dtype, got, i),
+            sum, abs_sum);
     }
     c.checked += static_cast<std::int64_t>(n);
   }

@@ -19,7 +19,8 @@
 // generator seeded by (p, r, t), so rows repeat within a rank and are shared
 // across ranks; element e of entry j has the value of element
 // j * row_numel + e above. The true mean of element (row, e) is scale times
-// the sum of k over every rank's entries at that row.
+// the sum of k over every rank's entries at that row; rows no rank touched
+// are absent from the reduced (coalesced) gradient.
 #pragma once
 
 #include <cstddef>
@@ -85,7 +86,10 @@ struct GradientCheck {
 
 // Compares every gradient element with the true mean. relative_tolerance 0
 // asks for exact equality; otherwise an element may differ by
-// tolerance * (sum over ranks of |contribution|) + 1e-30.
+// tolerance * (sum over ranks of |contribution|) + 1e-30. A sparse
+// parameter's coalesced result must hold exactly the rows some rank touched
+// (each of their elements is compared; a missing or extra row counts all its
+// elements wrong).
 GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::uint64_t iteration,
                               double value_scale = 1.0, double relative_tolerance = 0,
                               const UsedBy& used_by = {},

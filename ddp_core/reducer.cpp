@@ -60,6 +60,10 @@ struct SparseState {
   // Between the two stages: this rank's coalesced (and divided) gradient.
   std::vector<std::int64_t> coalesced_rows;
   std::vector<std::byte> coalesced_values;
+  // The reduced gradient after finalize: rows sorted and unique, values row
+  // after row (torch's coalesced sparse result).
+  std::vector<std::int64_t> result_rows;
+  std::vector<std::byte> result_values;
 };
 
 std::string_view compression_hook_name(CompressionHook h) {
@@ -151,7 +155,9 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
     }
     DDPDIAG_ASSERT(off == rb.spec.bytes);
     rb.numel = off / dtype_size(rb.spec.dtype);
-    state_[b].buffer = CommBuffer(comm_, off);
+    // A sparse bucket has no flat buffer (as in DDP): its gradient travels
+    // and ends as rows and values, never as the dense table.
+    if (!rb.spec.sparse) state_[b].buffer = CommBuffer(comm_, off);
     if (rb.spec.sparse) {
       DDPDIAG_ASSERT(rb.spec.param_indices.size() == 1);
       auto sp = std::make_unique<SparseState>();
@@ -168,7 +174,7 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
     }
     // Zeroed buckets: a gradient view reads as zero before its first
     // backward, as DDP's bucket views do.
-    if (off) {
+    if (off && !rb.spec.sparse) {
       if (ops_)
         ops_->zero(state_[b].buffer.get(), off);
       else
@@ -178,12 +184,14 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   }
   if (!options_.gradient_as_bucket_view) {
     own_grads_.reserve(layout_.tensors.size());
-    for (const auto& t : layout_.tensors) own_grads_.emplace_back(comm_, t.bytes());
+    for (const auto& t : layout_.tensors)
+      own_grads_.emplace_back(comm_, t.expects_sparse ? 0 : t.bytes());
     if (ops_) {
       // One flatten/unflatten plan per bucket, prepared once.
       for (std::size_t b = 0; b < buckets_.size(); ++b) {
         std::vector<FlatPiece> pieces;
         const auto& rb = buckets_[b];
+        if (rb.spec.sparse) continue;
         for (std::size_t k = 0; k < rb.spec.param_indices.size(); ++k) {
           const std::size_t p = rb.spec.param_indices[k];
           pieces.push_back({own_grads_[p].get(), rb.offsets[k], layout_.tensors[p].bytes()});
@@ -209,16 +217,37 @@ Millis Reducer::timeout() const {
   return options_.timeout.count() > 0 ? options_.timeout : comm_.default_timeout();
 }
 
+void Reducer::check_dense(std::size_t param_index, const char* what) const {
+  check_index(param_index, what);
+  const auto& t = layout_.tensors[param_index];
+  if (t.expects_sparse)
+    throw UsageError(fmt::format("{}: parameter {} (index {}) has a sparse gradient, which has no "
+                                 "dense buffer; its result is read with sparse_grad()",
+                                 what, t.name, param_index),
+                     {"reducer", comm_.rank(), -1, "hand sparse gradients over with set_sparse_grad()"});
+}
+
 void* Reducer::grad(std::size_t param_index) const {
-  check_index(param_index, "grad");
+  check_dense(param_index, "grad");
   if (!options_.gradient_as_bucket_view) return own_grads_[param_index].get();
   const auto& w = where_[param_index];
   return at(state_[w.bucket].buffer.get(), w.offset);
 }
 
 std::uint64_t Reducer::grad_bytes(std::size_t param_index) const {
-  check_index(param_index, "grad_bytes");
+  check_dense(param_index, "grad_bytes");
   return layout_.tensors[param_index].bytes();
+}
+
+SparseGrad Reducer::sparse_grad(std::size_t param_index) const {
+  check_index(param_index, "sparse_grad");
+  const auto& t = layout_.tensors[param_index];
+  if (!t.expects_sparse)
+    throw UsageError(fmt::format("sparse_grad: parameter {} (index {}) has a dense gradient",
+                                 t.name, param_index),
+                     {"reducer", comm_.rank(), -1, "read it with grad()"});
+  const auto& sp = *state_[where_[param_index].bucket].sparse;
+  return {sp.result_rows, sp.result_values, sp.row_numel};
 }
 
 void Reducer::check_index(std::size_t param_index, const char* what) const {
@@ -512,16 +541,6 @@ void coalesce(const std::vector<std::int64_t>& rows, const std::byte* values,
   }
 }
 
-template <typename T>
-void scatter_add(T* dense, const std::int64_t* rows, const T* vals, std::int64_t nnz,
-                 std::size_t row_numel) {
-  for (std::int64_t j = 0; j < nnz; ++j) {
-    T* dst = dense + static_cast<std::size_t>(rows[j]) * row_numel;
-    const T* src = vals + static_cast<std::size_t>(j) * row_numel;
-    for (std::size_t e = 0; e < row_numel; ++e) dst[e] += src[e];
-  }
-}
-
 }  // namespace
 
 // A sparse bucket, first stage: divide and coalesce, then allgather the nnz.
@@ -608,44 +627,57 @@ void Reducer::issue_sparse_second_stage(bool block) {
   s.post = comm_.allgather(sp.val_send.get(), sp.val_all.get(), m * sp.row_numel, t.dtype);
 }
 
-// Every rank's rows summed, in rank order, into the zeroed dense gradient.
+// Every rank's rows summed, in rank order, into the coalesced result: the
+// union of the rows, sorted, each with the sum of its entries.
 void Reducer::finish_sparse(std::size_t b) {
   auto& sp = *state_[b].sparse;
   const auto& t = layout_.tensors[sp.param];
-  void* dense = grad(sp.param);
-  std::memset(dense, 0, t.bytes());
+  sp.result_rows.clear();
+  sp.result_values.clear();
   const int world = comm_.size();
   const auto m = static_cast<std::size_t>(sp.max_nnz);
   if (m == 0) return;
   const auto* nnz = static_cast<const std::int64_t*>(sp.nnz_all.get());
   const auto* idx = static_cast<const std::int64_t*>(sp.idx_all.get());
   const auto* vals = static_cast<const std::byte*>(sp.val_all.get());
-  std::vector<std::int64_t> touched;
   for (int r = 0; r < world; ++r) {
     const auto* ri = idx + static_cast<std::size_t>(r) * m;
-    const auto* rv = vals + static_cast<std::size_t>(r) * m * sp.row_bytes;
-    for (std::int64_t j = 0; j < nnz[r]; ++j)
+    for (std::int64_t j = 0; j < nnz[r]; ++j) {
       if (ri[j] < 0 || ri[j] >= sp.num_rows)
         throw BackendError(fmt::format("rank {}: rank {} sent row {} for {}, outside [0, {})",
                                        comm_.rank(), r, ri[j], t.name, sp.num_rows),
                            {"reducer.finalize", comm_.rank(), r,
                             "the ranks disagree on the layout (pass the same --model everywhere)"});
-    if (t.dtype == DType::kFloat32)
-      scatter_add(static_cast<float*>(dense), ri, reinterpret_cast<const float*>(rv), nnz[r],
-                  sp.row_numel);
-    else
-      scatter_add(static_cast<double*>(dense), ri, reinterpret_cast<const double*>(rv), nnz[r],
-                  sp.row_numel);
-    if (sum_op_ == ReduceOp::kAvg && options_.hook == CompressionHook::kNone)
-      touched.insert(touched.end(), ri, ri + nnz[r]);
+      sp.result_rows.push_back(ri[j]);
+    }
   }
-  if (touched.empty() || world == 1) return;
+  std::sort(sp.result_rows.begin(), sp.result_rows.end());
+  sp.result_rows.erase(std::unique(sp.result_rows.begin(), sp.result_rows.end()),
+                       sp.result_rows.end());
+  sp.result_values.assign(sp.result_rows.size() * sp.row_bytes, std::byte{0});
+  auto add = [&](auto* out, const auto* in, std::int64_t row) {
+    const auto pos = static_cast<std::size_t>(
+        std::lower_bound(sp.result_rows.begin(), sp.result_rows.end(), row) -
+        sp.result_rows.begin());
+    auto* dst = out + pos * sp.row_numel;
+    for (std::size_t e = 0; e < sp.row_numel; ++e) dst[e] += in[e];
+  };
+  for (int r = 0; r < world; ++r) {
+    const auto* ri = idx + static_cast<std::size_t>(r) * m;
+    const auto* rv = vals + static_cast<std::size_t>(r) * m * sp.row_bytes;
+    for (std::int64_t j = 0; j < nnz[r]; ++j) {
+      const auto* src = rv + static_cast<std::size_t>(j) * sp.row_bytes;
+      if (t.dtype == DType::kFloat32)
+        add(reinterpret_cast<float*>(sp.result_values.data()),
+            reinterpret_cast<const float*>(src), ri[j]);
+      else
+        add(reinterpret_cast<double*>(sp.result_values.data()),
+            reinterpret_cast<const double*>(src), ri[j]);
+    }
+  }
   // The AVG op: the sum, then the division, as Gloo's AVG does.
-  std::sort(touched.begin(), touched.end());
-  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
-  for (std::int64_t row : touched)
-    divide_host(t.dtype, at(dense, static_cast<std::uint64_t>(row) * sp.row_bytes), sp.row_numel,
-                world);
+  if (sum_op_ == ReduceOp::kAvg && options_.hook == CompressionHook::kNone && world > 1)
+    divide_host(t.dtype, sp.result_values.data(), sp.result_rows.size() * sp.row_numel, world);
 }
 
 void Reducer::poll() {

@@ -36,8 +36,10 @@
 // divided by the world size (as DDP does without a comm hook) and coalesced
 // (duplicate rows summed, rows sorted); the ranks allgather their nnz, then
 // their row indices (int64) and values, padded to the largest nnz; every
-// rank sums all of them into grad(p), zeroed first, so after finalize grad(p)
-// holds torch's coalesced result densified. Only the touched rows travel.
+// rank sums all of them into the coalesced result (sparse_grad(p): the rows
+// touched anywhere, sorted, and their sums), which is torch's coalesced
+// sparse gradient. Only the touched rows travel, and the dense table is never
+// allocated: a sparse parameter has no grad() buffer, as in DDP.
 // The index and value allgathers need every rank's nnz, so they are issued
 // after the nnz allgather completes: by poll() when it has, or at the latest
 // just before the reducer's next collective (the next bucket's, the
@@ -110,6 +112,15 @@ struct BucketTiming {
   bool sparse = false;
 };
 
+// A sparse parameter's reduced gradient (valid until the next
+// prepare_for_backward): rows sorted and unique, values row after row in the
+// parameter's dtype, row_numel elements a row.
+struct SparseGrad {
+  std::span<const std::int64_t> rows;
+  std::span<const std::byte> values;
+  std::size_t row_numel = 0;
+};
+
 struct IterationTiming {
   ReducerClock::time_point backward_start{};   // prepare_for_backward
   ReducerClock::time_point last_mark_ready{};  // the last mark_ready of the iteration
@@ -173,11 +184,13 @@ class Reducer {
   // with a UsageError that names them.
   void finalize();
 
-  // The gradient buffer of a parameter, in the communicator's memory kind.
-  // Valid for the reducer's lifetime. A sparse parameter's holds its reduced
-  // gradient densified after finalize (written by the reducer only).
+  // The gradient buffer of a dense parameter, in the communicator's memory
+  // kind. Valid for the reducer's lifetime. UsageError for a sparse one.
   void* grad(std::size_t param_index) const;
   std::uint64_t grad_bytes(std::size_t param_index) const;
+  // A sparse parameter's reduced gradient after finalize (empty before the
+  // first). UsageError for a dense one.
+  SparseGrad sparse_grad(std::size_t param_index) const;
 
   const ModelLayout& layout() const { return layout_; }
   const ReducerOptions& options() const { return options_; }
@@ -215,6 +228,7 @@ class Reducer {
   void drain_in_flight(ReducerClock::time_point deadline) noexcept;
   void agree_on_used(ReducerClock::time_point deadline);
   void check_index(std::size_t param_index, const char* what) const;
+  void check_dense(std::size_t param_index, const char* what) const;
   Millis timeout() const;
   std::string describe_params(const std::vector<std::size_t>& params) const;
   void copy_into_bucket(std::size_t param_index, bool zero);

@@ -147,7 +147,11 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     ro.timeout = job.timeout;
     Reducer red(ac, layout, ro);
     bucket_count = red.buckets().size();
-    if (o.no_gradient_views) own_grad_bytes = layout.total_bytes();
+    // Views off: each dense parameter's own gradient buffer (a sparse one has
+    // none; its gradient is rows and values, counted as communication).
+    if (o.no_gradient_views)
+      for (const auto& t : layout.tensors)
+        if (!t.expects_sparse) own_grad_bytes += t.bytes();
 
     ac.set_category(MemoryCategory::kWorkspace);
     const std::size_t ws_bytes = std::max<std::size_t>(4, static_cast<std::size_t>(o.workspace_mb * kMiB) / 4 * 4);

@@ -15,6 +15,7 @@
 
 #include <fmt/core.h>
 
+#include "comm/memory.h"
 #include "ddp_core/backward_sim.h"
 #include "ddp_core/reducer.h"
 #include "tests/rank_threads.h"
@@ -433,7 +434,27 @@ void sparse_backward(Reducer& red, Communicator& c, std::uint64_t it,
   }
 }
 
-// The densified mean, and every gradient compared element for element.
+// A sparse parameter's reduced gradient written out as the dense table;
+// fails when its rows are not sorted and unique.
+template <typename T>
+std::vector<T> densify(const Reducer& red, std::size_t p, Failures& fail) {
+  const auto& t = red.layout().tensors[p];
+  const SparseGrad g = red.sparse_grad(p);
+  std::vector<T> dense(static_cast<std::size_t>(t.numel()), T(0));
+  if (g.values.size() != g.rows.size() * g.row_numel * sizeof(T))
+    fail.push_back(fmt::format("{}: {} value bytes for {} rows", t.name, g.values.size(),
+                               g.rows.size()));
+  const auto* v = reinterpret_cast<const T*>(g.values.data());
+  for (std::size_t j = 0; j < g.rows.size(); ++j) {
+    if (j && g.rows[j] <= g.rows[j - 1]) fail.push_back(t.name + ": rows not sorted and unique");
+    for (std::size_t e = 0; e < g.row_numel; ++e)
+      dense[static_cast<std::size_t>(g.rows[j]) * g.row_numel + e] = v[j * g.row_numel + e];
+  }
+  return dense;
+}
+
+// The densified mean, and every gradient compared element for element; a
+// sparse result holds exactly the rows some rank touched.
 // used(r, p): whether rank r used p.
 template <typename T>
 void expect_sparse_exact(const Reducer& red, Communicator& c, std::uint64_t it,
@@ -455,10 +476,24 @@ void expect_sparse_exact(const Reducer& red, Communicator& c, std::uint64_t it,
         for (std::size_t i = 0; i < n; ++i) want[i] += dense_k(r, it, p, i);
       }
     }
+    std::vector<T> sparse_dense;
+    if (ts[p].expects_sparse) {
+      sparse_dense = densify<T>(red, p, fail);
+      std::vector<std::int64_t> touched;
+      for (int r = 0; r < world; ++r)
+        if (!used || used(r, p))
+          for (auto row : rows_of(r, it)) touched.push_back(row);
+      std::sort(touched.begin(), touched.end());
+      touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+      const auto g = red.sparse_grad(p);
+      if (!std::equal(touched.begin(), touched.end(), g.rows.begin(), g.rows.end()))
+        fail.push_back(fmt::format("rank {} {} iteration {}: {} rows in the result, {} touched",
+                                   c.rank(), what, it, g.rows.size(), touched.size()));
+    }
     std::size_t wrong = 0, first = n;
     double have_first = 0;
     for (std::size_t i = 0; i < n; ++i) {
-      const double have = ts[p].expects_sparse ? static_cast<double>(static_cast<const T*>(red.grad(p))[i])
+      const double have = ts[p].expects_sparse ? static_cast<double>(sparse_dense[i])
                                                : static_cast<const float*>(red.grad(p))[i];
       if (have != want[i]) {
         if (!wrong) first = i, have_first = have;
@@ -622,6 +657,10 @@ TEST_CASE("reducer: set_sparse_grad misuse is a UsageError naming the parameter"
                  {"fc.weight", "dense gradient"});
     expect_usage("values size", [&] { red.set_sparse_grad(kEmb, good, bytes.first(60)); },
                  {"emb.weight", "64", "60"});
+    expect_usage("grad of a sparse parameter", [&] { (void)red.grad(kEmb); },
+                 {"emb.weight", "sparse gradient", "sparse_grad()"});
+    expect_usage("sparse_grad of a dense parameter", [&] { (void)red.sparse_grad(0); },
+                 {"fc.weight", "dense gradient"});
     // Nothing of the refused calls was kept: the embedding gets rows 1 and 2
     // only (twice: two calls add up), then the iteration completes.
     red.set_sparse_grad(kEmb, good, bytes);
@@ -630,7 +669,8 @@ TEST_CASE("reducer: set_sparse_grad misuse is a UsageError naming the parameter"
     expect_usage("after mark_ready", [&] { red.set_sparse_grad(kEmb, good, bytes); },
                  {"emb.weight", "already marked ready"});
     red.finalize();
-    const auto* g = static_cast<const float*>(red.grad(kEmb));
+    const auto g = densify<float>(red, kEmb, fail);
+    if (red.sparse_grad(kEmb).rows.size() != 2) fail.push_back("expected rows 1 and 2 only");
     // Each rank: 2 * 1.0 per element of rows 1 and 2, divided by 2, summed
     // over the 2 ranks: 2.
     for (std::size_t i = 0; i < 1000 * kRowNumel; ++i) {
@@ -640,6 +680,38 @@ TEST_CASE("reducer: set_sparse_grad misuse is a UsageError naming the parameter"
         fail.push_back(fmt::format("element {}: {} instead of {}", i, g[i], want));
         break;
       }
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: a sparse table is never allocated densely", "[reducer][sparse]") {
+  // 5 M rows of 64 floats (1.28 GB) beside a small dense tensor: the
+  // reducer's buffers are the dense bucket and the touched rows only, with
+  // views on and off.
+  ModelLayout l;
+  l.name = "test-huge-embedding";
+  l.tensors = {{"fc.weight", {16, 8}, DType::kFloat32, false},
+               {"emb.weight", {5'000'000, 64}, DType::kFloat32, true}};
+  const Failures f = run_gloo_ranks(2, [&](Communicator& c, int rank, Failures& fail) {
+    for (bool views : {true, false}) {
+      MemoryAccount account(c);
+      AccountingCommunicator ac(c, account, MemoryCategory::kBuckets);
+      ReducerOptions o;
+      o.timeout = 20s;
+      o.gradient_as_bucket_view = views;
+      Reducer red(ac, l, o);
+      BackwardSimOptions so;
+      so.sparse_rows = 1000;
+      simulate_backward(red, ac, 0, so);
+      red.finalize();
+      const auto chk = check_gradients(red, ac, 0, 1.0, 0, {}, so.sparse_rows);
+      if (chk.wrong) fail.push_back(fmt::format("views {}: {} wrong", views, chk.wrong));
+      const std::uint64_t peak = account.total_peak_bytes();
+      if (peak > 16u << 20)
+        fail.push_back(fmt::format("rank {} views {}: the reducer's peak is {} bytes", rank, views,
+                                   peak));
     }
   });
   INFO(describe(f));
@@ -683,7 +755,7 @@ TEST_CASE("reducer: launching a sparse bucket does not wait for a late peer", "[
     red.mark_ready(0);
     red.finalize();
     // Means: row 0 gets rank 0's 1, row 1 rank 1's 2, row 50 both (3).
-    const auto* emb = static_cast<const float*>(red.grad(1));
+    const auto emb = densify<float>(red, 1, fail);
     for (int row = 0; row < 100; ++row)
       for (int e = 0; e < 4; ++e) {
         const float want = row == 0 ? 1.0f : row == 1 ? 2.0f : row == 50 ? 3.0f : 0.0f;
