@@ -8,6 +8,8 @@
 
 #include <fmt/core.h>
 
+#include "comm/splitmix64.h"
+
 namespace ddpdiag::ddp_core {
 
 namespace {
@@ -32,13 +34,6 @@ void fill(DType t, void* buf, std::size_t n, int world, int rank, std::size_t p,
   }
   for (std::size_t i = 0; i < n; ++i)
     store_from_double(t, buf, i, world * scale * k_of(base, i));
-}
-
-std::uint64_t splitmix64(std::uint64_t& x) {
-  std::uint64_t z = (x += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
 }
 
 std::size_t row_numel_of(const TensorSpec& t) {
@@ -83,9 +78,9 @@ std::vector<std::int64_t> sim_sparse_rows(const TensorSpec& t, int rank, std::si
                                      : std::min(v, kDefaultSparseRows);
   std::uint64_t state = 0x5eed0000ULL ^ (static_cast<std::uint64_t>(param) << 40) ^
                         (static_cast<std::uint64_t>(rank) << 24) ^ iteration;
-  splitmix64(state);
+  splitmix64_next(state);
   std::vector<std::int64_t> rows(static_cast<std::size_t>(m));
-  for (auto& r : rows) r = static_cast<std::int64_t>(splitmix64(state) % static_cast<std::uint64_t>(v));
+  for (auto& r : rows) r = static_cast<std::int64_t>(splitmix64_next(state) % static_cast<std::uint64_t>(v));
   return rows;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <numeric>
 #include <utility>
 
 #include <fmt/core.h>
@@ -514,31 +515,38 @@ void coalesce(const std::vector<std::int64_t>& rows, const std::byte* values,
               std::size_t row_numel, int divisor, std::vector<std::int64_t>& out_rows,
               std::vector<std::byte>& out_vals) {
   std::vector<std::size_t> order(rows.size());
-  for (std::size_t j = 0; j < order.size(); ++j) order[j] = j;
+  std::iota(order.begin(), order.end(), std::size_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&](std::size_t a, std::size_t b) { return rows[a] < rows[b]; });
   out_rows.clear();
-  for (std::size_t j : order)
-    if (out_rows.empty() || out_rows.back() != rows[j]) out_rows.push_back(rows[j]);
-  out_vals.assign(out_rows.size() * row_numel * sizeof(T), std::byte{0});
-  auto* out = reinterpret_cast<T*>(out_vals.data());
-  const T d = static_cast<T>(divisor);
-  std::size_t k = 0;
-  std::int64_t prev = -1;
-  bool first = true;
+  std::vector<T> sums;
   for (std::size_t j : order) {
-    if (!first && rows[j] != prev) ++k;
-    const bool fresh = first || rows[j] != prev;
-    first = false;
-    prev = rows[j];
-    T* dst = out + k * row_numel;
-    T v;
+    const bool fresh = out_rows.empty() || out_rows.back() != rows[j];
+    if (fresh) {
+      out_rows.push_back(rows[j]);
+      sums.resize(sums.size() + row_numel);
+    }
+    T* dst = sums.data() + sums.size() - row_numel;
     for (std::size_t e = 0; e < row_numel; ++e) {
+      T v;
       std::memcpy(&v, values + (j * row_numel + e) * sizeof(T), sizeof(T));
-      if (divisor > 1) v = v / d;
+      if (divisor > 1) v = v / static_cast<T>(divisor);
       dst[e] = fresh ? v : dst[e] + v;
     }
   }
+  out_vals.resize(sums.size() * sizeof(T));
+  if (!sums.empty()) std::memcpy(out_vals.data(), sums.data(), out_vals.size());
+}
+
+// coalesce() for a sparse gradient's dtype (float32 or float64, checked at
+// construction).
+void coalesce_as(DType t, const std::vector<std::int64_t>& rows, const std::byte* values,
+                 std::size_t row_numel, int divisor, std::vector<std::int64_t>& out_rows,
+                 std::vector<std::byte>& out_vals) {
+  if (t == DType::kFloat32)
+    coalesce<float>(rows, values, row_numel, divisor, out_rows, out_vals);
+  else
+    coalesce<double>(rows, values, row_numel, divisor, out_rows, out_vals);
 }
 
 }  // namespace
@@ -559,12 +567,8 @@ void Reducer::launch_sparse(std::size_t b) {
   // sums, then divides (finish_sparse).
   const bool divide_first = sum_op_ == ReduceOp::kSum || options_.hook != CompressionHook::kNone;
   const int divisor = divide_first ? comm_.size() : 1;
-  if (t.dtype == DType::kFloat32)
-    coalesce<float>(sp.rows, sp.values.data(), sp.row_numel, divisor, sp.coalesced_rows,
-                    sp.coalesced_values);
-  else
-    coalesce<double>(sp.rows, sp.values.data(), sp.row_numel, divisor, sp.coalesced_rows,
-                     sp.coalesced_values);
+  coalesce_as(t.dtype, sp.rows, sp.values.data(), sp.row_numel, divisor, sp.coalesced_rows,
+              sp.coalesced_values);
   const auto nnz = static_cast<std::int64_t>(sp.coalesced_rows.size());
   std::memcpy(sp.nnz_send.get(), &nnz, sizeof nnz);
   auto& timing = timing_.buckets[b];
@@ -640,41 +644,23 @@ void Reducer::finish_sparse(std::size_t b) {
   const auto* nnz = static_cast<const std::int64_t*>(sp.nnz_all.get());
   const auto* idx = static_cast<const std::int64_t*>(sp.idx_all.get());
   const auto* vals = static_cast<const std::byte*>(sp.val_all.get());
+  // Each rank's entries without its padding, rank after rank.
+  std::vector<std::int64_t> rows;
+  std::vector<std::byte> values;
   for (int r = 0; r < world; ++r) {
     const auto* ri = idx + static_cast<std::size_t>(r) * m;
-    for (std::int64_t j = 0; j < nnz[r]; ++j) {
+    const auto* rv = vals + static_cast<std::size_t>(r) * m * sp.row_bytes;
+    const auto n = static_cast<std::size_t>(nnz[r]);
+    for (std::size_t j = 0; j < n; ++j)
       if (ri[j] < 0 || ri[j] >= sp.num_rows)
         throw BackendError(fmt::format("rank {}: rank {} sent row {} for {}, outside [0, {})",
                                        comm_.rank(), r, ri[j], t.name, sp.num_rows),
                            {"reducer.finalize", comm_.rank(), r,
                             "the ranks disagree on the layout (pass the same --model everywhere)"});
-      sp.result_rows.push_back(ri[j]);
-    }
+    rows.insert(rows.end(), ri, ri + n);
+    values.insert(values.end(), rv, rv + n * sp.row_bytes);
   }
-  std::sort(sp.result_rows.begin(), sp.result_rows.end());
-  sp.result_rows.erase(std::unique(sp.result_rows.begin(), sp.result_rows.end()),
-                       sp.result_rows.end());
-  sp.result_values.assign(sp.result_rows.size() * sp.row_bytes, std::byte{0});
-  auto add = [&](auto* out, const auto* in, std::int64_t row) {
-    const auto pos = static_cast<std::size_t>(
-        std::lower_bound(sp.result_rows.begin(), sp.result_rows.end(), row) -
-        sp.result_rows.begin());
-    auto* dst = out + pos * sp.row_numel;
-    for (std::size_t e = 0; e < sp.row_numel; ++e) dst[e] += in[e];
-  };
-  for (int r = 0; r < world; ++r) {
-    const auto* ri = idx + static_cast<std::size_t>(r) * m;
-    const auto* rv = vals + static_cast<std::size_t>(r) * m * sp.row_bytes;
-    for (std::int64_t j = 0; j < nnz[r]; ++j) {
-      const auto* src = rv + static_cast<std::size_t>(j) * sp.row_bytes;
-      if (t.dtype == DType::kFloat32)
-        add(reinterpret_cast<float*>(sp.result_values.data()),
-            reinterpret_cast<const float*>(src), ri[j]);
-      else
-        add(reinterpret_cast<double*>(sp.result_values.data()),
-            reinterpret_cast<const double*>(src), ri[j]);
-    }
-  }
+  coalesce_as(t.dtype, rows, values.data(), sp.row_numel, 1, sp.result_rows, sp.result_values);
   // The AVG op: the sum, then the division, as Gloo's AVG does.
   if (sum_op_ == ReduceOp::kAvg && options_.hook == CompressionHook::kNone && world > 1)
     divide_host(t.dtype, sp.result_values.data(), sp.result_rows.size() * sp.row_numel, world);

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "comm/errors.h"
+#include "comm/splitmix64.h"
 
 namespace ddpdiag::ddp_core {
 
@@ -106,12 +107,6 @@ void randperm_impl(std::span<T> r, std::uint64_t seed, TorchVersion version,
   std::uint64_t steps = n - 1;
   if (settled_prefix > 0) steps = std::min(steps, settled_prefix);
   randperm_swap(r.data(), n, gen, steps);
-}
-
-std::uint64_t splitmix64_mix(std::uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
 }
 
 // Fills out[j] = padded[p_j] for p_j = rank + (start + j) * R, where
@@ -326,10 +321,7 @@ FeistelPermutation::FeistelPermutation(std::uint64_t n, std::uint64_t seed) : n_
   lo_bits_ = k / 2;
   hi_bits_ = k - lo_bits_;
   std::uint64_t s = seed;
-  for (auto& key : keys_) {
-    s += 0x9e3779b97f4a7c15ull;
-    key = splitmix64_mix(s);
-  }
+  for (auto& key : keys_) key = splitmix64_next(s);
 }
 
 std::uint64_t FeistelPermutation::once(std::uint64_t x) const {

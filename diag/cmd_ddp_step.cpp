@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
 
 #include <fmt/core.h>
 
@@ -35,8 +36,7 @@ struct DdpStepOptions {
   bool find_unused = false;
   bool avg_op = false;
   bool no_check = false;
-  std::int64_t sparse_rows = -1;  // -1 with sparse_rows_given false: the simulator's default
-  bool sparse_rows_given = false;
+  std::optional<std::int64_t> sparse_rows;  // unset: the simulator's default
 };
 
 std::uint64_t mib_to_bytes(double mb, const char* flag, int rank) {
@@ -63,15 +63,15 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   if (o.compute_gbps < 0)
     throw UsageError("--compute-gbps must be >= 0", {"flags", job.rank(), -1, "0 means no compute time"});
 
-  if (o.sparse_rows_given && o.sparse_rows < 0)
-    throw UsageError(fmt::format("--sparse-rows must be >= 0, got {}", o.sparse_rows),
+  if (o.sparse_rows && *o.sparse_rows < 0)
+    throw UsageError(fmt::format("--sparse-rows must be >= 0, got {}", *o.sparse_rows),
                      {"flags", job.rank(), -1,
                       "rows touched per sparse parameter per iteration (default min(rows, 512))"});
 
   Reducer red(*job.comm, layout, ro);
   BackwardSimOptions so;
   so.compute_gbps = o.compute_gbps;
-  if (o.sparse_rows_given) so.sparse_rows = o.sparse_rows;
+  so.sparse_rows = o.sparse_rows;
   const bool any_sparse = std::any_of(layout.tensors.begin(), layout.tensors.end(),
                                       [](const TensorSpec& t) { return t.expects_sparse; });
   // Hooks round in 16 bits: the values are small integers, exact there too,
@@ -90,7 +90,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["compute_gbps"] = o.compute_gbps;
   res["iters"] = o.iters;
   res["warmup_iters"] = o.warmup;
-  if (any_sparse) res["sparse_rows"] = o.sparse_rows_given ? o.sparse_rows : kDefaultSparseRows;
+  if (any_sparse) res["sparse_rows"] = o.sparse_rows.value_or(kDefaultSparseRows);
 
   if (job.rank() == 0) {
     std::printf("# ddpdiag ddp-step: %d rank(s), backend %s, model %s (%zu tensors, %.1f MiB)\n",
@@ -217,11 +217,10 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   app->add_flag("--find-unused-parameters", opts->find_unused, "DDP's find_unused_parameters=True");
   app->add_flag("--avg-op", opts->avg_op, "Average with the AVG op instead of dividing first");
   app->add_flag("--no-check", opts->no_check, "Skip the gradient check");
-  auto* sparse_rows = app->add_option(
+  app->add_option(
       "--sparse-rows", opts->sparse_rows,
       "Rows each rank touches per sparse parameter per iteration (default min(rows, 512))");
-  return {app, [opts, sparse_rows] {
-            opts->sparse_rows_given = sparse_rows->count() > 0;
+  return {app, [opts] {
             return run_distributed(opts->common, "ddp-step", [opts](Job& job, reports::Report& r) {
               run(job, r, *opts);
             });

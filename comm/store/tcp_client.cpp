@@ -41,6 +41,7 @@
 #include <thread>
 
 #include "comm/errors.h"
+#include "comm/splitmix64.h"
 #include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_store.h"
 
@@ -82,10 +83,8 @@ std::uint64_t client_seed() {
     return (std::uint64_t{rd()} << 32) ^ rd();
   }();
   static std::atomic<std::uint64_t> counter{0};
-  std::uint64_t z = base + 0x9e3779b97f4a7c15ull * (counter.fetch_add(1, std::memory_order_relaxed) + 1);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
+  const std::uint64_t n = counter.fetch_add(1, std::memory_order_relaxed) + 1;
+  return splitmix64_mix(base + kSplitmix64Gamma * n);
 }
 
 // Why the last connection attempt failed, in the user's words.
