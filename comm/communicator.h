@@ -2,9 +2,14 @@
 // host memory, NCCL on device memory). Every operation returns a Work handle;
 // waiting takes a deadline, so a hang becomes an ordinary TimeoutError.
 //
-// Operations are executed in the order they were issued, one at a time, on
-// the backend's own execution context (a worker thread for Gloo, a CUDA stream
-// for NCCL). Buffers must stay valid until the Work completes.
+// Operations start in the order they were issued, on the backend's own
+// execution context: a CUDA stream for NCCL, where they also run one at a
+// time; worker threads for Gloo, where a collective whose buffers overlap
+// none of the running ones' may run beside them (CommOptions::gloo_threads)
+// while point-to-point ops, barriers and stream tasks run alone. So an op
+// always sees the results of earlier ops on the same buffers, and a barrier
+// completes after everything issued before it. Buffers must stay valid until
+// the Work completes.
 #pragma once
 
 #include <chrono>
@@ -52,6 +57,9 @@ struct CommOptions {
   // hostname, falling back to loopback.
   std::string gloo_interface;
   std::string gloo_hostname;
+  // Gloo: worker threads, so many collectives on distinct buffers in flight
+  // at once (torch's ProcessGroupGloo runs two); 1 runs every op alone.
+  int gloo_threads = 2;
   // NCCL: device ordinal (defaults to local_rank).
   int device = -1;
 };

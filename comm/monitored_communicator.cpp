@@ -260,18 +260,28 @@ void MonitoredCommunicator::abort() {
   inner_->abort();
 }
 
+// Collective `seq` completed. Earlier ones may still run (Gloo runs
+// collectives on distinct buffers side by side), so they are marked only when
+// their own Work says so; last_completed is the end of the completed prefix.
 void MonitoredCommunicator::mark_completed(std::int64_t seq) {
-  std::int64_t cur = completed_.load();
-  while (cur < seq && !completed_.compare_exchange_weak(cur, seq)) {
-  }
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  for (auto& e : ring_)
-    if (e.rec.seq <= seq && e.rec.state == "started") {
+  std::int64_t prefix = completed_.load();
+  bool gap = false;
+  for (auto& e : ring_) {
+    if (e.rec.seq > seq) break;
+    if (e.rec.state == "started" &&
+        (e.rec.seq == seq || (e.work && e.work->is_completed()))) {
       e.rec.state = "completed";
       e.rec.duration_ms = std::chrono::duration<double, std::milli>(now - e.started).count();
       e.work.reset();
     }
+    if (e.rec.state == "started") gap = true;
+    if (!gap) prefix = std::max(prefix, e.rec.seq);
+  }
+  std::int64_t cur = completed_.load();
+  while (cur < prefix && !completed_.compare_exchange_weak(cur, prefix)) {
+  }
 }
 
 void MonitoredCommunicator::corrupt_result(void* recv, DType dtype, std::size_t count) {

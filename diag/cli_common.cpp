@@ -73,6 +73,10 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
                 "Port of the store (overrides MASTER_PORT)");
   g->add_option("--gloo-interface", o.gloo_interface,
                 "Network interface for Gloo (overrides GLOO_SOCKET_IFNAME)");
+  g->add_option("--gloo-threads", o.gloo_threads,
+                "Gloo worker threads: collectives on distinct buffers in flight at once (2, as "
+                "torch's ProcessGroupGloo; 1 runs every op alone)")
+      ->check(CLI::Range(1, 16));
   g->add_option("--store-protocol", o.store_protocol,
                 "Store wire protocol: auto (detect), 1.13 or 2.x")
       ->check(CLI::IsMember({"auto", "1.13", "2.x"}));
@@ -300,6 +304,7 @@ void create_communicator(Job& job, const CommonOptions& o) {
   co.store = std::make_shared<PrefixStore>("comm", job.store);
   co.timeout = job.timeout;
   co.gloo_interface = o.gloo_interface;
+  co.gloo_threads = o.gloo_threads;
   job.comm_options = co;
   auto inner = make_communicator(co);
   inner->set_default_timeout(job.timeout);
@@ -475,6 +480,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
                                                 job.comm->library_version()}};
     report.set_world(job.size(), std::string(backend_name(job.backend)),
                      std::string(launcher_name(job.world.launcher)), job.ranks, libs);
+    if (job.backend == Backend::kGloo) report.set_gloo_threads(o.gloo_threads);
     body(job, report);
     if (report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
   } catch (const Error& e) {

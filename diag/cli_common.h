@@ -42,6 +42,7 @@ struct CommonOptions {
   std::string json_path;
   std::string markdown_path;
   std::string gloo_interface;
+  int gloo_threads = 2;  // Gloo worker threads (collectives in flight at once)
   std::string store_protocol = "auto";  // auto | 1.13 | 2.x
   bool quiet = false;
   bool desync_check = false;      // all-gather fingerprints before every collective
@@ -50,7 +51,7 @@ struct CommonOptions {
 };
 
 // Adds --rank, --world-size, --local-rank, --master-addr, --master-port,
-// --backend, --nproc, --timeout, --json, --gloo-interface, --store-protocol,
+// --backend, --nproc, --timeout, --json, --gloo-interface, --gloo-threads, --store-protocol,
 // --desync-check and the hidden test flags --inject-fault and --test-hosts.
 void add_common_options(CLI::App* app, CommonOptions& o);
 

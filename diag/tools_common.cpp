@@ -57,6 +57,7 @@ std::unique_ptr<Communicator> make_extra_communicator(Job& job, const CommonOpti
   co.store = std::make_shared<PrefixStore>(name, job.store);
   co.timeout = job.timeout;
   co.gloo_interface = common.gloo_interface;
+  co.gloo_threads = common.gloo_threads;
   auto comm = make_communicator(co);
   comm->set_default_timeout(job.timeout);
   return comm;

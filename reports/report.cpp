@@ -75,6 +75,8 @@ void Report::set_world(int world_size, const std::string& backend, const std::st
                    {"ranks", jranks},         {"library_versions", library_versions}};
 }
 
+void Report::set_gloo_threads(int threads) { doc_["world"]["gloo_threads"] = threads; }
+
 void Report::set_environment(const std::map<std::string, std::string>& env) {
   doc_["environment"] = env;
 }

@@ -51,6 +51,8 @@ class Report {
   void set_world(int world_size, const std::string& backend, const std::string& launcher,
                  const std::vector<RankInfo>& ranks,
                  const std::map<std::string, std::string>& library_versions);
+  // Gloo runs only: how many collectives may be in flight at once.
+  void set_gloo_threads(int threads);
   void set_environment(const std::map<std::string, std::string>& env);
   // Command-specific results; merged into "results".
   nlohmann::json& results() { return doc_["results"]; }

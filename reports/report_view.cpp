@@ -128,7 +128,11 @@ std::vector<std::pair<std::string, std::string>> context(const json& r) {
   if (w.is_object()) {
     out.push_back({"world", fmt::format("{} rank(s) on {} host(s)", str(w, "size", "?"),
                                         field(w, "hosts").is_array() ? field(w, "hosts").size() : 0)});
-    out.push_back({"backend", str(w, "backend", "?")});
+    const json& threads = field(w, "gloo_threads");
+    out.push_back({"backend", threads.is_number_integer()
+                                  ? fmt::format("{} ({} worker threads)", str(w, "backend", "?"),
+                                                threads.get<int>())
+                                  : str(w, "backend", "?")});
     out.push_back({"launcher", str(w, "launcher", "?")});
     const json& hosts = field(w, "hosts");
     if (hosts.is_array()) {

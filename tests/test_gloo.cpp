@@ -206,6 +206,140 @@ TEST_CASE("gloo: large allreduce spans several segments; back-to-back ops", "[gl
   CHECK(f.empty());
 }
 
+// Ops start in issue order; with more than one worker thread a collective
+// whose buffers overlap no running op's runs beside it. Chains on one buffer
+// must see each other's results, whatever the number of threads.
+TEST_CASE("gloo: worker threads: ops on shared buffers stay ordered, all results exact", "[gloo]") {
+  const int n = GENERATE(2, 3, 4);
+  const int threads = GENERATE(1, 2, 3);
+  CAPTURE(n, threads);
+  const auto with_threads = [&](CommOptions& o) { o.gloo_threads = threads; };
+  const Failures f = run_ranks(
+      n,
+      [&](Communicator& c, int rank, Failures& fail) {
+        const std::size_t count = 65539;  // 256 KiB of int32: still running when the next is issued
+        const auto sum_of = [&](DType t, ReduceOp op, std::size_t k) {
+          return expected_reduction(t, op, n, k);
+        };
+        for (int round = 0; round < 3; ++round) {
+          // x: allreduce twice in place; the second must reduce the first's
+          // result, so every element ends as n * (sum over ranks).
+          auto x = fill(DType::kInt32, ReduceOp::kSum, rank, count);
+          // y -> z out of place, then z in place: z = n * sum.
+          auto y = fill(DType::kInt64, ReduceOp::kSum, rank, count);
+          std::vector<std::uint8_t> z(y.size());
+          // b: broadcast from the last rank, then an allreduce of its second
+          // half, which overlaps it.
+          auto b = fill(DType::kFloat32, ReduceOp::kSum, rank, count);
+          // Independent ops between them, on their own buffers.
+          std::vector<std::vector<std::uint8_t>> small;
+          std::vector<std::shared_ptr<Work>> w;
+          const std::size_t half = count / 2;
+          auto* b2 = b.data() + half * 4;
+          for (int k = 0; k < 8; ++k) small.push_back(fill(DType::kFloat64, ReduceOp::kMax, rank, 17 + k));
+          // Round 0: each dependent pair back to back (the second is issued
+          // while the first runs); later rounds: independent ops between.
+          const int spacing = round == 0 ? 0 : 2;
+          int next_small = 0;
+          const auto independents = [&](int k) {
+            for (int i = 0; i < k && next_small < 8; ++i, ++next_small)
+              w.push_back(c.allreduce(small[next_small].data(), small[next_small].data(),
+                                      17 + next_small, DType::kFloat64, ReduceOp::kMax));
+          };
+          w.push_back(c.allreduce(x.data(), x.data(), count, DType::kInt32, ReduceOp::kSum));
+          independents(spacing);
+          w.push_back(c.allreduce(x.data(), x.data(), count, DType::kInt32, ReduceOp::kSum));
+          w.push_back(c.allreduce(y.data(), z.data(), count, DType::kInt64, ReduceOp::kSum));
+          independents(spacing);
+          w.push_back(c.allreduce(z.data(), z.data(), count, DType::kInt64, ReduceOp::kSum));
+          w.push_back(c.broadcast(b.data(), count, DType::kFloat32, n - 1));
+          independents(spacing);
+          w.push_back(c.allreduce(b2, b2, count - half, DType::kFloat32, ReduceOp::kSum));
+          independents(8);
+          // Wait in reverse: completion of a later op says nothing of an
+          // earlier one on other buffers, but every Work completes.
+          for (auto it = w.rbegin(); it != w.rend(); ++it) (*it)->wait(20s);
+          auto times_n = [&](DType t, std::vector<std::uint8_t> v, std::size_t k) {
+            for (std::size_t i = 0; i < k; ++i)
+              store_from_double(t, v.data(), i, load_as_double(t, v.data(), i) * n);
+            return v;
+          };
+          const std::string r = " (round " + std::to_string(round) + ")";
+          compare(x, times_n(DType::kInt32, sum_of(DType::kInt32, ReduceOp::kSum, count), count),
+                  DType::kInt32, "allreduce twice in place" + r, rank, fail);
+          compare(z, times_n(DType::kInt64, sum_of(DType::kInt64, ReduceOp::kSum, count), count),
+                  DType::kInt64, "out of place, then in place on the output" + r, rank, fail);
+          auto want_b = fill(DType::kFloat32, ReduceOp::kSum, n - 1, count);
+          for (std::size_t i = half; i < count; ++i)
+            store_from_double(DType::kFloat32, want_b.data(), i,
+                              load_as_double(DType::kFloat32, want_b.data(), i) * n);
+          compare(b, want_b, DType::kFloat32, "broadcast, then allreduce of its second half" + r,
+                  rank, fail);
+          for (int k = 0; k < 8; ++k)
+            compare(small[k], sum_of(DType::kFloat64, ReduceOp::kMax, 17 + k), DType::kFloat64,
+                    "independent max allreduce " + std::to_string(k) + r, rank, fail);
+        }
+      },
+      20s, with_threads);
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+// A large op and a small one on another buffer: with two threads the small
+// one does not wait behind the large one; with one it must. A barrier
+// completes after everything issued before it either way.
+TEST_CASE("gloo: worker threads: a small op on its own buffer overtakes a large one", "[gloo]") {
+  const int threads = GENERATE(1, 2);
+  CAPTURE(threads);
+  const auto with_threads = [&](CommOptions& o) { o.gloo_threads = threads; };
+  std::atomic<int> overtaken{0};
+  const Failures f = run_ranks(
+      2,
+      [&](Communicator& c, int rank, Failures& fail) {
+        const std::size_t big_count = std::size_t{16} << 20;  // 64 MiB of float32
+        std::vector<float> big(big_count, static_cast<float>(rank + 1));
+        float small = static_cast<float>(rank + 1);
+        // 3 tries: a scheduling hiccup on a loaded machine may let the large
+        // op finish first once; three times in a row means no overlap.
+        for (int attempt = 0; attempt < 3; ++attempt) {
+          c.barrier()->wait(20s);
+          auto large = c.allreduce(big.data(), big.data(), big_count, DType::kFloat32, ReduceOp::kSum);
+          auto quick = c.allreduce(&small, &small, 1, DType::kFloat32, ReduceOp::kSum);
+          quick->wait(20s);
+          const bool large_done = large->is_completed();
+          if (threads == 1 && !large_done)
+            fail.push_back("rank " + std::to_string(rank) +
+                           ": with one thread the small op completed before the large one");
+          c.barrier()->wait(20s);
+          if (!large->is_completed())
+            fail.push_back("rank " + std::to_string(rank) + ": a barrier completed before an earlier op");
+          large->wait(1s);
+          if (!large_done && rank == 0) overtaken.fetch_add(1);
+        }
+      },
+      20s, with_threads);
+  INFO(describe(f));
+  CHECK(f.empty());
+  if (threads == 2) CHECK(overtaken.load() >= 1);
+}
+
+TEST_CASE("gloo: --gloo-threads out of range is a usage error", "[gloo]") {
+  for (int bad : {0, -1, 17}) {
+    CommOptions o;
+    o.backend = Backend::kGloo;
+    o.world_size = 1;
+    o.store = std::make_shared<MemoryStore>();
+    o.gloo_hostname = "127.0.0.1";
+    o.gloo_threads = bad;
+    try {
+      make_communicator(o);
+      FAIL("gloo_threads " << bad << " was accepted");
+    } catch (const UsageError& e) {
+      CHECK(std::string(e.what()).find(std::to_string(bad) + " worker threads") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("gloo: broadcast, reduce, allgather", "[gloo]") {
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);

@@ -1,18 +1,34 @@
 // The Gloo backend.
 //
-// Execution model. Every operation is queued to ONE worker thread per
-// communicator and runs there in issue order, so all ranks run their
-// collectives in the same order, which is what lets Gloo match messages by
-// (pair, slot) in FIFO order. The issuing thread gets a Work at once.
+// Execution model. Every operation is queued to the communicator's worker
+// threads (CommOptions::gloo_threads, default 2, as torch's ProcessGroupGloo
+// runs its collectives on two threads) and STARTS in issue order; the issuing
+// thread gets a Work at once. A collective may start while earlier ones still
+// run when its buffers overlap none of theirs: each collective has its own
+// tag (its order among collectives, the same on every rank), hence its own
+// Gloo slots, so concurrent collectives never take each other's messages.
+// What must not overtake or be overtaken runs alone: point-to-point ops
+// (the caller's tags may repeat), barriers (which, as in c10d, follow
+// everything before them) and stream tasks (host work in stream order).
+// An op that touches the buffers of a running one waits for it, so a loop
+// on one buffer (allreduce-test) runs one op at a time, as before.
+//
+// Starting strictly in issue order keeps this free of deadlock: the
+// earliest op not yet done on every rank has every earlier op done on every
+// rank, so on each rank it is running or at the head of the queue with a
+// free thread.
 //
 // Two hand-offs sit on the hot path of a loop of small collectives (issue ->
 // worker, worker -> waiter). A futex wake-up costs several microseconds, as
 // much as a whole 4-byte all_reduce on loopback, so both sides first spin
 // briefly (yielding, so an oversubscribed machine is not starved) before they
 // block on a condition variable:
-//  - the worker drains the queue without sleeping while ops are queued, and
-//    after the queue empties it spins for kWorkerSpin before it sleeps; a
-//    producer signals the condition variable only when the worker sleeps;
+//  - the first worker drains the queue without sleeping while ops are
+//    queued, and after the queue empties it spins for kWorkerSpin before it
+//    sleeps (the others sleep at once: two spinning threads per rank would
+//    starve Gloo's own on a small machine); a producer signals the condition
+//    variable only when the op can start and no worker is spinning, and a
+//    worker that takes an op wakes another when the next can start too;
 //  - Work::wait spins for kWaiterSpin before it blocks.
 //
 // Timeouts. Each Gloo op gets the communicator's default timeout at issue
@@ -25,6 +41,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <atomic>
 #include <condition_variable>
 #include <functional>
@@ -60,6 +78,9 @@ using Clock = std::chrono::steady_clock;
 // small ops never sleeps; for large ops it is noise next to the op itself.
 constexpr auto kWorkerSpin = std::chrono::microseconds(100);
 constexpr auto kWaiterSpin = std::chrono::microseconds(100);
+
+// More worker threads than this only add contention.
+constexpr int kMaxGlooThreads = 16;
 
 // Slot prefixes of our own protocols; Gloo's collectives use 0x01..0x08.
 constexpr std::uint8_t kPointToPointSlotPrefix = 0x40;
@@ -188,6 +209,9 @@ bool is_collective(OpKind k) {
          k != OpKind::kLocal;
 }
 
+// Ops that run alone: nothing runs beside them (see the top of the file).
+bool runs_alone(OpKind k) { return !is_collective(k) || k == OpKind::kBarrier; }
+
 struct OpArgs {
   OpKind kind = OpKind::kBarrier;
   const void* send = nullptr;
@@ -204,6 +228,30 @@ struct OpArgs {
   // kLocal only: the task.
   std::function<void()> local{};
 };
+
+// The bytes an op reads or writes: [lo, hi) of its input and its output.
+struct ByteRange {
+  const std::uint8_t* lo = nullptr;
+  const std::uint8_t* hi = nullptr;
+  bool overlaps(const ByteRange& o) const { return lo < o.hi && o.lo < hi; }
+};
+
+ByteRange byte_range(const void* p, std::size_t bytes) {
+  if (p == nullptr || bytes == 0) return {};
+  const auto* b = static_cast<const std::uint8_t*>(p);
+  return {b, b + bytes};
+}
+
+// Input and output ranges of a collective on `size` ranks.
+std::array<ByteRange, 2> buffer_ranges(const OpArgs& a, int size) {
+  const std::size_t bytes = a.count * dtype_size(a.dtype);
+  const auto n = static_cast<std::size_t>(size);
+  switch (a.kind) {
+    case OpKind::kAllgather: return {byte_range(a.send, bytes), byte_range(a.recv, bytes * n)};
+    case OpKind::kReduceScatter: return {byte_range(a.send, bytes * n), byte_range(a.recv, bytes)};
+    default: return {byte_range(a.send, bytes), byte_range(a.recv, bytes)};
+  }
+}
 
 class Core;
 
@@ -269,6 +317,7 @@ class RingQueue {
     slots_[(head_ + size_) % slots_.size()] = std::move(v);
     ++size_;
   }
+  const T& front() const { return slots_[head_]; }
   T pop_front() {
     T v = std::move(slots_[head_]);
     head_ = (head_ + 1) % slots_.size();
@@ -303,7 +352,10 @@ class Core : public std::enable_shared_from_this<Core> {
         context_(std::move(context)),
         peer_addresses_(std::move(peer_addresses)) {}
 
-  void start() { worker_ = std::thread([this] { worker_loop(); }); }
+  void start(int threads) {
+    threads_ = threads;  // before any worker reads it
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
+  }
 
   std::shared_ptr<Work> submit(OpArgs args) {
     auto work = std::make_shared<GlooWork>(weak_from_this(), args, rank_);
@@ -318,7 +370,7 @@ class Core : public std::enable_shared_from_this<Core> {
       }
       queue_.push_back(work);
       queued_.fetch_add(1, std::memory_order_release);
-      wake = worker_sleeping_;
+      wake = sleepers_ > 0 && !spinning_ && head_can_start();
     }
     if (wake) cv_.notify_one();
     return work;
@@ -329,7 +381,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // closes our connections so that peers notice at once.
   void abort(const std::string& why) {
     std::vector<std::shared_ptr<GlooWork>> pending;
-    std::shared_ptr<GlooWork> running;
+    std::vector<std::shared_ptr<GlooWork>> running;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (aborted_.load()) return;
@@ -339,7 +391,7 @@ class Core : public std::enable_shared_from_this<Core> {
       queued_.store(0, std::memory_order_relaxed);
       running = running_;
     }
-    if (running) running->complete(std::make_exception_ptr(unusable_error(*running)));
+    for (auto& w : running) w->complete(std::make_exception_ptr(unusable_error(*w)));
     for (auto& w : pending) w->complete(std::make_exception_ptr(unusable_error(*w)));
     try {
       context_->closeConnections();
@@ -348,7 +400,7 @@ class Core : public std::enable_shared_from_this<Core> {
     }
   }
 
-  // Stops the worker after the running op (bounded by that op's timeout) and
+  // Stops the workers after the running ops (bounded by their timeouts) and
   // fails what was still queued.
   void shutdown() {
     std::vector<std::shared_ptr<GlooWork>> pending;
@@ -358,9 +410,10 @@ class Core : public std::enable_shared_from_this<Core> {
       pending = queue_.take_all();
       queued_.store(0, std::memory_order_relaxed);
     }
-    cv_.notify_one();
+    cv_.notify_all();
     for (auto& w : pending) w->complete(std::make_exception_ptr(unusable_error(*w)));
-    if (worker_.joinable()) worker_.join();
+    for (auto& t : workers_)
+      if (t.joinable()) t.join();
   }
 
   int rank() const { return rank_; }
@@ -375,38 +428,65 @@ class Core : public std::enable_shared_from_this<Core> {
                                      "create a new communicator after an abort"});
   }
 
-  void worker_loop() {
+  // Whether the op at the head of the queue may start now (mutex_ held):
+  // a thread is free and it conflicts with no running op.
+  bool head_can_start() const {
+    if (queue_.empty() || running_.size() >= static_cast<std::size_t>(threads_)) return false;
+    if (running_.empty()) return true;
+    const OpArgs& head = queue_.front()->args;
+    if (runs_alone(head.kind)) return false;
+    const auto mine = buffer_ranges(head, size_);
+    for (const auto& w : running_) {
+      if (runs_alone(w->args.kind)) return false;
+      for (const auto& theirs : buffer_ranges(w->args, size_))
+        if (theirs.overlaps(mine[0]) || theirs.overlaps(mine[1])) return false;
+    }
+    return true;
+  }
+
+  void worker_loop(int index) {
+    std::vector<std::uint8_t> scratch;  // this thread's (see scratch_for)
     for (;;) {
       std::shared_ptr<GlooWork> work;
+      bool wake_another = false;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        if (queue_.empty() && !stop_.load(std::memory_order_relaxed)) {
-          lock.unlock();
-          const auto until = Clock::now() + kWorkerSpin;
-          while (queued_.load(std::memory_order_acquire) == 0 &&
-                 !stop_.load(std::memory_order_relaxed) && Clock::now() < until)
-            std::this_thread::yield();
-          lock.lock();
-          worker_sleeping_ = true;
-          cv_.wait(lock, [&] { return !queue_.empty() || stop_.load(std::memory_order_relaxed); });
-          worker_sleeping_ = false;
+        const auto stopping = [&] { return stop_.load(std::memory_order_relaxed); };
+        if (!head_can_start() && !stopping()) {
+          if (index == 0 && queue_.empty()) {
+            spinning_ = true;
+            lock.unlock();
+            const auto until = Clock::now() + kWorkerSpin;
+            while (queued_.load(std::memory_order_acquire) == 0 && !stopping() &&
+                   Clock::now() < until)
+              std::this_thread::yield();
+            lock.lock();
+            spinning_ = false;
+          }
+          ++sleepers_;
+          cv_.wait(lock, [&] { return head_can_start() || stopping(); });
+          --sleepers_;
         }
-        if (queue_.empty()) return;  // stopping
+        if (stopping()) return;  // shutdown() failed what was queued
         work = queue_.pop_front();
         queued_.fetch_sub(1, std::memory_order_relaxed);
-        running_ = work;
+        running_.push_back(work);
+        wake_another = sleepers_ > 0 && head_can_start();
       }
-      work->complete(execute(*work));
+      if (wake_another) cv_.notify_one();
+      work->complete(execute(*work, scratch));
       std::lock_guard<std::mutex> lock(mutex_);
-      running_.reset();
+      running_.erase(std::find(running_.begin(), running_.end(), work));
+      // No wake-up here: this thread takes the next op itself, and wakes
+      // another when it does if a second can start.
     }
   }
 
-  std::exception_ptr execute(GlooWork& w) {
+  std::exception_ptr execute(GlooWork& w, std::vector<std::uint8_t>& scratch) {
     try {
       if (aborted_.load(std::memory_order_relaxed))
         return std::make_exception_ptr(unusable_error(w));
-      dispatch(w.args);
+      dispatch(w.args, scratch);
       return nullptr;
     } catch (const Error&) {
       return std::current_exception();
@@ -458,11 +538,11 @@ class Core : public std::enable_shared_from_this<Core> {
                                  "hit an error first"}));
   }
 
-  // Grow-only scratch of the worker thread (reduce on non-roots,
+  // Grow-only scratch of each worker thread (reduce on non-roots,
   // reduce_scatter staging), so steady-state ops do not allocate.
-  std::uint8_t* scratch(std::size_t bytes) {
-    if (scratch_.size() < bytes) scratch_.resize(bytes);
-    return scratch_.data();
+  static std::uint8_t* scratch_for(std::vector<std::uint8_t>& scratch, std::size_t bytes) {
+    if (scratch.size() < bytes) scratch.resize(bytes);
+    return scratch.data();
   }
 
   template <typename F>
@@ -484,13 +564,13 @@ class Core : public std::enable_shared_from_this<Core> {
     };
   }
 
-  void dispatch(const OpArgs& a) {
+  void dispatch(const OpArgs& a, std::vector<std::uint8_t>& scratch) {
     switch (a.kind) {
       case OpKind::kAllreduce: return run_allreduce(a);
       case OpKind::kBroadcast: return run_broadcast(a);
-      case OpKind::kReduce: return run_reduce(a);
+      case OpKind::kReduce: return run_reduce(a, scratch);
       case OpKind::kAllgather: return run_allgather(a);
-      case OpKind::kReduceScatter: return run_reduce_scatter(a);
+      case OpKind::kReduceScatter: return run_reduce_scatter(a, scratch);
       case OpKind::kSend: return run_send(a);
       case OpKind::kRecv: return run_recv(a);
       case OpKind::kSendRecv: return run_sendrecv(a);
@@ -530,12 +610,12 @@ class Core : public std::enable_shared_from_this<Core> {
     });
   }
 
-  void run_reduce(const OpArgs& a) {
+  void run_reduce(const OpArgs& a, std::vector<std::uint8_t>& scratch) {
     if (a.count == 0) return;
     const bool root = rank_ == a.root_or_peer;
     // Gloo's ring reduce uses the output as working memory on every rank;
     // off the root the caller's recv "does not matter", so it is not touched.
-    void* out = root ? a.recv : scratch(a.count * dtype_size(a.dtype));
+    void* out = root ? a.recv : scratch_for(scratch, a.count * dtype_size(a.dtype));
     with_element_type(a.dtype, [&](auto zero) {
       using T = decltype(zero);
       gloo::ReduceOptions o(context_);
@@ -576,7 +656,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // Two staging buffers alternate (receive into one while the other is on
   // the wire); the last step receives into recv itself when recv does not
   // overlap send, so the result needs no extra copy.
-  void run_reduce_scatter(const OpArgs& a) {
+  void run_reduce_scatter(const OpArgs& a, std::vector<std::uint8_t>& scratch) {
     if (a.count == 0) return;
     const int n = size_;
     const int r = rank_;
@@ -593,12 +673,12 @@ class Core : public std::enable_shared_from_this<Core> {
     std::uint8_t* stage[2];
     const int last = (n - 2) % 2;
     if (overlaps) {
-      std::uint8_t* s = scratch(2 * block);
+      std::uint8_t* s = scratch_for(scratch, 2 * block);
       stage[0] = s;
       stage[1] = s + block;
     } else {
       stage[last] = recv;
-      stage[1 - last] = scratch(block);
+      stage[1 - last] = scratch_for(scratch, block);
     }
     auto own = context_->createUnboundBuffer(const_cast<std::uint8_t*>(send),
                                              static_cast<std::size_t>(n) * block);
@@ -679,12 +759,14 @@ class Core : public std::enable_shared_from_this<Core> {
   std::shared_ptr<gloo::rendezvous::Context> context_;
   const std::map<std::string, int> peer_addresses_;
 
-  std::mutex mutex_;  // guards queue_, running_, worker_sleeping_, issued_, tags
+  std::mutex mutex_;  // guards queue_, running_, sleepers_, spinning_, issued_, tags
   std::condition_variable cv_;
   RingQueue<std::shared_ptr<GlooWork>> queue_;
-  std::shared_ptr<GlooWork> running_;
+  std::vector<std::shared_ptr<GlooWork>> running_;  // at most threads_
   std::atomic<std::size_t> queued_{0};  // mirrors queue_.size() for the lock-free spin
-  bool worker_sleeping_ = false;
+  int threads_ = 1;
+  int sleepers_ = 0;       // workers blocked on cv_
+  bool spinning_ = false;  // the first worker is spinning on queued_
   std::atomic<bool> stop_{false};
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;  // written once, before aborted_ is observed by completions
@@ -692,8 +774,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // Collectives are tagged by their order among collectives, the same on
   // every rank; point-to-point ops keep the caller's tag.
   std::uint32_t next_collective_tag_ = 0;
-  std::vector<std::uint8_t> scratch_;
-  std::thread worker_;
+  std::vector<std::thread> workers_;
 };
 
 void GlooWork::wait(Millis timeout) {
@@ -963,6 +1044,13 @@ std::string gloo_version() {
 }
 
 std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
+  if (opts.gloo_threads < 1 || opts.gloo_threads > kMaxGlooThreads)
+    throw UsageError("gloo: " + std::to_string(opts.gloo_threads) +
+                         " worker threads asked for; between 1 and " +
+                         std::to_string(kMaxGlooThreads) + " are possible",
+                     ErrorContext{"backend.init", opts.rank, -1,
+                                  "pass --gloo-threads 1 to run one op at a time, 2 as torch "
+                                  "does (the default)"});
   auto device = create_device(opts);
   auto context = std::make_shared<gloo::rendezvous::Context>(opts.rank, opts.world_size);
   context->setTimeout(opts.timeout);
@@ -994,7 +1082,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
                                        "--gloo-interface / GLOO_SOCKET_IFNAME)"});
   }
   auto core = std::make_shared<Core>(opts, std::move(context), adapter.take_peer_addresses());
-  core->start();
+  core->start(opts.gloo_threads);
   return std::make_unique<GlooCommunicator>(opts, std::move(core), "cpu (" + local_hostname() + ")");
 }
 

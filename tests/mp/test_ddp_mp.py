@@ -54,9 +54,11 @@ class DdpStep(unittest.TestCase):
                 self.assertEqual(res["checked_elements"], 2 * n * 25557032)
 
     def test_overlap_timeline(self):
-        # At 2 GB/s resnet50's backward takes ~50 ms: bucket 0 goes out long
-        # before it ends.
-        res = self.run_step(2, "resnet50", ["--compute-gbps", "2"], iters="1")
+        # At 1 GB/s resnet50's backward takes ~100 ms: bucket 0 goes out long
+        # before it ends, and completes before it ends even when it shares
+        # the wire with the next bucket (Gloo runs two at once) on a loaded
+        # machine.
+        res = self.run_step(2, "resnet50", ["--compute-gbps", "1"], iters="1")
         tl = res["timeline_rank0"]
         end = tl[-1]["backward_end_us"]
         self.assertLess(tl[0]["launched_us"], end / 2)
