@@ -269,8 +269,7 @@ void MonitoredCommunicator::mark_completed(std::int64_t seq) {
   std::int64_t prefix = completed_.load();
   bool gap = false;
   for (auto& e : ring_) {
-    if (e.rec.seq > seq) break;
-    if (e.rec.state == "started" &&
+    if (e.rec.state == "started" && e.rec.seq <= seq &&
         (e.rec.seq == seq || (e.work && e.work->is_completed()))) {
       e.rec.state = "completed";
       e.rec.duration_ms = std::chrono::duration<double, std::milli>(now - e.started).count();

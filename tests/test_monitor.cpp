@@ -361,6 +361,70 @@ TEST_CASE("monitored Gloo: a rank in another collective is named with both finge
   }
 }
 
+// Gloo runs collectives on distinct buffers side by side, so a later one may
+// complete first: waiting for it must not mark the earlier one completed in
+// the flight recorder, nor move last_completed past it.
+TEST_CASE("monitored Gloo: a later collective that completes first leaves the earlier one started",
+          "[monitor][gloo]") {
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::string> errors(2);
+  std::atomic<int> exercised{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o;
+        o.backend = Backend::kGloo;
+        o.rank = r;
+        o.world_size = 2;
+        o.store = std::make_shared<PrefixStore>("comm", store);
+        o.timeout = 20000ms;
+        o.gloo_hostname = "127.0.0.1";
+        o.gloo_threads = 2;
+        MonitorOptions mo;
+        mo.rank = r;
+        mo.size = 2;
+        mo.store = std::make_shared<PrefixStore>("monitor", store);
+        mo.timeout = 20000ms;
+        mo.poll_interval = 1000ms;
+        MonitoredCommunicator comm(make_communicator(o), mo);
+        const std::size_t big_count = std::size_t{16} << 20;  // 64 MiB
+        CommBuffer big(comm, big_count * sizeof(float));
+        CommBuffer small(comm, sizeof(float));
+        for (int attempt = 0; attempt < 3; ++attempt) {
+          comm.barrier()->wait(20000ms);
+          const std::int64_t before = comm.last_completed();
+          auto large = comm.allreduce(big.get(), big.get(), big_count, DType::kFloat32, ReduceOp::kSum);
+          const std::int64_t large_seq = comm.last_started();
+          comm.allreduce(small.get(), small.get(), 1, DType::kFloat32, ReduceOp::kSum)->wait(20000ms);
+          if (!large->is_completed()) {
+            const auto st = comm.state("test");
+            for (const auto& e : st.recent)
+              if (e.seq == large_seq && e.state != "started")
+                errors[r] += "the large collective is '" + e.state + "' while it runs; ";
+            if (comm.last_completed() != before)
+              errors[r] += "last_completed moved to " + std::to_string(comm.last_completed()) +
+                           " past a running collective (" + std::to_string(before) + "); ";
+            if (r == 0) exercised.fetch_add(1);
+          }
+          large->wait(20000ms);
+          if (comm.last_completed() != large_seq + 1)
+            errors[r] += "after both waits last_completed is " +
+                         std::to_string(comm.last_completed()) + ", expected " +
+                         std::to_string(large_seq + 1) + "; ";
+        }
+      } catch (const std::exception& e) {
+        errors[r] += e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << errors[r]);
+    CHECK(errors[r].empty());
+  }
+  CHECK(exercised.load() >= 1);  // the small one overtook at least once
+}
+
 TEST_CASE("sub-groups over the same store: two groups of a world of 3", "[monitor][gloo]") {
   auto store = std::make_shared<MemoryStore>();
   const int n = 3;
