@@ -41,11 +41,18 @@ namespace {
     }
   }
   const int rank = ddpdiag::cli::current_rank();
-  std::fprintf(stderr,
-               "ddpdiag: error%s: a library thread failed: %s\n"
-               "ddpdiag: hint: this happens when a peer exits or is killed while the ranks are "
-               "still connecting; see the other ranks' messages for the first failure\n",
-               rank >= 0 ? fmt::format(" on rank {}", rank).c_str() : "", what.c_str());
+  // Gloo checks in its own thread that a message fits the buffer posted for
+  // it: a bigger one means the ranks disagree on what this collective is.
+  const bool size_mismatch = what.find("preamble.length <= op.nbytes") != std::string::npos;
+  const char* hint =
+      size_mismatch
+          ? "a peer sent more data than this rank expected for the same collective: the ranks "
+            "issued different collectives (a skipped or extra call, or different sizes); rerun "
+            "with --desync-check to name the rank and the call"
+          : "this happens when a peer exits or is killed while the ranks are still connecting; "
+            "see the other ranks' messages for the first failure";
+  std::fprintf(stderr, "ddpdiag: error%s: a library thread failed: %s\nddpdiag: hint: %s\n",
+               rank >= 0 ? fmt::format(" on rank {}", rank).c_str() : "", what.c_str(), hint);
   std::fflush(stderr);
   std::_Exit(static_cast<int>(ddpdiag::ExitCode::kPeerFailed));
 }
