@@ -326,11 +326,12 @@ std::vector<Fault> parse_faults(const std::string& spec) {
     else if (kind == "skip") f.kind = Fault::Kind::kSkip;
     else if (kind == "desync") f.kind = Fault::Kind::kDesync;
     else if (kind == "exit") f.kind = Fault::Kind::kExit;
+    else if (kind == "throw") f.kind = Fault::Kind::kThrow;
     else if (kind == "slow") f.kind = Fault::Kind::kSlow;
     else if (kind == "corrupt") f.kind = Fault::Kind::kCorrupt;
     else
       throw std::invalid_argument("unknown fault '" + kind +
-                                  "' (hang, skip, desync, exit, slow, corrupt)");
+                                  "' (hang, skip, desync, exit, throw, slow, corrupt)");
     std::string args = at == std::string::npos ? std::string() : part.substr(at + 1);
     std::size_t p = 0;
     while (p < args.size()) {
@@ -356,7 +357,8 @@ std::vector<Fault> parse_faults(const std::string& spec) {
     }
     if (f.rank < 0) throw std::invalid_argument("fault '" + part + "' needs rank=R");
     const bool needs_seq = f.kind == Fault::Kind::kHang || f.kind == Fault::Kind::kSkip ||
-                           f.kind == Fault::Kind::kDesync || f.kind == Fault::Kind::kExit;
+                           f.kind == Fault::Kind::kDesync || f.kind == Fault::Kind::kExit ||
+                           f.kind == Fault::Kind::kThrow;
     if (needs_seq && f.seq < 1) throw std::invalid_argument("fault '" + part + "' needs seq=N (N >= 1)");
     if (f.kind == Fault::Kind::kSlow && f.ms <= 0)
       throw std::invalid_argument("fault '" + part + "' needs ms=M (M > 0)");

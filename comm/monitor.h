@@ -123,12 +123,15 @@ std::string rank_list(const std::vector<int>& ranks);
 //                         collective 3, which never completes (a rank in a
 //                         different collective)
 //   exit@seq=4,rank=1     rank 1 is SIGKILLed just before collective 4
+//   throw@seq=4,rank=1    a thread of rank 1 throws just before collective 4,
+//                         as Gloo's network thread does on a protocol error
+//                         (the process ends in std::terminate)
 //   slow@rank=2,ms=20     rank 2 adds 20 ms before every collective
 //   corrupt@rank=2        rank 2's all_reduce results are off by one
 // seq is 1-based and counts this communicator's collectives; seq-free kinds
 // apply to every collective. rank is the world rank.
 struct Fault {
-  enum class Kind { kHang, kSkip, kDesync, kExit, kSlow, kCorrupt };
+  enum class Kind { kHang, kSkip, kDesync, kExit, kThrow, kSlow, kCorrupt };
   Kind kind = Kind::kHang;
   int rank = -1;
   std::int64_t seq = 0;  // 0: every collective (slow, corrupt)

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <stdexcept>
 #include <sstream>
 
 #include <fmt/core.h>
@@ -156,6 +157,14 @@ std::shared_ptr<Work> MonitoredCommunicator::issue(Fingerprint fp, MakeFn make,
                  opts_.world_rank, static_cast<long long>(seq));
     std::fflush(stderr);
     ::kill(::getpid(), SIGKILL);
+  }
+  if (fault_at(Fault::Kind::kThrow, seq)) {
+    // An exception in a thread nobody can catch it in, as in Gloo's network
+    // thread: the process ends in std::terminate. The main thread waits.
+    std::thread([seq] {
+      throw std::runtime_error(fmt::format("injected fault: a library thread throws before "
+                                           "collective #{}", seq));
+    }).join();
   }
   if (fault_at(Fault::Kind::kSkip, seq) && !skipped_) {
     // The call is dropped and not counted: the next one takes this number.

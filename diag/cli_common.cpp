@@ -7,6 +7,8 @@
 #include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/core.h>
@@ -24,9 +26,63 @@ double median(std::vector<double> v) {
 
 namespace {
 std::atomic<int> g_rank{-1};
+
+// FILE.rank<R>.json (or .md) beside the job's report: a rank's own report.
+std::string rank_report_path(const std::string& path, const std::string& ext, int rank) {
+  if (path.empty()) return path;
+  const std::string tag = fmt::format(".rank{}", rank);
+  if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
+    return path.substr(0, path.size() - ext.size()) + tag + ext;
+  return path + tag;
+}
+
+// What a rank knew of its report before the command's body ran (argv,
+// environment, world), for write_report_on_terminate: the live report may
+// be in the middle of a change on another thread, this copy never is.
+struct ArmedReport {
+  reports::Report report;
+  std::string json_path;
+  std::string markdown_path;
+};
+std::mutex g_armed_mutex;
+std::optional<ArmedReport> g_armed;
+
+void arm_report(const reports::Report& report, const CommonOptions& o) {
+  if (o.json_path.empty() && o.markdown_path.empty()) return;
+  std::lock_guard<std::mutex> lock(g_armed_mutex);
+  g_armed = ArmedReport{report, o.json_path, o.markdown_path};
+}
+
+void disarm_report() {
+  std::lock_guard<std::mutex> lock(g_armed_mutex);
+  g_armed.reset();
+}
 }  // namespace
 
 int current_rank() { return g_rank.load(std::memory_order_relaxed); }
+
+std::string write_report_on_terminate(const std::string& message, const std::string& hint) {
+  std::unique_lock<std::mutex> lock(g_armed_mutex, std::try_to_lock);
+  if (!lock.owns_lock() || !g_armed) return {};
+  const int rank = current_rank();
+  reports::ErrorInfo e{"backend", message, "library thread", rank, -1, hint,
+                       static_cast<int>(ExitCode::kPeerFailed)};
+  g_armed->report.set_error(e);
+  // Rank 0 writes the job's report; another rank its own beside it, since
+  // rank 0 will write the job's from what it saw of this failure.
+  const bool own = rank > 0;
+  const std::string json_path =
+      own ? rank_report_path(g_armed->json_path, ".json", rank) : g_armed->json_path;
+  const std::string md_path =
+      own ? rank_report_path(g_armed->markdown_path, ".md", rank) : g_armed->markdown_path;
+  try {
+    reports::write_report_outputs(g_armed->report.finish(), json_path, md_path);
+  } catch (const std::exception&) {
+    return {};
+  }
+  g_armed.reset();
+  return json_path.empty() ? md_path : json_path;
+}
 
 void print_error(const Error& e) {
   const auto& c = e.context();
@@ -471,6 +527,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   auto env = process_env();
   reports::Report report(command, own_command_line());
   report.set_environment(recorded_environment());
+  arm_report(report, o);
   Job job;
   job.progress = (isatty(STDERR_FILENO) || env("DDPDIAG_PROGRESS")) && !o.quiet;
   int rc = 0;
@@ -481,6 +538,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     report.set_world(job.size(), std::string(backend_name(job.backend)),
                      std::string(launcher_name(job.world.launcher)), job.ranks, libs);
     if (job.backend == Backend::kGloo) report.set_gloo_threads(o.gloo_threads);
+    arm_report(report, o);
     body(job, report);
     if (report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
   } catch (const Error& e) {
@@ -499,16 +557,13 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       }
     }
   }
+  disarm_report();
   // The job's report comes from rank 0. A rank cut off from the store cannot
   // hand its view to rank 0, so it writes its own next to it: FILE.rank<R>.json.
   const bool own_report = job.world.rank > 0 && job.monitor && job.monitor->store_lost();
   if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {
     auto path_of = [&](const std::string& path, const std::string& ext) {
-      if (!own_report || path.empty()) return path;
-      const std::string tag = fmt::format(".rank{}", job.world.rank);
-      if (path.size() > ext.size() && path.compare(path.size() - ext.size(), ext.size(), ext) == 0)
-        return path.substr(0, path.size() - ext.size()) + tag + ext;
-      return path + tag;
+      return own_report ? rank_report_path(path, ext, job.world.rank) : path;
     };
     try {
       const std::string json_path = path_of(o.json_path, ".json");

@@ -20,6 +20,10 @@ namespace ddpdiag::cli {
 void print_error(const Error& e);
 // This process's rank once the world is known, else -1; cli_common.cpp.
 int current_rank();
+// Writes this rank's report of a failure in a library thread, when --json or
+// --markdown was given: rank 0 the job's, another rank FILE.rank<R>.json.
+// Returns the path written, or "" (none asked for, or no command running).
+std::string write_report_on_terminate(const std::string& message, const std::string& hint);
 }  // namespace ddpdiag::cli
 
 namespace {
@@ -53,6 +57,11 @@ namespace {
             "see the other ranks' messages for the first failure";
   std::fprintf(stderr, "ddpdiag: error%s: a library thread failed: %s\nddpdiag: hint: %s\n",
                rank >= 0 ? fmt::format(" on rank {}", rank).c_str() : "", what.c_str(), hint);
+  // A failed run still writes its report: the error, with what this rank
+  // knew before its command ran (argv, environment, world).
+  const std::string written = ddpdiag::cli::write_report_on_terminate(
+      fmt::format("a library thread failed: {}", what), hint);
+  if (!written.empty()) std::fprintf(stderr, "ddpdiag: report of the failure: %s\n", written.c_str());
   std::fflush(stderr);
   std::_Exit(static_cast<int>(ddpdiag::ExitCode::kPeerFailed));
 }

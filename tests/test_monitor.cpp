@@ -192,6 +192,11 @@ TEST_CASE("fault specs parse and reject nonsense", "[monitor]") {
   CHECK_THROWS_AS(parse_faults("hang@seq=x,rank=1"), std::invalid_argument);
   CHECK_THROWS_AS(parse_faults("slow@rank=1"), std::invalid_argument);  // needs ms
   CHECK_THROWS_AS(parse_faults("skip@seq=1"), std::invalid_argument);   // needs rank
+  f = parse_faults("throw@seq=4,rank=1");
+  REQUIRE(f.size() == 1);
+  CHECK(f[0].kind == Fault::Kind::kThrow);
+  CHECK(f[0].seq == 4);
+  CHECK_THROWS_AS(parse_faults("throw@rank=1"), std::invalid_argument);  // needs seq
 }
 
 TEST_CASE("bisect plan: hosts alone, pairs of hosts, halves; never the world", "[bisect]") {

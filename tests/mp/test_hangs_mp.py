@@ -3,7 +3,8 @@
 Faults come from the hidden --inject-fault seam of the monitored
 communicator (comm/monitor.h), so the tests need no sleeps and no luck:
 hang@seq=N,rank=R (R stalls before collective N), desync@seq=N,rank=R (R runs
-a broadcast instead), exit@seq=N,rank=R (R is SIGKILLed), slow@rank=R,ms=M and
+a broadcast instead), exit@seq=N,rank=R (R is SIGKILLed), throw@seq=N,rank=R (a thread of R throws,
+as Gloo's does on a protocol error), slow@rank=R,ms=M and
 corrupt@rank=R (bisect). --test-hosts gives every rank a host name of its own.
 Every wait is bounded: the ranks must end within the timeout plus a margin."""
 import os
@@ -209,6 +210,45 @@ class PeerDeath(unittest.TestCase):
         self.assertIn("failed first: it was killed by signal 9 (SIGKILL)", p.stderr)
         self.assertIn("Rank 2 did not publish its state: it is dead", p.stderr)
         self.assertLess(p.elapsed, TIMEOUT + MARGIN)
+
+    def test_library_thread_failure_still_writes_the_report(self):
+        # An exception in a thread ddpdiag does not own (Gloo's network thread
+        # on a protocol error) ends the process in std::terminate: it exits 5
+        # with the message and a hint, and still writes its report of the
+        # failure (rank 0: the job's; another rank: FILE.rank<R>.json).
+        for rank in (0, 1):
+            with self.subTest(rank=rank):
+                path = tmp_json()
+                own = path[:-len(".json")] + ".rank1.json"
+                try:
+                    p = run(["allreduce-test", "--nproc", "2", "--timeout", str(TIMEOUT),
+                             "--inject-fault", "throw@seq=3,rank=%d" % rank, "--json", path]
+                            + SMALL, timeout=TIMEOUT + 60)
+                    self.assertEqual(p.returncode, 5, p.stderr)
+                    self.assertIn("ddpdiag: error on rank %d: a library thread failed: injected "
+                                  "fault" % rank, p.stderr)
+                    self.assertIn("failed first: it exited with code 5", p.stderr)
+                    written = path if rank == 0 else own
+                    self.assertIn("report of the failure: %s" % written, p.stderr)
+                    rep = load(written)
+                    self.assertEqual(rep["verdict"], "ERROR")
+                    self.assertEqual(rep["error"]["kind"], "backend")
+                    self.assertEqual(rep["error"]["rank"], rank)
+                    self.assertEqual(rep["error"]["exit_code"], 5)
+                    self.assertIn("a library thread failed", rep["error"]["message"])
+                    self.assertEqual(rep["world"]["size"], 2)
+                    if rank == 1:
+                        # Rank 0 wrote the job's report from what it saw.
+                        job = load(path)
+                        self.assertEqual(job["verdict"], "ERROR")
+                        self.assertEqual(job["error"]["peer"], 1)
+                    else:
+                        self.assertFalse(os.path.exists(own))
+                    self.assertLess(p.elapsed, TIMEOUT + MARGIN)
+                finally:
+                    for f in (path, own):
+                        if os.path.exists(f):
+                            os.unlink(f)
 
     def test_stopped_rank_is_named_as_stopped(self):
         port = free_port()
