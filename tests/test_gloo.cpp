@@ -433,7 +433,7 @@ TEST_CASE("gloo: send/recv around a ring, with tags", "[gloo]") {
       out[i] = rank * 100000 + static_cast<int>(i);
       out7[i] = -out[i] - 7;
     }
-    // Ops run one at a time in issue order, so an exchange is ordered by
+    // Point-to-point ops run alone, in issue order, so an exchange is ordered by
     // parity (like a blocking send/recv): even ranks send first. Rank n-1
     // of an odd ring is even and sends to 0, which receives after its send.
     std::vector<std::shared_ptr<Work>> w;
