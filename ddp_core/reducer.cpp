@@ -589,21 +589,22 @@ void Reducer::issue_sparse_second_stage(bool block) {
   if (!block) {
     if (!s.work->is_completed()) return;
     try {
-      s.work->wait(Millis(1));
+      s.work->wait(Millis(1));  // done: returns at once, or rethrows its error
     } catch (...) {
       return;  // failed: reported by the blocking call (next launch or finalize)
     }
-  }
-  try {
-    s.work->wait(timeout());
-  } catch (const TimeoutError& e) {
-    throw TimeoutError(
-        fmt::format("rank {}: the nnz allgather of sparse bucket {} ({}) did not complete within "
-                    "{} ms: {}",
-                    comm_.rank(), b, describe_params({sp.param}), timeout().count(), e.what()),
-        {"reducer.sparse", comm_.rank(), e.context().peer,
-         "another rank may not have produced gradients for the buckets before it (pass "
-         "--find-unused-parameters there), or a peer is slow or dead"});
+  } else {
+    try {
+      s.work->wait(timeout());
+    } catch (const TimeoutError& e) {
+      throw TimeoutError(
+          fmt::format("rank {}: the nnz allgather of sparse bucket {} ({}) did not complete "
+                      "within {} ms: {}",
+                      comm_.rank(), b, describe_params({sp.param}), timeout().count(), e.what()),
+          {"reducer.sparse", comm_.rank(), e.context().peer,
+           "another rank may not have produced gradients for the buckets before it (pass "
+           "--find-unused-parameters there), or a peer is slow or dead"});
+    }
   }
   sparse_second_stage_.reset();
   const int world = comm_.size();

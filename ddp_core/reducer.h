@@ -45,7 +45,8 @@
 // just before the reducer's next collective (the next bucket's, the
 // used-bitmap all_reduce, or finalize's waits), which waits for it there.
 // Every rank thus issues nnz(b), indices(b), values(b) and then the next
-// collective, in the same order. The sum into grad(p) happens in finalize().
+// collective, in the same order. The sum into sparse_grad(p) happens in
+// finalize().
 // Compression hooks do not apply to sparse gradients (values stay in the
 // parameter's dtype, divided by the world size). float32 and float64 only;
 // host memory (Gloo) only: the constructor refuses sparse parameters on
