@@ -564,6 +564,49 @@ TEST_CASE("gloo: a peer that dies mid-way fails the others within the timeout", 
   CHECK(std::chrono::steady_clock::now() - started < 10s);
 }
 
+TEST_CASE("gloo: a buffer freed after its wait ran out stays valid until the op ends", "[gloo]") {
+  // A wait that runs out of time (or the monitor failing an op, or an abort)
+  // leaves the Gloo op running on a worker; a caller that unwinds frees its
+  // buffers at once. 64 MiB is beyond malloc's mmap threshold, so a buffer
+  // released there and then would be unmapped under the running op.
+  constexpr std::size_t kCount = 16u << 20;
+  const Failures f = run_ranks(
+      2,
+      [&](Communicator& c, int rank, Failures& fail) {
+        auto* buf = static_cast<float*>(c.alloc(kCount * sizeof(float)));
+        std::fill(buf, buf + kCount, static_cast<float>(rank + 1));
+        c.barrier()->wait(10s);
+        if (rank == 0) {
+          auto w = c.allreduce(buf, buf, kCount, DType::kFloat32, ReduceOp::kSum);
+          try {
+            w->wait(50ms);
+            fail.push_back("rank 0: the allreduce completed before its peer joined");
+          } catch (const TimeoutError&) {
+          }
+          c.free(buf);
+          // New memory of the same size must not be the old buffer.
+          auto* other = static_cast<float*>(c.alloc(kCount * sizeof(float)));
+          std::fill(other, other + kCount, 7.0f);
+          c.barrier()->wait(10s);  // after the allreduce, in issue order
+          if (std::any_of(other, other + kCount, [](float v) { return v != 7.0f; }))
+            fail.push_back("rank 0: new memory was written by the old allreduce");
+          c.free(other);
+          return;
+        }
+        std::this_thread::sleep_for(400ms);
+        c.allreduce(buf, buf, kCount, DType::kFloat32, ReduceOp::kSum)->wait(10s);
+        const auto bad = std::find_if(buf, buf + kCount, [](float v) { return v != 3.0f; });
+        if (bad != buf + kCount)
+          fail.push_back("rank 1: element " + std::to_string(bad - buf) + " is " +
+                         std::to_string(*bad) + ", expected 3");
+        c.barrier()->wait(10s);
+        c.free(buf);
+      },
+      10s);
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
 TEST_CASE("gloo: abort fails queued work and later ops", "[gloo]") {
   const Failures f = run_ranks(
       2,

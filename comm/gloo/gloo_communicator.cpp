@@ -49,9 +49,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <unordered_map>
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -249,6 +251,8 @@ std::array<ByteRange, 2> buffer_ranges(const OpArgs& a, int size) {
   switch (a.kind) {
     case OpKind::kAllgather: return {byte_range(a.send, bytes), byte_range(a.recv, bytes * n)};
     case OpKind::kReduceScatter: return {byte_range(a.send, bytes * n), byte_range(a.recv, bytes)};
+    case OpKind::kSendRecv:
+      return {byte_range(a.send, bytes), byte_range(a.recv, a.recv_count * dtype_size(a.dtype))};
     default: return {byte_range(a.send, bytes), byte_range(a.recv, bytes)};
   }
 }
@@ -323,6 +327,12 @@ class RingQueue {
     head_ = (head_ + 1) % slots_.size();
     --size_;
     return v;
+  }
+  template <typename F>
+  bool any_of(F&& f) const {
+    for (std::size_t i = 0; i < size_; ++i)
+      if (f(slots_[(head_ + i) % slots_.size()])) return true;
+    return false;
   }
   std::vector<T> take_all() {
     std::vector<T> out;
@@ -414,6 +424,35 @@ class Core : public std::enable_shared_from_this<Core> {
     for (auto& w : pending) w->complete(std::make_exception_ptr(unusable_error(*w)));
     for (auto& t : workers_)
       if (t.joinable()) t.join();
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& r : deferred_frees_) std::free(const_cast<std::uint8_t*>(r.lo));
+    deferred_frees_.clear();
+  }
+
+  // Communicator::alloc and ::free. A wait that ran out of time, the
+  // monitor's failing of a collective and abort() all complete a Work while
+  // its Gloo op may still run on a worker, reading or writing the buffers;
+  // the caller then frees them as it unwinds. Such a buffer is freed only
+  // once no running or queued op uses it any more (at the latest when the
+  // workers stop).
+  void note_alloc(void* p, std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    allocations_[p] = bytes;
+  }
+  void release(void* p) {
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = allocations_.find(p);
+    if (it == allocations_.end()) {  // not ours: nothing to guard
+      std::free(p);
+      return;
+    }
+    const ByteRange r = byte_range(p, it->second);
+    allocations_.erase(it);
+    if (in_use(r))
+      deferred_frees_.push_back(r);
+    else
+      std::free(p);
   }
 
   int rank() const { return rank_; }
@@ -426,6 +465,26 @@ class Core : public std::enable_shared_from_this<Core> {
     return BackendError(w.describe() + " on rank " + std::to_string(rank_) + " did not run: " + why,
                         ErrorContext{op_name(w.args.kind), rank_, -1,
                                      "create a new communicator after an abort"});
+  }
+
+  // Whether a running or queued op reads or writes r (mutex_ held).
+  bool in_use(const ByteRange& r) const {
+    const auto uses = [&](const std::shared_ptr<GlooWork>& w) {
+      if (w->args.kind == OpKind::kBarrier || w->args.kind == OpKind::kLocal) return false;
+      for (const auto& b : buffer_ranges(w->args, size_))
+        if (b.overlaps(r)) return true;
+      return false;
+    };
+    return std::any_of(running_.begin(), running_.end(), uses) || queue_.any_of(uses);
+  }
+
+  // Frees the deferred buffers no op uses any more (mutex_ held).
+  void free_deferred() {
+    std::erase_if(deferred_frees_, [&](const ByteRange& r) {
+      if (in_use(r)) return false;
+      std::free(const_cast<std::uint8_t*>(r.lo));
+      return true;
+    });
   }
 
   // Whether the op at the head of the queue may start now (mutex_ held):
@@ -477,6 +536,7 @@ class Core : public std::enable_shared_from_this<Core> {
       work->complete(execute(*work, scratch));
       std::lock_guard<std::mutex> lock(mutex_);
       running_.erase(std::find(running_.begin(), running_.end(), work));
+      if (!deferred_frees_.empty()) free_deferred();
       // No wake-up here: this thread takes the next op itself, and wakes
       // another when it does if a second can start.
     }
@@ -775,6 +835,8 @@ class Core : public std::enable_shared_from_this<Core> {
   // every rank; point-to-point ops keep the caller's tag.
   std::uint32_t next_collective_tag_ = 0;
   std::vector<std::thread> workers_;
+  std::unordered_map<void*, std::size_t> allocations_;  // Communicator::alloc's, by address
+  std::vector<ByteRange> deferred_frees_;  // freed by the caller while an op still used them
 };
 
 void GlooWork::wait(Millis timeout) {
@@ -946,9 +1008,11 @@ class GlooCommunicator final : public Communicator {
     if (!p)
       throw BackendError("gloo: could not allocate " + std::to_string(bytes) + " bytes of host memory",
                          ErrorContext{"alloc", rank(), -1, "use smaller sizes"});
+    core_->note_alloc(p, rounded);
     return p;
   }
-  void free(void* ptr) override { std::free(ptr); }
+  // Deferred while an op that failed or was abandoned still runs on it.
+  void free(void* ptr) override { core_->release(ptr); }
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
     if (bytes) std::memcpy(host_dst, src, bytes);
   }

@@ -125,6 +125,9 @@ struct Shared {
   int device = 0;
   std::mutex mutex;  // serialises abort against destruction
   std::atomic<bool> aborted{false};
+  // A wait gave up on an op (its deadline, or NCCL's asynchronous error)
+  // while the op may still run on the GPU.
+  std::atomic<bool> gave_up{false};
   bool destroyed = false;
 
   void abort() {
@@ -176,14 +179,19 @@ class NcclWork final : public Work {
         if (shared_->comm && ncclCommGetAsyncError(shared_->comm, &st) != ncclSuccess)
           st = ncclInternalError;
       }
-      if (st != ncclSuccess && st != ncclInProgress) throw_async(st, shared_->comm, what_, shared_->rank);
-      if (Clock::now() >= deadline)
+      if (st != ncclSuccess && st != ncclInProgress) {
+        shared_->gave_up = true;
+        throw_async(st, shared_->comm, what_, shared_->rank);
+      }
+      if (Clock::now() >= deadline) {
+        shared_->gave_up = true;
         throw TimeoutError(what_ + " did not complete within " + std::to_string(timeout.count()) +
                                " ms on rank " + std::to_string(shared_->rank),
                            ErrorContext{what_, shared_->rank, -1,
                                         "a peer has not joined this operation or is stuck; every "
                                         "rank must issue the same collectives in the same order; "
                                         "abort the communicator before giving up"});
+      }
       poll_pause(started);
     }
   }
@@ -440,8 +448,14 @@ class NcclCommunicator final : public Communicator {
                          ErrorContext{"alloc", rank(), -1, "use smaller sizes or free GPU memory"});
     return p;
   }
+  // cudaFree waits for the device: after a wait gave up on an op that may
+  // never finish (a peer that never joins), that would hang. Freeing then
+  // means the caller has given up too, so the communicator is aborted first
+  // (ncclCommAbort ends the op's kernels), as NCCL asks after a timeout.
   void free(void* ptr) override {
-    if (ptr) cudaFree(ptr);
+    if (!ptr) return;
+    if (shared_->gave_up.load() && !shared_->aborted.load()) shared_->abort();
+    cudaFree(ptr);
   }
   // Synchronous copies; the caller waits on the Work of an op before it
   // copies that op's buffers (our stream does not synchronise with them).
