@@ -165,14 +165,34 @@ using Clock = std::chrono::steady_clock;
 
 // Times one block (in-place or out-of-place) of one size; returns this rank's
 // time per op in microseconds.
+// Ops are issued back to back, as nccl-tests launches them, with at most
+// kMaxInFlight outstanding: a CUDA stream's launch queue bounds NCCL the same
+// way, and it keeps `-n 1000000` from queueing a million ops (memory, and a
+// deadline that would start only after the last one was issued).
+constexpr std::size_t kMaxInFlight = 1024;
+
+std::shared_ptr<Work> issue_allreduces(Communicator& comm, const SweepOptions& o, void* send,
+                                       void* recv, std::size_t count, int n,
+                                       std::vector<std::shared_ptr<Work>>& window) {
+  std::shared_ptr<Work> last;
+  for (int i = 0; i < n; ++i) {
+    auto& slot = window[static_cast<std::size_t>(i) % kMaxInFlight];
+    if (slot) slot->wait(o.timeout);
+    slot = comm.allreduce(send, recv, count, o.dtype, o.op);
+    last = slot;
+  }
+  return last;
+}
+
 double time_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
                   std::size_t count) {
-  std::shared_ptr<Work> last;
-  for (int i = 0; i < o.warmup; ++i) last = comm.allreduce(send, recv, count, o.dtype, o.op);
+  std::vector<std::shared_ptr<Work>> window(kMaxInFlight);
+  auto last = issue_allreduces(comm, o, send, recv, count, o.warmup, window);
   if (last) last->wait(o.timeout);
   comm.barrier()->wait(o.timeout);
+  std::fill(window.begin(), window.end(), nullptr);
   auto t0 = Clock::now();
-  for (int i = 0; i < o.iters; ++i) last = comm.allreduce(send, recv, count, o.dtype, o.op);
+  last = issue_allreduces(comm, o, send, recv, count, o.iters, window);
   if (last) last->wait(o.timeout);
   auto t1 = Clock::now();
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, o.iters);

@@ -255,8 +255,11 @@ class PeerDeath(unittest.TestCase):
         n = 3
         procs = [subprocess.Popen([BIN] + a, env=clean_env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
+                 # -n 10^7: the sweep keeps at most 1,024 ops in flight, so the
+                 # timeout runs from the first op that cannot complete, not from
+                 # the last of ten million queued ones.
                  for a in rank_cmds(n, ["allreduce-test", "--timeout", str(TIMEOUT), "-b", "1K",
-                                        "-e", "1K", "-n", "1000000", "-w", "1"], port)]
+                                        "-e", "1K", "-n", "10000000", "-w", "1"], port)]
         try:
             # Rank 0 prints the table header once the world is up.
             t0 = time.monotonic()
