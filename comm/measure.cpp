@@ -163,8 +163,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Times one block (in-place or out-of-place) of one size; returns this rank's
-// time per op in microseconds.
 // Ops are issued back to back, as nccl-tests launches them, with at most
 // kMaxInFlight outstanding: a CUDA stream's launch queue bounds NCCL the same
 // way, and it keeps `-n 1000000` from queueing a million ops (memory, and a
@@ -184,6 +182,8 @@ std::shared_ptr<Work> issue_allreduces(Communicator& comm, const SweepOptions& o
   return last;
 }
 
+// Times one block (in-place or out-of-place) of one size; returns this rank's
+// time per op in microseconds.
 double time_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
                   std::size_t count) {
   std::vector<std::shared_ptr<Work>> window(kMaxInFlight);
