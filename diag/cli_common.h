@@ -29,7 +29,16 @@ inline constexpr double kDefaultCapMb = 25;
 // The median (mean of the middle two for an even count; 0 when empty).
 double median(std::vector<double> v);
 
+// Prints the error the way every subcommand does.
 void print_error(const Error& e);
+
+// This process's rank once the world is known, else -1.
+int current_rank();
+
+// Writes this rank's report of a failure in a library thread, when --json or
+// --markdown was given: rank 0 the job's, another rank FILE.rank<R>.json.
+// Returns the path written, or "" (none asked for, or no command running).
+std::string write_report_on_terminate(const std::string& message, const std::string& hint);
 
 // Prints the report's checks and verdict under a command's table (rank 0).
 void print_checks_and_verdict(const reports::Report& report);

@@ -13,18 +13,8 @@
 
 #include "comm/errors.h"
 #include "ddpdiag/config.h"
+#include "diag/cli_common.h"
 #include "diag/commands.h"
-
-namespace ddpdiag::cli {
-// Prints the error the way every subcommand does; defined in cli_common.cpp.
-void print_error(const Error& e);
-// This process's rank once the world is known, else -1; cli_common.cpp.
-int current_rank();
-// Writes this rank's report of a failure in a library thread, when --json or
-// --markdown was given: rank 0 the job's, another rank FILE.rank<R>.json.
-// Returns the path written, or "" (none asked for, or no command running).
-std::string write_report_on_terminate(const std::string& message, const std::string& hint);
-}  // namespace ddpdiag::cli
 
 namespace {
 

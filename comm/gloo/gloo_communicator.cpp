@@ -467,10 +467,10 @@ class Core : public std::enable_shared_from_this<Core> {
                                      "create a new communicator after an abort"});
   }
 
-  // Whether a running or queued op reads or writes r (mutex_ held).
+  // Whether a running or queued op reads or writes r (mutex_ held). Barriers
+  // and stream tasks have no buffers: their ranges are empty.
   bool in_use(const ByteRange& r) const {
     const auto uses = [&](const std::shared_ptr<GlooWork>& w) {
-      if (w->args.kind == OpKind::kBarrier || w->args.kind == OpKind::kLocal) return false;
       for (const auto& b : buffer_ranges(w->args, size_))
         if (b.overlaps(r)) return true;
       return false;
