@@ -52,9 +52,10 @@ check_reports() {
 # Sanitizer builds: -O1 without debug info, and unity builds (up to 32
 # sources a unit, so most targets are one unit), keep them fast to build (the
 # ASan build of the suite on 2 cores: ~400 s as separate sources, ~240 s 8 a
-# unit, ~160 s 32 a unit); stack traces still have function names. The main build (scripts/test.sh) compiles every source on
-# its own, so a missing #include still shows there. CPU only: the NCCL code
-# cannot run without a GPU, and nvcc does not take the sanitizer flags.
+# unit, ~210 s 32 a unit); stack traces still have function names. The main
+# build (scripts/test.sh) compiles every source on its own, so a missing
+# #include still shows there. CPU only: the NCCL code cannot run without a
+# GPU, and nvcc does not take the sanitizer flags.
 configure() {
   local dir="$1" sanitize="$2"
   cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Sanitize -DCMAKE_CXX_FLAGS_SANITIZE=-O1 \

@@ -18,8 +18,25 @@ namespace ddpdiag::testing {
 using Failures = std::vector<std::string>;
 using RankBody = std::function<void(Communicator&, int rank, Failures&)>;
 
+// The options of rank `rank` of n on the Gloo backend over loopback.
+inline CommOptions gloo_rank_options(int rank, int n, std::shared_ptr<Store> store,
+                                     Millis timeout) {
+  CommOptions o;
+  o.backend = Backend::kGloo;
+  o.rank = rank;
+  o.world_size = n;
+  o.local_rank = rank;
+  o.store = std::move(store);
+  o.timeout = timeout;
+  o.gloo_hostname = "127.0.0.1";
+  return o;
+}
+
+// Runs body on n ranks (threads) and returns every failure of every rank.
+// bind: changes a rank's options before it connects (default: loopback).
 inline Failures run_gloo_ranks(int n, const RankBody& body,
-                               Millis timeout = std::chrono::seconds(20)) {
+                               Millis timeout = std::chrono::seconds(20),
+                               const std::function<void(CommOptions&)>& bind = {}) {
   auto store = std::make_shared<MemoryStore>();
   std::vector<Failures> per_rank(static_cast<std::size_t>(n));
   std::vector<std::thread> threads;
@@ -27,14 +44,8 @@ inline Failures run_gloo_ranks(int n, const RankBody& body,
     threads.emplace_back([&, r] {
       Failures& f = per_rank[static_cast<std::size_t>(r)];
       try {
-        CommOptions o;
-        o.backend = Backend::kGloo;
-        o.rank = r;
-        o.world_size = n;
-        o.local_rank = r;
-        o.store = store;
-        o.timeout = timeout;
-        o.gloo_hostname = "127.0.0.1";
+        CommOptions o = gloo_rank_options(r, n, store, timeout);
+        if (bind) bind(o);
         auto comm = make_communicator(o);
         body(*comm, r, f);
       } catch (const std::exception& e) {

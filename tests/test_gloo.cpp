@@ -21,58 +21,13 @@
 #include "comm/errors.h"
 #include "comm/store/store.h"
 #include "comm/types.h"
+#include "tests/rank_threads.h"
 
 using namespace ddpdiag;
+using namespace ddpdiag::testing;
 using namespace std::chrono_literals;
 
 namespace {
-
-using Failures = std::vector<std::string>;
-using Body = std::function<void(Communicator&, int rank, Failures&)>;
-
-CommOptions options(int rank, int n, std::shared_ptr<Store> store, Millis timeout) {
-  CommOptions o;
-  o.backend = Backend::kGloo;
-  o.rank = rank;
-  o.world_size = n;
-  o.local_rank = rank;
-  o.store = std::move(store);
-  o.timeout = timeout;
-  o.gloo_hostname = "127.0.0.1";
-  return o;
-}
-
-// Runs body on n ranks (threads) and returns every failure of every rank.
-// bind: how the ranks choose their address (default: loopback by name).
-Failures run_ranks(int n, const Body& body, Millis timeout = 20s,
-                   const std::function<void(CommOptions&)>& bind = {}) {
-  auto store = std::make_shared<MemoryStore>();
-  std::vector<Failures> per_rank(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      Failures& f = per_rank[static_cast<std::size_t>(r)];
-      try {
-        CommOptions o = options(r, n, store, timeout);
-        if (bind) bind(o);
-        auto comm = make_communicator(o);
-        body(*comm, r, f);
-      } catch (const std::exception& e) {
-        f.push_back("rank " + std::to_string(r) + " threw: " + e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  Failures all;
-  for (auto& f : per_rank) all.insert(all.end(), f.begin(), f.end());
-  return all;
-}
-
-std::string describe(const Failures& f) {
-  std::string s;
-  for (std::size_t i = 0; i < f.size() && i < 10; ++i) s += f[i] + "\n";
-  return s;
-}
 
 double input_value(DType t, ReduceOp op, int rank, std::size_t i) {
   if (op == ReduceOp::kProd) return 1.0 + static_cast<double>((i + static_cast<std::size_t>(rank)) % 2);
@@ -131,7 +86,7 @@ std::string label(const char* op, DType t, ReduceOp r, bool in_place) {
 }  // namespace
 
 TEST_CASE("gloo: world size 1 and communicator facts", "[gloo]") {
-  const Failures f = run_ranks(1, [](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(1, [](Communicator& c, int rank, Failures& fail) {
     if (c.backend() != Backend::kGloo || c.memory_kind() != MemoryKind::kHost)
       fail.push_back("wrong backend or memory kind");
     if (c.library_version().rfind("gloo ", 0) != 0) fail.push_back("version " + c.library_version());
@@ -158,7 +113,7 @@ TEST_CASE("gloo: allreduce, every dtype x op, in-place and out-of-place", "[gloo
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
   const std::size_t count = 67;  // not a multiple of the world size or segment counts
-  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
     for (DType t : kAllDTypes) {
       for (ReduceOp op : kAllReduceOps) {
         const auto want = expected_reduction(t, op, n, count);
@@ -185,7 +140,7 @@ TEST_CASE("gloo: large allreduce spans several segments; back-to-back ops", "[gl
   CAPTURE(n);
   // 2^19 floats = 2 MiB: more than Gloo's 1 MiB segment, so the ring pipelines.
   const std::size_t count = std::size_t{1} << 19;
-  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
     auto buf = fill(DType::kFloat32, ReduceOp::kSum, rank, count);
     c.allreduce(buf.data(), buf.data(), count, DType::kFloat32, ReduceOp::kSum)->wait(20s);
     compare(buf, expected_reduction(DType::kFloat32, ReduceOp::kSum, n, count), DType::kFloat32,
@@ -214,7 +169,7 @@ TEST_CASE("gloo: worker threads: ops on shared buffers stay ordered, all results
   const int threads = GENERATE(1, 2, 3);
   CAPTURE(n, threads);
   const auto with_threads = [&](CommOptions& o) { o.gloo_threads = threads; };
-  const Failures f = run_ranks(
+  const Failures f = run_gloo_ranks(
       n,
       [&](Communicator& c, int rank, Failures& fail) {
         const std::size_t count = 65539;  // 256 KiB of int32: still running when the next is issued
@@ -293,7 +248,7 @@ TEST_CASE("gloo: worker threads: a small op on its own buffer overtakes a large 
   CAPTURE(threads);
   const auto with_threads = [&](CommOptions& o) { o.gloo_threads = threads; };
   std::atomic<int> overtaken{0};
-  const Failures f = run_ranks(
+  const Failures f = run_gloo_ranks(
       2,
       [&](Communicator& c, int rank, Failures& fail) {
         const std::size_t big_count = std::size_t{16} << 20;  // 64 MiB of float32
@@ -344,7 +299,7 @@ TEST_CASE("gloo: broadcast, reduce, allgather", "[gloo]") {
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
   const std::size_t count = 29;
-  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
     for (DType t : {DType::kFloat32, DType::kBFloat16, DType::kInt64, DType::kUInt8}) {
       for (int root = 0; root < n; ++root) {
         // Broadcast: every rank ends with the root's values.
@@ -391,7 +346,7 @@ TEST_CASE("gloo: broadcast, reduce, allgather", "[gloo]") {
 TEST_CASE("gloo: reduce_scatter (ring over unbound buffers)", "[gloo]") {
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
-  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
     for (std::size_t count : {std::size_t{1}, std::size_t{13}, std::size_t{4096}}) {
       for (DType t : kAllDTypes) {
         for (ReduceOp op : kAllReduceOps) {
@@ -424,7 +379,7 @@ TEST_CASE("gloo: reduce_scatter (ring over unbound buffers)", "[gloo]") {
 TEST_CASE("gloo: send/recv around a ring, with tags", "[gloo]") {
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
-  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
     const int right = (rank + 1) % n;
     const int left = (rank + n - 1) % n;
     const std::size_t count = 1000;
@@ -470,7 +425,7 @@ TEST_CASE("gloo: barrier holds until every rank arrives", "[gloo]") {
   const int n = GENERATE(2, 3);
   CAPTURE(n);
   std::atomic<int> arrived{0};
-  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
     if (rank == n - 1) std::this_thread::sleep_for(200ms);
     arrived.fetch_add(1);
     c.barrier()->wait(10s);
@@ -481,7 +436,7 @@ TEST_CASE("gloo: barrier holds until every rank arrives", "[gloo]") {
 }
 
 TEST_CASE("gloo: bad arguments are usage errors", "[gloo]") {
-  const Failures f = run_ranks(2, [](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(2, [](Communicator& c, int rank, Failures& fail) {
     int x = 0;
     try {
       c.send(&x, 1, DType::kInt32, rank);
@@ -501,7 +456,7 @@ TEST_CASE("gloo: bad arguments are usage errors", "[gloo]") {
 
 TEST_CASE("gloo: a peer that never joins gives a TimeoutError, not a hang", "[gloo]") {
   const auto started = std::chrono::steady_clock::now();
-  const Failures f = run_ranks(
+  const Failures f = run_gloo_ranks(
       2,
       [](Communicator& c, int rank, Failures& fail) {
         if (rank == 1) {
@@ -537,7 +492,7 @@ TEST_CASE("gloo: a peer that dies mid-way fails the others within the timeout", 
   const int n = GENERATE(2, 3);
   CAPTURE(n);
   const auto started = std::chrono::steady_clock::now();
-  const Failures f = run_ranks(
+  const Failures f = run_gloo_ranks(
       n,
       [&](Communicator& c, int rank, Failures& fail) {
         std::int64_t v = rank;
@@ -570,7 +525,7 @@ TEST_CASE("gloo: a buffer freed after its wait ran out stays valid until the op 
   // buffers at once. 64 MiB is beyond malloc's mmap threshold, so a buffer
   // released there and then would be unmapped under the running op.
   constexpr std::size_t kCount = 16u << 20;
-  const Failures f = run_ranks(
+  const Failures f = run_gloo_ranks(
       2,
       [&](Communicator& c, int rank, Failures& fail) {
         auto* buf = static_cast<float*>(c.alloc(kCount * sizeof(float)));
@@ -608,7 +563,7 @@ TEST_CASE("gloo: a buffer freed after its wait ran out stays valid until the op 
 }
 
 TEST_CASE("gloo: abort fails queued work and later ops", "[gloo]") {
-  const Failures f = run_ranks(
+  const Failures f = run_gloo_ranks(
       2,
       [](Communicator& c, int rank, Failures& fail) {
         c.barrier()->wait(10s);
@@ -704,18 +659,18 @@ TEST_CASE("make_communicator: NCCL in a build without it is a usage error", "[gl
 }
 
 TEST_CASE("gloo: where ranks bind (hostname, interface) and a bad interface", "[gloo]") {
-  const Body exchange = [](Communicator& c, int rank, Failures& fail) {
+  const RankBody exchange = [](Communicator& c, int rank, Failures& fail) {
     std::int32_t v = rank + 1;
     c.allreduce(&v, &v, 1, DType::kInt32, ReduceOp::kSum)->wait(10s);
     if (v != 3) fail.push_back("allreduce over the chosen address gave " + std::to_string(v));
   };
   SECTION("this host's hostname, falling back to loopback") {
-    const Failures f = run_ranks(2, exchange, 10s, [](CommOptions& o) { o.gloo_hostname.clear(); });
+    const Failures f = run_gloo_ranks(2, exchange, 10s, [](CommOptions& o) { o.gloo_hostname.clear(); });
     INFO(describe(f));
     CHECK(f.empty());
   }
   SECTION("the loopback interface by name") {
-    const Failures f = run_ranks(2, exchange, 10s, [](CommOptions& o) {
+    const Failures f = run_gloo_ranks(2, exchange, 10s, [](CommOptions& o) {
       o.gloo_hostname.clear();
       o.gloo_interface = "lo";
     });
@@ -723,7 +678,7 @@ TEST_CASE("gloo: where ranks bind (hostname, interface) and a bad interface", "[
     CHECK(f.empty());
   }
   SECTION("an interface that does not exist is a usage error") {
-    CommOptions o = options(0, 1, std::make_shared<MemoryStore>(), 5s);
+    CommOptions o = gloo_rank_options(0, 1, std::make_shared<MemoryStore>(), 5s);
     o.gloo_interface = "ddpdiag-no-such-if0";
     CHECK_THROWS_AS(make_communicator(o), UsageError);
   }
@@ -732,7 +687,7 @@ TEST_CASE("gloo: where ranks bind (hostname, interface) and a bad interface", "[
 TEST_CASE("gloo: sendrecv ring steps need no ordering; they match plain send/recv", "[gloo]") {
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
-  const Failures f = run_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
     const int right = (rank + 1) % n;
     const int left = (rank + n - 1) % n;
     // Every rank sends right and receives left at once, n-1 times: the
