@@ -12,7 +12,9 @@
 3. Rendezvous: N local clients meet (connect, SET own key, ADD a counter,
    WAIT for "done") against `ddpdiag store serve` and against torch's
    TCPStore(is_master=True) server, with the same client (our C++ client,
-   1.13 protocol), and natively with torch's client on torch's server.
+   speaking that torch's protocol), and natively with torch's client on
+   torch's server; for torch 1.13 and, when a torch 2.x is at hand
+   (--torch2-python), for torch 2.x's server (libuv) too.
 4. Store throughput: ddpdiag_bench_store with 64 clients.
 
 Prints tables with ratio columns and a verdict per target, and writes one
@@ -27,6 +29,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -379,21 +382,68 @@ class Servers:
 
     def __init__(self, a):
         self.procs = []
-        self.ours_port = free_port()
-        ours = subprocess.Popen([a.ddpdiag, "store", "serve", "--host", "127.0.0.1", "--port",
-                                 str(self.ours_port)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
-        self.procs.append(ours)
-        self.torch_port = free_port()
-        torch_srv = subprocess.Popen([a.python, os.path.join(HERE, "rendezvous_torch.py"), "serve",
-                                      "--port", str(self.torch_port)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.procs.append(torch_srv)
-        wait_port(self.ours_port, ours, "ddpdiag store serve", 30)
-        line = torch_srv.stdout.readline()
+        self.tmp = None
+        # How torch 2.x's server resolves its clients' names: see start_torch.
+        self.torch2_resolver = None
+        self.torch2_wrap = []  # the command prefix that runs a torch 2.x process
+        try:
+            self.ours_port = free_port()
+            ours = subprocess.Popen([a.ddpdiag, "store", "serve", "--host", "127.0.0.1",
+                                     "--port", str(self.ours_port)], stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.PIPE, text=True)
+            self.procs.append(ours)
+            # torch's server per torch generation: {"1.13": port, "2.x": port}.
+            self.torch_ports = {"1.13": self.start_torch(a.python, "1.13")}
+            if a.torch2_python:
+                self.torch_ports["2.x"] = self.start_torch2(a.torch2_python)
+            wait_port(self.ours_port, ours, "ddpdiag store serve", 30)
+        except BaseException:
+            self.close()
+            raise
+
+    def start_torch(self, python, gen, wrap=()):
+        port = free_port()
+        srv = subprocess.Popen(list(wrap) + [python, os.path.join(HERE, "rendezvous_torch.py"),
+                                             "serve", "--port", str(port)],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        self.procs.append(srv)
+        line = srv.stdout.readline()
         if not line.startswith("ready"):
-            raise RunFailed("torch's TCPStore server did not start: %s" %
-                            torch_srv.stderr.read()[-2000:])
+            raise RunFailed("torch %s's TCPStore server did not start: %s" %
+                            (gen, srv.stderr.read()[-2000:]))
+        return port
+
+    def start_torch2(self, python):
+        """torch 2.x's server (libuv) looks up the host name of every client it
+        accepts (reverse DNS), on its one event-loop thread, and its client
+        looks up the names of its connection's ends. Where the resolver drops
+        a query, every client waits for the resolver's timeout (5 s), and the
+        rendezvous measures the resolver, not the server. So, as root, torch
+        2.x's server and clients run in a mount namespace of their own whose
+        nsswitch.conf says "hosts: files": the lookup fails at once, as with an
+        instant resolver, the best case for torch. Otherwise they resolve as
+        this machine does."""
+        if os.geteuid() == 0 and shutil.which("unshare"):
+            self.tmp = tempfile.mkdtemp(prefix="compare-peers-nss-")
+            nss = os.path.join(self.tmp, "nsswitch.conf")
+            with open(nss, "w") as f:
+                f.write("hosts: files\n")
+            wrap = ["unshare", "--mount", "sh", "-c",
+                    'mount --bind "$0" /etc/nsswitch.conf && exec "$@"', nss]
+            try:
+                port = self.start_torch(python, "2.x", wrap)
+                self.torch2_resolver = "files only (no DNS)"
+                self.torch2_wrap = wrap
+                return port
+            except RunFailed as e:
+                log("could not give torch 2.x's server a resolver of files only (%s); it "
+                    "resolves as this machine does" % str(e).strip()[-300:])
+        else:
+            log("torch 2.x's server resolves each client's name as this machine does (not "
+                "root: cannot give it a resolver of files only); a slow resolver slows it")
+        self.torch2_resolver = "this machine's (DNS)"
+        return self.start_torch(python, "2.x")
 
     def close(self):
         for p in self.procs:
@@ -408,6 +458,8 @@ class Servers:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        if self.tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 def run_rdzv(cmd, what, timeout):
@@ -423,49 +475,64 @@ def run_rdzv(cmd, what, timeout):
 def measure_rendezvous(a):
     rows = []
     servers = Servers(a)
+    pythons = {"1.13": a.python, "2.x": a.torch2_python}
     try:
         for n in a.rdzv_clients:
-            pairs = [("ddpdiag", "ddpdiag", servers.ours_port),
-                     ("ddpdiag", "torch", servers.torch_port)]
-            if not a.no_native:
-                pairs.append(("torch", "torch", servers.torch_port))
-            for client, server, port in pairs:
-                log("rendezvous: %d clients, %s client, %s server" % (n, client, server))
-                prefix = "rdzv_%s_%s_%d" % (client, server, n)
-                if client == "ddpdiag":
-                    cmd = [a.rendezvous_bench, "--port", str(port), "--clients", str(n),
-                           "--repeats", str(a.repeats), "--protocol", "1.13", "--prefix", prefix,
-                           "--timeout", str(a.timeout)]
-                else:
-                    cmd = [a.python, os.path.join(HERE, "rendezvous_torch.py"), "clients",
-                           "--port", str(port), "--clients", str(n), "--repeats",
-                           str(a.repeats), "--prefix", prefix, "--timeout", str(a.timeout)]
-                out = run_rdzv(cmd, "%s clients on the %s server" % (client, server),
-                               a.timeout * (a.repeats + 1))
-                rows.append({"clients": n, "client": client, "server": server,
-                             "time_s": statistics.median(out["times_s"]),
-                             "connect_s": statistics.median(out["connect_s"]),
-                             "repeat_time_s": out["times_s"]})
+            # Per torch generation: ddpdiag's client speaks that torch's protocol
+            # to both servers (ddpdiag's serves both on one port).
+            for gen, torch_port in servers.torch_ports.items():
+                pairs = [("ddpdiag", "ddpdiag", servers.ours_port),
+                         ("ddpdiag", "torch", torch_port)]
+                if not a.no_native:
+                    pairs.append(("torch", "torch", torch_port))
+                for client, server, port in pairs:
+                    log("rendezvous: %d clients, %s client, %s server (torch %s protocol)" %
+                        (n, client, server, gen))
+                    prefix = "rdzv_%s_%s_%s_%d" % (gen, client, server, n)
+                    if client == "ddpdiag":
+                        cmd = [a.rendezvous_bench, "--port", str(port), "--clients", str(n),
+                               "--repeats", str(a.repeats), "--protocol", gen, "--prefix",
+                               prefix, "--timeout", str(a.timeout)]
+                    else:
+                        wrap = servers.torch2_wrap if gen == "2.x" else []
+                        cmd = wrap + [pythons[gen], os.path.join(HERE, "rendezvous_torch.py"),
+                                      "clients", "--port", str(port), "--clients", str(n),
+                                      "--repeats", str(a.repeats), "--prefix", prefix,
+                                      "--timeout", str(a.timeout)]
+                    out = run_rdzv(cmd, "%s clients on the %s server (torch %s)" %
+                                   (client, server, gen), a.timeout * (a.repeats + 1))
+                    row = {"clients": n, "torch": gen, "client": client, "server": server,
+                           "time_s": statistics.median(out["times_s"]),
+                           "connect_s": statistics.median(out["connect_s"]),
+                           "repeat_time_s": out["times_s"]}
+                    if gen == "2.x" and (server == "torch" or client == "torch"):
+                        row["torch_resolver"] = servers.torch2_resolver
+                    rows.append(row)
     finally:
         servers.close()
     return rows
 
 
 def rendezvous_ratios(rows):
-    def t(n, client, server):
+    # Reports from before the torch 2.x rows have no "torch" field: 1.13.
+    gen_of = lambda r: r.get("torch", "1.13")  # noqa: E731
+
+    def t(n, gen, client, server):
         for r in rows:
-            if (r["clients"], r["client"], r["server"]) == (n, client, server):
+            if (r["clients"], gen_of(r), r["client"], r["server"]) == (n, gen, client, server):
                 return r["time_s"]
         return None
 
     out = []
     for n in sorted({r["clients"] for r in rows}):
-        ours, theirs = t(n, "ddpdiag", "ddpdiag"), t(n, "ddpdiag", "torch")
-        native = t(n, "torch", "torch")
-        out.append({"clients": n,
-                    "ddpdiag_server_s": ours, "torch_server_s": theirs, "torch_native_s": native,
-                    "ddpdiag_over_torch_server": ours / theirs if ours and theirs else None,
-                    "ddpdiag_over_torch_native": ours / native if ours and native else None})
+        for gen in sorted({gen_of(r) for r in rows if r["clients"] == n}):
+            ours, theirs = t(n, gen, "ddpdiag", "ddpdiag"), t(n, gen, "ddpdiag", "torch")
+            native = t(n, gen, "torch", "torch")
+            out.append({"clients": n, "torch": gen,
+                        "ddpdiag_server_s": ours, "torch_server_s": theirs,
+                        "torch_native_s": native,
+                        "ddpdiag_over_torch_server": ours / theirs if ours and theirs else None,
+                        "ddpdiag_over_torch_native": ours / native if ours and native else None})
     return out
 
 
@@ -473,35 +540,49 @@ def print_rendezvous(rows, ratios):
     if not rows:
         return
     print("# rendezvous of N local clients (connect, set, add, wait), median time (s)")
-    print("# %7s %18s %18s %18s %16s %16s" % ("clients", "ddpdiag server", "torch server",
-                                              "torch native", "ddpdiag/torch srv",
-                                              "ddpdiag/t.native"))
-    print("# %7s %18s %18s %18s" % ("", "(ddpdiag client)", "(ddpdiag client)", "(torch client)"))
+    print("# %7s %6s %18s %18s %18s %16s %16s" % ("clients", "torch", "ddpdiag server",
+                                                  "torch server", "torch native",
+                                                  "ddpdiag/torch srv", "ddpdiag/t.native"))
+    print("# %7s %6s %18s %18s %18s" % ("", "", "(ddpdiag client)", "(ddpdiag client)",
+                                        "(torch client)"))
     f = lambda v, fmt: fmt % v if v is not None else "-"  # noqa: E731
     for r in ratios:
-        print("  %7d %18s %18s %18s %16s %16s" % (
-            r["clients"], f(r["ddpdiag_server_s"], "%.4f"), f(r["torch_server_s"], "%.4f"),
+        print("  %7d %6s %18s %18s %18s %16s %16s" % (
+            r["clients"], r.get("torch", "1.13"), f(r["ddpdiag_server_s"], "%.4f"),
+            f(r["torch_server_s"], "%.4f"),
             f(r["torch_native_s"], "%.4f"), f(r["ddpdiag_over_torch_server"], "%.3f"),
             f(r["ddpdiag_over_torch_native"], "%.3f")))
+    resolvers = {r["torch_resolver"] for r in rows if r.get("torch_resolver")}
+    for res in sorted(resolvers):
+        print("# torch 2.x's server and client looked up names with: %s" % res)
     print()
     sys.stdout.flush()
 
 
-def rendezvous_checks(ratios):
-    r = [x for x in ratios if x["clients"] == TARGET_RDZV_CLIENTS]
-    if not r or r[0]["ddpdiag_over_torch_server"] is None:
-        return [{"name": "rendezvous_1024_vs_torch_tcpstore", "status": "skip",
-                 "detail": "1024 clients were not measured"}]
-    r = r[0]
-    ok = r["ddpdiag_over_torch_server"] <= TARGET_RDZV_RATIO
-    native = ("; natively (torch client and server) %.4f s, ratio %.3f" %
-              (r["torch_native_s"], r["ddpdiag_over_torch_native"])
-              if r["torch_native_s"] else "")
-    return [{"name": "rendezvous_1024_vs_torch_tcpstore", "status": "pass" if ok else "fail",
-             "detail": "1024 clients, same client: ddpdiag server %.4f s / torch TCPStore %.4f s "
-                       "= %.3f (target <= %.2f)%s" % (
-                           r["ddpdiag_server_s"], r["torch_server_s"],
-                           r["ddpdiag_over_torch_server"], TARGET_RDZV_RATIO, native)}]
+def rendezvous_checks(ratios, gens):
+    """One check per torch generation measured: rendezvous_1024_vs_torch_tcpstore
+    (torch 1.13's server) and rendezvous_1024_vs_torch2_tcpstore (2.x's)."""
+    checks = []
+    for gen in gens:
+        name = "rendezvous_1024_vs_torch%s_tcpstore" % ("" if gen == "1.13" else "2")
+        r = [x for x in ratios if x["clients"] == TARGET_RDZV_CLIENTS and
+             x.get("torch", "1.13") == gen]
+        if not r or r[0]["ddpdiag_over_torch_server"] is None:
+            checks.append({"name": name, "status": "skip",
+                           "detail": "1024 clients were not measured"})
+            continue
+        r = r[0]
+        ok = r["ddpdiag_over_torch_server"] <= TARGET_RDZV_RATIO
+        native = ("; natively (torch client and server) %.4f s, ratio %.3f" %
+                  (r["torch_native_s"], r["ddpdiag_over_torch_native"])
+                  if r["torch_native_s"] else "")
+        checks.append({"name": name, "status": "pass" if ok else "fail",
+                       "detail": "1024 clients, same client (torch %s protocol): ddpdiag server "
+                                 "%.4f s / torch %s TCPStore %.4f s = %.3f (target <= %.2f)%s" % (
+                                     gen, r["ddpdiag_server_s"], gen, r["torch_server_s"],
+                                     r["ddpdiag_over_torch_server"], TARGET_RDZV_RATIO,
+                                     native)})
+    return checks
 
 
 # --------------------------------------------------------------------------
@@ -646,6 +727,10 @@ def parse_args():
     ap.add_argument("--rendezvous-bench", help="default: BUILD/bench/ddpdiag_rendezvous_bench")
     ap.add_argument("--store-bench", help="default: BUILD/bench/ddpdiag_bench_store")
     ap.add_argument("--python", default=sys.executable, help="Python with torch 1.13")
+    ap.add_argument("--torch2-python",
+                    help="Python with torch 2.x: the rendezvous is also measured against torch "
+                         "2.x's TCPStore server (default: .venv-torch2/bin/ddpdiag-python when "
+                         "scripts/install-torch2.sh made it; 'none': torch 1.13 only)")
     ap.add_argument("--json", default="compare-peers.json", help="report file")
     ap.add_argument("--quick", action="store_true",
                     help="a smoke run: 2 ranks, 3 sizes, 1 repeat, the mlp layout at one cap, "
@@ -705,6 +790,11 @@ def parse_args():
             a.min_bytes % 4 or a.max_bytes < a.min_bytes:
         ap.error("need ranks >= 2, repeats >= 1, factor >= 2, 4 <= min-bytes <= max-bytes, "
                  "min-bytes a multiple of 4")
+    if a.torch2_python is None:
+        venv = os.path.join(repo, ".venv-torch2", "bin", "ddpdiag-python")
+        a.torch2_python = venv if os.access(venv, os.X_OK) else ""
+    elif a.torch2_python == "none":
+        a.torch2_python = ""
     b = a.build_dir
     a.ddpdiag = a.ddpdiag or os.path.join(b, "diag", "ddpdiag")
     a.bare_gloo = a.bare_gloo or os.path.join(b, "bench", "ddpdiag_bare_gloo_allreduce")
@@ -774,8 +864,10 @@ def self_test(a, rc):
     expect(len(red) == 1 and red[0]["cap_mb"] == 25 and 0 < red[0]["ddpdiag_us"] < 60e6 and
            0 < red[0]["torch_us"] < 60e6, "reducer rows: %s" % red)
     rz = res.get("rendezvous", [])
-    expect({(r["client"], r["server"]) for r in rz} ==
-           {("ddpdiag", "ddpdiag"), ("ddpdiag", "torch"), ("torch", "torch")},
+    gens = ["1.13"] + (["2.x"] if a.torch2_python else [])
+    expect(sorted((r["torch"], r["client"], r["server"]) for r in rz) ==
+           sorted((g, c, s) for g in gens
+                  for c, s in (("ddpdiag", "ddpdiag"), ("ddpdiag", "torch"), ("torch", "torch"))),
            "rendezvous pairs: %s" % rz)
     for r in rz:
         expect(r["clients"] == 64 and 0 < r["connect_s"] <= r["time_s"] < 60, "rendezvous %s" % r)
@@ -787,7 +879,9 @@ def self_test(a, rc):
     names = {c["name"] for c in rep.get("checks", [])}
     expect(names == {"allreduce_vs_bare_gloo_2ranks", "allreduce_vs_torch_2ranks",
                      "reducer_vs_torch_ddp", "rendezvous_1024_vs_torch_tcpstore",
-                     "store_64_clients"}, "checks: %s" % sorted(names))
+                     "store_64_clients"} |
+           ({"rendezvous_1024_vs_torch2_tcpstore"} if a.torch2_python else set()),
+           "checks: %s" % sorted(names))
     return bad
 
 
@@ -825,6 +919,14 @@ def main():
     started_at, t0 = utc_now(), time.monotonic()
     state = {"torch_version": tv}
     results = {"repeats": a.repeats, "ranks": a.ranks, "torch_version": tv}
+    if a.torch2_python and "rendezvous" not in a.skip:
+        tv2 = torch_version(a.torch2_python)
+        if tv2 and tv2.startswith("2."):
+            results["torch2_version"] = tv2
+        else:
+            log("no torch 2.x from %s (found: %s): the rendezvous is measured against torch "
+                "1.13's server only" % (a.torch2_python, tv2 or "none"))
+            a.torch2_python = ""
     checks, error = [], None
     seconds = results["part_seconds"] = {}
     try:
@@ -847,7 +949,8 @@ def main():
             seconds["rendezvous"] = time.monotonic() - t
             results["rendezvous_ratios"] = rendezvous_ratios(results["rendezvous"])
             print_rendezvous(results["rendezvous"], results["rendezvous_ratios"])
-            checks += rendezvous_checks(results["rendezvous_ratios"])
+            checks += rendezvous_checks(results["rendezvous_ratios"],
+                                        ["1.13"] + (["2.x"] if a.torch2_python else []))
         if "store" not in a.skip:
             t = time.monotonic()
             results["store"] = measure_store(a)
