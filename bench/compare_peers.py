@@ -383,7 +383,7 @@ class Servers:
     def __init__(self, a):
         self.procs = []
         self.tmp = None
-        # How torch 2.x's server resolves its clients' names: see start_torch.
+        # How torch 2.x's server and clients resolve names: see start_torch2.
         self.torch2_resolver = None
         self.torch2_wrap = []  # the command prefix that runs a torch 2.x process
         try:
