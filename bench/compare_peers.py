@@ -385,17 +385,18 @@ class Servers:
         self.tmp = None
         # How torch 2.x's server and clients resolve names: see start_torch2.
         self.torch2_resolver = None
-        self.torch2_wrap = []  # the command prefix that runs a torch 2.x process
+        # Per torch generation ("1.13", "2.x"): its python, the command prefix
+        # its processes run under, and its server's port.
+        self.torch = {}
         try:
             self.ours_port = free_port()
             ours = subprocess.Popen([a.ddpdiag, "store", "serve", "--host", "127.0.0.1",
                                      "--port", str(self.ours_port)], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True)
             self.procs.append(ours)
-            # torch's server per torch generation: {"1.13": port, "2.x": port}.
-            self.torch_ports = {"1.13": self.start_torch(a.python, "1.13")}
+            self.start_torch(a.python, "1.13")
             if a.torch2_python:
-                self.torch_ports["2.x"] = self.start_torch2(a.torch2_python)
+                self.start_torch2(a.torch2_python)
             wait_port(self.ours_port, ours, "ddpdiag store serve", 30)
         except BaseException:
             self.close()
@@ -412,7 +413,7 @@ class Servers:
         if not line.startswith("ready"):
             raise RunFailed("torch %s's TCPStore server did not start: %s" %
                             (gen, srv.stderr.read()[-2000:]))
-        return port
+        self.torch[gen] = {"python": python, "wrap": list(wrap), "port": port}
 
     def start_torch2(self, python):
         """torch 2.x's server (libuv) looks up the host name of every client it
@@ -432,10 +433,9 @@ class Servers:
             wrap = ["unshare", "--mount", "sh", "-c",
                     'mount --bind "$0" /etc/nsswitch.conf && exec "$@"', nss]
             try:
-                port = self.start_torch(python, "2.x", wrap)
+                self.start_torch(python, "2.x", wrap)
                 self.torch2_resolver = "files only (no DNS)"
-                self.torch2_wrap = wrap
-                return port
+                return
             except RunFailed as e:
                 log("could not give torch 2.x's server a resolver of files only (%s); it "
                     "resolves as this machine does" % str(e).strip()[-300:])
@@ -443,7 +443,7 @@ class Servers:
             log("torch 2.x's server resolves each client's name as this machine does (not "
                 "root: cannot give it a resolver of files only); a slow resolver slows it")
         self.torch2_resolver = "this machine's (DNS)"
-        return self.start_torch(python, "2.x")
+        self.start_torch(python, "2.x")
 
     def close(self):
         for p in self.procs:
@@ -475,16 +475,15 @@ def run_rdzv(cmd, what, timeout):
 def measure_rendezvous(a):
     rows = []
     servers = Servers(a)
-    pythons = {"1.13": a.python, "2.x": a.torch2_python}
     try:
         for n in a.rdzv_clients:
             # Per torch generation: ddpdiag's client speaks that torch's protocol
             # to both servers (ddpdiag's serves both on one port).
-            for gen, torch_port in servers.torch_ports.items():
+            for gen, torch in servers.torch.items():
                 pairs = [("ddpdiag", "ddpdiag", servers.ours_port),
-                         ("ddpdiag", "torch", torch_port)]
+                         ("ddpdiag", "torch", torch["port"])]
                 if not a.no_native:
-                    pairs.append(("torch", "torch", torch_port))
+                    pairs.append(("torch", "torch", torch["port"]))
                 for client, server, port in pairs:
                     log("rendezvous: %d clients, %s client, %s server (torch %s protocol)" %
                         (n, client, server, gen))
@@ -494,11 +493,10 @@ def measure_rendezvous(a):
                                "--repeats", str(a.repeats), "--protocol", gen, "--prefix",
                                prefix, "--timeout", str(a.timeout)]
                     else:
-                        wrap = servers.torch2_wrap if gen == "2.x" else []
-                        cmd = wrap + [pythons[gen], os.path.join(HERE, "rendezvous_torch.py"),
-                                      "clients", "--port", str(port), "--clients", str(n),
-                                      "--repeats", str(a.repeats), "--prefix", prefix,
-                                      "--timeout", str(a.timeout)]
+                        cmd = torch["wrap"] + [
+                            torch["python"], os.path.join(HERE, "rendezvous_torch.py"), "clients",
+                            "--port", str(port), "--clients", str(n), "--repeats", str(a.repeats),
+                            "--prefix", prefix, "--timeout", str(a.timeout)]
                     out = run_rdzv(cmd, "%s clients on the %s server (torch %s)" %
                                    (client, server, gen), a.timeout * (a.repeats + 1))
                     row = {"clients": n, "torch": gen, "client": client, "server": server,
@@ -559,11 +557,11 @@ def print_rendezvous(rows, ratios):
     sys.stdout.flush()
 
 
-def rendezvous_checks(ratios, gens):
+def rendezvous_checks(ratios):
     """One check per torch generation measured: rendezvous_1024_vs_torch_tcpstore
     (torch 1.13's server) and rendezvous_1024_vs_torch2_tcpstore (2.x's)."""
     checks = []
-    for gen in gens:
+    for gen in sorted({x.get("torch", "1.13") for x in ratios}):
         name = "rendezvous_1024_vs_torch%s_tcpstore" % ("" if gen == "1.13" else "2")
         r = [x for x in ratios if x["clients"] == TARGET_RDZV_CLIENTS and
              x.get("torch", "1.13") == gen]
@@ -949,8 +947,7 @@ def main():
             seconds["rendezvous"] = time.monotonic() - t
             results["rendezvous_ratios"] = rendezvous_ratios(results["rendezvous"])
             print_rendezvous(results["rendezvous"], results["rendezvous_ratios"])
-            checks += rendezvous_checks(results["rendezvous_ratios"],
-                                        ["1.13"] + (["2.x"] if a.torch2_python else []))
+            checks += rendezvous_checks(results["rendezvous_ratios"])
         if "store" not in a.skip:
             t = time.monotonic()
             results["store"] = measure_store(a)

@@ -280,11 +280,7 @@ TEST_CASE("gloo: worker threads: a small op on its own buffer overtakes a large 
 
 TEST_CASE("gloo: --gloo-threads out of range is a usage error", "[gloo]") {
   for (int bad : {0, -1, 17}) {
-    CommOptions o;
-    o.backend = Backend::kGloo;
-    o.world_size = 1;
-    o.store = std::make_shared<MemoryStore>();
-    o.gloo_hostname = "127.0.0.1";
+    CommOptions o = gloo_rank_options(0, 1, std::make_shared<MemoryStore>(), 5s);
     o.gloo_threads = bad;
     try {
       make_communicator(o);

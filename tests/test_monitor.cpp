@@ -14,8 +14,10 @@
 #include "comm/monitor.h"
 #include "comm/monitored_communicator.h"
 #include "diag/bisect_plan.h"
+#include "tests/rank_threads.h"
 
 using namespace ddpdiag;
+using ddpdiag::testing::gloo_rank_options;
 using namespace std::chrono_literals;
 
 namespace {
@@ -297,14 +299,7 @@ std::vector<ThreadRank> run_monitored(int n, const std::string& faults, int iter
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        CommOptions o;
-        o.backend = Backend::kGloo;
-        o.rank = r;
-        o.world_size = n;
-        o.local_rank = r;
-        o.store = std::make_shared<PrefixStore>("comm", store);
-        o.timeout = timeout;
-        o.gloo_hostname = "127.0.0.1";
+        CommOptions o = gloo_rank_options(r, n, std::make_shared<PrefixStore>("comm", store), timeout);
         auto inner = make_communicator(o);
         inner->set_default_timeout(timeout);
         MonitorOptions mo;
@@ -378,13 +373,7 @@ TEST_CASE("monitored Gloo: a later collective that completes first leaves the ea
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
       try {
-        CommOptions o;
-        o.backend = Backend::kGloo;
-        o.rank = r;
-        o.world_size = 2;
-        o.store = std::make_shared<PrefixStore>("comm", store);
-        o.timeout = 20000ms;
-        o.gloo_hostname = "127.0.0.1";
+        CommOptions o = gloo_rank_options(r, 2, std::make_shared<PrefixStore>("comm", store), 20000ms);
         o.gloo_threads = 2;
         MonitorOptions mo;
         mo.rank = r;
@@ -439,13 +428,7 @@ TEST_CASE("sub-groups over the same store: two groups of a world of 3", "[monito
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        CommOptions o;
-        o.backend = Backend::kGloo;
-        o.rank = r;
-        o.world_size = n;
-        o.store = store;
-        o.timeout = 5000ms;
-        o.gloo_hostname = "127.0.0.1";
+        CommOptions o = gloo_rank_options(r, n, store, 5000ms);
         // Group A = {0, 2}, group B = {1} alone.
         std::vector<int> ranks = r == 1 ? std::vector<int>{1} : std::vector<int>{0, 2};
         auto comm = make_group_communicator(o, ranks, r == 1 ? "b" : "a");

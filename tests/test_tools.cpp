@@ -18,6 +18,7 @@
 #include "comm/memory.h"
 #include "comm/store/store.h"
 #include "diag/tools_analysis.h"
+#include "tests/rank_threads.h"
 
 using namespace ddpdiag;
 using namespace ddpdiag::cli::tools;
@@ -181,13 +182,7 @@ std::vector<std::string> on_ranks(int n, const std::function<void(Communicator&,
   for (int r = 0; r < n; ++r)
     threads.emplace_back([&, r] {
       try {
-        CommOptions o;
-        o.backend = Backend::kGloo;
-        o.rank = r;
-        o.world_size = n;
-        o.store = store;
-        o.timeout = 20s;
-        o.gloo_hostname = "127.0.0.1";
+        CommOptions o = ddpdiag::testing::gloo_rank_options(r, n, store, 20s);
         auto comm = make_communicator(o);
         body(*comm, fails[static_cast<std::size_t>(r)]);
       } catch (const std::exception& e) {
