@@ -13,8 +13,10 @@
 #                  the GPU machine's own when they cannot load there
 #   glibc-needed.txt  the highest GLIBC_x.y symbol version any file needs
 #                  (first line), the same without cxxrt/, and each file's
-#   MANIFEST.txt   each file's size and sha256, the commit built and whether
-#                  the tree had changes on top of it
+#   MANIFEST.txt   each file's size and sha256, the commit built, whether
+#                  the tree had changes on top of it, and the hash of the
+#                  sources built (scripts/source-hash.sh), which gpu-check.sh
+#                  compares with the tree it runs in
 # Then, on the GPU machine: BUNDLE_DIR=DIR scripts/gpu-check.sh OUT_DIR.
 # BUILD_DIR (default build-gpu) is the build tree used: configured here
 # (Release, CUDA on, no CPU benchmarks) if it has no CMakeCache.txt yet,
@@ -119,6 +121,7 @@ rm -f "$dir/glibc-needed.tmp"
 
 # 6. The manifest.
 commit="$(git rev-parse HEAD)"
+sources="$(scripts/source-hash.sh)"
 changes="$(git status --short)"
 {
   echo "ddpdiag GPU bundle"
@@ -129,6 +132,7 @@ changes="$(git status --short)"
   else
     echo "dirty: no"
   fi
+  echo "sources: $sources"
   echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), build type ${build_type:-unset}"
   echo "glibc needed: GLIBC_$need (GLIBC_$need_rest without cxxrt/)"
   echo "files (bytes sha256 path):"

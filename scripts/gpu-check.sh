@@ -10,7 +10,9 @@
 #
 # The programs come from one of:
 # - a prebuilt bundle (scripts/gpu-bundle.sh): BUNDLE_DIR, or .gpu-bundle at
-#   the repository root when it holds one. Nothing is compiled; the programs
+#   the repository root when it holds one. A bundle built from other sources
+#   than this tree's (scripts/source-hash.sh) is reported as STALE and the
+#   check FAILs (after running). Nothing is compiled; the programs
 #   run with the bundle's libraries first on LD_LIBRARY_PATH (lib/, then its
 #   C++ runtime cxxrt/), then the folder holding libnccl.so.2, taken from
 #   NCCL_LIB_DIR, else the Python package nvidia-nccl (nvidia/nccl/lib), else
@@ -24,7 +26,7 @@
 # machine.txt records the GPU, the toolkit, glibc and the libnccl used.
 #
 # Bounded: every step has a timeout and the whole script ends within 8
-# minutes (GPU_CHECK_BUDGET_S, default 465 s; steps that would start too late
+# minutes (GPU_CHECK_BUDGET_S, default 450 s; steps that would start too late
 # are skipped and count as failures). At the end everything in OUT_DIR but
 # summary.txt is packed into results.tar.gz, and only summary.txt,
 # results.tar.gz, machine.txt, ldd.txt, unit_gpu.xml, allreduce_nccl_table.txt
@@ -32,7 +34,7 @@
 # or an earlier gpu-check's output (which is replaced).
 # Usage: [BUNDLE_DIR=DIR] scripts/gpu-check.sh OUT_DIR
 set -uo pipefail
-t_end=$((SECONDS + ${GPU_CHECK_BUDGET_S:-465}))
+t_end=$((SECONDS + ${GPU_CHECK_BUDGET_S:-450}))
 out="${1:?usage: scripts/gpu-check.sh OUT_DIR}"
 mkdir -p "$out" || exit 2
 out="$(cd "$out" && pwd)"
@@ -61,7 +63,7 @@ finish() {
   say "gpu-check: $( [ $status -eq 0 ] && echo PASS || echo FAIL ) in $SECONDS s (details in $out/results.tar.gz)"
   local tmp
   if ! { tmp="$(mktemp -d)" &&
-         timeout 20 tar -C "$out" --exclude=./summary.txt -czf "$tmp/results.tar.gz" . &&
+         timeout 10 tar -C "$out" --exclude=./summary.txt -czf "$tmp/results.tar.gz" . &&
          mv "$tmp/results.tar.gz" "$out/results.tar.gz"; }; then
     say "gpu-check: packing $out failed; its files are left as they are"
   else
@@ -132,6 +134,14 @@ if [ -n "$bundle" ]; then
     finish
   fi
   say "gpu-check: prebuilt bundle $bundle ($(sed -n 's/^commit: //p' "$bundle/MANIFEST.txt" | cut -c1-12), dirty: $(sed -n 's/^dirty: \([a-z]*\).*/\1/p' "$bundle/MANIFEST.txt"), needs $(head -n1 "$bundle/glibc-needed.txt" 2>/dev/null))"
+  # A bundle built from other sources than this tree's tests other code:
+  # the check still runs (its figures are worth having) but cannot PASS.
+  built_from="$(sed -n 's/^sources: //p' "$bundle/MANIFEST.txt")"
+  here="$(timeout 30 scripts/source-hash.sh 2>/dev/null)"
+  if [ -z "$built_from" ] || [ "$built_from" != "$here" ]; then
+    status=1
+    say "gpu-check: STALE BUNDLE: built from sources ${built_from:-(not recorded)}, this tree's are ${here:-(unknown)}; rebuild it with scripts/gpu-bundle.sh. The check runs, but cannot pass"
+  fi
   bin="$bundle/bin/ddpdiag" tests="$bundle/bin/ddpdiag_tests"
   bench_device="$bundle/bin/ddpdiag_bench_device"
   for b in "$bin" "$tests" "$bench_device"; do [ -x "$b" ] || chmod +x "$b" 2>/dev/null; done
@@ -241,7 +251,7 @@ else
   fi
 fi
 
-step unit_gpu 60 "$tests" "[nccl]" --reporter junit --out "$out/unit_gpu.xml"
+step unit_gpu 150 "$tests" "[nccl]" --reporter junit --out "$out/unit_gpu.xml"
 step allreduce_nccl 120 "$bin" allreduce-test --backend nccl --nproc 1 -b 8 -e 256M -f 4 \
   -n 20 -w 5 --json "$out/allreduce_nccl.json"
 cp "$out/allreduce_nccl.log" "$out/allreduce_nccl_table.txt" 2>/dev/null

@@ -168,15 +168,12 @@ TEST_CASE("stream ops: device kernels give the host reference's bits", "[nccl][g
   CommOptions o;
   o.backend = Backend::kNccl;
   o.store = std::make_shared<MemoryStore>();
-  o.timeout = 60s;
+  o.timeout = 30s;  // under gpu-check's limit for the whole GPU suite
   auto comm = make_communicator(o);
   StreamOps* ops = comm->stream_ops();
   REQUIRE(ops);
   const std::size_t n = 100003;  // not a multiple of any vector width
-  for (DType t : kFloatTypes) {
-    CAPTURE(dtype_name(t));
-    const auto host = encode(t, test_values(n, 7));
-    CommBuffer d(*comm, host.size());
+  const auto check_divide = [&](DType t, const std::vector<std::uint8_t>& host, CommBuffer& d) {
     for (int divisor : {1, 3, 8}) {
       comm->copy_from_host(d.get(), host.data(), host.size());
       ops->divide(d.get(), n, t, divisor);
@@ -185,9 +182,29 @@ TEST_CASE("stream ops: device kernels give the host reference's bits", "[nccl][g
       comm->copy_to_host(got.data(), d.get(), got.size());
       host_ops::divide(want.data(), n, t, divisor);
       std::size_t at = 0;
+      const bool same = same_values(t, got, want, &at);
       INFO("divide by " << divisor << ", first difference at element " << at);
-      CHECK(same_values(t, got, want, &at));
+      CHECK(same);
     }
+  };
+  // Integer buckets (a layout with an integer tensor): divided in the
+  // integer domain, truncating toward zero. Every bit pattern, negatives too.
+  for (DType t : {DType::kInt32, DType::kInt64, DType::kInt8, DType::kUInt8}) {
+    CAPTURE(dtype_name(t));
+    std::vector<std::uint8_t> host(n * dtype_size(t));
+    std::uint64_t x = 12345;
+    for (auto& b : host) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      b = static_cast<std::uint8_t>(x >> 56);
+    }
+    CommBuffer d(*comm, host.size());
+    check_divide(t, host, d);
+  }
+  for (DType t : kFloatTypes) {
+    CAPTURE(dtype_name(t));
+    const auto host = encode(t, test_values(n, 7));
+    CommBuffer d(*comm, host.size());
+    check_divide(t, host, d);
     for (DType t16 : {DType::kFloat16, DType::kBFloat16}) {
       CAPTURE(dtype_name(t16));
       comm->copy_from_host(d.get(), host.data(), host.size());
@@ -257,7 +274,7 @@ TEST_CASE("stream ops: the reducer on a GPU gives Gloo's bits", "[nccl][gpu]") {
   CommOptions o;
   o.backend = Backend::kNccl;
   o.store = std::make_shared<MemoryStore>();
-  o.timeout = 60s;
+  o.timeout = 30s;  // under gpu-check's limit for the whole GPU suite
   auto gpu = make_communicator(o);
   CommOptions g = o;
   g.backend = Backend::kGloo;
@@ -276,7 +293,7 @@ TEST_CASE("stream ops: the reducer on a GPU gives Gloo's bits", "[nccl][gpu]") {
       ro.first_bucket_bytes = 512;
       ro.hook = h;
       ro.gradient_as_bucket_view = views;
-      ro.timeout = 60s;
+      ro.timeout = 30s;
       Reducer on_gpu(*gpu, l, ro), on_cpu(*cpu, l, ro);
       BackwardSimOptions so;
       so.value_scale = 0.1;

@@ -55,6 +55,14 @@ __global__ void copy_chunks_kernel(const CopyChunk* chunks, std::size_t count, b
   }
 }
 
+// What a launch returns: its own error only. cudaGetLastError() reports the
+// last error of ANY runtime call on this thread, and an event or stream
+// query that answered cudaErrorNotReady can leave that value behind (PyTorch
+// clears it after every such query for this reason), so each wrapper clears
+// the slate just before its launch and reads it right after. A sticky error
+// (a faulted context) comes back at once anyway.
+void clear_last_error() { (void)cudaGetLastError(); }
+
 unsigned blocks_for(std::size_t n, int threads) {
   const std::size_t b = (n + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads);
   return static_cast<unsigned>(std::min<std::size_t>(std::max<std::size_t>(b, 1), kMaxBlocks));
@@ -87,6 +95,14 @@ __global__ void divide_f64(double* p, std::size_t n, double w) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x)
     p[i] = p[i] / w;
+}
+// Integers as divide_int on the host: an integral divisor (the world size)
+// divides in the integer domain, truncating toward zero.
+template <typename T>
+__global__ void divide_int(T* p, std::size_t n, long long q) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    p[i] = static_cast<T>(static_cast<long long>(p[i]) / q);
 }
 template <typename F>
 __global__ void divide_16(unsigned short* p, std::size_t n, double w) {
@@ -127,6 +143,7 @@ cudaError_t compress_as(const void* src, DType src_type, unsigned short* dst, st
                         int divisor, cudaStream_t stream) {
   const unsigned blocks = blocks_for(n, kElementThreads);
   const float w = static_cast<float>(divisor);
+  clear_last_error();
   switch (src_type) {
     case DType::kFloat32:
       compress_kernel<float, F><<<blocks, kElementThreads, 0, stream>>>(
@@ -153,6 +170,7 @@ template <typename F>
 cudaError_t decompress_as(const unsigned short* src, void* dst, DType dst_type, std::size_t n,
                           cudaStream_t stream) {
   const unsigned blocks = blocks_for(n, kElementThreads);
+  clear_last_error();
   switch (dst_type) {
     case DType::kFloat32:
       decompress_kernel<F, float><<<blocks, kElementThreads, 0, stream>>>(
@@ -193,6 +211,7 @@ cudaError_t copy_chunks(const CopyChunk* device_chunks, std::size_t count, bool 
                         cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   const auto blocks = static_cast<unsigned>(std::min<std::size_t>(count, kMaxBlocks));
+  clear_last_error();
   copy_chunks_kernel<<<blocks, kCopyThreads, 0, stream>>>(device_chunks, count, to_flat);
   return cudaGetLastError();
 }
@@ -201,6 +220,8 @@ cudaError_t divide(void* buf, std::size_t n, DType t, int divisor, cudaStream_t 
   if (n == 0) return cudaSuccess;
   const unsigned blocks = blocks_for(n, kElementThreads);
   const double w = divisor;
+  const long long q = divisor;
+  clear_last_error();
   switch (t) {
     case DType::kFloat32:
       divide_f32<<<blocks, kElementThreads, 0, stream>>>(static_cast<float*>(buf), n,
@@ -215,7 +236,18 @@ cudaError_t divide(void* buf, std::size_t n, DType t, int divisor, cudaStream_t 
     case DType::kBFloat16:
       divide_16<BFloat><<<blocks, kElementThreads, 0, stream>>>(static_cast<unsigned short*>(buf), n, w);
       break;
-    default: return cudaErrorInvalidValue;  // integer gradients are not averaged on the device
+    case DType::kInt32:
+      divide_int<<<blocks, kElementThreads, 0, stream>>>(static_cast<std::int32_t*>(buf), n, q);
+      break;
+    case DType::kInt64:
+      divide_int<<<blocks, kElementThreads, 0, stream>>>(static_cast<long long*>(buf), n, q);
+      break;
+    case DType::kInt8:
+      divide_int<<<blocks, kElementThreads, 0, stream>>>(static_cast<std::int8_t*>(buf), n, q);
+      break;
+    case DType::kUInt8:
+      divide_int<<<blocks, kElementThreads, 0, stream>>>(static_cast<std::uint8_t*>(buf), n, q);
+      break;
   }
   return cudaGetLastError();
 }

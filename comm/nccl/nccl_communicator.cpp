@@ -66,6 +66,30 @@ std::string cuda_message(cudaError_t e) {
   return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
 }
 
+// cudaEventQuery on an op still running answers cudaErrorNotReady, and that
+// answer can stay behind as the thread's "last error", where the next kernel
+// launch's cudaGetLastError() would report it as its own failure. PyTorch
+// clears it after every such query; so do we.
+cudaError_t query_event(cudaEvent_t ev) {
+  const cudaError_t q = cudaEventQuery(ev);
+  if (q == cudaErrorNotReady) (void)cudaGetLastError();
+  return q;
+}
+
+// A synchronous cudaMemcpy from pageable host memory may return before its
+// DMA has landed, and it runs on the legacy default stream, which our
+// non-blocking stream does not wait for. Work enqueued on `stream` after
+// this waits for everything on the legacy stream so far, without blocking
+// the host.
+cudaError_t order_after_legacy_stream(cudaStream_t stream) {
+  cudaEvent_t ev = nullptr;
+  cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(ev, cudaStreamLegacy);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(stream, ev, 0);
+  if (ev) cudaEventDestroy(ev);  // released once the wait no longer needs it
+  return e;
+}
+
 std::string nccl_message(ncclResult_t r, ncclComm_t comm) {
   std::string s = ncclGetErrorString(r);
   const char* last = ncclGetLastError(comm);
@@ -147,10 +171,13 @@ class NcclWork final : public Work {
     if (event_) cudaEventDestroy(event_);
   }
 
+  // Also called from the monitor's watchdog thread: the device is set first,
+  // or that thread's first CUDA call would make a context on device 0.
   bool is_completed() override {
     if (done_) return true;
     if (shared_->aborted.load()) return true;
-    const cudaError_t q = cudaEventQuery(event_);
+    cudaSetDevice(shared_->device);
+    const cudaError_t q = query_event(event_);
     if (q == cudaSuccess) done_ = true;
     return q != cudaErrorNotReady;
   }
@@ -164,7 +191,7 @@ class NcclWork final : public Work {
         throw BackendError(what_ + " on rank " + std::to_string(shared_->rank) +
                                " was aborted: the communicator is no longer usable",
                            ErrorContext{what_, shared_->rank, -1, "create a new communicator"});
-      const cudaError_t q = cudaEventQuery(event_);
+      const cudaError_t q = query_event(event_);
       if (q == cudaSuccess) {
         done_ = true;
         return;
@@ -173,15 +200,15 @@ class NcclWork final : public Work {
         throw BackendError(what_ + " failed on rank " + std::to_string(shared_->rank) + ": CUDA " +
                                cuda_message(q),
                            ErrorContext{what_, shared_->rank, -1, "a CUDA error; check the GPU"});
-      ncclResult_t st = ncclSuccess;
       {
         std::lock_guard<std::mutex> lock(shared_->mutex);
+        ncclResult_t st = ncclSuccess;
         if (shared_->comm && ncclCommGetAsyncError(shared_->comm, &st) != ncclSuccess)
           st = ncclInternalError;
-      }
-      if (st != ncclSuccess && st != ncclInProgress) {
-        shared_->gave_up = true;
-        throw_async(st, shared_->comm, what_, shared_->rank);
+        if (st != ncclSuccess && st != ncclInProgress) {
+          shared_->gave_up = true;
+          throw_async(st, shared_->comm, what_, shared_->rank);
+        }
       }
       if (Clock::now() >= deadline) {
         shared_->gave_up = true;
@@ -262,8 +289,10 @@ class NcclStreamOps final : public StreamOps {
   std::unique_ptr<CopyPlan> plan(void* flat, std::uint64_t flat_bytes,
                                  std::span<const FlatPiece> pieces) override {
     host_ops::check_pieces(flat_bytes, pieces);
-    return std::make_unique<DevicePlan>(shared_->device, flat_bytes,
-                                        kernels::make_chunks(flat, pieces));
+    auto p = std::make_unique<DevicePlan>(shared_->device, flat_bytes,
+                                          kernels::make_chunks(flat, pieces));
+    check(order_after_legacy_stream(stream_), "plan");  // the kernels read the uploaded chunks
+    return p;
   }
   void flatten(const CopyPlan& p) override { run_plan(p, true, "flatten"); }
   void unflatten(const CopyPlan& p) override { run_plan(p, false, "unflatten"); }
@@ -452,18 +481,32 @@ class NcclCommunicator final : public Communicator {
   // never finish (a peer that never joins), that would hang. Freeing then
   // means the caller has given up too, so the communicator is aborted first
   // (ncclCommAbort ends the op's kernels), as NCCL asks after a timeout.
+  //
+  // cudaFree also waits for the device when nobody gave up yet: a buffer
+  // freed while the last collective still waits for a peer (the stack
+  // unwinding past an error of another kind) would hang there. So the last
+  // collective gets the communicator's timeout to finish first; if it does
+  // not, or NCCL reports an error, the communicator is aborted.
   void free(void* ptr) override {
     if (!ptr) return;
     if (shared_->gave_up.load() && !shared_->aborted.load()) shared_->abort();
+    settle_last_op();
+    cudaSetDevice(shared_->device);
     cudaFree(ptr);
   }
   // Synchronous copies; the caller waits on the Work of an op before it
   // copies that op's buffers (our stream does not synchronise with them).
+  // What is enqueued after a copy_from_host is ordered after its DMA.
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
     copy(host_dst, src, bytes, cudaMemcpyDeviceToHost, "copy_to_host");
   }
   void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override {
     copy(dst, host_src, bytes, cudaMemcpyHostToDevice, "copy_from_host");
+    if (bytes == 0) return;
+    if (const cudaError_t e = order_after_legacy_stream(stream_); e != cudaSuccess)
+      throw BackendError("copy_from_host of " + std::to_string(bytes) +
+                             " bytes: ordering it before later work failed: " + cuda_message(e),
+                         ErrorContext{"copy_from_host", rank(), -1, "a CUDA error; check the GPU"});
   }
 
   void abort() override { shared_->abort(); }
@@ -477,11 +520,14 @@ class NcclCommunicator final : public Communicator {
   // ncclCommSplit, non-blocking like init: the parent's state and then the
   // child's are polled until they leave ncclInProgress or the deadline.
   std::unique_ptr<Communicator> split(int color, int key, Millis timeout) override {
-    if (shared_->aborted.load())
+    const auto deadline = deadline_after(timeout);
+    // NCCL calls on one communicator from two threads at once are not
+    // allowed: an abort from the watchdog waits until this is done.
+    std::unique_lock<std::mutex> lock(shared_->mutex);
+    if (shared_->aborted.load() || !shared_->comm)
       throw BackendError("split on rank " + std::to_string(rank()) +
                              ": the communicator was aborted",
                          ErrorContext{"split", rank(), -1, "create a new communicator"});
-    const auto deadline = deadline_after(timeout);
     cudaSetDevice(shared_->device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
@@ -504,6 +550,7 @@ class NcclCommunicator final : public Communicator {
                          ErrorContext{"split", rank(), -1,
                                       "rerun with NCCL_DEBUG=INFO for NCCL's own diagnosis"});
     }
+    lock.unlock();
     if (color < 0 || !child) return nullptr;
     int child_rank = 0, child_size = 0;
     ncclCommUserRank(child, &child_rank);
@@ -530,7 +577,12 @@ class NcclCommunicator final : public Communicator {
  private:
   template <typename Launch>
   std::shared_ptr<Work> enqueue(const char* what, Launch&& launch) {
-    if (shared_->aborted.load())
+    // Under the mutex: NCCL calls on one communicator from two threads at
+    // once are not allowed, and an abort from the watchdog thread frees the
+    // communicator. The abort waits until the op is enqueued (bounded by
+    // the timeout below).
+    std::lock_guard<std::mutex> lock(shared_->mutex);
+    if (shared_->aborted.load() || !shared_->comm)
       throw BackendError(std::string(what) + " on rank " + std::to_string(rank()) +
                              ": the communicator was aborted",
                          ErrorContext{what, rank(), -1, "create a new communicator"});
@@ -553,7 +605,29 @@ class NcclCommunicator final : public Communicator {
       throw BackendError(label + ": recording its CUDA event failed: " + cuda_message(e),
                          ErrorContext{what, rank(), -1, "a CUDA error; check the GPU"});
     }
-    return std::make_shared<NcclWork>(shared_, ev, label);
+    last_op_ = std::make_shared<NcclWork>(shared_, ev, label);
+    return last_op_;
+  }
+
+  // Waits (bounded) for the last collective before a cudaFree; see free().
+  void settle_last_op() {
+    if (!last_op_ || shared_->aborted.load()) return;
+    const auto started = Clock::now();
+    const auto deadline = deadline_after(timeout_);
+    while (!last_op_->is_completed()) {
+      ncclResult_t st = ncclSuccess;
+      {
+        std::lock_guard<std::mutex> lock(shared_->mutex);
+        if (shared_->comm && ncclCommGetAsyncError(shared_->comm, &st) != ncclSuccess)
+          st = ncclInternalError;
+      }
+      if ((st != ncclSuccess && st != ncclInProgress) || Clock::now() >= deadline) {
+        shared_->gave_up = true;
+        shared_->abort();
+        return;
+      }
+      poll_pause(started);
+    }
   }
 
   void copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, const char* what) {
@@ -585,6 +659,7 @@ class NcclCommunicator final : public Communicator {
   std::string device_name_;
   void* barrier_buf_ = nullptr;
   std::uint64_t issued_ = 0;
+  std::shared_ptr<NcclWork> last_op_;  // the last collective enqueued
   std::unique_ptr<NcclStreamOps> stream_ops_;
 };
 
