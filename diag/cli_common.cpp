@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <mutex>
 #include <optional>
@@ -103,16 +105,61 @@ void print_checks_and_verdict(const reports::Report& report) {
   std::fflush(stdout);
 }
 
+namespace {
+// The flag's value as a finite number, or nullopt.
+std::optional<double> as_number(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(s.c_str(), &end);
+  if (*end != '\0' || errno == ERANGE || !std::isfinite(v)) return std::nullopt;
+  return v;
+}
+std::string shortest(double v) { return fmt::format("{}", v); }
+}  // namespace
+
+CLI::Validator number_above(double lo) {
+  const std::string bound = "> " + shortest(lo);
+  return CLI::Validator(
+      [lo, bound](std::string& s) -> std::string {
+        const auto v = as_number(s);
+        if (!v) return "'" + s + "' is not a number";
+        return *v > lo ? "" : "must be a number " + bound + ", not " + s;
+      },
+      bound, "ABOVE");
+}
+CLI::Validator positive_number() { return number_above(0); }
+CLI::Validator non_negative_number() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        const auto v = as_number(s);
+        if (!v) return "'" + s + "' is not a number";
+        return *v >= 0 ? "" : "must be a number >= 0, not " + s;
+      },
+      ">= 0", "NONNEGATIVE");
+}
+CLI::Validator number_in_range(double lo, double hi) {
+  const std::string lo_s = shortest(lo), hi_s = shortest(hi);
+  return CLI::Validator(
+      [lo, hi, lo_s, hi_s](std::string& s) -> std::string {
+        const auto v = as_number(s);
+        if (!v) return "'" + s + "' is not a number";
+        return *v >= lo && *v <= hi ? "" : "must be between " + lo_s + " and " + hi_s + ", not " + s;
+      },
+      lo_s + " to " + hi_s, "RANGE");
+}
+
 void add_common_options(CLI::App* app, CommonOptions& o) {
   auto* g = app;
   g->add_option("--nproc", o.nproc,
                 "Start this many ranks on this machine (built-in launcher). Default with no "
-                "launcher: one rank per GPU with NCCL, else 2 CPU ranks with Gloo");
+                "launcher: one rank per GPU with NCCL, else 2 CPU ranks with Gloo")
+      ->check(positive_number());
   g->add_option("--backend", o.backend, "Communication backend: auto, gloo or nccl")
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
   g->add_option("--timeout", o.timeout_s,
                 "Seconds to wait on any peer (rendezvous, init, each collective)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   g->add_option("--json", o.json_path,
                 "Write the job's report (from rank 0) to this file; a rank that loses the "
                 "store writes its own to FILE.rank<R>.json");
@@ -132,7 +179,7 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   g->add_option("--gloo-threads", o.gloo_threads,
                 "Gloo worker threads: collectives on distinct buffers in flight at once (2, as "
                 "torch's ProcessGroupGloo; 1 runs every op alone)")
-      ->check(CLI::Range(1, 16));
+      ->check(cli::number_in_range(1, 16));
   g->add_option("--store-protocol", o.store_protocol,
                 "Store wire protocol: auto (detect), 1.13 or 2.x")
       ->check(CLI::IsMember({"auto", "1.13", "2.x"}));

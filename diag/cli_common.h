@@ -124,6 +124,14 @@ std::optional<int> launch_if_asked(const CommonOptions& o);
 
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body);
 
+// Flag checks with plain messages ("--iters: must be a number > 0, not '0'"):
+// CLI11's own print the whole double range and call a non-number "out of
+// range".
+CLI::Validator number_above(double lo);
+CLI::Validator positive_number();  // number_above(0)
+CLI::Validator non_negative_number();
+CLI::Validator number_in_range(double lo, double hi);
+
 // Parses sizes with binary suffixes as nccl-tests does: 8, 1K, 64M, 1G.
 std::size_t parse_size(const std::string& s);
 std::string format_size(std::size_t bytes);  // 1K, 64M, 3 ...

@@ -229,14 +229,15 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("-b,--minbytes", opts->min_bytes, "Smallest size (8, 1K, 64M, ...)");
   app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size");
-  app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step");
+  app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step")
+      ->check(cli::number_above(1));
   app->add_option("-i,--stepbytes", opts->step_bytes, "Add this many bytes each step instead");
-  app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(CLI::PositiveNumber);
+  app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per size")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("-c,--check", opts->check_iters,
                   "Correctness iterations per size (0: no check)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   // Checked at parse time, in the launcher and in every rank before the
   // rendezvous, so a typo is exit 2 everywhere instead of one rank leaving
   // the others to fail their connection.
@@ -250,17 +251,18 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
         name);
   };
   app->add_option("-d,--datatype,--dtype", opts->dtype,
-                  "float, double, half, bfloat16, int32, int64, int8, uint8")
+                  "float, double, half, bfloat16, int32, int64, int8, uint8, or all")
       ->check(parsed_or_all([](const std::string& s) { return parse_dtype(s).has_value(); },
                             "dtype", "float, double, half, bfloat16, int32, int64, int8, uint8",
                             "DTYPE"));
-  app->add_option("-o,--op", opts->op, "sum, prod, min, max, avg")
+  app->add_option("-o,--op", opts->op, "sum, prod, min, max, avg, or all")
       ->check(parsed_or_all([](const std::string& s) { return parse_reduce_op(s).has_value(); },
                             "reduction", "sum, prod, min, max, avg", "OP"));
   app->add_flag("--no-in-place", opts->no_in_place, "Skip the in-place block");
   app->add_flag("--no-out-of-place", opts->no_out_of_place, "Skip the out-of-place block");
   app->add_option("--min-busbw", opts->min_busbw_gbps,
-                  "FAIL when bus bandwidth at the largest size is under this many GB/s");
+                  "FAIL when bus bandwidth at the largest size is under this many GB/s")
+      ->check(cli::non_negative_number());
   app->add_flag("--bisect", opts->bisect,
                 "After the sweep, test sub-groups (each host alone, pairs of hosts, halves) and "
                 "name the smallest failing or slow set and the rank/host it points to");

@@ -180,9 +180,9 @@ Subcommand add_broadcast_test_command(CLI::App& parent) {
   app->add_option("--chunk-mb", opts->chunk_mb, "Chunk sizes in MiB, comma-separated")
       ->capture_default_str();
   app->add_option("-n,--iters", opts->iters, "Timed broadcasts per chunk size")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up broadcasts per chunk size")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("--corrupt-rank", opts->corrupt_rank,
                   "(testing) this rank alters one byte after the broadcast; the check must name it")
       ->group("");

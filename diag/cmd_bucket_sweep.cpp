@@ -344,16 +344,16 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
   app->add_option("--caps", opts->caps, "Comma-separated bucket_cap_mb values");
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket size (MiB)");
   app->add_option("-n,--iters", opts->iters, "Timed iterations per cap and phase")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per cap and phase")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("--compute-gbps", opts->compute_gbps,
                   "Gradient bytes the simulated backward produces per second (GB/s); 0: no compute");
   app->add_flag("--no-size-sweep", opts->no_size_sweep, "Skip the plain all_reduce size sweep");
   app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep");
   app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep");
   app->add_option("--sweep-iters", opts->sweep_iters, "Iterations per size of the plain sweep")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   return {app, [opts] {
             return run_distributed(opts->common, "bucket-sweep",
                                    [opts](Job& job, reports::Report& report) {

@@ -206,9 +206,9 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "Size limit of the first bucket")
       ->capture_default_str();
-  app->add_option("-n,--iters", opts->iters, "Timed iterations")->check(CLI::PositiveNumber);
+  app->add_option("-n,--iters", opts->iters, "Timed iterations")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("--compute-gbps", opts->compute_gbps,
                   "Simulated gradient compute rate in GB/s (0: no compute time)");
   app->add_flag("--no-views", opts->no_views,

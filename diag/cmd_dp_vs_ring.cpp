@@ -393,9 +393,9 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
   app->add_option("-b,--minbytes", opts->min_bytes, "Smallest size (8, 1K, 64M, ...)");
   app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size");
   app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step");
-  app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(CLI::PositiveNumber);
+  app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per size")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("-d,--datatype,--dtype", opts->dtype, "Element type (float, double, ...)");
   app->add_option("--world-sizes", opts->world_sizes,
                   "Comma-separated world sizes to run at (ranks 0..k-1 of the job); default: the "

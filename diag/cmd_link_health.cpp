@@ -437,29 +437,29 @@ Subcommand add_link_health_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("--bytes", opts->bandwidth_bytes, "Bytes each way per bandwidth exchange");
   app->add_option("-n,--iters", opts->iters, "Timed bandwidth exchanges per pair")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up exchanges per pair")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("--latency-iters", opts->latency_iters, "Ping-pongs per pair")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   app->add_option("--allreduce-bytes", opts->allreduce_bytes, "Size of the per-rank all_reduce");
   app->add_option("--allreduce-iters", opts->allreduce_iters, "all_reduce iterations")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   app->add_option("--bw-threshold-pct", opts->thresholds.bandwidth_below_median_pct,
                   "A pair is slow when its bandwidth is this % below the median of its kind")
-      ->check(CLI::Range(0.0, 100.0));
+      ->check(cli::number_in_range(0.0, 100.0));
   app->add_option("--latency-threshold-pct", opts->thresholds.latency_above_median_pct,
                   "A pair is slow when its latency is this % above the median of its kind")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("--latency-floor-us", opts->thresholds.latency_floor_us,
                   "...and more than this many us above it")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("--min-bw-gbps", opts->thresholds.min_bandwidth_gbps,
                   "Slow below this absolute bandwidth (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_option("--max-latency-us", opts->thresholds.max_latency_us,
                   "Slow above this absolute latency (0: off)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_flag("--no-nccl-transport", opts->no_nccl_transport,
                 "Do not switch NCCL's INFO log on to learn each pair's transport");
   return {app, [opts] {

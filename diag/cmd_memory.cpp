@@ -307,11 +307,11 @@ Subcommand add_memory_command(CLI::App& parent) {
   app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb");
   app->add_flag("--no-gradient-views", opts->no_gradient_views,
                 "Gradients in their own buffers (DDP's gradient_as_bucket_view=False)");
-  app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(CLI::PositiveNumber);
+  app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(cli::positive_number());
   app->add_option("--workspace-mb", opts->workspace_mb, "Size of the all-reduced metrics buffer");
   app->add_option("--imbalance-pct", opts->imbalance_pct,
                   "Flag a rank more than this % above the median")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli::non_negative_number());
   app->add_flag("--no-comm-probe", opts->no_comm_probe,
                 "Skip measuring a second communicator's initialisation");
   app->add_option("--inject-extra", opts->inject_extra,

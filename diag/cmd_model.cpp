@@ -470,7 +470,7 @@ Subcommand add_model_command(CLI::App& parent) {
       "model",
       "Alpha-beta scale model: fit latency and bandwidth of ring, tree and gather all_reduce from "
       "measured sweep reports; predict all_reduce time and the best bucket cap at a world size "
-      "you name (8 to 4096 ranks, hosts with intra-/inter-host links)");
+      "you name (2 to 4096 ranks, hosts with intra-/inter-host links)");
   app->add_option("reports", opts->inputs,
                   "allreduce-test, dp-vs-ring or bucket-sweep reports (--json FILE) to fit")
       ->required();
@@ -481,12 +481,13 @@ Subcommand add_model_command(CLI::App& parent) {
   app->add_option("--fit-max-bytes", opts->fit_max_bytes, "Fit only sizes <= this");
   app->add_option("--max-fit-error", opts->max_fit_error_pct,
                   "FAIL a fit whose rms relative error exceeds this many percent")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::non_negative_number());
   app->add_option("--world-size", opts->world_size, "World size to predict (2..4096)");
   app->add_option("--ranks-per-host", opts->ranks_per_host,
                   "Ranks per host; world size must be a multiple")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(cli::positive_number());
   opts->intra_gbps_opt = app->add_option("--intra-gbps", opts->intra_gbps,
                                          "Intra-host link bandwidth, GB/s (1e9 B/s); default: the fit");
   opts->intra_latency_opt = app->add_option("--intra-latency-us", opts->intra_latency_us,
@@ -500,7 +501,7 @@ Subcommand add_model_command(CLI::App& parent) {
   app->add_option("-e,--maxbytes", opts->max_bytes, "Largest predicted size")->capture_default_str();
   app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step")
       ->capture_default_str()
-      ->check(CLI::Range(1.0001, 1e6));
+      ->check(cli::number_in_range(1.0001, 1e6));
   app->add_option("--model", opts->model,
                   "Predict the bucket cap for: resnet50, bert-large, gpt2, mlp or a JSON layout file");
   app->add_option("--caps", opts->caps, "Candidate bucket_cap_mb values")->capture_default_str();

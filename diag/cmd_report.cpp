@@ -95,6 +95,13 @@ int run_compare(const ReportOptions& o) {
       throw UsageError(fmt::format("{} is not a {} report", *path, reports::kSchema),
                        {"report", -1, -1, "compare reports written by ddpdiag --json"});
   }
+  const std::string base_cmd = base.value("command", std::string("?")),
+                    new_cmd = now.value("command", std::string("?"));
+  if (base_cmd != new_cmd)
+    throw UsageError(fmt::format("{} is a report of '{}' and {} one of '{}': nothing in them "
+                                 "can be compared",
+                                 o.base, base_cmd, o.now, new_cmd),
+                     {"report", -1, -1, "compare two reports of the same command"});
   auto c = reports::compare_reports(base, now, co);
   std::fputs(reports::render_comparison_text(c).c_str(), stdout);
   std::fflush(stdout);

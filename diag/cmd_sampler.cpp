@@ -15,8 +15,9 @@
 #include "comm/errors.h"
 #include "ddp_core/sampler.h"
 #include "reports/render.h"
-#include "diag/launcher.h"
+#include "diag/cli_common.h"
 #include "diag/commands.h"
+#include "diag/launcher.h"
 #include "reports/report.h"
 
 namespace ddpdiag::cli {
@@ -186,16 +187,23 @@ Subcommand add_sampler_command(CLI::App& parent) {
   auto o = std::make_shared<SamplerCliOptions>();
   CLI::App* app = parent.add_subcommand(
       "sampler", "Print one rank's DistributedSampler indices (index for index with torch, or streaming)");
-  app->add_option("--dataset-size", o->dataset_size, "len(dataset), N")->required();
-  app->add_option("--world-size", o->world_size, "num_replicas, R")->required();
-  app->add_option("--rank", o->rank, "this rank, 0 <= rank < R")->required();
+  app->add_option("--dataset-size", o->dataset_size, "len(dataset), N")
+      ->required()
+      ->check(cli::non_negative_number());
+  app->add_option("--world-size", o->world_size, "num_replicas, R")
+      ->required()
+      ->check(cli::positive_number());
+  app->add_option("--rank", o->rank, "this rank, 0 <= rank < R")
+      ->required()
+      ->check(cli::non_negative_number());
   app->add_option("--seed", o->seed, "sampler seed (any integer torch.manual_seed takes)")->capture_default_str();
   app->add_option("--epoch", o->epoch, "sampler.set_epoch(e): the permutation uses seed + epoch")
       ->capture_default_str();
   app->add_flag("--drop-last", o->drop_last, "drop the tail instead of padding");
   app->add_flag("--no-shuffle", o->no_shuffle, "shuffle=False: indices in order");
   app->add_option("--start", o->start, "first position in this rank's list")->capture_default_str();
-  app->add_option("--count", o->count, "how many indices from --start (default: to the end)");
+  app->add_option("--count", o->count, "how many indices from --start (default: to the end)")
+      ->check(cli::non_negative_number());
   app->add_flag("--streaming", o->streaming,
                 "O(1)-memory mode with a different (Feistel) permutation: not torch's indices");
   app->add_option("--torch-version", o->torch_version,

@@ -87,6 +87,20 @@ int main(int argc, char** argv) {
       cli::add_memory_command(app),
       cli::add_model_command(app),
   };
+  // CLI11 would answer "A subcommand is required" to a misspelt one.
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const auto& s : subs) {
+      known = known || s.app->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + s.app->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "ddpdiag: unknown subcommand '%s'; the subcommands are: %s (ddpdiag --help)\n",
+                   argv[1], names.c_str());
+      return static_cast<int>(ExitCode::kUsage);
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -100,6 +114,12 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     cli::print_error(e);
     return static_cast<int>(e.exit_code());
+  } catch (const reports::WriteError& e) {
+    const UsageError u(e.what(), {"report", -1, -1,
+                                  "check that the directory exists and is writable, or pass "
+                                  "another path"});
+    cli::print_error(u);
+    return static_cast<int>(u.exit_code());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "ddpdiag: internal error: %s\n", e.what());
     return 70;

@@ -125,8 +125,8 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(getpid()));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0)
-    throw std::runtime_error(
-        fmt::format("cannot write report {}: {}", tmp, std::strerror(errno)));
+    throw WriteError(
+        fmt::format("cannot write report {}: {} (creating {})", path, std::strerror(errno), tmp));
   const char* p = content.data();
   std::size_t left = content.size();
   while (left > 0) {
@@ -136,7 +136,7 @@ void write_file_atomic(const std::string& path, const std::string& content) {
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      throw std::runtime_error(fmt::format("cannot write report {}: {}", tmp, std::strerror(err)));
+      throw WriteError(fmt::format("cannot write report {}: {} (writing {})", path, std::strerror(err), tmp));
     }
     p += n;
     left -= static_cast<std::size_t>(n);
@@ -146,12 +146,12 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw std::runtime_error(fmt::format("cannot write report {}: {}", tmp, std::strerror(err)));
+    throw WriteError(fmt::format("cannot write report {}: {} (writing {})", path, std::strerror(err), tmp));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw std::runtime_error(
+    throw WriteError(
         fmt::format("cannot move report into place at {}: {}", path, std::strerror(err)));
   }
 }

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -74,8 +75,16 @@ class Report {
   std::chrono::steady_clock::time_point started_;
 };
 
+// A report file that could not be written (the path and errno text): the
+// caller's path is wrong more often than not, so the command line maps it to
+// a usage error (exit 2) with a hint.
+class WriteError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Atomic write: FILE.tmp.<pid> in the same directory, fsync, rename.
-// Throws std::runtime_error with the path and errno text on failure.
+// Throws WriteError with the path and errno text on failure.
 void write_file_atomic(const std::string& path, const std::string& content);
 void write_json_atomic(const std::string& path, const nlohmann::json& doc);
 // Reads and parses a report; throws std::runtime_error naming the file.

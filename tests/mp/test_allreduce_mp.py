@@ -245,6 +245,66 @@ class BadInput(unittest.TestCase):
         p = run(["allreduce-test", "--nproc", "2", "-d", "complex"])
         self.assertEqual(p.returncode, 2)
         self.assertIn("complex", p.stderr)
+        # Each bad value is refused before any rank starts, with a message
+        # that names the flag and what it takes.
+        cases = [
+            (["--nproc", "0"], "--nproc: must be a number > 0, not 0"),
+            (["--nproc", "-3"], "--nproc: must be a number > 0, not -3"),
+            (["-n", "0"], "--iters: must be a number > 0, not 0"),
+            (["--timeout", "abc"], "--timeout: 'abc' is not a number"),
+            (["-f", "1"], "--stepfactor: must be a number > 1, not 1"),
+            (["-f", "0.5"], "--stepfactor: must be a number > 1, not 0.5"),
+            (["--min-busbw", "-1"], "--min-busbw: must be a number >= 0, not -1"),
+            (["--gloo-threads", "20"], "--gloo-threads: must be between 1 and 16, not 20"),
+        ]
+        for flags, message in cases:
+            with self.subTest(flags=flags):
+                p = run(["allreduce-test"] + flags)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertNotIn("[rank", p.stderr)  # no rank was started
+
+    def test_sampler_bad_values_are_named(self):
+        base = {"--dataset-size": "100", "--world-size": "4", "--rank": "0"}
+        for flag, value, message in [("--rank", "-1", "--rank: must be a number >= 0, not -1"),
+                                     ("--dataset-size", "-5", "--dataset-size: must be a number >= 0"),
+                                     ("--world-size", "0", "--world-size: must be a number > 0"),
+                                     ("--count", "-3", "--count: must be a number >= 0, not -3")]:
+            with self.subTest(flag=flag):
+                args = dict(base, **{flag: value})
+                p = run(["sampler"] + [x for kv in args.items() for x in kv])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertEqual(p.stdout, "")
+
+    def test_unknown_subcommand_is_named(self):
+        p = run(["allreduce-tset"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("unknown subcommand 'allreduce-tset'", p.stderr)
+        self.assertIn("allreduce-test", p.stderr)
+
+    def test_report_compare_of_different_commands_is_exit_2(self):
+        a, b = tmp_json(), tmp_json()
+        try:
+            self.assertEqual(run(["buckets", "--model", "mlp", "--json", a]).returncode, 0)
+            self.assertEqual(run(["sampler", "--dataset-size", "10", "--world-size", "2",
+                                  "--rank", "0", "--json", b]).returncode, 0)
+            p = run(["report", "compare", a, b])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("a report of 'buckets'", p.stderr)
+            self.assertIn("'sampler'", p.stderr)
+        finally:
+            for f in (a, b):
+                if os.path.exists(f):
+                    os.unlink(f)
+
+    def test_unwritable_report_path_is_exit_2(self):
+        # A single-process command: the path is the user's mistake, not an
+        # internal error, and the message names the path asked for.
+        p = run(["buckets", "--model", "mlp", "--json", "/nonexistent-dir/b.json"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("cannot write report /nonexistent-dir/b.json", p.stderr)
+        self.assertIn("check that the directory exists", p.stderr)
 
 
 if __name__ == "__main__":
