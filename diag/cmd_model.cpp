@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -59,6 +60,7 @@ struct ModelOptions {
   double step_factor = 4;
   std::string model;
   std::string caps = "1,2,5,10,25,50,100";
+  CLI::Option* caps_opt = nullptr;
   double first_bucket_mb = 1;
   double compute_gbps = 1.0;
   double backward_ms = 0;
@@ -194,6 +196,20 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       throw flag_error(fmt::format("{} must be >= 0 (us)", opt->get_name()), "e.g. 5");
   if (!(o.max_error_factor >= 1))
     throw flag_error("--max-error-factor must be >= 1", "e.g. 2: within a factor of two");
+  // The bucket-cap part's flags and model, before anything is printed.
+  std::vector<double> caps;
+  std::optional<ddp_core::ModelLayout> model_layout;
+  if (!o.model.empty()) {
+    caps = parse_caps(o.caps);
+    if (!(o.first_bucket_mb > 0))
+      throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
+    if (o.compute_gbps < 0 || o.backward_ms < 0)
+      throw flag_error("--compute-gbps and --backward-ms must be >= 0", "e.g. --compute-gbps 1");
+    model_layout = ddp_core::load_model(o.model);
+  } else if (o.caps_opt && o.caps_opt->count()) {
+    throw flag_error("--caps needs --model: the best cap is found for a model's buckets",
+                     "e.g. --model resnet50 --caps 1,5,25");
+  }
   const double fit_min = static_cast<double>(parse_size(o.fit_min_bytes));
   const double fit_max = o.fit_max_bytes.empty() ? INFINITY : static_cast<double>(parse_size(o.fit_max_bytes));
   const double check_min = static_cast<double>(parse_size(o.check_min_bytes));
@@ -336,13 +352,8 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     std::fflush(stdout);
 
     // ---- DDP bucket cap ------------------------------------------------------
-    if (!o.model.empty()) {
-      const auto caps = parse_caps(o.caps);
-      if (!(o.first_bucket_mb > 0))
-        throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
-      if (o.compute_gbps < 0 || o.backward_ms < 0)
-        throw flag_error("--compute-gbps and --backward-ms must be >= 0", "e.g. --compute-gbps 1");
-      const auto layout = ddp_core::load_model(o.model);
+    if (model_layout) {
+      const auto& layout = *model_layout;
       const double total = static_cast<double>(layout.total_bytes());
       const double rate = o.backward_ms > 0 ? total / (o.backward_ms * 1e-3) : o.compute_gbps * 1e9;
       const auto first = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
@@ -504,7 +515,8 @@ Subcommand add_model_command(CLI::App& parent) {
       ->check(cli::number_in_range(1.0001, 1e6));
   app->add_option("--model", opts->model,
                   "Predict the bucket cap for: resnet50, bert-large, gpt2, mlp or a JSON layout file");
-  app->add_option("--caps", opts->caps, "Candidate bucket_cap_mb values")->capture_default_str();
+  opts->caps_opt = app->add_option("--caps", opts->caps, "Candidate bucket_cap_mb values (with --model)")
+                       ->capture_default_str();
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket (MiB)")
       ->capture_default_str();
   app->add_option("--compute-gbps", opts->compute_gbps,

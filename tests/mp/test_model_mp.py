@@ -244,6 +244,21 @@ class ModelVsMeasured(unittest.TestCase):
                 p = run(["model"] + args)
                 self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
                 self.assertIn(message, p.stderr)
+        # The bucket part's flags are checked before any table is printed.
+        for args, message in (
+                ([self.sweeps[2], "--world-size", "8", "--model", "nonsense"],
+                 "--model 'nonsense' is neither a built-in preset"),
+                ([self.sweeps[2], "--world-size", "8", "--model", "mlp", "--caps", "0,-1"],
+                 "--caps: '0' is not a positive number"),
+                ([self.sweeps[2], "--world-size", "8", "--caps", "1,25"], "--caps needs --model"),
+                ([self.sweeps[2], "--world-size", "8", "--max-fit-error", "-5"],
+                 "--max-fit-error: must be a number >= 0"),
+        ):
+            with self.subTest(args=args):
+                p = run(["model"] + args)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertEqual(p.stdout, "")
 
 
 if __name__ == "__main__":
