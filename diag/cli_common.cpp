@@ -217,6 +217,19 @@ std::size_t parse_size(const std::string& s) {
   return static_cast<std::size_t>(v * mult);
 }
 
+CLI::Validator size_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        try {
+          parse_size(s);
+          return "";
+        } catch (const UsageError& e) {
+          return std::string(e.what()) + " (sizes look like 8, 1K, 64M or 1G; K = 1024)";
+        }
+      },
+      "SIZE", "SIZE");
+}
+
 std::string format_size(std::size_t b) {
   if (b >= (1ull << 30) && b % (1ull << 30) == 0) return fmt::format("{}G", b >> 30);
   if (b >= (1ull << 20) && b % (1ull << 20) == 0) return fmt::format("{}M", b >> 20);

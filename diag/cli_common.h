@@ -135,5 +135,8 @@ CLI::Validator number_in_range(double lo, double hi);
 // Parses sizes with binary suffixes as nccl-tests does: 8, 1K, 64M, 1G.
 std::size_t parse_size(const std::string& s);
 std::string format_size(std::size_t bytes);  // 1K, 64M, 3 ...
+// A flag check that the value parses as a size, so that a typo is refused by
+// the launcher before any rank starts.
+CLI::Validator size_value();
 
 }  // namespace ddpdiag::cli

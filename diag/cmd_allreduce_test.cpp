@@ -227,11 +227,14 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
       "allreduce-test",
       "Pre-flight: every rank meets, all_reduce is correct on every rank, bandwidth per size");
   add_common_options(app, opts->common);
-  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest size (8, 1K, 64M, ...)");
-  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size");
+  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest size (8, 1K, 64M, ...)")
+      ->check(cli::size_value());
+  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size")
+      ->check(cli::size_value());
   app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step")
       ->check(cli::number_above(1));
-  app->add_option("-i,--stepbytes", opts->step_bytes, "Add this many bytes each step instead");
+  app->add_option("-i,--stepbytes", opts->step_bytes, "Add this many bytes each step instead")
+      ->check(cli::size_value());
   app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per size")
       ->check(cli::non_negative_number());

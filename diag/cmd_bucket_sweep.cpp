@@ -350,8 +350,10 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
   app->add_option("--compute-gbps", opts->compute_gbps,
                   "Gradient bytes the simulated backward produces per second (GB/s); 0: no compute");
   app->add_flag("--no-size-sweep", opts->no_size_sweep, "Skip the plain all_reduce size sweep");
-  app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep");
-  app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep");
+  app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep")
+      ->check(cli::size_value());
+  app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep")
+      ->check(cli::size_value());
   app->add_option("--sweep-iters", opts->sweep_iters, "Iterations per size of the plain sweep")
       ->check(cli::positive_number());
   return {app, [opts] {

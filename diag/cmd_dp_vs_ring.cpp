@@ -390,8 +390,10 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
       "DataParallel-style gather vs ring all_reduce (both on send/recv) vs the backend's own: "
       "time, bandwidth, bytes per rank against theory, extra memory, correctness");
   add_common_options(app, opts->common);
-  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest size (8, 1K, 64M, ...)");
-  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size");
+  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest size (8, 1K, 64M, ...)")
+      ->check(cli::size_value());
+  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size")
+      ->check(cli::size_value());
   app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step");
   app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per size")

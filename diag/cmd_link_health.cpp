@@ -442,7 +442,8 @@ Subcommand add_link_health_command(CLI::App& parent) {
       ->check(cli::non_negative_number());
   app->add_option("--latency-iters", opts->latency_iters, "Ping-pongs per pair")
       ->check(cli::positive_number());
-  app->add_option("--allreduce-bytes", opts->allreduce_bytes, "Size of the per-rank all_reduce");
+  app->add_option("--allreduce-bytes", opts->allreduce_bytes, "Size of the per-rank all_reduce")
+      ->check(cli::size_value());
   app->add_option("--allreduce-iters", opts->allreduce_iters, "all_reduce iterations")
       ->check(cli::positive_number());
   app->add_option("--bw-threshold-pct", opts->thresholds.bandwidth_below_median_pct,

@@ -488,8 +488,10 @@ Subcommand add_model_command(CLI::App& parent) {
   app->add_option("--backend-as", opts->backend_as,
                   "Formula for the backend's own all_reduce: ring (Gloo; NCCL's ring) or tree")
       ->capture_default_str();
-  app->add_option("--fit-min-bytes", opts->fit_min_bytes, "Fit only sizes >= this (8, 1K, 64M ...)");
-  app->add_option("--fit-max-bytes", opts->fit_max_bytes, "Fit only sizes <= this");
+  app->add_option("--fit-min-bytes", opts->fit_min_bytes, "Fit only sizes >= this (8, 1K, 64M ...)")
+      ->check(cli::size_value());
+  app->add_option("--fit-max-bytes", opts->fit_max_bytes, "Fit only sizes <= this")
+      ->check(cli::size_value());
   app->add_option("--max-fit-error", opts->max_fit_error_pct,
                   "FAIL a fit whose rms relative error exceeds this many percent")
       ->capture_default_str()
@@ -508,8 +510,10 @@ Subcommand add_model_command(CLI::App& parent) {
                                          "default: the fit");
   opts->inter_latency_opt = app->add_option("--inter-latency-us", opts->inter_latency_us,
                                             "Inter-host per-message latency, us; default: the fit");
-  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest predicted size")->capture_default_str();
-  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest predicted size")->capture_default_str();
+  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest predicted size")->capture_default_str()
+      ->check(cli::size_value());
+  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest predicted size")->capture_default_str()
+      ->check(cli::size_value());
   app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step")
       ->capture_default_str()
       ->check(cli::number_in_range(1.0001, 1e6));
@@ -533,7 +537,8 @@ Subcommand add_model_command(CLI::App& parent) {
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app->add_option("--check-min-bytes", opts->check_min_bytes,
                   "Compare only sizes >= this (bandwidth-bound)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::size_value());
   app->add_option("--max-error-factor", opts->max_error_factor,
                   "FAIL when a prediction is off by more than this factor either way")
       ->capture_default_str();

@@ -256,6 +256,7 @@ class BadInput(unittest.TestCase):
             (["-f", "0.5"], "--stepfactor: must be a number > 1, not 0.5"),
             (["--min-busbw", "-1"], "--min-busbw: must be a number >= 0, not -1"),
             (["--gloo-threads", "20"], "--gloo-threads: must be between 1 and 16, not 20"),
+            (["-b", "1X"], "--minbytes: '1X' has an unknown unit 'X'"),
         ]
         for flags, message in cases:
             with self.subTest(flags=flags):
