@@ -98,7 +98,8 @@ struct PingOptions {
 };
 
 struct PingResult {
-  bool reachable = false;
+  bool reachable = false;  // the host accepted a TCP connection
+  bool answered = false;   // and answered as a store over the protocol in use
   std::string protocol;
   std::vector<double> rtt_us;
   std::int64_t num_keys = -1;
@@ -121,13 +122,17 @@ int run_ping(const PingOptions& o) {
     co.connect_timeout = timeout;
     co.io_timeout = timeout;
     TcpStoreClient client(co);
+    r.reachable = true;
     r.connect_attempts = client.connect_attempts();
     r.protocol = std::string(store_protocol_name(client.protocol()));
     client.ping_us();  // warm-up: first request pays for cold caches
     for (int i = 0; i < o.count; ++i) r.rtt_us.push_back(client.ping_us());
     r.num_keys = client.num_keys();
-    r.reachable = true;
+    r.answered = true;
   } catch (const Error& e) {
+    // A handshake that failed still means the host took the connection: it
+    // is reachable and speaks another protocol (or is not a store at all).
+    if (e.context().phase == "store.handshake") r.reachable = true;
     r.error = nlohmann::json{{"kind", e.kind()},
                              {"phase", e.context().phase},
                              {"message", e.what()},
@@ -135,7 +140,26 @@ int run_ping(const PingOptions& o) {
   }
 
   std::string where = format_address(addr);
-  if (r.reachable) {
+  // What a reachable host that did not answer as a store did wrong, in words.
+  std::string mismatch;
+  if (r.reachable && !r.answered) {
+    if ((*r.error)["phase"].get<std::string>() != "store.handshake") {
+      mismatch = fmt::format("reachable, but it did not answer as a {} store", r.protocol);
+      if (requested != StoreProtocol::kAuto) {
+        // 1.13 has no handshake to fail: a 2.x server just stays silent.
+        mismatch += " (it may speak the other protocol)";
+        (*r.error)["hint"] = (*r.error)["hint"].get<std::string>() + " --protocol auto detects which one it speaks";
+      }
+    }
+    else if (requested == StoreProtocol::kAuto)
+      mismatch = fmt::format("reachable, but it speaks neither the {} nor the {} store protocol",
+                             store_protocol_name(StoreProtocol::kV1), store_protocol_name(StoreProtocol::kV2));
+    else
+      mismatch = fmt::format("reachable, but it does not speak the {} store protocol (another protocol, "
+                             "or not a store)",
+                             store_protocol_name(requested));
+  }
+  if (r.answered) {
     std::string how = requested == StoreProtocol::kAuto ? "detected" : "as requested";
     double mn = *std::min_element(r.rtt_us.begin(), r.rtt_us.end());
     double mx = *std::max_element(r.rtt_us.begin(), r.rtt_us.end());
@@ -146,7 +170,7 @@ int run_ping(const PingOptions& o) {
     fmt::print("  keys      {}\n", r.num_keys);
     fmt::print("  connect   {} attempt(s)\n", r.connect_attempts);
   } else {
-    fmt::print("store {}: unreachable\n", where);
+    fmt::print("store {}: {}\n", where, r.reachable ? mismatch : std::string("unreachable"));
     fmt::print("  why       {}\n", (*r.error)["message"].get<std::string>());
     std::string hint = (*r.error)["hint"].get<std::string>();
     if (!hint.empty()) fmt::print("  hint      {}\n", hint);
@@ -159,20 +183,22 @@ int run_ping(const PingOptions& o) {
                            {"port", addr.port},
                            {"protocol_requested", std::string(store_protocol_name(requested))},
                            {"reachable", r.reachable},
-                           {"protocol", r.reachable ? nlohmann::json(r.protocol) : nlohmann::json(nullptr)},
+                           {"answered", r.answered},
+                           {"protocol", r.answered ? nlohmann::json(r.protocol) : nlohmann::json(nullptr)},
                            {"pings", r.rtt_us.size()},
                            {"rtt_us_median", r.rtt_us.empty() ? nlohmann::json(nullptr) : nlohmann::json(median(r.rtt_us))},
                            {"rtt_us", r.rtt_us},
-                           {"num_keys", r.reachable ? nlohmann::json(r.num_keys) : nlohmann::json(nullptr)},
+                           {"num_keys", r.answered ? nlohmann::json(r.num_keys) : nlohmann::json(nullptr)},
                            {"connect_attempts", r.connect_attempts},
                            {"error", r.error ? *r.error : nlohmann::json(nullptr)}};
     reports::Report report("store ping", own_command_line());
     report.set_environment(recorded_environment());
     report.results() = results;
     report.add_check({"store_reachable",
-                      r.reachable ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                      r.reachable ? fmt::format("{} answered over {}", where, r.protocol)
-                                  : (*r.error)["message"].get<std::string>()});
+                      r.answered ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                      r.answered    ? fmt::format("{} answered over {}", where, r.protocol)
+                      : r.reachable ? fmt::format("{}: {}", where, mismatch)
+                                    : (*r.error)["message"].get<std::string>()});
     if (r.error)
       report.set_error({(*r.error)["kind"].get<std::string>(),
                         (*r.error)["message"].get<std::string>(),
@@ -181,7 +207,7 @@ int run_ping(const PingOptions& o) {
                         static_cast<int>(ExitCode::kRendezvous)});
     reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
   }
-  return static_cast<int>(r.reachable ? ExitCode::kOk : ExitCode::kRendezvous);
+  return static_cast<int>(r.answered ? ExitCode::kOk : ExitCode::kRendezvous);
 }
 
 struct ServeOptions {
@@ -190,6 +216,11 @@ struct ServeOptions {
 };
 
 int run_serve(const ServeOptions& o) {
+  // As --master-port and HOST:PORT are checked, before anything binds (a
+  // port of 70000 would otherwise be taken modulo 65536).
+  if (o.port < 0 || o.port > 65535)
+    throw UsageError(fmt::format("--port={} is not a valid TCP port (0..65535; 0 picks a free one)", o.port),
+                     {"cli", -1, -1, "pick a free port, e.g. 29500, or 0 to let the system choose"});
   // Block the signals before the server thread exists so that it inherits
   // the mask and sigwait below is the only place they are delivered.
   sigset_t set;
@@ -280,7 +311,21 @@ Subcommand add_store_command(CLI::App& parent) {
     if (gt->parsed()) {
       TcpStoreClientOptions co = client_options(*getk);
       TcpStoreClient c(co);
-      Bytes v = c.get(getk->key, co.io_timeout);
+      Bytes v;
+      try {
+        v = c.get(getk->key, co.io_timeout);
+      } catch (const TimeoutError& e) {
+        // The store's own message speaks of ranks and WORLD_SIZE, which is
+        // right inside a job; here a person asked for one key by hand.
+        if (e.context().phase != "store.wait") throw;
+        Address a = parse_address(getk->address);
+        throw TimeoutError(
+            fmt::format("key '{}' was not set in the store at {} within {:g} s (--timeout)", getk->key,
+                        format_address(a), getk->timeout_s),
+            {"store.get", -1, -1,
+             "check the key's name (as torch's store.set(KEY) names it), set it with `ddpdiag store "
+             "set KEY VALUE`, or wait longer with --timeout"});
+      }
       std::fwrite(v.data(), 1, v.size(), stdout);
       std::fputc('\n', stdout);
       return 0;

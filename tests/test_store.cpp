@@ -2,6 +2,7 @@
 // client in one process for both c10d protocols, hostile input, many clients,
 // PrefixStore and MemoryStore.
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -646,8 +648,11 @@ TEST_CASE("connect failures are told apart and retried with backoff", "[store][t
     FAIL("connected to a closed port");
   } catch (const RendezvousError& e) {
     CHECK_THAT(std::string(e.what()), Catch::Contains("refused"));
+    CHECK_THAT(std::string(e.what()), Catch::Contains("nothing listens on 127.0.0.1:" + std::to_string(port)));
     CHECK(e.context().phase == "store.connect");
     CHECK_THAT(e.context().hint, Catch::Contains("MASTER_ADDR"));
+    CHECK_THAT(e.context().hint, Catch::Contains("not up yet"));
+    CHECK_THAT(e.context().hint, !Catch::Contains("firewall"));
   }
   auto took = std::chrono::steady_clock::now() - t0;
   CHECK(took >= 350ms);
@@ -660,6 +665,142 @@ TEST_CASE("connect failures are told apart and retried with backoff", "[store][t
     FAIL("resolved an invalid host");
   } catch (const RendezvousError& e) {
     CHECK_THAT(std::string(e.what()), Catch::Contains("resolve"));
+  }
+}
+
+namespace {
+
+// A loopback listener that drops every packet it is sent (a socket filter
+// that accepts nothing, attached before listen()), as a firewall that drops
+// packets does: a connect to it times out. No root and no outside host. Until
+// listen() (start()) the port refuses, as any closed port does; the switch
+// from refusing to dropping is atomic.
+class SilentListener {
+ public:
+  explicit SilentListener(int port = 0) {
+    lfd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    ::setsockopt(lfd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<std::uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sock_filter drop_all{BPF_RET | BPF_K, 0, 0, 0};
+    sock_fprog prog{1, &drop_all};
+    ok_ = ::bind(lfd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+          ::setsockopt(lfd_, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog)) == 0;
+    socklen_t len = sizeof(a);
+    ::getsockname(lfd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~SilentListener() { ::close(lfd_); }
+  bool start() { return ok_ && ::listen(lfd_, 8) == 0; }
+  bool ok() const { return ok_; }
+  int port() const { return port_; }
+
+ private:
+  int lfd_ = -1, port_ = 0;
+  bool ok_ = false;
+};
+
+}  // namespace
+
+TEST_CASE("a host that drops every SYN is reported as timed out, with the firewall hint", "[store][tcp]") {
+  SilentListener silent;
+  REQUIRE(silent.start());
+  auto o = client_opts(silent.port(), StoreProtocol::kAuto);
+  o.connect_timeout = 500ms;
+  try {
+    TcpStoreClient c(o);
+    FAIL("connected to a listener whose accept queue is full");
+  } catch (const RendezvousError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("connection timed out"));
+    CHECK_THAT(std::string(e.what()), Catch::Contains("attempt(s) in"));
+    CHECK(e.context().phase == "store.connect");
+    CHECK_THAT(e.context().hint, Catch::Contains("firewall"));
+  }
+}
+
+TEST_CASE("a refusal on earlier attempts is not masked by a last attempt that ran out of time",
+          "[store][tcp]") {
+  // QA's case: a remote host refuses every attempt, the retries run to the
+  // deadline, and the last attempt starts with ~0 ms left and "times out".
+  // Here: the port refuses for the first 400 ms (several attempts), then
+  // drops SYNs until the deadline, so the last attempt times out for sure.
+  SilentListener silent;
+  REQUIRE(silent.ok());
+  std::atomic<bool> started{false};
+  std::thread later([&] {
+    std::this_thread::sleep_for(400ms);
+    started = silent.start();
+  });
+  auto o = client_opts(silent.port(), StoreProtocol::kAuto);
+  const int port = silent.port();
+  o.connect_timeout = 1200ms;
+  std::string what, hint;
+  try {
+    TcpStoreClient c(o);
+    FAIL("connected");
+  } catch (const RendezvousError& e) {
+    what = e.what();
+    hint = e.context().hint;
+  }
+  later.join();
+  REQUIRE(started);
+  CHECK_THAT(what, Catch::Contains("connection refused"));
+  CHECK_THAT(what, !Catch::Contains("timed out"));
+  CHECK_THAT(what, Catch::Contains("nothing listens on 127.0.0.1:" + std::to_string(port)));
+  CHECK_THAT(what, Catch::Matches(".* after [0-9]+ attempt\\(s\\) in [0-9]+ ms: .*"));
+  CHECK_THAT(hint, Catch::Contains("not up yet"));
+  CHECK_THAT(hint, !Catch::Contains("firewall"));
+}
+
+TEST_CASE("a wrong protocol is a failed handshake with a reachable host, not a failed connect", "[store][tcp]") {
+  // Stands in for torch 1.13's daemon facing a 2.x handshake: it closes the
+  // connection. The host accepted it, so the error is the handshake's.
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(lfd, 8) == 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  std::thread closer([&] {
+    int fd = ::accept(lfd, nullptr, nullptr);
+    if (fd < 0) return;
+    std::uint8_t b[16];
+    ::recv(fd, b, sizeof(b), 0);
+    ::close(fd);
+  });
+  auto o = client_opts(ntohs(a.sin_port), StoreProtocol::kV2);
+  o.io_timeout = 2000ms;
+  try {
+    TcpStoreClient c(o);
+    FAIL("handshake succeeded");
+  } catch (const RendezvousError& e) {
+    CHECK(e.context().phase == "store.handshake");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("accepted the connection"));
+    CHECK_THAT(e.context().hint, Catch::Contains("--protocol 1.13"));
+  }
+  closer.join();
+  ::close(lfd);
+}
+
+TEST_CASE("a server port outside 0..65535 is a usage error, not taken modulo 65536", "[store][tcp]") {
+  for (int bad : {70000, -1, 65536}) {
+    TcpStoreServerOptions so;
+    so.host = "127.0.0.1";
+    so.port = bad;
+    try {
+      TcpStoreServer s(so);
+      FAIL("served on port " << s.port() << " when asked for " << bad);
+    } catch (const UsageError& e) {
+      CHECK_THAT(std::string(e.what()), Catch::Contains(std::to_string(bad)));
+      CHECK_THAT(std::string(e.what()), Catch::Contains("0..65535"));
+      CHECK(e.context().phase == "store.serve");
+      CHECK_FALSE(e.context().hint.empty());
+    }
   }
 }
 

@@ -87,8 +87,20 @@ std::uint64_t client_seed() {
   return splitmix64_mix(base + kSplitmix64Gamma * n);
 }
 
-// Why the last connection attempt failed, in the user's words.
+// Why a connection attempt failed, in the user's words.
 enum class ConnectFailure { kNone, kRefused, kTimedOut, kUnreachable, kDns, kOther };
+
+// A timeout says only that no answer came in time; a refusal, an unreachable
+// network or a failed name lookup are answers. Retries run until the
+// deadline, so the last attempt often starts with next to no time left and
+// "times out" against a host whose every earlier attempt was refused: an
+// answer seen on any attempt must not be masked by that. Among answers the
+// latest wins; a timeout is reported only when no attempt got an answer.
+bool replaces(ConnectFailure seen, ConnectFailure latest) {
+  if (latest == ConnectFailure::kTimedOut)
+    return seen == ConnectFailure::kNone || seen == ConnectFailure::kTimedOut;
+  return latest != ConnectFailure::kNone;
+}
 
 }  // namespace
 
@@ -185,8 +197,10 @@ struct TcpStoreClient::Impl {
       std::string port_s = std::to_string(opts.port);
       int rc = ::getaddrinfo(opts.host.c_str(), port_s.c_str(), &hints, &res);
       if (rc != 0) {
-        failure = ConnectFailure::kDns;
-        detail = gai_strerror(rc);
+        if (replaces(failure, ConnectFailure::kDns)) {
+          failure = ConnectFailure::kDns;
+          detail = gai_strerror(rc);
+        }
       } else {
         for (addrinfo* ai = res; ai; ai = ai->ai_next) {
           int err = 0;
@@ -196,12 +210,15 @@ struct TcpStoreClient::Impl {
             fd = s;
             return;
           }
-          detail = std::strerror(err);
-          if (err == ECONNREFUSED) failure = ConnectFailure::kRefused;
-          else if (err == ETIMEDOUT) failure = ConnectFailure::kTimedOut;
+          ConnectFailure f = ConnectFailure::kOther;
+          if (err == ECONNREFUSED) f = ConnectFailure::kRefused;
+          else if (err == ETIMEDOUT) f = ConnectFailure::kTimedOut;
           else if (err == ENETUNREACH || err == EHOSTUNREACH || err == EHOSTDOWN || err == ENETDOWN)
-            failure = ConnectFailure::kUnreachable;
-          else failure = ConnectFailure::kOther;
+            f = ConnectFailure::kUnreachable;
+          if (replaces(failure, f)) {
+            failure = f;
+            detail = std::strerror(err);
+          }
         }
         ::freeaddrinfo(res);
       }
@@ -210,18 +227,22 @@ struct TcpStoreClient::Impl {
       // Jitter spreads the reconnects of many ranks that all started at once.
       std::uniform_real_distribution<double> jitter(0.5, 1.5);
       auto sleep = Millis(static_cast<long long>(static_cast<double>(backoff.count()) * jitter(rng)));
-      sleep = std::min(sleep, std::chrono::duration_cast<Millis>(deadline - now));
-      std::this_thread::sleep_for(sleep);
+      // Until the deadline at most, on the clock itself: a sleep rounded down
+      // to whole milliseconds was 0 in the last one, and turned it into a
+      // busy loop of dozens of attempts.
+      std::this_thread::sleep_until(std::min(now + sleep, deadline));
       backoff = std::min(backoff * 2, kMaxBackoff);
     }
     auto took = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
     std::string what, hint;
     switch (failure) {
       case ConnectFailure::kRefused:
-        what = "connection refused";
-        hint = "nothing listens on " + where() +
-               ": is the store up yet (rank 0 or the launcher's agent hosts it)? Check "
-               "MASTER_ADDR/MASTER_PORT, or start one with `ddpdiag store serve`";
+        // strerror would only repeat "Connection refused".
+        what = "connection refused: nothing listens on " + where() + " (yet)";
+        detail.clear();
+        hint = "the store is not up yet, or it listens on another port: start rank 0 (or the "
+               "launcher whose agent hosts it) first, or start one with `ddpdiag store serve`; "
+               "check that MASTER_ADDR/MASTER_PORT name the store's host and port";
         break;
       case ConnectFailure::kTimedOut:
         what = "connection timed out";
@@ -242,7 +263,7 @@ struct TcpStoreClient::Impl {
         break;
     }
     throw RendezvousError("cannot connect to the store at " + where() + " after " + std::to_string(tries) +
-                              " attempt(s) in " + std::to_string(took) + " ms: " + what + " (" + detail + ")",
+                              " attempt(s) in " + std::to_string(took) + " ms: " + what + (detail.empty() ? "" : " (" + detail + ")"),
                           ctx("store.connect", hint));
   }
 
@@ -390,8 +411,11 @@ struct TcpStoreClient::Impl {
     if (protocol == StoreProtocol::kV2) {
       if (v2_handshake(io)) return;
       drop();
-      throw RendezvousError("the store at " + where() + " did not complete the torch 2.x handshake",
-                            ctx("store.connect", "is it a torch 1.13 store? use --protocol 1.13 or auto"));
+      // Phase store.handshake, not store.connect: the host accepted the
+      // connection, so it is reachable; only the protocol did not match.
+      throw RendezvousError("the server at " + where() + " accepted the connection but did not complete the "
+                            "torch 2.x handshake",
+                            ctx("store.handshake", "is it a torch 1.13 store? use --protocol 1.13 or auto"));
     }
     if (protocol == StoreProtocol::kV1) return;  // 1.13 has no handshake
     if (v2_handshake(std::min(io, Clock::now() + kDetectTimeout))) {
@@ -408,7 +432,7 @@ struct TcpStoreClient::Impl {
     }
     drop();
     throw RendezvousError("the server at " + where() + " speaks neither the torch 2.x nor the torch 1.13 store protocol",
-                          ctx("store.connect", "check MASTER_PORT points at the TCPStore, not at another service"));
+                          ctx("store.handshake", "check MASTER_PORT points at the TCPStore, not at another service"));
   }
 
   void ensure_connected() {

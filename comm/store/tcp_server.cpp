@@ -132,6 +132,11 @@ struct TcpStoreServer::Impl {
   }
 
   void bind_and_listen() {
+    // getaddrinfo would take 70000 as 70000 % 65536 and serve on 4464.
+    if (opts.port < 0 || opts.port > 65535)
+      throw UsageError("cannot serve the store on port " + std::to_string(opts.port) +
+                           ": not a TCP port (0..65535, 0 picks a free one)",
+                       {"store.serve", -1, -1, "pick a free port, e.g. 29500, or 0 to let the system choose"});
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;

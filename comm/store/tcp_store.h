@@ -37,7 +37,8 @@ struct TcpStoreServerOptions {
 class TcpStoreServer {
  public:
   // Binds and starts serving on a background thread. Throws RendezvousError
-  // with a hint when the port is taken ("address in use").
+  // with a hint when the port is taken ("address in use"), UsageError when
+  // opts.port is outside 0..65535.
   explicit TcpStoreServer(TcpStoreServerOptions opts);
   ~TcpStoreServer();  // stops the loop, closes every connection
 
@@ -82,6 +83,11 @@ struct TcpStoreClientOptions {
 // mutex; the store may be shared between threads.
 class TcpStoreClient : public Store {
  public:
+  // Connects (and detects or checks the protocol). Throws RendezvousError:
+  // phase "store.connect" when no TCP connection could be made (refused,
+  // timed out, unreachable, name not resolved); phase "store.handshake" when
+  // the host accepted the connection but did not speak the store protocol
+  // asked for (or, with kAuto, either one).
   explicit TcpStoreClient(TcpStoreClientOptions opts);
   ~TcpStoreClient() override;
 

@@ -1,0 +1,202 @@
+"""`ddpdiag store` subcommands as a user runs them: what they say and the exit
+codes when the store is not there, speaks the other protocol, or a key never
+comes, and the flags they refuse. One process per case, on loopback, each
+bounded by a short --timeout; no torch needed (a 1.13 store is played by a
+socket that closes the connection on the 2.x handshake, as 1.13's daemon
+does). Standard library only."""
+import ctypes
+import os
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from common import BIN, clean_env, free_port, load, main, run, tmp_json  # noqa: E402
+
+SO_ATTACH_FILTER = 26  # linux/filter.h; not in Python's socket module
+
+
+def silent_socket():
+    """A bound loopback socket with a filter that drops every packet: it
+    refuses connections until listen() is called, then drops their SYNs (a
+    firewall that drops packets), so connecting to it times out."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 0))
+    insn = ctypes.create_string_buffer(struct.pack("HBBI", 0x06, 0, 0, 0))  # BPF_RET|BPF_K 0
+    # The kernel copies the program during the call.
+    s.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
+                 struct.pack("HL", 1, ctypes.addressof(insn)))
+    return s
+
+
+class Torch113Like:
+    """Accepts connections and closes each after its first bytes: what torch
+    1.13's daemon does with the 2.x handshake (it reads a SET whose key length
+    is absurd and drops the connection)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self):
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            c.settimeout(5)
+            try:
+                c.recv(64)
+            except OSError:
+                pass
+            c.close()
+
+    def close(self):
+        self.sock.close()
+
+
+class StoreServe:
+    """`ddpdiag store serve` on a free port, stopped on exit."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([BIN, "store", "serve", "--host", "127.0.0.1", "--port", "0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=clean_env())
+        line = self.proc.stdout.readline()
+        self.addr = line.split(" serving on ")[1].split()[0]
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.communicate(timeout=10)
+
+
+class Ping(unittest.TestCase):
+    def test_refused_says_nothing_listens(self):
+        port = free_port()
+        p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "0.5"], timeout=30)
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        self.assertIn("unreachable", p.stdout)
+        self.assertIn("connection refused: nothing listens on 127.0.0.1:%d" % port, p.stdout)
+        self.assertRegex(p.stdout, r"after \d+ attempt\(s\) in \d+ ms")
+        self.assertIn("not up yet", p.stdout)
+        self.assertNotIn("firewall", p.stdout)
+
+    def test_refused_then_out_of_time_is_still_refused(self):
+        # Refused for 0.6 s, then SYNs dropped until the 1.5 s deadline: the
+        # last attempt times out, as one that starts with ~0 ms left does
+        # against a remote host that refuses.
+        s = silent_socket()
+        port = s.getsockname()[1]
+        timer = threading.Timer(0.6, lambda: s.listen(8))
+        timer.start()
+        try:
+            p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "1.5"], timeout=30)
+        finally:
+            timer.join()
+            s.close()
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        self.assertIn("connection refused: nothing listens on 127.0.0.1:%d" % port, p.stdout)
+        self.assertNotIn("timed out", p.stdout)
+        self.assertNotIn("firewall", p.stdout)
+
+    def test_dropped_packets_are_a_timeout_with_the_firewall_hint(self):
+        s = silent_socket()
+        s.listen(8)
+        try:
+            p = run(["store", "ping", "127.0.0.1:%d" % s.getsockname()[1], "--timeout", "0.5"],
+                    timeout=30)
+        finally:
+            s.close()
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        self.assertIn("unreachable", p.stdout)
+        self.assertIn("connection timed out", p.stdout)
+        self.assertIn("firewall", p.stdout)
+
+    def test_other_protocol_is_reachable_not_unreachable(self):
+        srv = Torch113Like()
+        path = tmp_json()
+        try:
+            p = run(["store", "ping", "127.0.0.1:%d" % srv.port, "--protocol", "2.x", "--timeout", "2",
+                     "--json", path], timeout=30)
+            self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+            self.assertNotIn("unreachable", p.stdout)
+            self.assertIn("127.0.0.1:%d: reachable, but it does not speak the torch-2.x store protocol"
+                          % srv.port, p.stdout)
+            self.assertIn("--protocol 1.13", p.stdout)
+            rep = load(path)
+            self.assertTrue(rep["results"]["reachable"])
+            self.assertFalse(rep["results"]["answered"])
+            self.assertIsNone(rep["results"]["protocol"])
+            self.assertEqual(rep["error"]["phase"], "store.handshake")
+        finally:
+            srv.close()
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def test_answering_store_is_reachable(self):
+        with StoreServe() as s:
+            path = tmp_json()
+            p = run(["store", "ping", s.addr, "--count", "3", "--json", path], timeout=30)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("%s: reachable\n" % s.addr, p.stdout)
+            rep = load(path)
+            os.unlink(path)
+            self.assertTrue(rep["results"]["reachable"])
+            self.assertTrue(rep["results"]["answered"])
+
+
+class GetAndServe(unittest.TestCase):
+    def test_get_of_a_key_never_set(self):
+        with StoreServe() as s:
+            t0 = time.monotonic()
+            p = run(["store", "get", "--addr", s.addr, "missing", "--timeout", "1"], timeout=30)
+            self.assertEqual(p.returncode, 4, p.stdout + p.stderr)
+            self.assertLess(time.monotonic() - t0, 10)
+            self.assertIn("key 'missing' was not set in the store at %s within 1 s" % s.addr, p.stderr)
+            self.assertIn("hint:", p.stderr)
+            self.assertIn("ddpdiag store set", p.stderr)
+            for word in ("WORLD_SIZE", "ranks", "missing: missing"):
+                self.assertNotIn(word, p.stderr)
+            # The key is still fetched once it is set.
+            self.assertEqual(run(["store", "set", "--addr", s.addr, "k", "v"], timeout=30).returncode, 0)
+            p = run(["store", "get", "--addr", s.addr, "k", "--timeout", "5"], timeout=30)
+            self.assertEqual((p.returncode, p.stdout), (0, "v\n"), p.stderr)
+
+    def test_serve_refuses_ports_outside_0_to_65535(self):
+        for port in ("70000", "-1", "65536"):
+            with self.subTest(port=port):
+                proc = subprocess.Popen([BIN, "store", "serve", "--host", "127.0.0.1", "--port", port],
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                        env=clean_env())
+                try:
+                    out, err = proc.communicate(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    out, err = proc.communicate()
+                    self.fail("store serve --port %s kept serving: %s" % (port, out))
+                self.assertEqual(proc.returncode, 2, out + err)
+                self.assertIn("--port=%s is not a valid TCP port (0..65535" % port, err)
+                self.assertIn("hint:", err)
+                self.assertNotIn("serving", out)
+
+    def test_client_ports_are_checked_too(self):
+        p = run(["store", "ping", "127.0.0.1:99999"], timeout=30)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("bad port", p.stderr)
+
+
+if __name__ == "__main__":
+    if not BIN or not os.access(BIN, os.X_OK):
+        print("DDPDIAG_BIN=%r is not an executable ddpdiag" % BIN)
+        sys.exit(2)
+    main()
