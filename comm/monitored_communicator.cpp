@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <regex>
 #include <stdexcept>
 #include <sstream>
 
@@ -22,6 +23,14 @@ using Clock = std::chrono::steady_clock;
 constexpr std::size_t kFpWords = 6;
 const char* const kOps[] = {"all_reduce", "broadcast", "reduce",  "all_gather", "reduce_scatter",
                             "barrier",    "send",      "recv",    "sendrecv"};
+
+// "allreduce #6 (4 x float, sum) failed" -> "allreduce (4 x float, sum) failed":
+// the backends number their own ops, and that count (barriers and the
+// watchdog's own all_gathers included) is not the collective number.
+std::string without_backend_op_numbers(const std::string& text) {
+  static const std::regex numbered(R"(\b([a-z_]+) #[0-9]+\b)");
+  return std::regex_replace(text, numbered, "$1");
+}
 
 std::int64_t op_code(const std::string& op) {
   for (std::size_t i = 0; i < std::size(kOps); ++i)
@@ -56,15 +65,23 @@ class MonitoredWork final : public Work {
       const auto deadline = Clock::now() + timeout;
       while (Clock::now() < deadline && !owner_->alarm_seen())
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      owner_->fail(seq_, TimeoutError(fmt::format("{} #{} on rank {} did not complete within {} ms",
-                                                  fp_.describe(), seq_, owner_->rank(),
-                                                  timeout.count()),
-                                      ErrorContext{fp_.op, owner_->rank(), -1, ""}));
+      owner_->fail(seq_, TimeoutError(fmt::format("no result within {} ms", timeout.count()),
+                                      ErrorContext{fp_.op, owner_->rank(), -1, ""}),
+                   &fp_);
     }
     try {
       inner_->wait(timeout);
+    } catch (const TimeoutError& e) {
+      // The backend's text names the op by its own counter, which is not the
+      // collective number users see (it also counts barriers, the watchdog's
+      // own ops, ...): say it in the monitor's terms.
+      if (seq_ > 0)
+        owner_->fail(seq_, TimeoutError(fmt::format("no result within {} ms", timeout.count()),
+                                        e.context()),
+                     &fp_);
+      owner_->fail(seq_, e, &fp_);
     } catch (const Error& e) {
-      owner_->fail(seq_, e);
+      owner_->fail(seq_, e, &fp_);
     }
     if (seq_ > 0) owner_->mark_completed(seq_);
     if (corrupt_target_ && !corrupted_) {
@@ -149,9 +166,9 @@ std::shared_ptr<Work> MonitoredCommunicator::issue(Fingerprint fp, MakeFn make,
   // Another rank raised the alarm (or our watchdog did) and the backend was
   // aborted: stop here with the diagnosis rather than queue more doomed ops.
   if (alarm_seen_)
-    fail(seq, BackendError(fmt::format("{} #{} was not started: the watchdog stopped the "
-                                       "communicator after an alarm", fp.describe(), seq),
-                           ErrorContext{fp.op, rank(), -1, ""}));
+    fail(seq, BackendError("not started: the watchdog stopped the communicator after an alarm",
+                           ErrorContext{fp.op, rank(), -1, ""}),
+         &fp);
   if (fault_at(Fault::Kind::kExit, seq)) {
     std::fprintf(stderr, "ddpdiag: injected fault: rank %d kills itself before collective #%lld\n",
                  opts_.world_rank, static_cast<long long>(seq));
@@ -462,9 +479,9 @@ void MonitoredCommunicator::stall(std::int64_t seq, const Fingerprint& fp) {
   const auto until = Clock::now() + 3 * timeout_;
   while (Clock::now() < until && !alarm_seen_ && !aborted_)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  fail(seq, TimeoutError(fmt::format("rank {} stalled before collective #{} {} (injected hang)",
-                                     rank(), seq, fp.describe()),
-                         ErrorContext{fp.op, rank(), -1, ""}));
+  fail(seq, TimeoutError(fmt::format("rank {} stalled before issuing it (injected hang)", rank()),
+                         ErrorContext{fp.op, rank(), -1, ""}),
+       &fp);
 }
 
 void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerprint& fp) {
@@ -483,7 +500,7 @@ void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerpri
   try {
     inner_->allgather(base, base + row, kFpWords, DType::kInt64)->wait(timeout_);
   } catch (const Error& e) {
-    fail(seq, e);
+    fail(seq, e, &fp);
   }
   std::vector<std::int64_t> all(kFpWords * n);
   inner_->copy_to_host(all.data(), base + row, row * n);
@@ -515,9 +532,14 @@ void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerpri
                        {"cause", "--desync-check: fingerprints differ before the collective ran"},
                        {"detected_by", "desync_check"}};
   }
+  // The peer is a rank on the other side of the disagreement from this one.
   int peer = -1;
-  if (!d.mismatches.empty() && d.mismatches.front().groups.size() > 1)
-    peer = d.mismatches.front().groups[1].second.front();
+  if (!d.mismatches.empty() && d.mismatches.front().groups.size() > 1) {
+    const auto& g = d.mismatches.front().groups;
+    peer = g[1].second.front();
+    if (std::find(g[1].second.begin(), g[1].second.end(), rank()) != g[1].second.end())
+      peer = g[0].second.front();
+  }
   PeerError err(fmt::format("collective #{} on rank {}: the ranks disagree on the collective "
                             "(--desync-check). {}",
                             seq, rank(), d.summary()),
@@ -533,15 +555,37 @@ void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerpri
   throw err;
 }
 
-void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause) {
+void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fingerprint* fp) {
   std::lock_guard<std::mutex> guard(fail_mutex_);
+  // The collective that is stuck on this rank is the first one not done:
+  // a rank that queued more waits on a later one, which runs after it.
+  std::int64_t stuck = seq;
+  std::optional<Fingerprint> stuck_fp;
+  if (fp) stuck_fp = *fp;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failure_) std::rethrow_exception(failure_);
     for (auto& e : ring_)
       if (e.rec.seq == seq && e.rec.state == "started") e.rec.state = "failed";
+    const std::int64_t first_open = completed_.load() + 1;
+    if (seq > 0 && first_open > 0 && first_open < seq)
+      for (const auto& e : ring_)
+        if (e.rec.seq == first_open) {
+          stuck = first_open;
+          stuck_fp = e.rec.fp;
+          break;
+        }
   }
-  const std::string what = fmt::format("rank {}: {}", rank(), cause.what());
+  // One numbering in what users read: the monitor's collective number. The
+  // backend's own op counter ("allreduce #6") is dropped from its text.
+  const std::string where =
+      (seq > 0 ? fmt::format("collective #{}", stuck) : std::string("a point-to-point op")) +
+      (stuck_fp ? " " + stuck_fp->describe() : std::string());
+  std::string cause_text =
+      seq > 0 ? without_backend_op_numbers(cause.what()) : std::string(cause.what());
+  if (stuck != seq)
+    cause_text += fmt::format(" (waiting for collective #{}, which runs after it)", seq);
+  const std::string what = fmt::format("rank {}: {}: {}", rank(), where, cause_text);
   publish(what);
   raise_alarm(what);
   alarm_seen_ = true;
@@ -603,7 +647,11 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause) {
                        d.gone.size() == 1 ? "rank " : "ranks ", rank_list(d.gone));
   } else if (d.desync()) {
     const auto& g = d.mismatches.front().groups;
-    if (g.size() > 1) peer = g[1].second.front();
+    if (g.size() > 1) {
+      peer = g[1].second.front();
+      if (std::find(g[1].second.begin(), g[1].second.end(), rank()) != g[1].second.end())
+        peer = g[0].second.front();
+    }
     hint = "every rank must issue the same collectives in the same order with the same dtype, "
            "count and root; the minority rank took a different code path";
   } else if (!d.behind.empty()) {
@@ -618,11 +666,14 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause) {
            "(GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME, firewall), or raise --timeout if it is "
            "only slow";
   }
-  std::string where = seq > 0 ? fmt::format("collective #{}", seq) : std::string("a point-to-point op");
-  std::string msg = fmt::format("{} did not complete on rank {} ({}). Watchdog: {}", where,
-                                rank(), cause.what(), d.summary());
-  ErrorContext ctx{cause.context().phase.empty() ? std::string("collective") : cause.context().phase,
-                   rank(), peer, hint};
+  // The peer is another rank: a rank that is itself the one behind (or in
+  // the minority of a desync) names none.
+  if (peer == rank()) peer = -1;
+  std::string msg = fmt::format("{} did not complete on rank {}: {}. Watchdog: {}", where, rank(),
+                                cause_text, d.summary());
+  std::string phase = stuck_fp ? stuck_fp->op : cause.context().phase;
+  if (phase.empty()) phase = "collective";
+  ErrorContext ctx{phase, rank(), peer, hint};
   nlohmann::json ranks = nlohmann::json::array();
   for (const auto& s : states)
     if (s) ranks.push_back(to_json(*s));
@@ -634,7 +685,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause) {
     std::lock_guard<std::mutex> lock(mutex_);
     failure_report_ = {{"diagnosis", d.to_json()},
                        {"ranks", ranks},
-                       {"cause", cause.what()},
+                       {"cause", where + ": " + cause_text},
                        {"detected_by", "watchdog"},
                        {"flight_recorder", recorder},
                        {"store", {{"address", opts_.store_address},

@@ -134,7 +134,9 @@ class MonitoredCommunicator final : public Communicator {
   nlohmann::json failure_report() const;
 
   // Called by the Work handles.
-  [[noreturn]] void fail(std::int64_t seq, const Error& cause);
+  // `fp`: what collective #seq is (the message names it); the cause's text
+  // keeps no number of the backend's own (it counts its ops differently).
+  [[noreturn]] void fail(std::int64_t seq, const Error& cause, const Fingerprint* fp = nullptr);
   void mark_completed(std::int64_t seq);
   void corrupt_result(void* recv, DType dtype, std::size_t count);
   bool alarm_seen() const { return alarm_seen_.load(); }

@@ -300,6 +300,8 @@ std::map<std::string, std::string> recorded_environment() {
                             [&](const char* n) { return name == n; }) ||
                 std::any_of(std::begin(kPrefixes), std::end(kPrefixes),
                             [&](const char* p) { return name.rfind(p, 0) == 0; });
+    // The launcher's command line for the ranks: the report's argv already.
+    if (name == "DDPDIAG_LAUNCHER_ARGV") keep = false;
     if (keep) out[name] = std::string(kv.substr(eq + 1));
   }
   return out;

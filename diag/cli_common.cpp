@@ -26,10 +26,6 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
 }
 
-namespace {
-std::atomic<int> g_rank{-1};
-
-// FILE.rank<R>.json (or .md) beside the job's report: a rank's own report.
 std::string rank_report_path(const std::string& path, const std::string& ext, int rank) {
   if (path.empty()) return path;
   const std::string tag = fmt::format(".rank{}", rank);
@@ -37,6 +33,9 @@ std::string rank_report_path(const std::string& path, const std::string& ext, in
     return path.substr(0, path.size() - ext.size()) + tag + ext;
   return path + tag;
 }
+
+namespace {
+std::atomic<int> g_rank{-1};
 
 // What a rank knew of its report before the command's body ran (argv,
 // environment, world), for write_report_on_terminate: the live report may
@@ -90,7 +89,8 @@ void print_error(const Error& e) {
   const auto& c = e.context();
   std::string where;
   if (c.rank >= 0) where += fmt::format(" on rank {}", c.rank);
-  if (c.peer >= 0) where += fmt::format(" (peer rank {})", c.peer);
+  // A peer is another rank: a rank never names itself as its own peer.
+  if (c.peer >= 0 && c.peer != c.rank) where += fmt::format(" (peer rank {})", c.peer);
   if (!c.phase.empty()) where += fmt::format(" during {}", c.phase);
   std::fprintf(stderr, "ddpdiag: error%s: %s\n", where.c_str(), e.what());
   if (!c.hint.empty()) std::fprintf(stderr, "ddpdiag: hint: %s\n", c.hint.c_str());
@@ -553,6 +553,32 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
   auto env = process_env();
   const bool under_launcher = launched_by_launcher(env);
   const bool explicit_world = o.world.rank.has_value() || o.world.world_size.has_value();
+  if (o.nproc > 0) {
+    // --nproc starts a world of its own: it hosts the store and gives every
+    // rank its rank, sizes and store address. Flags that set those would
+    // override what it gives each rank (and meet its checks as a variable
+    // the user never set), so they cannot go with it.
+    std::vector<std::string> clash;
+    if (o.world.rank) clash.push_back("--rank");
+    if (o.world.world_size) clash.push_back("--world-size");
+    if (o.world.local_rank) clash.push_back("--local-rank");
+    if (o.world.local_world_size) clash.push_back("--local-world-size");
+    if (o.world.master_addr) clash.push_back("--master-addr");
+    if (o.world.master_port) clash.push_back("--master-port");
+    if (!clash.empty()) {
+      std::string list;
+      for (std::size_t i = 0; i < clash.size(); ++i)
+        list += (i == 0 ? "" : i + 1 == clash.size() ? " and " : ", ") + clash[i];
+      throw UsageError(
+          fmt::format("--nproc {} cannot be combined with {}: --nproc starts a world of its own "
+                      "on this machine (it hosts the store and sets each rank's rank and sizes)",
+                      o.nproc, list),
+          {"flags", -1, -1,
+           fmt::format("drop {} to start {} local rank(s), or drop --nproc to run one rank of a "
+                       "world started elsewhere",
+                       list, o.nproc)});
+    }
+  }
   if (o.nproc > 0 || (!under_launcher && !explicit_world)) {
     // Built-in launcher: default world is one rank per GPU with NCCL, else 2
     // Gloo ranks on loopback.
@@ -575,6 +601,7 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
       child.push_back(args[i]);
     }
     lo.child_args = child;
+    lo.user_args = args;
     lo.grace = Millis(static_cast<std::int64_t>(o.timeout_s * 1000) + 5000);
     lo.progress = isatty(STDERR_FILENO) && !o.quiet;
     return launch_local(lo);
@@ -585,12 +612,13 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body) {
   if (auto rc = launch_if_asked(o)) return *rc;
   auto env = process_env();
-  reports::Report report(command, own_command_line());
+  reports::Report report(command, recorded_command_line());
   report.set_environment(recorded_environment());
   arm_report(report, o);
   Job job;
   job.progress = (isatty(STDERR_FILENO) || env("DDPDIAG_PROGRESS")) && !o.quiet;
   int rc = 0;
+  bool store_unreachable = false;  // this rank never reached the store, or lost it
   try {
     start_job(job, o);
     std::map<std::string, std::string> libs = {{job.comm->backend() == Backend::kNccl ? "nccl" : "gloo",
@@ -605,6 +633,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     print_error(e);
     report.set_error(to_error_info(e));
     rc = static_cast<int>(e.exit_code());
+    store_unreachable = !job.store || e.context().phase.rfind("store.connect", 0) == 0;
     if (job.monitor) {
       auto watchdog = job.monitor->failure_report();
       if (!watchdog.is_null()) report.results()["watchdog"] = watchdog;
@@ -618,9 +647,11 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     }
   }
   disarm_report();
-  // The job's report comes from rank 0. A rank cut off from the store cannot
-  // hand its view to rank 0, so it writes its own next to it: FILE.rank<R>.json.
-  const bool own_report = job.world.rank > 0 && job.monitor && job.monitor->store_lost();
+  // The job's report comes from rank 0. A rank cut off from the store (it
+  // never reached it, or lost it) cannot hand its view to rank 0, so it
+  // writes its own next to it: FILE.rank<R>.json.
+  const bool own_report =
+      job.world.rank > 0 && (store_unreachable || (job.monitor && job.monitor->store_lost()));
   if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {
     auto path_of = [&](const std::string& path, const std::string& ext) {
       return own_report ? rank_report_path(path, ext, job.world.rank) : path;

@@ -40,6 +40,10 @@ int current_rank();
 // Returns the path written, or "" (none asked for, or no command running).
 std::string write_report_on_terminate(const std::string& message, const std::string& hint);
 
+// FILE.rank<R>.json (or .md) beside the job's report: the path of a rank's
+// own report ("" stays "").
+std::string rank_report_path(const std::string& path, const std::string& ext, int rank);
+
 // Prints the report's checks and verdict under a command's table (rank 0).
 void print_checks_and_verdict(const reports::Report& report);
 

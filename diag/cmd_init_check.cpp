@@ -196,12 +196,14 @@ std::string describe_env(const World& w) {
   return s;
 }
 
+// rank < 0: the environment was rejected, so the rank is unknown ("?").
 void print_timeline(FILE* to, int rank, const std::string& host, const nlohmann::json& phases) {
+  const std::string who = rank >= 0 ? std::to_string(rank) : std::string("?");
   for (const auto& p : phases) {
     std::string detail = p.value("detail", std::string());
     if (detail.size() > 110) detail = detail.substr(0, 107) + "...";
     const std::string status = p.value("status", std::string());
-    std::fprintf(to, "  %4d %-12s %-16s %9.3f %10.1f  %-4s  %s\n", rank, host.c_str(),
+    std::fprintf(to, "  %4s %-12s %-16s %9.3f %10.1f  %-4s  %s\n", who.c_str(), host.c_str(),
                  p.value("name", std::string()).c_str(), p.value("start_s", 0.0),
                  p.value("duration_ms", 0.0), status.c_str(), detail.c_str());
   }
@@ -216,7 +218,7 @@ int run_init_check(const InitCheckOptions& io) {
   // synchronised clocks).
   const double t0_unix_s =
       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  reports::Report report("init-check", own_command_line());
+  reports::Report report("init-check", recorded_command_line());
   report.set_environment(recorded_environment());
   Timeline tl(t0);
   Job job;
@@ -380,8 +382,12 @@ int run_init_check(const InitCheckOptions& io) {
     if (!nccl_log_path.empty() && nccl_log.is_null()) nccl_log = nccl_log_lines(nccl_log_path);
   }
 
+  // Whether this process knows its rank: not when the environment (or the
+  // flags) were rejected; then nothing past it was tried, the store included.
+  const bool world_known = tl.find("environment").status == "ok";
   // This rank's timeline, to rank 0 through the store.
-  nlohmann::json mine = {{"rank", job.world.rank}, {"host", host}, {"phases", tl.to_json()},
+  nlohmann::json mine = {{"rank", world_known ? nlohmann::json(job.world.rank) : nlohmann::json()},
+                         {"host", host}, {"phases", tl.to_json()},
                          {"started_unix_s", t0_unix_s},
                          {"error", failure ? nlohmann::json{{"kind", failure->kind},
                                                             {"message", failure->message},
@@ -401,12 +407,49 @@ int run_init_check(const InitCheckOptions& io) {
     } catch (const Error&) {
     }
   }
-  if (!published || (failure && job.world.rank != 0)) {
+  // (With the environment rejected, the table below on stdout is the
+  // timeline: there is no rank to speak for and no store was tried.)
+  if (world_known && (!published || (failure && job.world.rank != 0))) {
     std::fprintf(stderr, "# init-check timeline of rank %d (%s):\n", job.world.rank,
                  published ? "also sent to rank 0" : "could not reach the store");
     print_timeline(stderr, job.world.rank, host, mine["phases"]);
     if (failure && !failure->hint.empty())
       std::fprintf(stderr, "# hint: %s\n", failure->hint.c_str());
+  }
+
+  // A rank other than 0 that could not hand its timeline to rank 0 writes
+  // its own report beside the job's: FILE.rank<R>.json.
+  if (world_known && !published && job.world.rank > 0 &&
+      (!o.json_path.empty() || !o.markdown_path.empty())) {
+    nlohmann::json entry = mine;
+    entry["reported"] = true;
+    entry["clock_shift_s"] = 0.0;
+    auto& res = report.results();
+    res["ranks"] = nlohmann::json::array({entry});
+    res["timeout_s"] = o.timeout_s;
+    for (const auto& ph : mine["phases"]) {
+      const std::string st = ph.value("status", "");
+      const std::string name = ph.value("name", "");
+      report.add_check({name,
+                        st == "ok"     ? reports::CheckStatus::kPass
+                        : st == "fail" ? reports::CheckStatus::kFail
+                                       : reports::CheckStatus::kSkip,
+                        st == "ok"     ? fmt::format("ok on rank {}", job.world.rank)
+                        : st == "fail" ? fmt::format("failed on rank {}", job.world.rank)
+                                       : std::string("not reached")});
+    }
+    if (failure) report.set_error(*failure);
+    const std::string json_path = rank_report_path(o.json_path, ".json", job.world.rank);
+    try {
+      reports::write_report_outputs(report.finish(), json_path,
+                                    rank_report_path(o.markdown_path, ".md", job.world.rank));
+      if (!json_path.empty())
+        std::fprintf(stderr, "ddpdiag: rank %d could not reach the store; its own report: %s\n",
+                     job.world.rank, json_path.c_str());
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "ddpdiag: error on rank %d: %s\n", job.world.rank, e.what());
+      if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
+    }
   }
 
   nlohmann::json bisect;
@@ -520,16 +563,17 @@ int run_init_check(const InitCheckOptions& io) {
       }
       report.add_check(c);
     }
-    report.add_check({"all_ranks_reported",
-                      unreported.empty() ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                      unreported.empty() ? fmt::format("{} of {} rank(s) sent a timeline", n, n)
-                                         : fmt::format("no timeline from rank(s) {}",
-                                                       [&] {
-                                                         std::string s;
-                                                         for (int r : unreported)
-                                                           s += (s.empty() ? "" : ",") + std::to_string(r);
-                                                         return s;
-                                                       }())});
+    if (world_known)
+      report.add_check({"all_ranks_reported",
+                        unreported.empty() ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                        unreported.empty() ? fmt::format("{} of {} rank(s) sent a timeline", n, n)
+                                           : fmt::format("no timeline from rank(s) {}",
+                                                         [&] {
+                                                           std::string s;
+                                                           for (int r : unreported)
+                                                             s += (s.empty() ? "" : ",") + std::to_string(r);
+                                                           return s;
+                                                         }())});
     if (!failure && first_remote) {
       failure = first_remote;
       rc = first_remote->exit_code;
@@ -543,9 +587,14 @@ int run_init_check(const InitCheckOptions& io) {
     }
     if (rc == 0 && report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
 
-    std::printf("# ddpdiag init-check: %d rank(s), backend %s, launcher %s, timeout %.0f s per phase\n",
-                n, std::string(backend_name(job.backend)).c_str(),
-                std::string(launcher_name(job.world.launcher)).c_str(), o.timeout_s);
+    if (world_known)
+      std::printf("# ddpdiag init-check: %d rank(s), backend %s, launcher %s, timeout %.0f s per phase\n",
+                  n, std::string(backend_name(job.backend)).c_str(),
+                  std::string(launcher_name(job.world.launcher)).c_str(), o.timeout_s);
+    else
+      std::printf("# ddpdiag init-check: the environment was rejected, so this process's rank and "
+                  "the world size are unknown; timeout %.0f s per phase\n",
+                  o.timeout_s);
     std::printf("# %4s %-12s %-16s %9s %10s  %-4s  %s\n", "rank", "host", "phase", "start(s)",
                 "dur(ms)", "stat", "detail");
     for (int r = 0; r < n; ++r) {
@@ -554,11 +603,16 @@ int run_init_check(const InitCheckOptions& io) {
                     "no timeline: this rank never reached the store");
         continue;
       }
-      print_timeline(stdout, r, all[r].value("host", std::string("?")), all[r]["phases"]);
+      print_timeline(stdout, world_known ? r : -1, all[r].value("host", std::string("?")),
+                     all[r]["phases"]);
     }
     if (failure) {
-      std::printf("# FAILED on rank %d in %s: %s\n", failure->rank, failure->phase.c_str(),
-                  failure->message.c_str());
+      if (failure->rank >= 0)
+        std::printf("# FAILED on rank %d in %s: %s\n", failure->rank, failure->phase.c_str(),
+                    failure->message.c_str());
+      else
+        std::printf("# FAILED in %s (the rank could not be determined): %s\n",
+                    failure->phase.c_str(), failure->message.c_str());
       if (!failure->hint.empty()) std::printf("# hint: %s\n", failure->hint.c_str());
     }
     std::printf("# Verdict: %s\n", report.verdict().c_str());

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -16,6 +17,7 @@
 #include <optional>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "comm/errors.h"
 #include "comm/store/tcp_store.h"
@@ -94,6 +96,23 @@ std::vector<std::string> own_command_line() {
   return out;
 }
 
+std::vector<std::string> recorded_command_line() {
+  const char* launched = std::getenv("DDPDIAG_LAUNCHER");
+  const char* argv = std::getenv("DDPDIAG_LAUNCHER_ARGV");
+  if (launched && std::string(launched) == "1" && argv) {
+    const auto j = nlohmann::json::parse(argv, nullptr, false);
+    if (j.is_array() && !j.empty()) {
+      std::vector<std::string> out;
+      for (const auto& a : j) {
+        if (!a.is_string()) return own_command_line();
+        out.push_back(a.get<std::string>());
+      }
+      return out;
+    }
+  }
+  return own_command_line();
+}
+
 int launch_local(const LaunchOptions& o) {
   if (o.nproc < 1)
     throw UsageError(fmt::format("--nproc {} must be at least 1", o.nproc),
@@ -146,6 +165,9 @@ int launch_local(const LaunchOptions& o) {
     env["TORCHELASTIC_RUN_ID"] = run_id;
     if (!env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
     env["DDPDIAG_LAUNCHER"] = "1";
+    // The command the user typed (with --nproc), for the ranks' reports.
+    env["DDPDIAG_LAUNCHER_ARGV"] =
+        nlohmann::json(o.user_args.empty() ? o.child_args : o.user_args).dump();
     if (o.progress && r == 0) env["DDPDIAG_PROGRESS"] = "1";
     std::vector<std::string> env_strings;
     for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
@@ -183,6 +205,9 @@ int launch_local(const LaunchOptions& o) {
   bool terminated = false;
   bool killed = false;
   int forwarded = 0;
+  // The signal (SIGINT / SIGTERM) the launcher itself received and passed
+  // on: the job was interrupted, and the ranks it ends are no one's fault.
+  int interrupted_by = 0;
   auto running = [&] {
     for (auto& c : children)
       if (!c.exited || c.out_fd >= 0 || c.err_fd >= 0) return true;
@@ -193,9 +218,11 @@ int launch_local(const LaunchOptions& o) {
     if (int sig = g_forward_signal.exchange(0); sig != 0) {
       // Ctrl-C: pass it on once; a second one kills.
       ++forwarded;
+      if (!interrupted_by) interrupted_by = sig;
       for (auto& c : children)
         if (!c.exited) kill(c.pid, forwarded > 1 ? SIGKILL : sig);
-      if (!kill_at) kill_at = Clock::now() + std::chrono::seconds(5);
+      const auto soon = Clock::now() + std::chrono::seconds(5);
+      if (!kill_at || *kill_at > soon) kill_at = soon;
     }
     std::vector<pollfd> fds;
     std::vector<std::pair<int, bool>> who;  // child index, is stderr
@@ -239,7 +266,11 @@ int launch_local(const LaunchOptions& o) {
       if (p == c.pid) {
         c.exited = true;
         c.status = status;
-        if (failed(status) && !first_failed) {
+        // A rank ended by the signal the launcher is about to forward (Ctrl-C
+        // reaches the whole process group at once) failed for no reason of
+        // its own.
+        if (failed(status) && !first_failed && !interrupted_by &&
+            g_forward_signal.load() == 0) {
           first_failed = c.rank;
           kill_at = Clock::now() + o.grace;
         }
@@ -259,6 +290,26 @@ int launch_local(const LaunchOptions& o) {
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
 
+  if (interrupted_by) {
+    // As a shell, torchrun and Python do: 128 + the signal, no rank blamed.
+    // A rank that had failed before the signal came is still named.
+    const char* name = sigabbrev_np(interrupted_by);
+    std::string failure;
+    const auto by_the_signal = [&](int status) {
+      return (WIFSIGNALED(status) && WTERMSIG(status) == interrupted_by) ||
+             (WIFEXITED(status) && WEXITSTATUS(status) == 128 + interrupted_by);
+    };
+    if (first_failed && !by_the_signal(children[*first_failed].status)) {
+      const Child& f = children[*first_failed];
+      failure = fmt::format("; before that, rank {} (pid {}) had failed: it {}", f.rank,
+                            static_cast<long>(f.pid), describe_status(f.status));
+    }
+    std::fprintf(stderr,
+                 "ddpdiag launcher: interrupted by signal %d (SIG%s): passed it to the %d "
+                 "rank(s) and stopped the job%s\n",
+                 interrupted_by, name ? name : "?", o.nproc, failure.c_str());
+    return 128 + interrupted_by;
+  }
   if (!first_failed) return 0;
   const Child& f = children[*first_failed];
   std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) failed first: it %s\n", f.rank,

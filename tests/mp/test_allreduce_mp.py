@@ -99,6 +99,51 @@ class LauncherSweeps(unittest.TestCase):
         self.assertEqual(rep["verdict"], "ERROR")
         self.assertIn(rep["error"]["exit_code"], (4, 5))
 
+    def test_interrupted_launcher_exits_128_plus_signal_blaming_no_rank(self):
+        # Ctrl-C (SIGINT) or SIGTERM to the launcher: it passes the signal on,
+        # says the job was interrupted, names no rank as failed, and exits
+        # 128 + the signal as shells and torchrun do.
+        for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
+            with self.subTest(signal=name):
+                p = subprocess.Popen([BIN, "allreduce-test", "--nproc", "2", "--timeout", "20",
+                                      "-b", "64K", "-e", "64K", "-n", "10000000", "-w", "1"],
+                                     env=clean_env(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+                ranks_seen = 0
+                t0 = time.monotonic()
+                while ranks_seen < 2 and time.monotonic() - t0 < 60:
+                    line = p.stdout.readline()
+                    if not line:
+                        break
+                    if line.startswith("#  Rank"):
+                        ranks_seen += 1
+                self.assertEqual(ranks_seen, 2, "the ranks did not start")
+                time.sleep(0.5)
+                p.send_signal(sig)
+                try:
+                    out, err = p.communicate(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.communicate()
+                    self.fail("the launcher did not end after %s" % name)
+                self.assertEqual(p.returncode, 128 + int(sig), err)
+                self.assertIn("ddpdiag launcher: interrupted by signal %d (%s)" % (int(sig), name),
+                              err)
+                self.assertNotIn("failed first", err)
+
+    def test_report_argv_is_the_command_typed(self):
+        # The ranks record the launcher's command line, --nproc included, so
+        # rerunning the recorded argv starts the same world.
+        path = tmp_json()
+        args = ["allreduce-test", "--nproc", "3", "--json", path] + SMALL
+        p = run(args)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["argv"][1:], args)
+        self.assertEqual(rep["world"]["size"], 3)
+        self.assertNotIn("DDPDIAG_LAUNCHER_ARGV", rep["environment"])
+
 
 def agent_env(rank, n, port, agent_store, extra=None):
     """The environment torchrun's agent gives worker `rank`."""
@@ -201,6 +246,55 @@ class BadInput(unittest.TestCase):
         self.assertIn("refused", p.stderr)
         self.assertIn("127.0.0.1:%d" % port, p.stderr)
         self.assertLess(p.elapsed, self.TIMEOUT + 5)
+
+    def test_rank_that_cannot_reach_the_store_writes_its_own_report(self):
+        # Rank 1 cannot hand its story to rank 0, so it writes FILE.rank1.json
+        # (never FILE: that is the job's, from rank 0).
+        for command in ("allreduce-test", "init-check"):
+            with self.subTest(command=command):
+                path = tmp_json()
+                own = path[:-len(".json")] + ".rank1.json"
+                try:
+                    env = clean_env(RANK=1, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
+                                    MASTER_PORT=free_port())
+                    p = run([command, "--timeout", "1", "--json", path], env=env)
+                    self.assertEqual(p.returncode, 3, p.stderr)
+                    self.assertIn("rank 1 could not reach the store; its own report: %s" % own,
+                                  p.stderr)
+                    self.assertFalse(os.path.exists(path))
+                    rep = load(own)
+                    self.assertEqual(rep["command"], command)
+                    self.assertEqual(rep["verdict"], "ERROR")
+                    self.assertEqual(rep["error"]["rank"], 1)
+                    self.assertEqual(rep["error"]["exit_code"], 3)
+                    self.assertIn("refused", rep["error"]["message"])
+                    if command == "init-check":
+                        ranks = rep["results"]["ranks"]
+                        self.assertEqual([r["rank"] for r in ranks], [1])
+                        status = {ph["name"]: ph["status"] for ph in ranks[0]["phases"]}
+                        self.assertEqual(status["environment"], "ok")
+                        self.assertEqual(status["store_connect"], "fail")
+                        self.assertTrue(any(c["name"] == "store_connect" and c["status"] == "fail"
+                                            for c in rep["checks"]))
+                    self.assertLess(p.elapsed, self.TIMEOUT + 5)
+                finally:
+                    for f in (path, own):
+                        if os.path.exists(f):
+                            os.unlink(f)
+
+    def test_nproc_with_world_flags_is_a_usage_error(self):
+        # --nproc starts a world of its own: flags that set a rank's world
+        # cannot go with it. One message naming the flags, before any rank.
+        for flags, named in ((["--rank", "0", "--world-size", "1"], "--rank and --world-size"),
+                             (["--master-port", "29500"], "--master-port"),
+                             (["--local-world-size", "3"], "--local-world-size")):
+            with self.subTest(flags=flags):
+                p = run(["allreduce-test", "--nproc", "2"] + flags + ["-e", "1K"])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("--nproc 2 cannot be combined with %s" % named, p.stderr)
+                self.assertNotIn("[rank", p.stderr)  # no rank was started
+                self.assertNotIn("LOCAL_WORLD_SIZE", p.stderr)
+                self.assertEqual(p.stderr.count("ddpdiag: error"), 1, p.stderr)
 
     def test_world_size_disagrees(self):
         port = free_port()

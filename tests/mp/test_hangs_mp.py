@@ -98,6 +98,27 @@ class InitCheck(unittest.TestCase):
         self.assertEqual(rep["error"]["phase"], "store_connect")
         os.unlink(path)
 
+    def test_rejected_environment_claims_no_rank(self):
+        # RANK=4 in a world of 4: the rank is unknown and the store was never
+        # tried, so the output claims neither rank 0 nor an unreachable store.
+        path = tmp_json()
+        env = clean_env(RANK=4, WORLD_SIZE=4, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+        p = run(["init-check", "--timeout", "3", "--json", path], env=env, timeout=60)
+        try:
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            out = p.stdout + p.stderr
+            self.assertIn("RANK=4 is out of range", out)
+            self.assertIn("# FAILED in environment (the rank could not be determined)", p.stdout)
+            for wrong in ("rank 0", "rank -1", "could not reach the store", "1 rank(s)"):
+                self.assertNotIn(wrong, out)
+            rep = load(path)
+            self.assertEqual(rep["verdict"], "ERROR")
+            self.assertEqual(rep["error"]["exit_code"], 2)
+            self.assertIsNone(rep["results"]["ranks"][0]["rank"])
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+
     def test_rank_that_never_started_is_named(self):
         path = tmp_json()
         p = run(["init-check", "--rank", "0", "--world-size", "3", "--master-port",
@@ -147,6 +168,18 @@ class Hangs(unittest.TestCase):
             self.assertIn("[rank %d] ddpdiag: error on rank %d" % (r, r), p.stderr)
         self.assertEqual(p.stderr.count("Rank 1 behind"), 3, p.stderr)
         self.assertNotIn("exited with code 5", p.stderr)
+        # One numbering: the watchdog's collective #5 (the backend's own op
+        # counter, which also counts the setup barrier, is not shown), and
+        # the stuck rank does not name itself as its own peer.
+        for r in (0, 1, 2):
+            self.assertIn("[rank %d] ddpdiag: error on rank %d%s during all_reduce: collective #5 "
+                          "all_reduce(float, 256, sum) did not complete on rank %d"
+                          % (r, r, "" if r == 1 else " (peer rank 1)", r), p.stderr)
+        self.assertNotIn("(peer rank 1) during", p.stderr.split("[rank 1] ddpdiag: error")[1]
+                         .split("\n")[0])
+        self.assertNotIn("allreduce #", p.stderr)
+        self.assertNotIn("allreduce #", rep["error"]["message"])
+        self.assertIn("collective #5 all_reduce(float, 256, sum)", rep["error"]["message"])
         self.assertEqual(rep["error"]["exit_code"], 4)
         self.assertEqual(rep["error"]["peer"], 1)
         wd = rep["results"]["watchdog"]
