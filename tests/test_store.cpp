@@ -121,6 +121,21 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = 3000ms) {
   return pred();
 }
 
+// A listening TCP socket on 127.0.0.1 and a port the system picked, for
+// stand-ins of other servers; returns the socket, sets *port.
+int listen_on_loopback(int* port) {
+  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  REQUIRE(::listen(lfd, 8) == 0);
+  socklen_t len = sizeof(a);
+  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  *port = ntohs(a.sin_port);
+  return lfd;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- wire format
@@ -590,15 +605,8 @@ TEST_CASE("auto-detection falls back to 1.13 against a 1.13-style server", "[sto
   // drops the connection when it is absurd (1.13 throws length_error on the
   // vector), answers GETNUMKEYS with 0. Enough to drive the fallback path;
   // tests/compat runs it against the real thing.
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  REQUIRE(::listen(lfd, 8) == 0);
-  socklen_t len = sizeof(a);
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
-  int port = ntohs(a.sin_port);
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
   std::atomic<int> probes_rejected{0};
   std::thread fake([&] {
     for (int conn = 0; conn < 2; ++conn) {
@@ -758,14 +766,8 @@ TEST_CASE("a refusal on earlier attempts is not masked by a last attempt that ra
 TEST_CASE("a wrong protocol is a failed handshake with a reachable host, not a failed connect", "[store][tcp]") {
   // Stands in for torch 1.13's daemon facing a 2.x handshake: it closes the
   // connection. The host accepted it, so the error is the handshake's.
-  int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  REQUIRE(::listen(lfd, 8) == 0);
-  socklen_t len = sizeof(a);
-  ::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
   std::thread closer([&] {
     int fd = ::accept(lfd, nullptr, nullptr);
     if (fd < 0) return;
@@ -773,7 +775,7 @@ TEST_CASE("a wrong protocol is a failed handshake with a reachable host, not a f
     ::recv(fd, b, sizeof(b), 0);
     ::close(fd);
   });
-  auto o = client_opts(ntohs(a.sin_port), StoreProtocol::kV2);
+  auto o = client_opts(port, StoreProtocol::kV2);
   o.io_timeout = 2000ms;
   try {
     TcpStoreClient c(o);
