@@ -499,6 +499,17 @@ void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerpri
   inner_->copy_from_host(base, mine.data(), row);
   try {
     inner_->allgather(base, base + row, kFpWords, DType::kInt64)->wait(timeout_);
+  } catch (const TimeoutError& e) {
+    // The all_gather is ours, not the user's: say what it was for.
+    fail(seq, TimeoutError(std::string("the fingerprint exchange of --desync-check before it: ") +
+                               e.what(),
+                           e.context()),
+         &fp);
+  } catch (const PeerError& e) {
+    fail(seq, PeerError(std::string("the fingerprint exchange of --desync-check before it: ") +
+                            e.what(),
+                        e.context()),
+         &fp);
   } catch (const Error& e) {
     fail(seq, e, &fp);
   }

@@ -231,8 +231,9 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
       ->check(cli::size_value());
   app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size")
       ->check(cli::size_value());
-  app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step")
-      ->check(cli::number_above(1));
+  app->add_option("-f,--stepfactor", opts->step_factor,
+                  "Multiply the size by this each step (> 1; unused with -i)")
+      ->check(cli::positive_number());
   app->add_option("-i,--stepbytes", opts->step_bytes, "Add this many bytes each step instead")
       ->check(cli::size_value());
   app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(cli::positive_number());
@@ -269,6 +270,20 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   app->add_flag("--bisect", opts->bisect,
                 "After the sweep, test sub-groups (each host alone, pairs of hosts, halves) and "
                 "name the smallest failing or slow set and the rank/host it points to");
+  // A factor of 1 or less never reaches -e; it is fine only when -i steps
+  // instead (nccl-tests' linear sweep: -f is then unused). Checked once the
+  // line is parsed, so the launcher refuses it before any rank starts.
+  app->parse_complete_callback([opts] {
+    bool by_bytes = false;
+    try {
+      by_bytes = parse_size(opts->step_bytes) > 0;
+    } catch (const UsageError&) {  // -i's own check names it
+    }
+    if (opts->step_factor <= 1 && !by_bytes)
+      throw CLI::ValidationError(
+          "--stepfactor", fmt::format("must be a number > 1, not {} (or step by bytes with -i)",
+                                      opts->step_factor));
+  });
   return {app, [opts] {
             return run_distributed(opts->common, "allreduce-test",
                                    [opts](Job& job, reports::Report& report) {

@@ -167,7 +167,8 @@ int launch_local(const LaunchOptions& o) {
     env["DDPDIAG_LAUNCHER"] = "1";
     // The command the user typed (with --nproc), for the ranks' reports.
     env["DDPDIAG_LAUNCHER_ARGV"] =
-        nlohmann::json(o.user_args.empty() ? o.child_args : o.user_args).dump();
+        nlohmann::json(o.user_args.empty() ? o.child_args : o.user_args)
+            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     if (o.progress && r == 0) env["DDPDIAG_PROGRESS"] = "1";
     std::vector<std::string> env_strings;
     for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);

@@ -1,6 +1,7 @@
 // ddpdiag: one executable, one subcommand a file. Errors from every layer
 // arrive here as exceptions and become exit codes and stderr messages in
 // this one place.
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
@@ -115,9 +116,13 @@ int main(int argc, char** argv) {
     cli::print_error(e);
     return static_cast<int>(e.exit_code());
   } catch (const reports::WriteError& e) {
+    const int err = e.error_number();
     const UsageError u(e.what(), {"report", -1, -1,
-                                  "check that the directory exists and is writable, or pass "
-                                  "another path"});
+                                  err == ENOSPC || err == EDQUOT
+                                      ? "the disk is full (or over quota): free space, or pass a "
+                                        "path on another disk"
+                                      : "check that the directory exists and is writable, or pass "
+                                        "another path"});
     cli::print_error(u);
     return static_cast<int>(u.exit_code());
   } catch (const std::exception& e) {

@@ -124,9 +124,11 @@ nlohmann::json Report::finish() const {
 void write_file_atomic(const std::string& path, const std::string& content) {
   std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(getpid()));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0)
+  if (fd < 0) {
+    const int err = errno;
     throw WriteError(
-        fmt::format("cannot write report {}: {} (creating {})", path, std::strerror(errno), tmp));
+        fmt::format("cannot write report {}: {} (creating {})", path, std::strerror(err), tmp), err);
+  }
   const char* p = content.data();
   std::size_t left = content.size();
   while (left > 0) {
@@ -136,7 +138,7 @@ void write_file_atomic(const std::string& path, const std::string& content) {
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      throw WriteError(fmt::format("cannot write report {}: {} (writing {})", path, std::strerror(err), tmp));
+      throw WriteError(fmt::format("cannot write report {}: {} (writing {})", path, std::strerror(err), tmp), err);
     }
     p += n;
     left -= static_cast<std::size_t>(n);
@@ -146,18 +148,20 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw WriteError(fmt::format("cannot write report {}: {} (writing {})", path, std::strerror(err), tmp));
+    throw WriteError(fmt::format("cannot write report {}: {} (writing {})", path, std::strerror(err), tmp), err);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
     throw WriteError(
-        fmt::format("cannot move report into place at {}: {}", path, std::strerror(err)));
+        fmt::format("cannot move report into place at {}: {}", path, std::strerror(err)), err);
   }
 }
 
 void write_json_atomic(const std::string& path, const nlohmann::json& doc) {
-  write_file_atomic(path, doc.dump(2) + "\n");
+  // Bytes that are not UTF-8 (a Latin-1 path in argv, say) become U+FFFD
+  // rather than failing the whole report.
+  write_file_atomic(path, doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
 nlohmann::json read_json(const std::string& path) {

@@ -80,7 +80,12 @@ class Report {
 // a usage error (exit 2) with a hint.
 class WriteError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  WriteError(const std::string& what, int error_number)
+      : std::runtime_error(what), error_number_(error_number) {}
+  int error_number() const { return error_number_; }  // errno of the failed call
+
+ private:
+  int error_number_;
 };
 
 // Atomic write: FILE.tmp.<pid> in the same directory, fsync, rename.

@@ -31,6 +31,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 #include <thread>
@@ -229,7 +230,9 @@ class NcclWork final : public Work {
   std::shared_ptr<Shared> shared_;
   cudaEvent_t event_ = nullptr;
   std::string what_;
-  bool done_ = false;
+  // Set by the thread that sees the event complete: the main thread, or the
+  // watchdog's through is_completed().
+  std::atomic<bool> done_{false};
 };
 
 // Waits for the communicator to leave ncclInProgress (after a non-blocking
@@ -521,21 +524,34 @@ class NcclCommunicator final : public Communicator {
   // child's are polled until they leave ncclInProgress or the deadline.
   std::unique_ptr<Communicator> split(int color, int key, Millis timeout) override {
     const auto deadline = deadline_after(timeout);
+    const auto aborted_error = [&] {
+      return BackendError("split on rank " + std::to_string(rank()) +
+                              ": the communicator was aborted",
+                          ErrorContext{"split", rank(), -1, "create a new communicator"});
+    };
     // NCCL calls on one communicator from two threads at once are not
-    // allowed: an abort from the watchdog waits until this is done.
+    // allowed: the call is made under the mutex that abort takes, and the
+    // parent's state is then polled one query at a time under it (as in
+    // enqueue), so an abort can still get in and end the wait.
     std::unique_lock<std::mutex> lock(shared_->mutex);
-    if (shared_->aborted.load() || !shared_->comm)
-      throw BackendError("split on rank " + std::to_string(rank()) +
-                             ": the communicator was aborted",
-                         ErrorContext{"split", rank(), -1, "create a new communicator"});
+    if (shared_->aborted.load() || !shared_->comm) throw aborted_error();
     cudaSetDevice(shared_->device);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclComm_t child = nullptr;
     ncclResult_t r = ncclCommSplit(shared_->comm, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key,
                                    &child, &config);
-    if (r == ncclSuccess || r == ncclInProgress) r = wait_comm_state(shared_->comm, deadline);
-    if (r == ncclSuccess && child) r = wait_comm_state(child, deadline);
+    if (r == ncclSuccess || r == ncclInProgress) {
+      lock.unlock();
+      const auto polled = poll_comm_state(deadline);
+      if (!polled) {
+        if (child) ncclCommAbort(child);
+        throw aborted_error();
+      }
+      r = *polled;
+      if (r == ncclSuccess && child) r = wait_comm_state(child, deadline);  // ours alone
+      lock.lock();
+    }
     if (r != ncclSuccess) {
       const std::string msg = r == ncclInProgress ? "" : nccl_message(r, shared_->comm);
       if (child) ncclCommAbort(child);
@@ -579,19 +595,30 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<Work> enqueue(const char* what, Launch&& launch) {
     // Under the mutex: NCCL calls on one communicator from two threads at
     // once are not allowed, and an abort from the watchdog thread frees the
-    // communicator. The abort waits until the op is enqueued (bounded by
-    // the timeout below).
-    std::lock_guard<std::mutex> lock(shared_->mutex);
-    if (shared_->aborted.load() || !shared_->comm)
-      throw BackendError(std::string(what) + " on rank " + std::to_string(rank()) +
-                             ": the communicator was aborted",
-                         ErrorContext{what, rank(), -1, "create a new communicator"});
+    // communicator. While NCCL answers ncclInProgress the mutex is taken per
+    // query only, so an abort can get in between and end the wait.
+    std::unique_lock<std::mutex> lock(shared_->mutex);
+    const auto aborted_error = [&](const std::string& when) {
+      return BackendError(std::string(what) + " on rank " + std::to_string(rank()) +
+                              ": the communicator was aborted" + when,
+                          ErrorContext{what, rank(), -1, "create a new communicator"});
+    };
+    if (shared_->aborted.load() || !shared_->comm) throw aborted_error("");
     cudaSetDevice(shared_->device);
     const std::string label = std::string(what) + " #" + std::to_string(++issued_);
     ncclResult_t r = launch(shared_->comm);
     // A non-blocking communicator may answer ncclInProgress while it
     // enqueues; it must be ncclSuccess before the next NCCL call.
-    if (r == ncclInProgress) r = wait_comm_state(shared_->comm, deadline_after(timeout_));
+    if (r == ncclInProgress) {
+      lock.unlock();
+      const auto polled = poll_comm_state(deadline_after(timeout_));
+      lock.lock();
+      if (!polled) throw aborted_error(" while the op was being enqueued");
+      r = *polled;
+    }
+    // An op that may be half enqueued: whoever frees its buffers must abort
+    // first (see free()).
+    if (r != ncclSuccess) shared_->gave_up = true;
     if (r == ncclInProgress)
       throw TimeoutError(label + " could not be enqueued within " + std::to_string(timeout_.count()) +
                              " ms on rank " + std::to_string(rank()),
@@ -607,6 +634,24 @@ class NcclCommunicator final : public Communicator {
     }
     last_op_ = std::make_shared<NcclWork>(shared_, ev, label);
     return last_op_;
+  }
+
+  // NCCL's state of the communicator, queried under the mutex one query at
+  // a time, until it leaves ncclInProgress or the deadline (ncclInProgress);
+  // nullopt when the communicator was aborted meanwhile.
+  std::optional<ncclResult_t> poll_comm_state(Clock::time_point deadline) {
+    const auto started = Clock::now();
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(shared_->mutex);
+        if (shared_->aborted.load() || !shared_->comm) return std::nullopt;
+        ncclResult_t st = ncclSuccess;
+        if (ncclCommGetAsyncError(shared_->comm, &st) != ncclSuccess) return ncclInternalError;
+        if (st != ncclInProgress) return st;
+      }
+      if (Clock::now() >= deadline) return ncclInProgress;
+      poll_pause(started);
+    }
   }
 
   // Waits (bounded) for the last collective before a cudaFree; see free().

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -110,13 +111,19 @@ class LauncherSweeps(unittest.TestCase):
                                      env=clean_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
                 ranks_seen = 0
-                t0 = time.monotonic()
-                while ranks_seen < 2 and time.monotonic() - t0 < 60:
-                    line = p.stdout.readline()
-                    if not line:
-                        break
-                    if line.startswith("#  Rank"):
-                        ranks_seen += 1
+                # readline() has no timeout of its own: a launcher that never
+                # prints is killed, which ends the read.
+                killer = threading.Timer(60, p.kill)
+                killer.start()
+                try:
+                    while ranks_seen < 2:
+                        line = p.stdout.readline()
+                        if not line:
+                            break
+                        if line.startswith("#  Rank"):
+                            ranks_seen += 1
+                finally:
+                    killer.cancel()
                 self.assertEqual(ranks_seen, 2, "the ranks did not start")
                 time.sleep(0.5)
                 p.send_signal(sig)
@@ -371,6 +378,18 @@ class BadInput(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stderr)
                 self.assertIn(message, p.stderr)
                 self.assertEqual(p.stdout, "")
+
+    def test_linear_sweep_with_i_takes_any_factor(self):
+        # nccl-tests' linear sweep: -i steps by bytes and -f is unused, so a
+        # factor of 1 is fine there (it is refused only without -i).
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "-b", "64K", "-e", "192K", "-f", "1", "-i",
+                 "64K", "-n", "2", "-w", "1", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual([r["bytes"] for r in rep["results"]["sizes"]],
+                         [64 << 10, 128 << 10, 192 << 10])
 
     def test_unknown_subcommand_is_named(self):
         p = run(["allreduce-tset"])

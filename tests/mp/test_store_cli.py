@@ -71,7 +71,18 @@ class StoreServe:
         self.proc = subprocess.Popen([BIN, "store", "serve", "--host", "127.0.0.1", "--port", "0"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=clean_env())
-        line = self.proc.stdout.readline()
+        # readline() has no timeout of its own: a server that never says it
+        # serves is killed, which ends the read.
+        killer = threading.Timer(30, self.proc.kill)
+        killer.start()
+        try:
+            line = self.proc.stdout.readline()
+        finally:
+            killer.cancel()
+        if " serving on " not in line:
+            self.proc.kill()
+            raise AssertionError("ddpdiag store serve did not start: %r %r" %
+                                 (line, self.proc.communicate()[1]))
         self.addr = line.split(" serving on ")[1].split()[0]
         return self
 
@@ -92,15 +103,16 @@ class Ping(unittest.TestCase):
         self.assertNotIn("firewall", p.stdout)
 
     def test_refused_then_out_of_time_is_still_refused(self):
-        # Refused for 0.6 s, then SYNs dropped until the 1.5 s deadline: the
-        # last attempt times out, as one that starts with ~0 ms left does
-        # against a remote host that refuses.
+        # Refused for 2 s, then SYNs dropped until the 4 s deadline: the last
+        # attempt times out, as one that starts with ~0 ms left does against
+        # a remote host that refuses. (2 s: ample for the process to start
+        # and make its first attempt on a loaded machine.)
         s = silent_socket()
         port = s.getsockname()[1]
-        timer = threading.Timer(0.6, lambda: s.listen(8))
+        timer = threading.Timer(2.0, lambda: s.listen(8))
         timer.start()
         try:
-            p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "1.5"], timeout=30)
+            p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "4"], timeout=30)
         finally:
             timer.join()
             s.close()
