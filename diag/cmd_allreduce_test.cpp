@@ -270,19 +270,29 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   app->add_flag("--bisect", opts->bisect,
                 "After the sweep, test sub-groups (each host alone, pairs of hosts, halves) and "
                 "name the smallest failing or slow set and the rank/host it points to");
-  // A factor of 1 or less never reaches -e; it is fine only when -i steps
-  // instead (nccl-tests' linear sweep: -f is then unused). Checked once the
-  // line is parsed, so the launcher refuses it before any rank starts.
+  // Checks of several flags together, once the line is parsed, so that the
+  // launcher refuses a mistake once, before any rank starts (each rank
+  // checks again: it may have been started by another launcher).
   app->parse_complete_callback([opts] {
-    bool by_bytes = false;
-    try {
-      by_bytes = parse_size(opts->step_bytes) > 0;
-    } catch (const UsageError&) {  // -i's own check names it
-    }
-    if (opts->step_factor <= 1 && !by_bytes)
+    const auto size_or = [](const std::string& s, std::size_t fallback) {
+      try {
+        return parse_size(s);
+      } catch (const UsageError&) {  // the flag's own check names it
+        return fallback;
+      }
+    };
+    // A factor of 1 or less never reaches -e; it is fine only when -i steps
+    // instead (nccl-tests' linear sweep: -f is then unused).
+    if (opts->step_factor <= 1 && size_or(opts->step_bytes, 0) == 0)
       throw CLI::ValidationError(
           "--stepfactor", fmt::format("must be a number > 1, not {} (or step by bytes with -i)",
                                       opts->step_factor));
+    if (size_or(opts->max_bytes, 0) < size_or(opts->min_bytes, 0))
+      throw CLI::ValidationError("--maxbytes", fmt::format("{} is below --minbytes {} (swap them)",
+                                                           opts->max_bytes, opts->min_bytes));
+    if (opts->no_in_place && opts->no_out_of_place)
+      throw CLI::ValidationError("--no-in-place",
+                                 "with --no-out-of-place leaves nothing to run (drop one of them)");
   });
   return {app, [opts] {
             return run_distributed(opts->common, "allreduce-test",

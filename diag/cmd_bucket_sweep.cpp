@@ -341,8 +341,21 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
       "exposed (non-overlapped) time with a simulated backward; the recommended cap");
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
-  app->add_option("--caps", opts->caps, "Comma-separated bucket_cap_mb values");
-  app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket size (MiB)");
+  app->add_option("--caps", opts->caps, "Comma-separated bucket_cap_mb values")
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            try {
+              parse_caps(s, -1);
+              return "";
+            } catch (const UsageError& e) {
+              std::string m = e.what();
+              if (m.rfind("--caps: ", 0) == 0) m.erase(0, 8);  // CLI11 names the flag
+              return m + " (e.g. --caps 1,5,10,25,50,100)";
+            }
+          },
+          "CAPS", "CAPS"));
+  app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket size (MiB)")
+      ->check(cli::positive_number());
   app->add_option("-n,--iters", opts->iters, "Timed iterations per cap and phase")
       ->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per cap and phase")

@@ -203,9 +203,12 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file")
       ->capture_default_str();
-  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
+  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
+      ->capture_default_str()
+      ->check(cli::positive_number());
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "Size limit of the first bucket")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::positive_number());
   app->add_option("-n,--iters", opts->iters, "Timed iterations")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations")
       ->check(cli::non_negative_number());
@@ -213,7 +216,13 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
                   "Simulated gradient compute rate in GB/s (0: no compute time)");
   app->add_flag("--no-views", opts->no_views,
                 "gradient_as_bucket_view=False: gradients copied into and out of buckets");
-  app->add_option("--hook", opts->hook, "Compression hook: none, fp16, bf16")->capture_default_str();
+  app->add_option("--hook", opts->hook, "Compression hook: none, fp16, bf16")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            return parse_compression_hook(s) ? "" : "'" + s + "' is not none, fp16 or bf16";
+          },
+          "HOOK", "HOOK"));
   app->add_flag("--find-unused-parameters", opts->find_unused, "DDP's find_unused_parameters=True");
   app->add_flag("--avg-op", opts->avg_op, "Average with the AVG op instead of dividing first");
   app->add_flag("--no-check", opts->no_check, "Skip the gradient check");

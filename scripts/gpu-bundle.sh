@@ -40,7 +40,9 @@ for tool in cmake ldd objdump readelf strip sha256sum git; do
   command -v "$tool" >/dev/null || die "$tool is needed"
 done
 
-# 1. Build.
+# 1. Build. The sources' hash is taken before and checked after: a bundle
+# must be built from the sources its manifest names.
+sources="$(scripts/source-hash.sh)"
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDPDIAG_WITH_CUDA=ON \
     -DDDPDIAG_BUILD_BENCH=OFF
@@ -121,7 +123,8 @@ rm -f "$dir/glibc-needed.tmp"
 
 # 6. The manifest.
 commit="$(git rev-parse HEAD)"
-sources="$(scripts/source-hash.sh)"
+[ "$(scripts/source-hash.sh)" = "$sources" ] ||
+  die "the sources changed while the bundle was built; run it again"
 changes="$(git status --short)"
 {
   echo "ddpdiag GPU bundle"

@@ -359,6 +359,10 @@ class BadInput(unittest.TestCase):
             (["--gloo-threads", "20"], "--gloo-threads: must be between 1 and 16, not 20"),
             (["-b", "1X"], "--minbytes: '1X' has an unknown unit 'X'"),
         ]
+        cases += [
+            (["-e", "1K", "-b", "1M"], "--maxbytes: 1K is below --minbytes 1M"),
+            (["--no-in-place", "--no-out-of-place"], "leaves nothing to run"),
+        ]
         for flags, message in cases:
             with self.subTest(flags=flags):
                 p = run(["allreduce-test"] + flags)
@@ -378,6 +382,19 @@ class BadInput(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stderr)
                 self.assertIn(message, p.stderr)
                 self.assertEqual(p.stdout, "")
+
+    def test_other_commands_refuse_bad_values_before_any_rank_starts(self):
+        for args, message in [
+                (["ddp-step", "--hook", "fp8"], "--hook: 'fp8' is not none, fp16 or bf16"),
+                (["ddp-step", "--bucket-cap-mb", "0"], "--bucket-cap-mb: must be a number > 0"),
+                (["bucket-sweep", "--caps", "0"], "--caps: '0' is not a positive number of MiB"),
+                (["bucket-sweep", "--first-bucket-mb", "-1"], "--first-bucket-mb: must be a number > 0"),
+        ]:
+            with self.subTest(args=args):
+                p = run(args)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertNotIn("[rank", p.stderr)  # once, from the launcher
 
     def test_linear_sweep_with_i_takes_any_factor(self):
         # nccl-tests' linear sweep: -i steps by bytes and -f is unused, so a
