@@ -118,35 +118,33 @@ std::optional<double> as_number(const std::string& s) {
 std::string shortest(double v) { return fmt::format("{}", v); }
 }  // namespace
 
-CLI::Validator number_above(double lo) {
-  const std::string bound = "> " + shortest(lo);
+namespace {
+// A number check: `ok` on the value, else "must be <wanted>, not <value>";
+// a value that is not a number is said to be so.
+CLI::Validator number_check(std::function<bool(double)> ok, const std::string& wanted,
+                            const std::string& desc, const std::string& name) {
   return CLI::Validator(
-      [lo, bound](std::string& s) -> std::string {
+      [ok = std::move(ok), wanted](std::string& s) -> std::string {
         const auto v = as_number(s);
         if (!v) return "'" + s + "' is not a number";
-        return *v > lo ? "" : "must be a number " + bound + ", not " + s;
+        return ok(*v) ? "" : "must be " + wanted + ", not " + s;
       },
-      bound, "ABOVE");
+      desc, name);
+}
+}  // namespace
+
+CLI::Validator number_above(double lo) {
+  const std::string bound = "> " + shortest(lo);
+  return number_check([lo](double v) { return v > lo; }, "a number " + bound, bound, "ABOVE");
 }
 CLI::Validator positive_number() { return number_above(0); }
 CLI::Validator non_negative_number() {
-  return CLI::Validator(
-      [](std::string& s) -> std::string {
-        const auto v = as_number(s);
-        if (!v) return "'" + s + "' is not a number";
-        return *v >= 0 ? "" : "must be a number >= 0, not " + s;
-      },
-      ">= 0", "NONNEGATIVE");
+  return number_check([](double v) { return v >= 0; }, "a number >= 0", ">= 0", "NONNEGATIVE");
 }
 CLI::Validator number_in_range(double lo, double hi) {
   const std::string lo_s = shortest(lo), hi_s = shortest(hi);
-  return CLI::Validator(
-      [lo, hi, lo_s, hi_s](std::string& s) -> std::string {
-        const auto v = as_number(s);
-        if (!v) return "'" + s + "' is not a number";
-        return *v >= lo && *v <= hi ? "" : "must be between " + lo_s + " and " + hi_s + ", not " + s;
-      },
-      lo_s + " to " + hi_s, "RANGE");
+  return number_check([lo, hi](double v) { return v >= lo && v <= hi; },
+                      "between " + lo_s + " and " + hi_s, lo_s + " to " + hi_s, "RANGE");
 }
 
 void add_common_options(CLI::App* app, CommonOptions& o) {

@@ -162,6 +162,16 @@ struct Shared {
     ncclCommAbort(comm);
     comm = nullptr;
   }
+
+  // NCCL's state of the communicator (ncclCommGetAsyncError), one query
+  // under the mutex; nullopt once it was aborted or destroyed.
+  std::optional<ncclResult_t> async_state() {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (aborted.load() || !comm) return std::nullopt;
+    ncclResult_t st = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &st) != ncclSuccess) return ncclInternalError;
+    return st;
+  }
 };
 
 class NcclWork final : public Work {
@@ -642,13 +652,8 @@ class NcclCommunicator final : public Communicator {
   std::optional<ncclResult_t> poll_comm_state(Clock::time_point deadline) {
     const auto started = Clock::now();
     for (;;) {
-      {
-        std::lock_guard<std::mutex> lock(shared_->mutex);
-        if (shared_->aborted.load() || !shared_->comm) return std::nullopt;
-        ncclResult_t st = ncclSuccess;
-        if (ncclCommGetAsyncError(shared_->comm, &st) != ncclSuccess) return ncclInternalError;
-        if (st != ncclInProgress) return st;
-      }
+      const auto st = shared_->async_state();
+      if (!st || *st != ncclInProgress) return st;
       if (Clock::now() >= deadline) return ncclInProgress;
       poll_pause(started);
     }
@@ -660,13 +665,9 @@ class NcclCommunicator final : public Communicator {
     const auto started = Clock::now();
     const auto deadline = deadline_after(timeout_);
     while (!last_op_->is_completed()) {
-      ncclResult_t st = ncclSuccess;
-      {
-        std::lock_guard<std::mutex> lock(shared_->mutex);
-        if (shared_->comm && ncclCommGetAsyncError(shared_->comm, &st) != ncclSuccess)
-          st = ncclInternalError;
-      }
-      if ((st != ncclSuccess && st != ncclInProgress) || Clock::now() >= deadline) {
+      const auto st = shared_->async_state();
+      if (!st) return;  // aborted meanwhile
+      if ((*st != ncclSuccess && *st != ncclInProgress) || Clock::now() >= deadline) {
         shared_->gave_up = true;
         shared_->abort();
         return;
