@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs what ddpdiag needs to build and test on Debian 12, idempotently:
-# the Debian packages (compilers, CMake, libraries, PyTorch 1.13 for the
+# the Debian packages (compilers, CMake and Ninja, libraries, PyTorch 1.13 for the
 # compatibility tests, iproute2 for multi-host tests, clang for the fuzzers),
 # and with --torch2 a PyTorch 2.x in .venv-torch2 for the 2.x compat tests.
 # Usage: scripts/install-deps.sh [--torch2]
@@ -15,7 +15,7 @@ for a in "$@"; do
   esac
 done
 
-packages=(build-essential cmake git pkg-config libfmt-dev nlohmann-json3-dev catch2
+packages=(build-essential cmake ninja-build git pkg-config libfmt-dev nlohmann-json3-dev catch2
           libbenchmark-dev libgloo-dev libcli11-dev python3 python3-venv python3-torch
           iproute2 chromium
           clang libclang-rt-14-dev)  # scripts/test-sanitizers.sh: clang and its libFuzzer
