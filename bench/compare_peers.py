@@ -133,8 +133,13 @@ class Plan:
         while b <= a.max_bytes:
             self.sizes.append(b)
             b *= a.factor
-        self.iters = [a.iters if s <= a.large_bytes else a.large_iters for s in self.sizes]
-        self.warmup = [a.warmup if s <= a.large_bytes else a.large_warmup for s in self.sizes]
+        # Small sizes take tens of microseconds to milliseconds a call here, so
+        # 20 calls would span a few ms, less than one 4 ms scheduler tick: a
+        # single preemption would decide the figure. They get --small-iters.
+        def pick(s, small, normal, large):
+            return small if s <= a.small_bytes else normal if s <= a.large_bytes else large
+        self.iters = [pick(s, a.small_iters, a.iters, a.large_iters) for s in self.sizes]
+        self.warmup = [pick(s, a.small_warmup, a.warmup, a.large_warmup) for s in self.sizes]
 
     def groups(self):
         """Runs of consecutive sizes with the same counts (one allreduce-test call each)."""
@@ -740,6 +745,10 @@ def parse_args():
     ap.add_argument("--repeats", type=int, default=3, help="full sweeps; medians are reported")
     ap.add_argument("--iters", type=int, default=20, help="timed iterations per size")
     ap.add_argument("--warmup", type=int, default=5, help="warm-up iterations per size")
+    ap.add_argument("--small-bytes", default="64K",
+                    help="sizes up to this use --small-iters/--small-warmup")
+    ap.add_argument("--small-iters", type=int, default=200)
+    ap.add_argument("--small-warmup", type=int, default=20)
     ap.add_argument("--large-bytes", default="16M",
                     help="sizes above this use --large-iters/--large-warmup")
     ap.add_argument("--large-iters", type=int, default=5)
@@ -770,6 +779,7 @@ def parse_args():
     if a.quick:
         a.ranks, a.min_bytes, a.max_bytes, a.repeats = "2", "4", "1M", 1
         a.factor, a.iters, a.warmup = 512, 5, 1
+        a.small_iters, a.small_warmup = 5, 1
         # The mlp layout: the same reducer path, a fraction of resnet50's time.
         a.caps, a.model, a.ddp_iters, a.ddp_warmup = "25", "mlp", 2, 1
         a.rdzv_clients, a.store_min_time, a.timeout = "64", 0.05, 60
@@ -778,9 +788,13 @@ def parse_args():
         a.rdzv_clients = [int(x) for x in a.rdzv_clients.split(",")]
         a.min_bytes, a.max_bytes = parse_size(a.min_bytes), parse_size(a.max_bytes)
         a.large_bytes = parse_size(a.large_bytes)
+        a.small_bytes = parse_size(a.small_bytes)
         [float(c) for c in a.caps.split(",")]
     except ValueError as e:
         ap.error(str(e))
+    if min(a.iters, a.small_iters, a.large_iters) < 1 or \
+            min(a.warmup, a.small_warmup, a.large_warmup) < 0:
+        ap.error("--iters, --small-iters and --large-iters must be >= 1, the warm-ups >= 0")
     a.skip = {s for s in a.skip.split(",") if s}
     if a.skip - {"allreduce", "reducer", "rendezvous", "store"}:
         ap.error("--skip takes allreduce, reducer, rendezvous, store")
