@@ -6,12 +6,12 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 build="${BUILD_DIR:-build}"
 # Ninja when it is installed (a build directory made with another generator
-# keeps it), and unity builds of up to 6 sources a unit: on 2 cores this
+# keeps it) and the default unity build (CMakeLists.txt): on 2 cores this
 # halves the build (~150 s instead of ~260 s with make and one unit per
 # source). DDPDIAG_UNITY=0 builds every source on its own.
 gen=()
 if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then gen=(-G Ninja); fi
-unity=(-DCMAKE_UNITY_BUILD=ON -DCMAKE_UNITY_BUILD_BATCH_SIZE=6)
+unity=(-DCMAKE_UNITY_BUILD=ON)
 [ "${DDPDIAG_UNITY:-1}" != 0 ] || unity=(-DCMAKE_UNITY_BUILD=OFF)
 cmake "${gen[@]}" -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${unity[@]}" >/dev/null
 cmake --build "$build" -j"$(nproc)"
