@@ -133,11 +133,11 @@ class Plan:
         while b <= a.max_bytes:
             self.sizes.append(b)
             b *= a.factor
-        # Short timed runs measure a transient: 20 calls of a small size span
-        # less than one 4 ms scheduler tick (one preemption decides the
-        # figure), and at 256 KiB-1 MiB a 20-call burst on two ranks often runs
-        # 2-3x faster than the rate the same loop settles at after ~100 calls
-        # (measured with the bare Gloo loop as with ddpdiag). Counts per
+        # Short timed runs are decided by chance here: 20 calls of a size up to
+        # ~1 MiB span a few scheduler ticks (4 ms) or less, so one preemption,
+        # or where the kernel happened to place the ranks' threads, sets the
+        # figure. More calls average over many ticks (the spread between
+        # placements remains; the repeats' median is for that). Counts per
         # size range: --small-iters up to --small-bytes, --iters up to
         # --large-bytes, --large-iters above.
         def pick(s, small, normal, large):
