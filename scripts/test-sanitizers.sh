@@ -53,8 +53,8 @@ check_reports() {
 # tests/CMakeLists.txt), unity builds (up to 32 sources a unit, so most
 # targets are one unit) and Ninja keep them fast to build (the ASan build of
 # the suite on 2 cores: ~400 s with make as separate sources, ~265 s with
-# make 32 a unit, ~190 s with Ninja and the tests at -O0); stack traces still
-# have function names. scripts/test.sh builds with unity units of 6;
+# make 32 a unit, ~160 s with Ninja and the tests at -O0); stack traces still
+# have function names. Other builds use units of 6 (CMakeLists.txt);
 # DDPDIAG_UNITY=0 scripts/test.sh compiles every source on its own (a
 # missing #include shows there). CPU only: the NCCL code cannot run without
 # a GPU, and nvcc does not take the sanitizer flags.
