@@ -15,6 +15,10 @@ unity=(-DCMAKE_UNITY_BUILD=ON)
 [ "${DDPDIAG_UNITY:-1}" != 0 ] || unity=(-DCMAKE_UNITY_BUILD=OFF)
 cmake "${gen[@]}" -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "${unity[@]}" >/dev/null
 cmake --build "$build" -j"$(nproc)"
+built=$SECONDS
 # Two tests at a time (the entries that compare timings run alone:
 # RUN_SERIAL in tests/CMakeLists.txt). CTEST_JOBS=1 runs them one by one.
-ctest --test-dir "$build" --output-on-failure -j"${CTEST_JOBS:-2}" "$@"
+rc=0
+ctest --test-dir "$build" --output-on-failure -j"${CTEST_JOBS:-2}" "$@" || rc=$?
+echo "test.sh: configure and build ${built} s, tests $((SECONDS - built)) s"
+exit "$rc"
