@@ -484,6 +484,16 @@ void MonitoredCommunicator::stall(std::int64_t seq, const Fingerprint& fp) {
        &fp);
 }
 
+namespace {
+// The all_gather of --desync-check is ours, not the user's: its error says
+// what it was for, keeping its type (timeout or peer) and context.
+template <typename E>
+E named_fingerprint_exchange(const E& e) {
+  return E(std::string("the fingerprint exchange of --desync-check before it: ") + e.what(),
+           e.context());
+}
+}  // namespace
+
 void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerprint& fp) {
   const int n = size();
   std::vector<std::int64_t> mine = {seq,
@@ -500,16 +510,9 @@ void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerpri
   try {
     inner_->allgather(base, base + row, kFpWords, DType::kInt64)->wait(timeout_);
   } catch (const TimeoutError& e) {
-    // The all_gather is ours, not the user's: say what it was for.
-    fail(seq, TimeoutError(std::string("the fingerprint exchange of --desync-check before it: ") +
-                               e.what(),
-                           e.context()),
-         &fp);
+    fail(seq, named_fingerprint_exchange(e), &fp);
   } catch (const PeerError& e) {
-    fail(seq, PeerError(std::string("the fingerprint exchange of --desync-check before it: ") +
-                            e.what(),
-                        e.context()),
-         &fp);
+    fail(seq, named_fingerprint_exchange(e), &fp);
   } catch (const Error& e) {
     fail(seq, e, &fp);
   }

@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <mutex>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include <fmt/core.h>
@@ -213,6 +215,58 @@ std::size_t parse_size(const std::string& s) {
   if (v < 0 || !std::isfinite(v))
     throw UsageError(fmt::format("'{}' is not a valid size", s), {"flags", -1, -1, ""});
   return static_cast<std::size_t>(v * mult);
+}
+
+namespace {
+// What is wrong with a --caps value, if anything: empty, or the first item
+// that is not a positive number of MiB. Fills `out` (sorted, no repeats).
+struct CapsProblem {
+  bool empty = false;
+  std::string item;
+};
+std::optional<CapsProblem> read_caps(const std::string& s, std::vector<double>& out) {
+  out.clear();
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    double v = -1;
+    try {
+      v = std::stod(item);
+    } catch (const std::exception&) {
+    }
+    if (!(v > 0) || v > 1e6) return CapsProblem{false, item};
+    out.push_back(v);
+  }
+  if (out.empty()) return CapsProblem{true, ""};
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return std::nullopt;
+}
+}  // namespace
+
+std::vector<double> parse_caps(const std::string& s, int rank) {
+  std::vector<double> out;
+  if (const auto p = read_caps(s, out)) {
+    if (p->empty) throw UsageError("--caps is empty", {"flags", rank, -1, "e.g. --caps 1,5,25"});
+    throw UsageError(fmt::format("--caps: '{}' is not a positive number of MiB", p->item),
+                     {"flags", rank, -1, "e.g. --caps 1,5,10,25,50,100"});
+  }
+  return out;
+}
+
+CLI::Validator caps_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        std::vector<double> caps;
+        const auto p = read_caps(s, caps);
+        if (!p) return "";
+        // CLI11 names the flag itself.
+        return (p->empty ? std::string("--caps is empty")
+                         : "'" + p->item + "' is not a positive number of MiB") +
+               " (e.g. --caps 1,5,10,25,50,100)";
+      },
+      "CAPS", "CAPS");
 }
 
 CLI::Validator size_value() {

@@ -136,6 +136,13 @@ CLI::Validator positive_number();  // number_above(0)
 CLI::Validator non_negative_number();
 CLI::Validator number_in_range(double lo, double hi);
 
+// bucket_cap_mb values from "1,5,25" (MiB, each > 0 and <= 1e6): sorted,
+// without repeats. Throws UsageError naming --caps, with `rank` in its context.
+std::vector<double> parse_caps(const std::string& s, int rank = -1);
+// The flag check of --caps: the same parse, so the launcher refuses a typo
+// before any rank starts.
+CLI::Validator caps_value();
+
 // Parses sizes with binary suffixes as nccl-tests does: 8, 1K, 64M, 1G.
 std::size_t parse_size(const std::string& s);
 std::string format_size(std::size_t bytes);  // 1K, 64M, 3 ...

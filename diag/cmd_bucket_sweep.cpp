@@ -55,29 +55,6 @@ struct BucketSweepOptions {
   int sweep_iters = 5;
 };
 
-std::vector<double> parse_caps(const std::string& s, int rank) {
-  std::vector<double> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    double v = 0;
-    try {
-      v = std::stod(item);
-    } catch (const std::exception&) {
-      v = -1;
-    }
-    if (!(v > 0) || v > 1e6)
-      throw UsageError(fmt::format("--caps: '{}' is not a positive number of MiB", item),
-                       {"flags", rank, -1, "e.g. --caps 1,5,10,25,50,100"});
-    out.push_back(v);
-  }
-  if (out.empty()) throw UsageError("--caps is empty", {"flags", rank, -1, "e.g. --caps 1,5,25"});
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
 struct CapRow {
   double cap_mb = 0;
   std::uint64_t cap_bytes = 0;
@@ -181,7 +158,7 @@ json cap_json(const CapRow& r) {
 }
 
 void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
-  const auto caps = parse_caps(o.caps, job.rank());
+  const auto caps = cli::parse_caps(o.caps, job.rank());
   if (!(o.first_bucket_mb > 0))
     throw UsageError("--first-bucket-mb must be positive", {"flags", job.rank(), -1, "DDP's is 1"});
   if (o.compute_gbps < 0)
@@ -342,18 +319,7 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
   app->add_option("--caps", opts->caps, "Comma-separated bucket_cap_mb values")
-      ->check(CLI::Validator(
-          [](std::string& s) -> std::string {
-            try {
-              parse_caps(s, -1);
-              return "";
-            } catch (const UsageError& e) {
-              std::string m = e.what();
-              if (m.rfind("--caps: ", 0) == 0) m.erase(0, 8);  // CLI11 names the flag
-              return m + " (e.g. --caps 1,5,10,25,50,100)";
-            }
-          },
-          "CAPS", "CAPS"));
+      ->check(cli::caps_value());
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket size (MiB)")
       ->check(cli::positive_number());
   app->add_option("-n,--iters", opts->iters, "Timed iterations per cap and phase")

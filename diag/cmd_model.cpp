@@ -76,28 +76,6 @@ UsageError flag_error(const std::string& what, const std::string& hint) {
   return UsageError(what, ErrorContext{"flags", -1, -1, hint});
 }
 
-std::vector<double> parse_caps(const std::string& s) {
-  std::vector<double> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
-    double v = -1;
-    try {
-      v = std::stod(item);
-    } catch (const std::exception&) {
-    }
-    if (!(v > 0) || v > 1e6)
-      throw flag_error(fmt::format("--caps: '{}' is not a positive number of MiB", item),
-                       "e.g. --caps 1,5,10,25,50,100");
-    out.push_back(v);
-  }
-  if (out.empty()) throw flag_error("--caps is empty", "e.g. --caps 1,5,25");
-  std::sort(out.begin(), out.end());
-  out.erase(std::unique(out.begin(), out.end()), out.end());
-  return out;
-}
-
 struct SeriesFit {
   std::string series;
   std::vector<scale::Sample> samples;
@@ -200,7 +178,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   std::vector<double> caps;
   std::optional<ddp_core::ModelLayout> model_layout;
   if (!o.model.empty()) {
-    caps = parse_caps(o.caps);
+    caps = cli::parse_caps(o.caps);
     if (!(o.first_bucket_mb > 0))
       throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
     if (o.compute_gbps < 0 || o.backward_ms < 0)
