@@ -6,6 +6,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reports"))
@@ -67,6 +68,18 @@ def run_ranks(args_per_rank, env_per_rank, timeout=DEADLINE_S):
             raise AssertionError("ranks did not finish within %.0f s" % timeout)
         out.append((p.returncode, so, se, time.monotonic() - t0))
     return out
+
+
+def readline_within(proc, seconds):
+    """proc.stdout.readline(), bounded: readline() has no timeout of its own,
+    so a process that prints nothing within `seconds` is killed, which ends
+    the read ("" then)."""
+    killer = threading.Timer(seconds, proc.kill)
+    killer.start()
+    try:
+        return proc.stdout.readline()
+    finally:
+        killer.cancel()
 
 
 def tmp_json():

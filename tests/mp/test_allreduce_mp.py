@@ -7,13 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import (BIN, check_report, clean_env, free_port, load, run, run_ranks,  # noqa: E402
-                    tmp_json, main)
+from common import (BIN, check_report, clean_env, free_port, load, readline_within, run,  # noqa: E402
+                    run_ranks, tmp_json, main)
 
 SMALL = ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
 ALL_TYPES = ["-d", "all", "-o", "all"]
@@ -111,19 +110,13 @@ class LauncherSweeps(unittest.TestCase):
                                      env=clean_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
                 ranks_seen = 0
-                # readline() has no timeout of its own: a launcher that never
-                # prints is killed, which ends the read.
-                killer = threading.Timer(60, p.kill)
-                killer.start()
-                try:
-                    while ranks_seen < 2:
-                        line = p.stdout.readline()
-                        if not line:
-                            break
-                        if line.startswith("#  Rank"):
-                            ranks_seen += 1
-                finally:
-                    killer.cancel()
+                deadline = time.monotonic() + 60
+                while ranks_seen < 2:
+                    line = readline_within(p, max(0.1, deadline - time.monotonic()))
+                    if not line:
+                        break
+                    if line.startswith("#  Rank"):
+                        ranks_seen += 1
                 self.assertEqual(ranks_seen, 2, "the ranks did not start")
                 time.sleep(0.5)
                 p.send_signal(sig)

@@ -15,7 +15,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import BIN, clean_env, free_port, load, main, run, tmp_json  # noqa: E402
+from common import BIN, clean_env, free_port, load, main, readline_within, run, tmp_json  # noqa: E402
 
 SO_ATTACH_FILTER = 26  # linux/filter.h; not in Python's socket module
 
@@ -71,14 +71,7 @@ class StoreServe:
         self.proc = subprocess.Popen([BIN, "store", "serve", "--host", "127.0.0.1", "--port", "0"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=clean_env())
-        # readline() has no timeout of its own: a server that never says it
-        # serves is killed, which ends the read.
-        killer = threading.Timer(30, self.proc.kill)
-        killer.start()
-        try:
-            line = self.proc.stdout.readline()
-        finally:
-            killer.cancel()
+        line = readline_within(self.proc, 30)
         if " serving on " not in line:
             self.proc.kill()
             raise AssertionError("ddpdiag store serve did not start: %r %r" %
