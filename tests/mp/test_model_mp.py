@@ -3,8 +3,14 @@ ranks is fitted, the predictions for 3 and 4 ranks are compared with
 allreduce-test measured at 3 and 4 ranks, and a fit from 2 + 3 ranks is
 compared with 4. Every prediction is recomputed here from the fitted alpha
 and beta and the ring formula, every error is printed, and the
-bandwidth-bound sizes (>= 1 MiB) must be within TOLERANCE_FACTOR of the
-measurement either way.
+bandwidth-bound sizes (>= 4 MiB, CHECK_MIN_BYTES) must be within
+TOLERANCE_FACTOR of the measurement either way.
+
+Why not from 1 MiB, the model's default: 4 Gloo ranks on 2 cores take about
+5 ms a call at every size up to 1 MiB (the scheduler-tick floor of
+over-subscribed ranks, the same for bare Gloo and torch), so 1 MiB at 4 ranks
+measures that floor, not bandwidth: it came out 3.2x and 3.5x above a 2-rank
+fit in both rounds of one CI run.
 
 TOLERANCE_FACTOR, from what was measured on this 2-core machine while other
 builds ran (load 6 to 11): 3 and 4 Gloo ranks are over-subscribed and a burst
@@ -28,6 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from common import load, main, run, tmp_json  # noqa: E402
 
 TOLERANCE_FACTOR = 3.0
+CHECK_MIN_BYTES = 4 << 20
 SWEEP = ["-b", "4K", "-e", "16M", "-f", "4", "-n", "10", "-w", "3", "-c", "1"]
 
 
@@ -87,7 +94,8 @@ class ModelVsMeasured(unittest.TestCase):
         args = [self.sweeps[n] for n in fit_from]
         for n in predict:
             args += ["--check-against", self.sweeps[n]]
-        p, rep = self.model(args + ["--max-error-factor", str(TOLERANCE_FACTOR)], expect_rc=(0, 1))
+        p, rep = self.model(args + ["--max-error-factor", str(TOLERANCE_FACTOR),
+                                    "--check-min-bytes", str(CHECK_MIN_BYTES)], expect_rc=(0, 1))
         res = rep["results"]
         fits = {f["series"]: f for f in res["fits"]}
         self.assertEqual(list(fits), ["backend"])
@@ -103,7 +111,7 @@ class ModelVsMeasured(unittest.TestCase):
                  fit["r_squared"], fit["rms_rel_error_pct"]))
 
         rows = res["validation"]
-        expected = [(n, b, t) for n in predict for (b, t) in self.measured(n, 1 << 20)]
+        expected = [(n, b, t) for n in predict for (b, t) in self.measured(n, CHECK_MIN_BYTES)]
         self.assertEqual(len(rows), len(expected))
         worst = 1.0
         for row, (n, b, t) in zip(rows, expected):
