@@ -23,7 +23,7 @@ reports::Report make_report(int ranks) {
   info.reserve(static_cast<std::size_t>(ranks));
   for (int i = 0; i < ranks; ++i)
     info.push_back({i, i % 8, "node" + std::to_string(i / 8), 100000 + i,
-                    "cuda:" + std::to_string(i % 8) + " NVIDIA H200"});
+                    "cuda:" + std::to_string(i % 8) + " NVIDIA H200", ""});
   r.set_world(ranks, "nccl", "torchrun", info, {{"nccl", "2.28.9"}});
   auto& sizes = r.results()["sizes"];
   sizes = nlohmann::json::array();

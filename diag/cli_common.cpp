@@ -18,6 +18,7 @@
 #include <fmt/core.h>
 
 #include "diag/launcher.h"
+#include "diag/placement.h"
 
 namespace ddpdiag::cli {
 
@@ -103,6 +104,15 @@ void print_checks_and_verdict(const reports::Report& report) {
   for (const auto& c : doc["checks"])
     std::printf("# Check %-26s: %s (%s)\n", c["name"].get<std::string>().c_str(),
                 c["status"].get<std::string>().c_str(), c["detail"].get<std::string>().c_str());
+  // Warnings do not change the verdict. The whole text (with what to do)
+  // went to stderr and is in the report; beside the verdict, its first
+  // sentence.
+  if (doc["results"].contains("warnings"))
+    for (const auto& w : doc["results"]["warnings"]) {
+      const auto detail = w["detail"].get<std::string>();
+      std::printf("# Warning %-24s: %s\n", w["name"].get<std::string>().c_str(),
+                  detail.substr(0, detail.find(". ")).c_str());
+    }
   std::printf("# Verdict: %s\n", report.verdict().c_str());
   std::fflush(stdout);
 }
@@ -339,7 +349,8 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                          {"local_rank", job.world.local_rank},
                          {"host", host},        {"machine", machine_name()},
                          {"pid", static_cast<long>(getpid())},
-                         {"device", device}};
+                         {"device", device},
+                         {"cpus", format_cpu_list(allowed_cpus())}};
   const std::string mine = info.dump();
   Bytes current = job.store->compare_set("rank/" + std::to_string(me), {}, to_bytes(mine));
   if (to_string(current) != mine) {
@@ -401,7 +412,8 @@ void wait_for_ranks(Job& job) {
     if (ws != n) disagree.push_back(fmt::format("rank {} (pid {} on {}) has world size {}", r,
                                                 j.value("pid", 0L), j.value("host", ""), ws));
     job.ranks.push_back({r, j.value("local_rank", 0), j.value("host", std::string()),
-                         static_cast<int>(j.value("pid", 0L)), j.value("device", "")});
+                         static_cast<int>(j.value("pid", 0L)), j.value("device", ""),
+                         j.value("cpus", "")});
     job.machines[r] = j.value("machine", j.value("host", std::string()));
   }
   if (std::int64_t joined = job.store->add("joined", 0); joined > n)
@@ -661,6 +673,25 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
   return std::nullopt;
 }
 
+void record_placement(const Job& job, reports::Report& report) {
+  if (job.backend != Backend::kGloo || job.ranks.empty()) return;
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& r : job.ranks)
+    rows.push_back({{"rank", r.rank},
+                    {"host", r.host},
+                    {"cpus", r.cpus},
+                    {"cpu_count", r.cpus.empty() ? 0 : static_cast<int>(parse_cpu_list(r.cpus).size())}});
+  report.results()["rank_cpus"] = rows;
+  const auto warnings = placement_warnings(job.ranks, job.machines);
+  if (warnings.empty()) return;
+  nlohmann::json jw = nlohmann::json::array();
+  for (const auto& w : warnings) {
+    jw.push_back({{"name", w.name}, {"detail", w.detail}});
+    if (job.rank() == 0) std::fprintf(stderr, "ddpdiag: warning: %s\n", w.detail.c_str());
+  }
+  report.results()["warnings"] = jw;
+}
+
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body) {
   if (auto rc = launch_if_asked(o)) return *rc;
   auto env = process_env();
@@ -678,6 +709,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     report.set_world(job.size(), std::string(backend_name(job.backend)),
                      std::string(launcher_name(job.world.launcher)), job.ranks, libs);
     if (job.backend == Backend::kGloo) report.set_gloo_threads(o.gloo_threads);
+    record_placement(job, report);
     arm_report(report, o);
     body(job, report);
     if (report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);

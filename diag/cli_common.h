@@ -114,6 +114,10 @@ void create_communicator(Job& job, const CommonOptions& o);
 // Rank 0 keeps the store up until every rank has left (bounded).
 void leave_job(Job& job, bool after_error);
 reports::ErrorInfo to_error_info(const Error& e);
+// Gloo jobs: each rank's allowed CPUs in results.rank_cpus and, when ranks
+// lack CPUs for Gloo's threads (diag/placement.h), results.warnings and a
+// "ddpdiag: warning:" line on rank 0's stderr.
+void record_placement(const Job& job, reports::Report& report);
 
 using JobBody = std::function<void(Job&, reports::Report&)>;
 

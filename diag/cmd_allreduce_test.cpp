@@ -58,8 +58,8 @@ void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOpt
   std::printf("# iters %d, warmup %d, check iters %d, dtype %s, op %s\n", so.iters, so.warmup,
               so.check_iters, o.dtype.c_str(), o.op.c_str());
   for (const auto& r : job.ranks)
-    std::printf("#  Rank %3d Pid %7d on %12s device %s\n", r.rank, r.pid, r.host.c_str(),
-                r.device.c_str());
+    std::printf("#  Rank %3d Pid %7d on %12s device %s%s\n", r.rank, r.pid, r.host.c_str(),
+                r.device.c_str(), r.cpus.empty() ? "" : (" cpus " + r.cpus).c_str());
   std::printf("#\n");
   std::printf("# %10s %12s %8s %6s  %-36s  %-36s  %s\n", "", "", "", "",
               "           out-of-place", "            in-place", "  rank spread (oop)");

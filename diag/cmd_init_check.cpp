@@ -584,6 +584,7 @@ int run_init_check(const InitCheckOptions& io) {
       if (job.comm) libs[job.backend == Backend::kNccl ? "nccl" : "gloo"] = job.comm->library_version();
       report.set_world(n, std::string(backend_name(job.backend)),
                        std::string(launcher_name(job.world.launcher)), job.ranks, libs);
+      record_placement(job, report);
     }
     if (rc == 0 && report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
 

@@ -43,6 +43,16 @@ struct RankInfo {
   std::string host;
   int pid = 0;
   std::string device;
+  std::string cpus;  // the CPUs the rank may run on, "0-3,8" ("" when unknown);
+                     // reported in results.rank_cpus, not in world.ranks
+};
+
+// Something the user should know that is not a failed check (the verdict
+// does not change), e.g. ranks placed so that Gloo's threads lack a CPU.
+// Reported in results.warnings.
+struct Warning {
+  std::string name;    // e.g. "cpu_oversubscribed"
+  std::string detail;  // what was found and what to do
 };
 
 class Report {

@@ -14,7 +14,7 @@ namespace fs = std::filesystem;
 
 TEST_CASE("a report has the schema, world, checks and verdict", "[report]") {
   Report r("allreduce-test", {"ddpdiag", "allreduce-test"});
-  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 10, "cpu"}, {1, 1, "h", 11, "cpu"}},
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 10, "cpu", "0-1"}, {1, 1, "h", 11, "cpu", "0-1"}},
               {{"gloo", "0.5.0"}});
   r.results()["sizes"] = nlohmann::json::array({1, 2});
   r.add_check({"correctness", CheckStatus::kPass, "0 wrong"});

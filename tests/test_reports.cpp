@@ -59,7 +59,7 @@ json allreduce_report(const std::vector<Point>& points, CheckStatus correctness 
                       int world_size = 2, const std::string& backend = "gloo") {
   Report r("allreduce-test", {"ddpdiag", "allreduce-test", "--json", "r.json"});
   std::vector<RankInfo> ranks;
-  for (int i = 0; i < world_size; ++i) ranks.push_back({i, i, "node0", 100 + i, "cpu (node0)"});
+  for (int i = 0; i < world_size; ++i) ranks.push_back({i, i, "node0", 100 + i, "cpu (node0)", "0-7"});
   r.set_world(world_size, backend, "ddpdiag", ranks, {{"gloo", "0.5.0"}});
   r.set_environment({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"}});
   auto& res = r.results();
@@ -370,7 +370,7 @@ TEST_CASE("compare: a check going from pass to fail is always a regression", "[r
 TEST_CASE("compare: generic rows of other commands, with their own spread", "[reports][compare]") {
   auto sweep = [](double exposed_us, double stddev_us) {
     Report r("bucket-sweep", {"ddpdiag", "bucket-sweep"});
-    r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu"}, {1, 1, "h", 2, "cpu"}}, {});
+    r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
     r.results()["caps"] = json::array();
     for (double cap : {1.0, 25.0})
       r.results()["caps"].push_back({{"bucket_cap_mb", cap}, {"exposed_comm_time_us", exposed_us},
@@ -442,7 +442,7 @@ TEST_CASE("html: self-contained page with a bandwidth chart", "[reports][render]
 TEST_CASE("html: charts for bucket-sweep, link-health, memory and init-check results", "[reports][render]") {
   auto report = [](const std::string& command, json results) {
     Report r(command, {"ddpdiag", command});
-    r.set_world(2, "nccl", "torchrun", {{0, 0, "a", 1, "cuda:0"}, {1, 1, "a", 2, "cuda:1"}}, {{"nccl", "2.28.3"}});
+    r.set_world(2, "nccl", "torchrun", {{0, 0, "a", 1, "cuda:0", ""}, {1, 1, "a", 2, "cuda:1", ""}}, {{"nccl", "2.28.3"}});
     r.results() = std::move(results);
     auto j = r.finish();
     INFO(command << "\n" << dump(validate_report(j)));

@@ -1,0 +1,160 @@
+#include "diag/placement.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <stdexcept>
+
+#include <fmt/core.h>
+
+namespace ddpdiag {
+
+std::vector<int> allowed_cpus() {
+  // Machines with more CPUs than a default cpu_set_t holds (1,024) exist:
+  // grow the set until the kernel accepts its size.
+  for (int n = CPU_SETSIZE; n <= (1 << 16); n *= 2) {
+    cpu_set_t* set = CPU_ALLOC(n);
+    if (!set) return {};
+    const std::size_t bytes = CPU_ALLOC_SIZE(n);
+    CPU_ZERO_S(bytes, set);
+    if (sched_getaffinity(0, bytes, set) == 0) {
+      std::vector<int> cpus;
+      for (int c = 0; c < n; ++c)
+        if (CPU_ISSET_S(c, bytes, set)) cpus.push_back(c);
+      CPU_FREE(set);
+      return cpus;
+    }
+    const int err = errno;
+    CPU_FREE(set);
+    if (err != EINVAL) return {};
+  }
+  return {};
+}
+
+std::string format_cpu_list(std::vector<int> cpus) {
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  std::string out;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += j == i ? fmt::format("{}", cpus[i]) : fmt::format("{}-{}", cpus[i], cpus[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+std::vector<int> parse_cpu_list(std::string_view s) {
+  std::vector<int> out;
+  auto number = [&](std::string_view t) {
+    if (t.empty() || t.size() > 9 || t.find_first_not_of("0123456789") != std::string_view::npos)
+      throw std::invalid_argument(fmt::format("'{}' in CPU list '{}' is not a CPU number", t, s));
+    return std::atoi(std::string(t).c_str());
+  };
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    std::size_t comma = s.find(',', pos);
+    if (comma == std::string_view::npos) comma = s.size();
+    std::string_view part = s.substr(pos, comma - pos);
+    const std::size_t dash = part.find('-');
+    if (dash == std::string_view::npos) {
+      out.push_back(number(part));
+    } else {
+      const int lo = number(part.substr(0, dash)), hi = number(part.substr(dash + 1));
+      if (hi < lo || hi - lo > (1 << 16))
+        throw std::invalid_argument(fmt::format("range '{}' in CPU list '{}' is not ascending", part, s));
+      for (int c = lo; c <= hi; ++c) out.push_back(c);
+    }
+    pos = comma + 1;
+    if (comma + 1 == s.size())
+      throw std::invalid_argument(fmt::format("CPU list '{}' ends with a comma", s));
+  }
+  return out;
+}
+
+namespace {
+
+// "rank 3" or "ranks 0-2,5".
+std::string rank_list(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", format_cpu_list(ranks));
+}
+
+}  // namespace
+
+std::vector<reports::Warning> placement_warnings(const std::vector<reports::RankInfo>& ranks,
+                                                 const std::vector<std::string>& machines) {
+  struct Machine {
+    std::vector<int> ranks;
+    std::set<int> cpus;
+  };
+  std::map<std::string, Machine> by_machine;
+  std::vector<const reports::RankInfo*> known;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto& r = ranks[i];
+    if (r.cpus.empty()) continue;
+    std::vector<int> cpus;
+    try {
+      cpus = parse_cpu_list(r.cpus);
+    } catch (const std::invalid_argument&) {
+      continue;  // a peer's odd value is no reason to fail the job
+    }
+    const std::string& m = i < machines.size() && !machines[i].empty() ? machines[i] : r.host;
+    auto& mach = by_machine[m];
+    mach.ranks.push_back(r.rank);
+    mach.cpus.insert(cpus.begin(), cpus.end());
+    known.push_back(&r);
+  }
+
+  std::vector<reports::Warning> out;
+  std::vector<std::string> crowded;
+  std::set<int> crowded_ranks;
+  for (const auto& [name, m] : by_machine) {
+    if (m.ranks.size() <= m.cpus.size()) continue;
+    crowded.push_back(fmt::format("{} runs {} ranks on {} CPU{} ({})", name, m.ranks.size(),
+                                  m.cpus.size(), m.cpus.size() == 1 ? "" : "s",
+                                  format_cpu_list({m.cpus.begin(), m.cpus.end()})));
+    crowded_ranks.insert(m.ranks.begin(), m.ranks.end());
+  }
+  if (!crowded.empty()) {
+    std::string where;
+    for (std::size_t i = 0; i < crowded.size() && i < 4; ++i) where += (i ? "; " : "") + crowded[i];
+    if (crowded.size() > 4) where += fmt::format("; and {} more host(s)", crowded.size() - 4);
+    out.push_back({"cpu_oversubscribed",
+                   fmt::format("more Gloo ranks than CPUs: {}. Gloo's threads spin while they "
+                               "wait, so with more ranks than CPUs a small all_reduce takes "
+                               "milliseconds (a scheduler tick) instead of microseconds. Start "
+                               "at most one rank per CPU, or let the ranks use more CPUs "
+                               "(mpirun --bind-to none, srun --cpu-bind=none)",
+                               where)});
+  }
+
+  std::vector<int> single, single_cpus;
+  for (const auto* r : known) {
+    if (crowded_ranks.count(r->rank)) continue;
+    const auto cpus = parse_cpu_list(r->cpus);
+    if (cpus.size() == 1) {
+      single.push_back(r->rank);
+      single_cpus.push_back(cpus.front());
+    }
+  }
+  if (!single.empty()) {
+    std::set<int> distinct(single_cpus.begin(), single_cpus.end());
+    out.push_back({"cpu_single",
+                   fmt::format("{} may {}use one CPU only (CPU{} {}): the rank's own thread and "
+                               "Gloo's network thread share it, which slows small all_reduces. "
+                               "A launcher's binding does this (mpirun binds each rank to a core "
+                               "by default; srun --cpu-bind=cores); start the ranks with mpirun "
+                               "--bind-to none or srun --cpu-bind=none, or give each rank two or "
+                               "more CPUs",
+                               rank_list(single), single.size() == 1 ? "" : "each ",
+                               distinct.size() == 1 ? "" : "s", format_cpu_list(single_cpus))});
+  }
+  return out;
+}
+
+}  // namespace ddpdiag

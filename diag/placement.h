@@ -1,0 +1,45 @@
+// CPU placement of Gloo ranks: which CPUs each rank may run on, and the
+// warnings a user needs when a launcher's binding or too many ranks per host
+// leave Gloo's threads without a CPU.
+//
+// Why it matters: a Gloo rank runs at least two busy threads (the rank's own
+// and Gloo's network thread, which spins while it waits). With more ranks on
+// a host than CPUs they may use, a small all_reduce takes milliseconds (a
+// scheduler tick) instead of microseconds; with a rank bound to one CPU (what
+// `mpirun` does by default for two ranks), its two threads share that CPU and
+// small all_reduces slow down. Neither is an error: the run stays correct,
+// only slower, so these are warnings in the report and on stderr.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "reports/report.h"
+
+namespace ddpdiag {
+
+// The CPUs this process may run on (sched_getaffinity), ascending; empty when
+// the kernel does not say.
+std::vector<int> allowed_cpus();
+
+// "0-3,8,10-11" for {0,1,2,3,8,10,11}; "" for none. Input in any order,
+// duplicates allowed.
+std::string format_cpu_list(std::vector<int> cpus);
+
+// The inverse of format_cpu_list; throws std::invalid_argument naming the
+// bad part of s.
+std::vector<int> parse_cpu_list(std::string_view s);
+
+// The warnings for a Gloo job (none for NCCL: its ranks are bound by design).
+// ranks[i].cpus is rank i's allowed-CPU list ("" when unknown: that rank is
+// left out); machines[i] is the machine rank i runs on (ranks with the same
+// machine share its CPUs). Two kinds, at most one message each:
+//   cpu_oversubscribed  a machine runs more ranks than the CPUs they may use
+//                       all together;
+//   cpu_single          ranks (on machines not already oversubscribed) that
+//                       may each use one CPU only.
+std::vector<reports::Warning> placement_warnings(const std::vector<reports::RankInfo>& ranks,
+                                                 const std::vector<std::string>& machines);
+
+}  // namespace ddpdiag
