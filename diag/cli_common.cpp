@@ -676,11 +676,16 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
 void record_placement(const Job& job, reports::Report& report) {
   if (job.backend != Backend::kGloo || job.ranks.empty()) return;
   nlohmann::json rows = nlohmann::json::array();
-  for (const auto& r : job.ranks)
-    rows.push_back({{"rank", r.rank},
-                    {"host", r.host},
-                    {"cpus", r.cpus},
-                    {"cpu_count", r.cpus.empty() ? 0 : static_cast<int>(parse_cpu_list(r.cpus).size())}});
+  for (const auto& r : job.ranks) {
+    std::size_t count = 0;
+    std::string cpus = r.cpus;
+    try {
+      count = parse_cpu_list(cpus).size();
+    } catch (const std::invalid_argument&) {
+      cpus.clear();  // a peer's odd value: unknown, not a reason to fail the job
+    }
+    rows.push_back({{"rank", r.rank}, {"host", r.host}, {"cpus", cpus}, {"cpu_count", count}});
+  }
   report.results()["rank_cpus"] = rows;
   const auto warnings = placement_warnings(job.ranks, job.machines);
   if (warnings.empty()) return;
