@@ -9,13 +9,23 @@
   really sets, the report names the launcher; mpirun's default binding (one
   core per rank) gets the cpu_single warning, --bind-to none does not.
   Skipped, with the reason, where mpirun is not installed.
+- Slurm's srun (Debian's slurm-wlm 22.05, installed by
+  scripts/install-deps.sh): the test starts a throw-away one-node cluster
+  of its own (slurmctld and slurmd as root, its own configuration file,
+  ports and state directory, no munge: auth/none), runs ddpdiag under srun
+  at 2 and 4 tasks, and a job whose rank 1 is killed: rank 0 names it dead
+  within its timeout instead of hanging. Skipped where slurmctld is not
+  installed or the test does not run as root.
 """
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -23,6 +33,9 @@ from common import BIN, DEADLINE_S, check_report, clean_env, free_port, load  # 
 
 CPUS = sorted(os.sched_getaffinity(0))
 MPIRUN = shutil.which("mpirun")
+SLURMCTLD = shutil.which("slurmctld") or (os.path.exists("/usr/sbin/slurmctld") and "/usr/sbin/slurmctld")
+SLURMD = shutil.which("slurmd") or (os.path.exists("/usr/sbin/slurmd") and "/usr/sbin/slurmd")
+SRUN = shutil.which("srun")
 SWEEP = ["-b", "4", "-e", "64K", "-f", "16", "-n", "5", "-w", "2"]
 
 
@@ -156,6 +169,171 @@ class OpenMpi(Case):
         p = self.mpirun(np, "none", path, ["--oversubscribe"])
         rep = self.passed(p, path, np)
         self.assertEqual(self.warning_names(rep), ["cpu_oversubscribed"])
+
+
+
+class SlurmCluster:
+    """A one-node Slurm cluster for one test class: slurmctld and slurmd on
+    this machine, configured through a file of our own (SLURM_CONF), on free
+    ports, with auth/none (no munge daemon). The node advertises 16 CPUs
+    (config_overrides) so that srun may start more tasks than this machine
+    has cores, as a test of oversubscribed ranks needs."""
+
+    def __init__(self):
+        self.dir = tempfile.mkdtemp(prefix="ddpdiag-slurm-")
+        self.conf = os.path.join(self.dir, "slurm.conf")
+        self.env = dict(os.environ, SLURM_CONF=self.conf)
+        host = socket.gethostname().split(".")[0]
+        mem = 1024
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    mem = int(int(line.split()[1]) / 1024 * 0.9)
+        ports = []
+        while len(ports) < 2:
+            p = free_port()
+            if p not in ports:
+                ports.append(p)
+        d = self.dir
+        with open(self.conf, "w") as f:
+            f.write("\n".join([
+                "ClusterName=ddpdiagtest",
+                "SlurmctldHost=%s(127.0.0.1)" % host,
+                "SlurmctldPort=%d" % ports[0],
+                "SlurmdPort=%d" % ports[1],
+                "SlurmUser=root",
+                "AuthType=auth/none",
+                "CredType=cred/none",
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "JobAcctGatherType=jobacct_gather/none",
+                "SelectType=select/cons_tres",
+                "SelectTypeParameters=CR_CPU",
+                "SlurmdParameters=config_overrides",
+                "ReturnToService=2",
+                "EnforcePartLimits=ALL",
+                "MpiDefault=none",
+                "KillWait=2",
+                "StateSaveLocation=%s/ctld" % d,
+                "SlurmdSpoolDir=%s/d" % d,
+                "SlurmctldPidFile=%s/slurmctld.pid" % d,
+                "SlurmdPidFile=%s/slurmd.pid" % d,
+                "SlurmctldLogFile=%s/slurmctld.log" % d,
+                "SlurmdLogFile=%s/slurmd.log" % d,
+                "NodeName=%s NodeAddr=127.0.0.1 CPUs=16 RealMemory=%d State=UNKNOWN" % (host, mem),
+                "PartitionName=debug Nodes=%s Default=YES MaxTime=INFINITE State=UP" % host,
+            ]) + "\n")
+        os.makedirs(os.path.join(d, "ctld"))
+        os.makedirs(os.path.join(d, "d"))
+        try:
+            # Both fork into the background and write their pid files.
+            subprocess.run([SLURMCTLD, "-i", "-f", self.conf], env=self.env, check=True,
+                           timeout=30, capture_output=True)
+            subprocess.run([SLURMD, "-f", self.conf], env=self.env, check=True, timeout=30,
+                           capture_output=True)
+            deadline = time.monotonic() + 30
+            while True:
+                p = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], env=self.env,
+                                   capture_output=True, text=True, timeout=10)
+                if p.stdout.strip() == "idle":
+                    break
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the test's Slurm node did not become idle in 30 s "
+                                       "(sinfo: %r); logs in %s" % (p.stdout + p.stderr, d))
+                time.sleep(0.2)
+        except BaseException:
+            self.stop()
+            raise
+
+    def pids(self):
+        out = []
+        for name in ("slurmd.pid", "slurmctld.pid"):
+            try:
+                with open(os.path.join(self.dir, name)) as f:
+                    out.append(int(f.read().strip()))
+            except (OSError, ValueError):
+                pass
+        return out
+
+    def stop(self):
+        subprocess.run(["scancel", "--user", "root"], env=self.env, capture_output=True,
+                       timeout=10)
+        pids = self.pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 10
+        for pid in pids:
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.1)
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def srun(self, ntasks, args, extra_env=None, timeout=DEADLINE_S):
+        env = clean_env(SLURM_CONF=self.conf, **(extra_env or {}))
+        t0 = time.monotonic()
+        p = subprocess.run([SRUN, "-Q", "-n", str(ntasks), BIN] + list(args), env=env,
+                           capture_output=True, text=True, timeout=timeout)
+        p.elapsed = time.monotonic() - t0
+        return p
+
+
+@unittest.skipUnless(SLURMCTLD and SLURMD and SRUN,
+                     "Slurm not installed (Debian: apt-get install slurm-wlm)")
+@unittest.skipUnless(os.geteuid() == 0, "a throw-away Slurm cluster needs root (slurmd)")
+class Slurm(Case):
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster = SlurmCluster()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.cluster.stop()
+
+    def test_srun_two_tasks(self):
+        path = os.path.join(self.tmp, "r.json")
+        p = self.cluster.srun(2, ["allreduce-test", "--json", path] + SWEEP,
+                              {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": free_port()})
+        rep = self.passed(p, path, 2)
+        self.assertEqual(rep["world"]["launcher"], "slurm")
+        self.assertEqual(rep["environment"].get("SLURM_NTASKS"), "2")
+        self.assertEqual(sorted(r["local_rank"] for r in rep["world"]["ranks"]), [0, 1])
+
+    def test_srun_four_tasks(self):
+        path = os.path.join(self.tmp, "r.json")
+        # No MASTER_ADDR: one node, so 127.0.0.1 (the port is still ours).
+        p = self.cluster.srun(4, ["allreduce-test", "--json", path] + SWEEP,
+                              {"MASTER_PORT": free_port()})
+        rep = self.passed(p, path, 4)
+        self.assertEqual(rep["world"]["launcher"], "slurm")
+        want = ["cpu_oversubscribed"] if len(CPUS) < 4 else []
+        self.assertEqual(self.warning_names(rep), want)
+
+    def test_srun_killed_task_is_named_not_waited_for(self):
+        timeout = 6
+        path = os.path.join(self.tmp, "r.json")
+        p = self.cluster.srun(2, ["allreduce-test", "--timeout", str(timeout), "--json", path,
+                                  "--inject-fault", "exit@seq=6,rank=1", "-b", "1K", "-e", "1K",
+                                  "-n", "20", "-w", "1"],
+                              {"MASTER_PORT": free_port()}, timeout=timeout + 60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertLess(p.elapsed, timeout + 15, p.stderr[-3000:])
+        self.assertIn("Rank 1 did not publish its state: it is dead", p.stderr)
+        rep = load(path)
+        self.assertEqual(rep["verdict"], "ERROR")
+        self.assertEqual(rep["error"]["exit_code"], 5)
+        self.assertEqual(rep["error"]["peer"], 1)
+        self.assertEqual(rep["results"]["watchdog"]["diagnosis"]["gone_ranks"], [1])
 
 
 if __name__ == "__main__":
