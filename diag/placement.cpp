@@ -146,7 +146,7 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
     std::set<int> distinct(single_cpus.begin(), single_cpus.end());
     out.push_back({"cpu_single",
                    fmt::format("{} may {}use one CPU only (CPU{} {}): the rank's own thread and "
-                               "Gloo's network thread share it, which slows small all_reduces. "
+                               "Gloo's network thread share it, which can slow small all_reduces. "
                                "A launcher's binding does this (mpirun binds each rank to a core "
                                "by default; srun --cpu-bind=cores); start the ranks with mpirun "
                                "--bind-to none or srun --cpu-bind=none, or give each rank two or "

@@ -7,7 +7,7 @@
 // a host than CPUs they may use, a small all_reduce takes milliseconds (a
 // scheduler tick) instead of microseconds; with a rank bound to one CPU (what
 // `mpirun` does by default for two ranks), its two threads share that CPU and
-// small all_reduces slow down. Neither is an error: the run stays correct,
+// small all_reduces can slow down. Neither is an error: the run stays correct,
 // only slower, so these are warnings in the report and on stderr.
 #pragma once
 
