@@ -13,8 +13,9 @@
   scripts/install-deps.sh): the test starts a throw-away one-node cluster
   of its own (slurmctld and slurmd as root, its own configuration file,
   ports and state directory, no munge: auth/none), runs ddpdiag under srun
-  at 2 and 4 tasks, and a job whose rank 1 is killed: rank 0 names it dead
-  within its timeout instead of hanging. Skipped where slurmctld is not
+  at 2 and 4 tasks, with --cpu-bind=cores (cpu_single), and a job whose
+  rank 1 is killed: rank 0 names it dead within its timeout instead of
+  hanging. Skipped where slurmctld is not
   installed or the test does not run as root.
 """
 import json
@@ -205,7 +206,7 @@ class SlurmCluster:
                 "AuthType=auth/none",
                 "CredType=cred/none",
                 "ProctrackType=proctrack/linuxproc",
-                "TaskPlugin=task/none",
+                "TaskPlugin=task/affinity",  # srun --cpu-bind works (sched_setaffinity)
                 "JobAcctGatherType=jobacct_gather/none",
                 "SelectType=select/cons_tres",
                 "SelectTypeParameters=CR_CPU",
@@ -279,11 +280,14 @@ class SlurmCluster:
                     pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def srun(self, ntasks, args, extra_env=None, timeout=DEADLINE_S):
+    def srun(self, ntasks, args, extra_env=None, timeout=DEADLINE_S, cpu_bind="none"):
+        """cpu_bind: srun's --cpu-bind; "none" unless a test is about binding
+        (the node advertises more CPUs than this machine has, so Slurm's own
+        choice of binding could name CPUs that do not exist)."""
         env = clean_env(SLURM_CONF=self.conf, **(extra_env or {}))
         t0 = time.monotonic()
-        p = subprocess.run([SRUN, "-Q", "-n", str(ntasks), BIN] + list(args), env=env,
-                           capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run([SRUN, "-Q", "-n", str(ntasks), "--cpu-bind=" + cpu_bind, BIN] +
+                           list(args), env=env, capture_output=True, text=True, timeout=timeout)
         p.elapsed = time.monotonic() - t0
         return p
 
@@ -308,6 +312,18 @@ class Slurm(Case):
         self.assertEqual(rep["world"]["launcher"], "slurm")
         self.assertEqual(rep["environment"].get("SLURM_NTASKS"), "2")
         self.assertEqual(sorted(r["local_rank"] for r in rep["world"]["ranks"]), [0, 1])
+
+    def test_srun_cpu_bind_cores_warns_cpu_single(self):
+        if len(CPUS) < 2:
+            self.skipTest("binding two tasks to two cores needs two CPUs; there are %d" % len(CPUS))
+        path = os.path.join(self.tmp, "r.json")
+        p = self.cluster.srun(2, ["allreduce-test", "--json", path] + SWEEP,
+                              {"MASTER_PORT": free_port()}, cpu_bind="cores")
+        rep = self.passed(p, path, 2)
+        rows = rep["results"]["rank_cpus"]
+        self.assertEqual([r["cpu_count"] for r in rows], [1, 1], rows)
+        self.assertEqual(self.warning_names(rep), ["cpu_single"])
+        self.assertIn("srun --cpu-bind=none", rep["results"]["warnings"][0]["detail"])
 
     def test_srun_four_tasks(self):
         path = os.path.join(self.tmp, "r.json")
