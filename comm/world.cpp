@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <stdexcept>
 
 #include <fmt/core.h>
 
@@ -101,6 +102,65 @@ bool truthy(const std::string& v) {
 
 }  // namespace
 
+std::vector<int> expand_slurm_tasks_per_node(std::string_view s) {
+  // Items "N" or "N(xK)", comma-separated.
+  auto bad = [&](std::string_view why) {
+    return std::invalid_argument(fmt::format("'{}': {}", s, why));
+  };
+  auto number = [&](std::string_view t) {
+    int v = 0;
+    auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    if (t.empty() || ec != std::errc() || p != t.data() + t.size() || v < 1)
+      throw bad(fmt::format("'{}' is not a positive count", t));
+    return v;
+  };
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos <= s.size()) {
+    std::size_t comma = s.find(',', pos);
+    if (comma == std::string_view::npos) comma = s.size();
+    std::string_view item = s.substr(pos, comma - pos);
+    int repeat = 1;
+    if (auto open = item.find("(x"); open != std::string_view::npos) {
+      if (item.back() != ')') throw bad(fmt::format("'{}' lacks its ')'", item));
+      repeat = number(item.substr(open + 2, item.size() - open - 3));
+      item = item.substr(0, open);
+    }
+    const int count = number(item);
+    if (out.size() + static_cast<std::size_t>(repeat) > 1000000) throw bad("more than 10^6 nodes");
+    out.insert(out.end(), static_cast<std::size_t>(repeat), count);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+std::string first_slurm_host(std::string_view list) {
+  auto bad = [&](std::string_view why) {
+    return std::invalid_argument(fmt::format("'{}': {}", list, why));
+  };
+  // The first name: up to the first comma outside brackets.
+  std::string out;
+  std::size_t i = 0;
+  while (i < list.size() && list[i] != ',') {
+    if (list[i] == ']') throw bad("']' without '['");
+    if (list[i] != '[') {
+      out.push_back(list[i++]);
+      continue;
+    }
+    const std::size_t close = list.find(']', i);
+    if (close == std::string_view::npos) throw bad("'[' without ']'");
+    // The group's first value: up to the first ',' or '-' ("07-09,12" -> "07").
+    std::string_view group = list.substr(i + 1, close - i - 1);
+    std::string_view first = group.substr(0, group.find_first_of(",-"));
+    if (first.empty() || first.find_first_not_of("0123456789") != std::string_view::npos)
+      throw bad(fmt::format("'[{}]' does not start with a number", group));
+    out.append(first);
+    i = close + 1;
+  }
+  if (out.empty()) throw bad("no host name");
+  return out;
+}
+
 bool launched_by_launcher(const EnvLookup& env) {
   for (const char* v : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "DDPDIAG_LAUNCHER"})
     if (env(v)) return true;
@@ -145,10 +205,28 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
       size_var = "SLURM_NPROCS";
     }
     local_rank = r.integer("SLURM_LOCALID");
+    // --ntasks-per-node: the same on every node. Otherwise this node's entry
+    // of the step's (else the job's) layout, which may differ between nodes.
     local_size = r.leading_integer("SLURM_NTASKS_PER_NODE");
-    if (!local_size) {
-      local_size = r.leading_integer("SLURM_TASKS_PER_NODE");
-      lsize_var = "SLURM_TASKS_PER_NODE";
+    for (const char* var : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+      if (local_size) break;
+      auto layout = r.str(var);
+      if (!layout) continue;
+      lsize_var = var;
+      std::vector<int> counts;
+      try {
+        counts = expand_slurm_tasks_per_node(*layout);
+      } catch (const std::invalid_argument& e) {
+        throw world_error(fmt::format("environment variable {}='{}' is not a Slurm task layout: {}",
+                                      var, *layout, e.what()),
+                          fmt::format("unset {} or pass --local-world-size", var));
+      }
+      const int node = r.integer("SLURM_NODEID").value_or(0);
+      if (node < 0 || node >= static_cast<int>(counts.size()))
+        throw world_error(fmt::format("SLURM_NODEID={} but {}='{}' lists {} node(s)", node, var,
+                                      *layout, counts.size()),
+                          "run under srun, or pass --local-world-size");
+      local_size = counts[static_cast<std::size_t>(node)];
     }
     if (!size)
       throw world_error(fmt::format("SLURM_PROCID={} is set but SLURM_NTASKS is not", *rank),
@@ -247,6 +325,30 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
       throw world_error(fmt::format("{} is empty", addr_var),
                         "set it to the host name or address of rank 0 (or of the store)");
     w.master_addr = *addr;
+    w.master_addr_source = addr_var;
+  } else if (w.local_world_size < w.world_size && w.launcher == Launcher::kSlurm) {
+    // Several nodes under srun: task 0 runs on the first node of the step.
+    for (const char* var : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+      auto list = r.str(var);
+      if (!list) continue;
+      try {
+        w.master_addr = first_slurm_host(*list);
+      } catch (const std::invalid_argument& e) {
+        throw world_error(fmt::format("MASTER_ADDR is not set and {}='{}' is not a Slurm host "
+                                      "list: {}",
+                                      var, *list, e.what()),
+                          "export MASTER_ADDR=<host of rank 0> or pass --master-addr");
+      }
+      w.master_addr_source = var;
+      break;
+    }
+    if (w.master_addr_source == "default")
+      throw world_error(
+          fmt::format("MASTER_ADDR is not set, the job spans several hosts ({} ranks, {} on this "
+                      "host) and Slurm gave no node list (SLURM_STEP_NODELIST, "
+                      "SLURM_JOB_NODELIST)",
+                      w.world_size, w.local_world_size),
+          "export MASTER_ADDR=<host of rank 0> or pass --master-addr");
   } else if (w.local_world_size < w.world_size) {
     throw world_error(
         fmt::format("MASTER_ADDR is not set and the job spans several hosts ({} ranks, {} on "

@@ -8,6 +8,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ddpdiag {
@@ -39,6 +40,9 @@ struct World {
   int local_rank = 0;
   int local_world_size = 1;
   std::string master_addr = "127.0.0.1";
+  // Where master_addr came from: "--master-addr", "MASTER_ADDR", the Slurm
+  // node list it was taken from (e.g. "SLURM_STEP_NODELIST"), or "default".
+  std::string master_addr_source = "default";
   int master_port = 29500;
   Launcher launcher = Launcher::kNone;
   // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True):
@@ -65,8 +69,26 @@ EnvLookup map_env(std::map<std::string, std::string> vars);
 // WORLD_SIZE, ...), rank >= world size, negative values, port outside
 // 1..65535, local rank >= local world size, and — when visible_gpus is
 // given and the backend is NCCL — LOCAL_RANK beyond the visible GPUs.
+//
+// Under srun: the local world size is SLURM_NTASKS_PER_NODE when set, else
+// this node's entry (SLURM_NODEID) of SLURM_STEP_TASKS_PER_NODE (or the
+// job's SLURM_TASKS_PER_NODE), which may differ between nodes ("3,2"). A job
+// on several nodes without MASTER_ADDR takes the first host of
+// SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST): srun puts
+// task 0 there under its block and cyclic distributions.
 World discover_world(const WorldFlags& flags, const EnvLookup& env,
                      std::optional<int> visible_gpus = std::nullopt);
+
+// Slurm's per-node task counts, e.g. SLURM_STEP_TASKS_PER_NODE="2(x3),1",
+// one count per node in node order: {2, 2, 2, 1}. Throws
+// std::invalid_argument naming the bad part.
+std::vector<int> expand_slurm_tasks_per_node(std::string_view s);
+
+// The first host of a Slurm host list, e.g. "node[07-09,12],login1" ->
+// "node07" (zero padding kept; several bracket groups in one name, as
+// "rack[1-2]-n[01-04]", each give their first value). Throws
+// std::invalid_argument naming the list when it is empty or malformed.
+std::string first_slurm_host(std::string_view list);
 
 // True when the environment was set by some launcher (any of RANK,
 // SLURM_PROCID, OMPI_COMM_WORLD_RANK, ...), i.e. this process is one rank of a

@@ -120,7 +120,9 @@ class Timeline {
 
 // getaddrinfo has no timeout of its own: run it on a thread and stop waiting
 // at the deadline (the thread finishes on its own; it owns its data).
-std::string resolve(const std::string& host, Millis timeout, int rank) {
+// `what` names the address for messages: "MASTER_ADDR", or where it came
+// from when the user did not set it.
+std::string resolve(const std::string& host, const std::string& what, Millis timeout, int rank) {
   auto task = std::make_shared<std::packaged_task<std::pair<int, std::vector<std::string>>()>>(
       [host] {
         addrinfo hints{};
@@ -152,17 +154,17 @@ std::string resolve(const std::string& host, Millis timeout, int rank) {
       "the machine that hosts the store (rank 0's, or the launcher agent's), one that resolves "
       "on every node; an IP address avoids DNS altogether";
   if (fut.wait_for(timeout) != std::future_status::ready)
-    throw TimeoutError(fmt::format("resolving MASTER_ADDR='{}' took longer than {} ms", host,
+    throw TimeoutError(fmt::format("resolving {}='{}' took longer than {} ms", what, host,
                                    timeout.count()),
                        {"resolve_master", rank, -1, hint + " (DNS does not answer)"});
   auto [rc, list] = fut.get();
   if (rc != 0)
-    throw RendezvousError(fmt::format("MASTER_ADDR='{}' does not resolve: {}", host,
+    throw RendezvousError(fmt::format("{}='{}' does not resolve: {}", what, host,
                                       list.empty() ? "" : list.front()),
                           {"resolve_master", rank, -1, hint});
   std::string joined;
   for (const auto& a : list) joined += (joined.empty() ? "" : ", ") + a;
-  return fmt::format("MASTER_ADDR '{}' -> {}", host, joined);
+  return fmt::format("{} '{}' -> {}", what, host, joined);
 }
 
 // NCCL's own log, when --nccl-debug asked for it: the lines of the init,
@@ -258,7 +260,13 @@ int run_init_check(const InitCheckOptions& io) {
     if (single) {
       tl.skip("resolve_master", "world of 1 rank: no store to reach");
     } else {
-      phase("resolve_master", [&] { return resolve(job.world.master_addr, job.timeout, me); });
+      phase("resolve_master", [&] {
+        const std::string& src = job.world.master_addr_source;
+        const std::string what = src.rfind("SLURM_", 0) == 0
+                                     ? fmt::format("MASTER_ADDR (unset; the first host of {})", src)
+                                     : std::string("MASTER_ADDR");
+        return resolve(job.world.master_addr, what, job.timeout, me);
+      });
     }
     phase("store_connect", [&] {
       try {

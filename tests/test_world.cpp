@@ -80,6 +80,76 @@ TEST_CASE("Slurm and Open MPI variables", "[world]") {
   CHECK(m.master_port == 1234);
 }
 
+TEST_CASE("Slurm: uneven task layouts and the store host from the node list", "[world]") {
+  // 5 tasks on 2 nodes, 3 + 2 (srun -n5 -N2): this is the second node, whose
+  // local world is 2, not the layout's leading 3. No MASTER_ADDR: the first
+  // host of the step's node list, where task 0 runs.
+  std::map<std::string, std::string> env = {
+      {"SLURM_PROCID", "4"},          {"SLURM_NTASKS", "5"},
+      {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "1"},
+      {"SLURM_STEP_TASKS_PER_NODE", "3,2"},
+      {"SLURM_TASKS_PER_NODE", "4(x2)"},  // the job's allocation: the step's wins
+      {"SLURM_STEP_NODELIST", "gpu[07-08]"},
+      {"SLURM_JOB_NODELIST", "gpu[01-08]"}};
+  auto w = discover(env);
+  CHECK(w.local_world_size == 2);
+  CHECK(w.local_rank == 1);
+  CHECK(w.master_addr == "gpu07");
+  CHECK(w.master_addr_source == "SLURM_STEP_NODELIST");
+  CHECK(w.env_read.at("SLURM_STEP_NODELIST") == "gpu[07-08]");
+
+  // The job's layout and node list when the step's are missing (sbatch
+  // scripts that run ddpdiag through another launcher's environment).
+  env.erase("SLURM_STEP_TASKS_PER_NODE");
+  env.erase("SLURM_STEP_NODELIST");
+  env["SLURM_TASKS_PER_NODE"] = "3,2";
+  w = discover(env);
+  CHECK(w.local_world_size == 2);
+  CHECK(w.master_addr == "gpu01");
+  CHECK(w.master_addr_source == "SLURM_JOB_NODELIST");
+
+  // MASTER_ADDR, when set, wins; a single node keeps 127.0.0.1.
+  env["MASTER_ADDR"] = "10.0.0.9";
+  CHECK(discover(env).master_addr == "10.0.0.9");
+  CHECK(discover(env).master_addr_source == "MASTER_ADDR");
+  auto one = discover({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
+                       {"SLURM_NODEID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2"},
+                       {"SLURM_STEP_NODELIST", "vm"}});
+  CHECK(one.local_world_size == 2);
+  CHECK(one.master_addr == "127.0.0.1");
+  CHECK(one.master_addr_source == "default");
+
+  // Broken layouts and lists are usage errors naming the variable.
+  require_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
+                       {"SLURM_STEP_TASKS_PER_NODE", "2(x2"}},
+                      "SLURM_STEP_TASKS_PER_NODE='2(x2'");
+  require_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "2"},
+                       {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}},
+                      "SLURM_NODEID=2 but SLURM_STEP_TASKS_PER_NODE='2(x2)' lists 2 node(s)");
+  require_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
+                       {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}, {"SLURM_STEP_NODELIST", "n[a-b]"}},
+                      "SLURM_STEP_NODELIST='n[a-b]' is not a Slurm host list");
+  require_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
+                       {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}},
+                      "Slurm gave no node list");
+}
+
+TEST_CASE("Slurm's list formats", "[world]") {
+  CHECK(expand_slurm_tasks_per_node("4") == std::vector<int>{4});
+  CHECK(expand_slurm_tasks_per_node("2(x3),1") == std::vector<int>{2, 2, 2, 1});
+  CHECK(expand_slurm_tasks_per_node("3,2") == std::vector<int>{3, 2});
+  for (const char* bad : {"", "x", "2,", ",2", "2(x)", "2(x3", "0", "2(x0)", "-1", "2(y3)"})
+    CHECK_THROWS_AS(expand_slurm_tasks_per_node(bad), std::invalid_argument);
+  CHECK(first_slurm_host("node1") == "node1");
+  CHECK(first_slurm_host("node[07-09,12],login1") == "node07");
+  CHECK(first_slurm_host("login1,node[07-09]") == "login1");
+  CHECK(first_slurm_host("n[3,1-2]") == "n3");
+  CHECK(first_slurm_host("rack[1-2]-n[001-004]") == "rack1-n001");
+  CHECK(first_slurm_host("a-b.example.org") == "a-b.example.org");
+  for (const char* bad : {"", ",n1", "n[1-2", "n]1", "n[]", "n[a]"})
+    CHECK_THROWS_AS(first_slurm_host(bad), std::invalid_argument);
+}
+
 TEST_CASE("flags win over the environment", "[world]") {
   WorldFlags f;
   f.rank = 1;
