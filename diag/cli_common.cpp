@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <cerrno>
 #include <cmath>
@@ -305,6 +306,23 @@ std::string machine_name() {
   return host;
 }
 
+std::string machine_id() {
+  // Host names repeat on cloned machines; the kernel's boot id does not
+  // (network namespaces of one machine share it, and they do share its CPUs
+  // and process ids).
+  std::string id = machine_name();
+  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof buf, f)) {
+      std::string boot(buf);
+      while (!boot.empty() && std::isspace(static_cast<unsigned char>(boot.back()))) boot.pop_back();
+      if (!boot.empty()) id += "#" + boot;
+    }
+    std::fclose(f);
+  }
+  return id;
+}
+
 std::string reported_host_name(const CommonOptions& o, int rank) {
   if (!o.test_hosts.empty()) {
     std::vector<std::string> names;
@@ -342,12 +360,36 @@ StoreProtocol parse_store_protocol(const std::string& s) {
 //              stop waiting at once and report the same cause.
 // Ranks poll (joined, abort) rather than blocking in WAIT, so a rank that
 // never comes is named when the deadline passes.
+namespace {
+
+bool is_loopback(const std::string& addr) {
+  return addr == "localhost" || addr == "ip6-localhost" || addr == "::1" ||
+         addr.rfind("127.", 0) == 0 || addr.rfind("localhost.", 0) == 0;
+}
+
+// A loopback store address in a job that spans hosts: the ranks on other
+// hosts than the store's reach their own loopback. torchrun's c10d
+// rendezvous hands out the node's getfqdn(), which is "localhost" on many
+// machines without a DNS name, unless given --local-addr.
+std::string loopback_hint(const World& w) {
+  if (w.local_world_size >= w.world_size || !is_loopback(w.master_addr)) return {};
+  return fmt::format(
+      "MASTER_ADDR={} is a loopback address, but this job spans several hosts ({} ranks, {} on "
+      "this one): ranks on other hosts than the store's reach their own loopback. Set "
+      "MASTER_ADDR (or --master-addr) to the address of the store's host; under torchrun with "
+      "--rdzv-backend c10d, pass --local-addr <the node's address> on every node (torch "
+      "otherwise gives its workers the node's fully qualified name, often localhost)",
+      w.master_addr, w.world_size, w.local_world_size);
+}
+
+}  // namespace
+
 void register_rank(Job& job, const std::string& device, const std::string& host) {
   const int n = job.size();
   const int me = job.rank();
   nlohmann::json info = {{"rank", me},          {"world_size", n},
                          {"local_rank", job.world.local_rank},
-                         {"host", host},        {"machine", machine_name()},
+                         {"host", host},        {"machine", machine_id()},
                          {"pid", static_cast<long>(getpid())},
                          {"device", device},
                          {"cpus", format_cpu_list(allowed_cpus())}};
@@ -393,9 +435,11 @@ void wait_for_ranks(Job& job) {
                       "that never arrived: {}",
                       job.timeout.count() / 1000.0, joined, n, list.empty() ? "?" : list),
           {"rendezvous", me, missing.empty() ? -1 : missing.front(),
-           "check that every rank was started, that they all use the same MASTER_ADDR:"
-           "MASTER_PORT and WORLD_SIZE, and that the missing ranks can reach the store "
-           "(firewall, wrong interface)"});
+           loopback_hint(job.world).empty()
+               ? "check that every rank was started, that they all use the same MASTER_ADDR:"
+                 "MASTER_PORT and WORLD_SIZE, and that the missing ranks can reach the store "
+                 "(firewall, wrong interface)"
+               : loopback_hint(job.world)});
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(joined + 1 >= n ? 2 : 20));
   }
@@ -456,7 +500,13 @@ std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o) {
     // Our own server when rank 0 hosts it or ddpdiag's launcher does; under
     // an agent store of unknown make, get() keeps c10d's WAIT + GET.
     co.one_trip_get = !job.world.agent_store || job.world.launcher == Launcher::kDdpdiag;
-    base = std::make_shared<TcpStoreClient>(co);
+    try {
+      base = std::make_shared<TcpStoreClient>(co);
+    } catch (RendezvousError& e) {
+      if (!job.world.hosts_store())
+        if (auto hint = loopback_hint(job.world); !hint.empty()) e.context().hint = hint;
+      throw;
+    }
     job.store_client = co;
   }
   // Our keys live under our own prefix, inside torchrun's attempt prefix when
@@ -522,7 +572,7 @@ void create_communicator(Job& job, const CommonOptions& o) {
   mo.gather_wait = monitor_deadline;
   mo.desync_check = o.desync_check;
   mo.faults = std::move(faults);
-  const std::string here = machine_name();
+  const std::string here = machine_id();
   for (const auto& r : job.ranks) {
     MonitorOptions::Peer p;
     p.host = r.host;

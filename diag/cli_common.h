@@ -99,6 +99,10 @@ StoreProtocol parse_store_protocol(const std::string& s);
 // This rank's host name as reported at rendezvous (--test-hosts overrides it).
 std::string reported_host_name(const CommonOptions& o, int rank);
 std::string machine_name();  // gethostname()
+// What tells machines apart: the host name and the kernel's boot id
+// ("node1#<uuid>"), so that clones sharing a host name are not taken for one
+// machine. Ranks compare it to decide who shares CPUs and process ids.
+std::string machine_id();
 // Rank 0 hosts the store unless an agent does (no-op otherwise).
 void host_store(Job& job);
 // Connects this rank to the store (a MemoryStore for a world of 1) and sets

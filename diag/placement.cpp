@@ -113,8 +113,9 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
   std::vector<reports::Warning> out;
   std::vector<std::string> crowded;
   std::set<int> crowded_ranks;
-  for (const auto& [name, m] : by_machine) {
+  for (const auto& [key, m] : by_machine) {
     if (m.ranks.size() <= m.cpus.size()) continue;
+    const std::string name = key.substr(0, key.find('#'));  // "node1#<boot id>" -> "node1"
     crowded.push_back(fmt::format("{} runs {} ranks on {} CPU{} ({})", name, m.ranks.size(),
                                   m.cpus.size(), m.cpus.size() == 1 ? "" : "s",
                                   format_cpu_list({m.cpus.begin(), m.cpus.end()})));

@@ -34,7 +34,7 @@ std::vector<int> parse_cpu_list(std::string_view s);
 // The warnings for a Gloo job (none for NCCL: its ranks are bound by design).
 // ranks[i].cpus is rank i's allowed-CPU list ("" when unknown: that rank is
 // left out); machines[i] is the machine rank i runs on (ranks with the same
-// machine share its CPUs). Two kinds, at most one message each:
+// machine share its CPUs; "host#boot-id" keys are shown as "host"). Two kinds, at most one message each:
 //   cpu_oversubscribed  a machine runs more ranks than the CPUs they may use
 //                       all together;
 //   cpu_single          ranks (on machines not already oversubscribed) that

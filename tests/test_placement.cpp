@@ -99,6 +99,15 @@ TEST_CASE("placement warnings", "[placement]") {
     auto w = placement_warnings({rank(0, "x", "0"), rank(1, "y", "0")}, {"m", "m"});
     REQUIRE(w.size() == 1);
     CHECK_THAT(w[0].detail, Contains("m runs 2 ranks on 1 CPU"));
+    // Clones share a host name but not a boot id: two machines, one CPU each.
+    w = placement_warnings({rank(0, "n", "0"), rank(1, "n", "0")}, {"n#boot-a", "n#boot-b"});
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].name == "cpu_single");
+    // One machine shows its host name, not its key.
+    w = placement_warnings({rank(0, "n", "0"), rank(1, "n", "0")}, {"n#boot-a", "n#boot-a"});
+    REQUIRE(w.size() == 1);
+    CHECK_THAT(w[0].detail, Contains("n runs 2 ranks on 1 CPU (0)"));
+    CHECK_THAT(w[0].detail, !Contains("boot-a"));
   }
   SECTION("unknown or malformed CPU lists are left out, not fatal") {
     CHECK(placement_warnings({rank(0, "a", ""), rank(1, "a", "")}, {"a", "a"}).empty());

@@ -4,6 +4,8 @@
   ranks squeezed onto fewer CPUs than ranks (taskset) get the
   cpu_oversubscribed warning on stderr, beside the verdict and in the
   report; ranks with CPUs to spare get none. The verdict stays PASS.
+- A loopback store address (localhost) in a job that spans hosts: the
+  error names it and torchrun's --local-addr instead of "start rank 0".
 - Open MPI's mpirun (Debian's openmpi-bin, installed by
   scripts/install-deps.sh): ranks and size come from the variables mpirun
   really sets, the report names the launcher; mpirun's default binding (one
@@ -125,6 +127,39 @@ class Placement(Case):
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
         rep = load(path)
         self.assertEqual(self.warning_names(rep), ["cpu_oversubscribed"])
+
+
+class LoopbackStoreAcrossHosts(Case):
+    """A store address of localhost in a job that spans hosts (LOCAL_WORLD_SIZE
+    below WORLD_SIZE), as torchrun's c10d rendezvous hands out on machines
+    whose name resolves to localhost: the error says so, not "start rank 0"."""
+
+    def env(self, rank, port):
+        return clean_env(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
+                         MASTER_ADDR="localhost", MASTER_PORT=port)
+
+    def test_client_rank_names_the_loopback_address(self):
+        p = self.run_cmd([BIN, "allreduce-test", "--timeout", "2"] + SWEEP,
+                         self.env(1, free_port()))
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("connection refused", p.stderr)
+        self.assertIn("MASTER_ADDR=localhost is a loopback address, but this job spans several "
+                      "hosts (2 ranks, 1 on this one)", p.stderr)
+        self.assertIn("--local-addr", p.stderr)
+
+    def test_rank0_waiting_alone_names_it_too(self):
+        p = self.run_cmd([BIN, "allreduce-test", "--timeout", "2"] + SWEEP,
+                         self.env(0, free_port()))
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("rank(s) that never arrived: 1", p.stderr)
+        self.assertIn("is a loopback address", p.stderr)
+
+    def test_one_host_keeps_the_usual_hint(self):
+        env = clean_env(RANK=1, WORLD_SIZE=2, MASTER_ADDR="localhost", MASTER_PORT=free_port())
+        p = self.run_cmd([BIN, "allreduce-test", "--timeout", "2"] + SWEEP, env)
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertNotIn("loopback", p.stderr)
+        self.assertIn("start rank 0", p.stderr)
 
 
 @unittest.skipUnless(MPIRUN, "mpirun not found (Debian: apt-get install openmpi-bin)")
