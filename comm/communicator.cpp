@@ -19,6 +19,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
                    "--backend gloo"});
 }
 int device_count() { return 0; }
+std::string library_version() { return ""; }
 std::string unavailable_reason() {
   return "this build has no CUDA support (configured without CUDA/NCCL)";
 }
@@ -67,6 +68,10 @@ std::shared_ptr<Work> Communicator::sendrecv(const void*, std::size_t, int, void
   throw BackendError("sendrecv is not implemented by the " + std::string(backend_name(backend())) +
                          " communicator",
                      ErrorContext{"sendrecv", rank(), -1, "use send and recv ordered by rank parity"});
+}
+
+std::string backend_library_version(Backend b) {
+  return b == Backend::kGloo ? gloo_backend::gloo_version() : nccl_backend::library_version();
 }
 
 bool nccl_supported() { return config::kCudaSupported; }

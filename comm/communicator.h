@@ -144,6 +144,11 @@ class Communicator {
 // Throws RendezvousError/TimeoutError/BackendError with the phase set.
 std::unique_ptr<Communicator> make_communicator(const CommOptions& opts);
 
+// The library a backend's communicator would use, as its library_version()
+// says it ("gloo 0.5.0", "nccl 2.28.9"), without creating one; "" when this
+// build lacks the backend.
+std::string backend_library_version(Backend b);
+
 // True when this build has the NCCL backend.
 bool nccl_supported();
 // Number of usable CUDA devices (0 without a driver or a build without CUDA).

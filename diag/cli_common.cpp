@@ -18,6 +18,7 @@
 
 #include <fmt/core.h>
 
+#include "ddpdiag/config.h"
 #include "diag/launcher.h"
 #include "diag/placement.h"
 
@@ -362,17 +363,15 @@ StoreProtocol parse_store_protocol(const std::string& s) {
 // never comes is named when the deadline passes.
 namespace {
 
-bool is_loopback(const std::string& addr) {
+bool is_loopback_name(const std::string& addr) {
   return addr == "localhost" || addr == "ip6-localhost" || addr == "::1" ||
          addr.rfind("127.", 0) == 0 || addr.rfind("localhost.", 0) == 0;
 }
 
-// A loopback store address in a job that spans hosts: the ranks on other
-// hosts than the store's reach their own loopback. torchrun's c10d
-// rendezvous hands out the node's getfqdn(), which is "localhost" on many
-// machines without a DNS name, unless given --local-addr.
+}  // namespace
+
 std::string loopback_hint(const World& w) {
-  if (w.local_world_size >= w.world_size || !is_loopback(w.master_addr)) return {};
+  if (w.local_world_size >= w.world_size || !is_loopback_name(w.master_addr)) return {};
   return fmt::format(
       "MASTER_ADDR={} is a loopback address, but this job spans several hosts ({} ranks, {} on "
       "this one): ranks on other hosts than the store's reach their own loopback. Set "
@@ -380,6 +379,15 @@ std::string loopback_hint(const World& w) {
       "--rdzv-backend c10d, pass --local-addr <the node's address> on every node (torch "
       "otherwise gives its workers the node's fully qualified name, often localhost)",
       w.master_addr, w.world_size, w.local_world_size);
+}
+
+namespace {
+
+// The backend library this rank runs. DDPDIAG_TEST_LIBRARY_VERSION (tests
+// only) stands in for it, so that a test can start ranks that disagree.
+std::string reported_library_version(Backend b) {
+  if (const char* v = std::getenv("DDPDIAG_TEST_LIBRARY_VERSION"); v && *v) return v;
+  return backend_library_version(b);
 }
 
 }  // namespace
@@ -392,7 +400,9 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                          {"host", host},        {"machine", machine_id()},
                          {"pid", static_cast<long>(getpid())},
                          {"device", device},
-                         {"cpus", format_cpu_list(allowed_cpus())}};
+                         {"cpus", format_cpu_list(allowed_cpus())},
+                         {"ddpdiag", fmt::format("{} ({})", config::kVersion, config::kGitRevision)},
+                         {"library", reported_library_version(job.backend)}};
   const std::string mine = info.dump();
   Bytes current = job.store->compare_set("rank/" + std::to_string(me), {}, to_bytes(mine));
   if (to_string(current) != mine) {
@@ -447,6 +457,8 @@ void wait_for_ranks(Job& job) {
   // Everyone registered: check that they agree on the world.
   job.ranks.clear();
   job.machines.assign(n, std::string());
+  job.rank_builds.assign(n, std::string());
+  job.rank_libraries.assign(n, std::string());
   std::vector<std::string> disagree;
   for (int r = 0; r < n; ++r) {
     auto j = nlohmann::json::parse(
@@ -459,6 +471,8 @@ void wait_for_ranks(Job& job) {
                          static_cast<int>(j.value("pid", 0L)), j.value("device", ""),
                          j.value("cpus", "")});
     job.machines[r] = j.value("machine", j.value("host", std::string()));
+    job.rank_builds[r] = j.value("ddpdiag", std::string());
+    job.rank_libraries[r] = j.value("library", std::string());
   }
   if (std::int64_t joined = job.store->add("joined", 0); joined > n)
     disagree.push_back(fmt::format("{} processes joined a world of {}", joined, n));
@@ -602,6 +616,7 @@ void start_job(Job& job, const CommonOptions& o) {
                            : std::string("cpu");
   register_rank(job, device, reported_host_name(o, job.world.rank));
   wait_for_ranks(job);
+  collect_warnings(job);
   create_communicator(job, o);
   // Record the device each rank's backend actually chose.
   auto devices = job.gather_to_root("device", job.comm->device_name());
@@ -723,27 +738,33 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
   return std::nullopt;
 }
 
-void record_placement(const Job& job, reports::Report& report) {
-  if (job.backend != Backend::kGloo || job.ranks.empty()) return;
-  nlohmann::json rows = nlohmann::json::array();
-  for (const auto& r : job.ranks) {
-    std::size_t count = 0;
-    std::string cpus = r.cpus;
-    try {
-      count = parse_cpu_list(cpus).size();
-    } catch (const std::invalid_argument&) {
-      cpus.clear();  // a peer's odd value: unknown, not a reason to fail the job
+void collect_warnings(Job& job) {
+  job.warnings = mismatch_warnings(job.rank_builds, job.rank_libraries,
+                                   std::string(backend_name(job.backend)));
+  if (job.backend == Backend::kGloo)
+    for (auto& w : placement_warnings(job.ranks, job.machines)) job.warnings.push_back(std::move(w));
+  if (job.rank() == 0)
+    for (const auto& w : job.warnings) std::fprintf(stderr, "ddpdiag: warning: %s\n", w.detail.c_str());
+}
+
+void record_warnings(const Job& job, reports::Report& report) {
+  if (job.backend == Backend::kGloo && !job.ranks.empty()) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& r : job.ranks) {
+      std::size_t count = 0;
+      std::string cpus = r.cpus;
+      try {
+        count = parse_cpu_list(cpus).size();
+      } catch (const std::invalid_argument&) {
+        cpus.clear();  // a peer's odd value: unknown, not a reason to fail the job
+      }
+      rows.push_back({{"rank", r.rank}, {"host", r.host}, {"cpus", cpus}, {"cpu_count", count}});
     }
-    rows.push_back({{"rank", r.rank}, {"host", r.host}, {"cpus", cpus}, {"cpu_count", count}});
+    report.results()["rank_cpus"] = rows;
   }
-  report.results()["rank_cpus"] = rows;
-  const auto warnings = placement_warnings(job.ranks, job.machines);
-  if (warnings.empty()) return;
+  if (job.warnings.empty()) return;
   nlohmann::json jw = nlohmann::json::array();
-  for (const auto& w : warnings) {
-    jw.push_back({{"name", w.name}, {"detail", w.detail}});
-    if (job.rank() == 0) std::fprintf(stderr, "ddpdiag: warning: %s\n", w.detail.c_str());
-  }
+  for (const auto& w : job.warnings) jw.push_back({{"name", w.name}, {"detail", w.detail}});
   report.results()["warnings"] = jw;
 }
 
@@ -764,13 +785,16 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     report.set_world(job.size(), std::string(backend_name(job.backend)),
                      std::string(launcher_name(job.world.launcher)), job.ranks, libs);
     if (job.backend == Backend::kGloo) report.set_gloo_threads(o.gloo_threads);
-    record_placement(job, report);
+    record_warnings(job, report);
     arm_report(report, o);
     body(job, report);
     if (report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
   } catch (const Error& e) {
     print_error(e);
     report.set_error(to_error_info(e));
+    // What the rendezvous found (a version mismatch explains many a failed
+    // backend init) belongs in the report of the failure too.
+    if (!job.warnings.empty() && !report.results().contains("warnings")) record_warnings(job, report);
     rc = static_cast<int>(e.exit_code());
     store_unreachable = !job.store || e.context().phase.rfind("store.connect", 0) == 0;
     if (job.monitor) {

@@ -79,6 +79,9 @@ struct Job {
   MonitoredCommunicator* monitor = nullptr;  // comm, as its watchdog
   CommOptions comm_options;                // what comm was made with (sub-groups reuse it)
   std::vector<reports::RankInfo> ranks;    // every rank's identity, from rendezvous
+  std::vector<std::string> rank_builds;     // every rank's ddpdiag version and revision
+  std::vector<std::string> rank_libraries;  // every rank's backend library version
+  std::vector<reports::Warning> warnings;   // collect_warnings: what the rendezvous found
   std::vector<std::string> machines;       // every rank's real host name (ranks[].host may be
                                            // a --test-hosts name)
   std::optional<TcpStoreClientOptions> store_client;  // how this rank reached the store
@@ -118,10 +121,18 @@ void create_communicator(Job& job, const CommonOptions& o);
 // Rank 0 keeps the store up until every rank has left (bounded).
 void leave_job(Job& job, bool after_error);
 reports::ErrorInfo to_error_info(const Error& e);
-// Gloo jobs: each rank's allowed CPUs in results.rank_cpus and, when ranks
-// lack CPUs for Gloo's threads (diag/placement.h), results.warnings and a
-// "ddpdiag: warning:" line on rank 0's stderr.
-void record_placement(const Job& job, reports::Report& report);
+// After the rendezvous: the warnings of diag/placement.h (ranks that run
+// different ddpdiag builds or backend library versions; Gloo ranks short of
+// CPUs) into job.warnings, each printed on rank 0's stderr as a
+// "ddpdiag: warning:" line, before the backend starts (a mismatch may make
+// it fail).
+void collect_warnings(Job& job);
+// Gloo jobs: each rank's allowed CPUs in results.rank_cpus; job.warnings in
+// results.warnings.
+void record_warnings(const Job& job, reports::Report& report);
+// The hint for a loopback MASTER_ADDR in a job that spans hosts ("" when
+// that is not the case): ranks on other hosts reach their own loopback.
+std::string loopback_hint(const World& w);
 
 using JobBody = std::function<void(Job&, reports::Report&)>;
 

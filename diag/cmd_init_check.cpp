@@ -311,13 +311,17 @@ int run_init_check(const InitCheckOptions& io) {
     phase("wait_for_ranks", [&] {
       try {
         wait_for_ranks(job);
+        collect_warnings(job);
       } catch (Error& e) {
         e.context().phase = "wait_for_ranks";
+        const std::string loopback = loopback_hint(job.world);
         if (std::string(e.what()).find("never arrived") != std::string::npos)
-          e.context().hint = "a rank that never started, or one that cannot reach the store: "
-                             "check that every rank was launched, that they all use the same "
-                             "MASTER_ADDR:MASTER_PORT and WORLD_SIZE, and that the missing ranks' "
-                             "hosts can reach it (firewall, wrong interface)";
+          e.context().hint = !loopback.empty()
+                                 ? loopback
+                                 : "a rank that never started, or one that cannot reach the "
+                                   "store: check that every rank was launched, that they all use "
+                                   "the same MASTER_ADDR:MASTER_PORT and WORLD_SIZE, and that the "
+                                   "missing ranks' hosts can reach it (firewall, wrong interface)";
         else if (std::string(e.what()).find("world size") != std::string::npos)
           e.context().hint = "world size mismatch: start every rank with the same WORLD_SIZE / "
                              "--world-size (the launcher's --nnodes x --nproc-per-node)";
@@ -592,7 +596,7 @@ int run_init_check(const InitCheckOptions& io) {
       if (job.comm) libs[job.backend == Backend::kNccl ? "nccl" : "gloo"] = job.comm->library_version();
       report.set_world(n, std::string(backend_name(job.backend)),
                        std::string(launcher_name(job.world.launcher)), job.ranks, libs);
-      record_placement(job, report);
+      record_warnings(job, report);
     }
     if (rc == 0 && report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
 

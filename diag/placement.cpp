@@ -158,4 +158,46 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
   return out;
 }
 
+namespace {
+
+// "a on ranks 0-2; b on rank 3", values in order of their first rank.
+std::string by_value(const std::vector<std::string>& values) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (std::size_t r = 0; r < values.size(); ++r) {
+    if (values[r].empty()) continue;
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == values[r]; });
+    if (it == groups.end()) it = groups.insert(groups.end(), {values[r], {}});
+    it->second.push_back(static_cast<int>(r));
+  }
+  if (groups.size() < 2) return {};
+  std::string out;
+  for (std::size_t i = 0; i < groups.size() && i < 6; ++i)
+    out += fmt::format("{}{} on {}", i ? "; " : "", groups[i].first, rank_list(groups[i].second));
+  if (groups.size() > 6) out += fmt::format("; and {} more", groups.size() - 6);
+  return out;
+}
+
+}  // namespace
+
+std::vector<reports::Warning> mismatch_warnings(const std::vector<std::string>& builds,
+                                                const std::vector<std::string>& libraries,
+                                                const std::string& backend) {
+  std::vector<reports::Warning> out;
+  if (auto which = by_value(builds); !which.empty())
+    out.push_back({"ddpdiag_version_mismatch",
+                   fmt::format("the ranks run different ddpdiag builds: {}. Start every rank "
+                               "from one build (the same install on every host, or the same "
+                               "path on a shared file system)",
+                               which)});
+  if (auto which = by_value(libraries); !which.empty())
+    out.push_back({"library_version_mismatch",
+                   fmt::format("the ranks run different {} libraries: {}. Ranks of one job need "
+                               "the same version: mismatched ones fail or hang in init or in a "
+                               "collective. Install one version on every host (check "
+                               "LD_LIBRARY_PATH and the environment each host's ranks start in)",
+                               backend, which)});
+  return out;
+}
+
 }  // namespace ddpdiag

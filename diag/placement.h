@@ -1,6 +1,7 @@
-// CPU placement of Gloo ranks: which CPUs each rank may run on, and the
+// Where the ranks run and what they run: which CPUs each rank may run on, the
 // warnings a user needs when a launcher's binding or too many ranks per host
-// leave Gloo's threads without a CPU.
+// leave Gloo's threads without a CPU, and ranks that run different builds or
+// library versions.
 //
 // Why it matters: a Gloo rank runs at least two busy threads (the rank's own
 // and Gloo's network thread, which spins while it waits). With more ranks on
@@ -41,5 +42,15 @@ std::vector<int> parse_cpu_list(std::string_view s);
 //                       may each use one CPU only.
 std::vector<reports::Warning> placement_warnings(const std::vector<reports::RankInfo>& ranks,
                                                  const std::vector<std::string>& machines);
+
+// Ranks that run different software, one warning per kind, from each rank's
+// ddpdiag build ("0.1.0 (abc1234)") and backend library ("gloo 0.5.0",
+// "nccl 2.28.9"), indexed by rank ("" = unknown, left out):
+//   ddpdiag_version_mismatch  the ranks were started from different builds;
+//   library_version_mismatch  different versions of the backend's library,
+//                             which fail or hang in init or a collective.
+std::vector<reports::Warning> mismatch_warnings(const std::vector<std::string>& builds,
+                                                const std::vector<std::string>& libraries,
+                                                const std::string& backend);
 
 }  // namespace ddpdiag

@@ -114,3 +114,19 @@ TEST_CASE("placement warnings", "[placement]") {
     CHECK(placement_warnings({rank(0, "a", "zz"), rank(1, "a", "0-1")}, {"a", "a"}).empty());
   }
 }
+
+TEST_CASE("ranks that run different builds or library versions", "[placement]") {
+  CHECK(mismatch_warnings({"0.1.0 (a)", "0.1.0 (a)"}, {"gloo 0.5.0", "gloo 0.5.0"}, "gloo").empty());
+  // Unknown values (a rank of an older build says nothing) are left out.
+  CHECK(mismatch_warnings({"0.1.0 (a)", ""}, {"", "nccl 2.28.9"}, "nccl").empty());
+
+  auto w = mismatch_warnings({"0.1.0 (a)", "0.1.0 (a)", "0.1.0 (a)", "0.1.0 (b)"},
+                             {"nccl 2.28.9", "nccl 2.21.5", "nccl 2.28.9", "nccl 2.28.9"}, "nccl");
+  REQUIRE(w.size() == 2);
+  CHECK(w[0].name == "ddpdiag_version_mismatch");
+  CHECK_THAT(w[0].detail, Contains("0.1.0 (a) on ranks 0-2; 0.1.0 (b) on rank 3"));
+  CHECK(w[1].name == "library_version_mismatch");
+  CHECK_THAT(w[1].detail,
+             Contains("different nccl libraries: nccl 2.28.9 on ranks 0,2-3; nccl 2.21.5 on rank 1"));
+  CHECK_THAT(w[1].detail, Contains("LD_LIBRARY_PATH"));
+}

@@ -396,11 +396,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   Backend backend() const override { return Backend::kNccl; }
   MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
-  std::string library_version() const override {
-    int code = 0;
-    if (ncclGetVersion(&code) != ncclSuccess) return "nccl unknown";
-    return "nccl " + compat::version_string(code);
-  }
+  std::string library_version() const override { return nccl_backend::library_version(); }
   std::string device_name() const override { return device_name_; }
 
   std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
@@ -743,6 +739,12 @@ Millis left_until(Clock::time_point deadline) {
 }
 
 }  // namespace
+
+std::string library_version() {
+  int code = 0;
+  if (ncclGetVersion(&code) != ncclSuccess) return "nccl unknown";
+  return "nccl " + compat::version_string(code);
+}
 
 int device_count() {
   int n = 0;

@@ -19,6 +19,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts);
 
 // Usable CUDA devices; 0 when the driver or the GPU is missing.
 int device_count();
+// "nccl X.Y.Z" of the NCCL library loaded (ncclGetVersion; needs no GPU).
+std::string library_version();
 // Why device_count() is 0, in words (CUDA's own message).
 std::string unavailable_reason();
 

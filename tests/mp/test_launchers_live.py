@@ -4,6 +4,9 @@
   ranks squeezed onto fewer CPUs than ranks (taskset) get the
   cpu_oversubscribed warning on stderr, beside the verdict and in the
   report; ranks with CPUs to spare get none. The verdict stays PASS.
+- Ranks that report different backend library versions (a test variable
+  stands in for a host with another Gloo or NCCL) get the
+  library_version_mismatch warning, printed before the backend starts.
 - A loopback store address (localhost) in a job that spans hosts: the
   error names it and torchrun's --local-addr instead of "start rank 0".
 - Open MPI's mpirun (Debian's openmpi-bin, installed by
@@ -32,7 +35,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BIN, DEADLINE_S, check_report, clean_env, free_port, load  # noqa: E402
+from common import (BIN, DEADLINE_S, check_report, clean_env, free_port, load,  # noqa: E402
+                    run_ranks)
 
 CPUS = sorted(os.sched_getaffinity(0))
 MPIRUN = shutil.which("mpirun")
@@ -127,6 +131,28 @@ class Placement(Case):
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
         rep = load(path)
         self.assertEqual(self.warning_names(rep), ["cpu_oversubscribed"])
+
+
+class VersionSkew(Case):
+    def test_a_rank_with_another_library_version_is_named(self):
+        port = free_port()
+        path = os.path.join(self.tmp, "r.json")
+        envs = [clean_env(RANK=r, WORLD_SIZE=3, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                for r in range(3)]
+        envs[2]["DDPDIAG_TEST_LIBRARY_VERSION"] = "gloo 0.4.3"
+        res = run_ranks([["allreduce-test", "--json", path] + SWEEP] * 3, envs)
+        for rc, so, se, _ in res:
+            self.assertEqual(rc, 0, se)
+        rep = load(path)
+        check_report(self, rep, 3)
+        self.assertIn("library_version_mismatch", self.warning_names(rep))
+        detail = [w for w in rep["results"]["warnings"]
+                  if w["name"] == "library_version_mismatch"][0]["detail"]
+        self.assertRegex(detail, r"different gloo libraries: gloo [0-9.]+ on ranks 0-1; "
+                                 r"gloo 0\.4\.3 on rank 2")
+        # Rank 0 alone prints it.
+        self.assertIn("ddpdiag: warning: the ranks run different gloo libraries", res[0][2])
+        self.assertNotIn("ddpdiag: warning", res[1][2] + res[2][2])
 
 
 class LoopbackStoreAcrossHosts(Case):
