@@ -4,8 +4,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -352,15 +352,6 @@ StoreProtocol parse_store_protocol(const std::string& s) {
   return StoreProtocol::kAuto;
 }
 
-// Rendezvous protocol, under the job's ddpdiag prefix:
-//   rank/<r>   JSON {rank, world_size, local_rank, host, machine, pid, device},
-//              set by compare_set so a second process claiming the same rank
-//              sees the first one's value and both are named;
-//   joined     counter of ranks that registered;
-//   abort      set by a rank that found the world inconsistent, so the others
-//              stop waiting at once and report the same cause.
-// Ranks poll (joined, abort) rather than blocking in WAIT, so a rank that
-// never comes is named when the deadline passes.
 namespace {
 
 bool is_loopback_name(const std::string& addr) {
@@ -392,6 +383,16 @@ std::string reported_library_version(Backend b) {
 
 }  // namespace
 
+// Rendezvous protocol, under the job's ddpdiag prefix:
+//   rank/<r>   JSON {rank, world_size, local_rank, host, machine, pid, device,
+//              cpus, ddpdiag (build), library (backend library version)},
+//              set by compare_set so a second process claiming the same rank
+//              sees the first one's value and both are named;
+//   joined     counter of ranks that registered;
+//   abort      set by a rank that found the world inconsistent, so the others
+//              stop waiting at once and report the same cause.
+// Ranks poll (joined, abort) rather than blocking in WAIT, so a rank that
+// never comes is named when the deadline passes.
 void register_rank(Job& job, const std::string& device, const std::string& host) {
   const int n = job.size();
   const int me = job.rank();
