@@ -5,8 +5,9 @@
 # Gloo), allreduce-test over every dtype and op, the device benchmarks (NCCL
 # world-size-1 all_reduce latency per size, host-timed and CUDA-graph replay;
 # bucket flatten/unflatten as a fraction of a device-to-device copy, target
-# >= 0.9), the reducer's GPU path with a simulated backward (ddp-step), and
-# `ddpdiag memory` on the GPU; writing logs, tables and JSON into OUT_DIR.
+# >= 0.9), the reducer's GPU path with a simulated backward (ddp-step),
+# `ddpdiag memory` on the GPU, and two ranks given the same GPU (refused with
+# exit 2 naming both); writing logs, tables and JSON into OUT_DIR.
 #
 # The programs come from one of:
 # - a prebuilt bundle (scripts/gpu-bundle.sh): BUNDLE_DIR, or .gpu-bundle at
@@ -270,4 +271,21 @@ step ddp_step_nccl_bf16 90 "$bin" ddp-step --backend nccl --nproc 1 --model gpt2
   -n 10 --json "$out/ddp_step_nccl_bf16.json"
 step memory_nccl 90 "$bin" memory --backend nccl --nproc 1 --model gpt2 --bucket-cap-mb 25 \
   --json "$out/memory_nccl.json"
+# Two ranks given the same GPU (both LOCAL_RANK 0, each claiming a host of
+# its own): both must stop with exit 2 and the message naming both ranks and
+# the device, before NCCL's own "Duplicate GPU detected". Passes when they do.
+step two_ranks_one_gpu 60 bash -c '
+  bin=$1 out=$2 port=$((20000 + RANDOM % 20000))
+  for r in 0 1; do
+    RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT=$port "$bin" allreduce-test --backend nccl -b 8 -e 8 -n 1 -w 0 \
+      --timeout 30 >"$out/two_ranks_one_gpu.rank$r.txt" 2>&1 &
+    pids[$r]=$!
+  done
+  wait "${pids[0]}"; rc0=$?; wait "${pids[1]}"; rc1=$?
+  echo "rank 0 exit $rc0, rank 1 exit $rc1"
+  cat "$out"/two_ranks_one_gpu.rank*.txt
+  [ "$rc0" -eq 2 ] && [ "$rc1" -eq 2 ] &&
+    grep -q "ranks 0 and 1 both use the same GPU" "$out"/two_ranks_one_gpu.rank*.txt
+' _ "$bin" "$out"
 finish
