@@ -310,18 +310,18 @@ std::string machine_name() {
 std::string machine_id() {
   // Host names repeat on cloned machines; the kernel's boot id does not
   // (network namespaces of one machine share it, and they do share its CPUs
-  // and process ids).
-  std::string id = machine_name();
-  if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
-    char buf[64] = {0};
-    if (std::fgets(buf, sizeof buf, f)) {
-      std::string boot(buf);
-      while (!boot.empty() && std::isspace(static_cast<unsigned char>(boot.back()))) boot.pop_back();
-      if (!boot.empty()) id += "#" + boot;
+  // and process ids). Read once per process.
+  static const std::string boot = [] {
+    std::string b;
+    if (std::FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+      char buf[64] = {0};
+      if (std::fgets(buf, sizeof buf, f)) b = buf;
+      std::fclose(f);
     }
-    std::fclose(f);
-  }
-  return id;
+    while (!b.empty() && std::isspace(static_cast<unsigned char>(b.back()))) b.pop_back();
+    return b;
+  }();
+  return boot.empty() ? machine_name() : machine_name() + "#" + boot;
 }
 
 std::string reported_host_name(const CommonOptions& o, int rank) {
@@ -436,6 +436,7 @@ void wait_for_ranks(Job& job) {
     std::int64_t joined = job.store->add("joined", 0);
     if (joined >= n) break;
     if (std::chrono::steady_clock::now() >= deadline) {
+      const std::string loopback = loopback_hint(job.world);
       std::vector<int> missing;
       for (int r = 0; r < n; ++r)
         if (!job.store->check({"rank/" + std::to_string(r)})) missing.push_back(r);
@@ -446,11 +447,11 @@ void wait_for_ranks(Job& job) {
                       "that never arrived: {}",
                       job.timeout.count() / 1000.0, joined, n, list.empty() ? "?" : list),
           {"rendezvous", me, missing.empty() ? -1 : missing.front(),
-           loopback_hint(job.world).empty()
+           loopback.empty()
                ? "check that every rank was started, that they all use the same MASTER_ADDR:"
                  "MASTER_PORT and WORLD_SIZE, and that the missing ranks can reach the store "
                  "(firewall, wrong interface)"
-               : loopback_hint(job.world)});
+               : loopback});
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(joined + 1 >= n ? 2 : 20));
   }

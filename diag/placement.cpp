@@ -93,7 +93,7 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
     std::set<int> cpus;
   };
   std::map<std::string, Machine> by_machine;
-  std::vector<const reports::RankInfo*> known;
+  std::vector<std::pair<int, std::vector<int>>> known;  // (rank, its CPUs), parsed once
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& r = ranks[i];
     if (r.cpus.empty()) continue;
@@ -107,7 +107,7 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
     auto& mach = by_machine[m];
     mach.ranks.push_back(r.rank);
     mach.cpus.insert(cpus.begin(), cpus.end());
-    known.push_back(&r);
+    known.emplace_back(r.rank, std::move(cpus));
   }
 
   std::vector<reports::Warning> out;
@@ -135,11 +135,10 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
   }
 
   std::vector<int> single, single_cpus;
-  for (const auto* r : known) {
-    if (crowded_ranks.count(r->rank)) continue;
-    const auto cpus = parse_cpu_list(r->cpus);
+  for (const auto& [rank, cpus] : known) {
+    if (crowded_ranks.count(rank)) continue;
     if (cpus.size() == 1) {
-      single.push_back(r->rank);
+      single.push_back(rank);
       single_cpus.push_back(cpus.front());
     }
   }
