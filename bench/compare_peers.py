@@ -5,8 +5,13 @@
    (ddpdiag_bare_gloo_allreduce), one process per rank, at each world size,
    the same sizes, float32 sum in place, the same iteration and warm-up
    counts, timed the same way (warm-up, barrier, a timed run of back-to-back
-   calls; mean over ranks). Every full sweep runs --repeats times, the three
-   interleaved, and the median time per size is kept. busbw = algbw * 2(n-1)/n.
+   calls; mean over ranks). Sizes run in groups of equal counts, each group
+   in fresh processes for all three, back to back in an order that rotates;
+   every full sweep runs --repeats times. The median time per size gives the
+   bandwidth columns; the ratio columns are the median of the per-repeat
+   ratios. busbw = algbw * 2(n-1)/n. World sizes above this machine's CPU
+   count are shown but not judged: there every implementation waits for the
+   scheduler at each message.
 2. DDP reducer: bench/ddp_vs_torch.py (ddpdiag ddp-step against PyTorch DDP,
    resnet50 layout, each bucket cap).
 3. Rendezvous: N local clients meet (connect, SET own key, ADD a counter,
@@ -156,9 +161,9 @@ class Plan:
         return out
 
 
-def run_ddpdiag_allreduce(a, plan, n):
+def run_ddpdiag_allreduce(a, group, n):
     rows, tool, libs = [], None, {}
-    for sizes, iters, warmup in plan.groups():
+    for sizes, iters, warmup in [group]:
         fd, path = tempfile.mkstemp(prefix="compare-peers-", suffix=".json")
         os.close(fd)
         os.unlink(path)
@@ -188,11 +193,12 @@ def run_ddpdiag_allreduce(a, plan, n):
     return rows, tool, libs
 
 
-def run_peer_allreduce(a, plan, n, impl):
+def run_peer_allreduce(a, group, n, impl):
     port = free_port()
-    sizes = ",".join(str(s) for s in plan.sizes)
-    iters = ",".join(str(i) for i in plan.iters)
-    warmup = ",".join(str(w) for w in plan.warmup)
+    gsizes, giters, gwarmup = group
+    sizes = ",".join(str(s) for s in gsizes)
+    iters = ",".join(str(giters) for _ in gsizes)
+    warmup = ",".join(str(gwarmup) for _ in gsizes)
     cmds, envs = [], []
     for r in range(n):
         common = ["--rank", str(r), "--world-size", str(n), "--master-addr", "127.0.0.1",
@@ -217,21 +223,28 @@ def busbw(bytes_, time_us, n):
 def measure_allreduce(a, plan, state):
     impls = ["ddpdiag", "torch", "bare_gloo"]
     times = {}  # (impl, n, bytes) -> [time_us per repeat]
+    groups = plan.groups()
     for rep in range(a.repeats):
         for n in a.ranks:
-            # Rotate the order per repeat so none of the three always goes first.
-            order = impls[rep % 3:] + impls[:rep % 3]
-            for impl in order:
-                log("all_reduce: repeat %d/%d, %d ranks, %s" % (rep + 1, a.repeats, n, impl))
-                if impl == "ddpdiag":
-                    rows, tool, libs = run_ddpdiag_allreduce(a, plan, n)
-                    state["tool"], state["libs"] = tool, libs
-                else:
-                    rows, tv = run_peer_allreduce(a, plan, n, impl)
-                    if tv:
-                        state["torch_version"] = tv
-                for r in rows:
-                    times.setdefault((impl, n, r["bytes"]), []).append(r["time_us"])
+            for gi, group in enumerate(groups):
+                # Each implementation runs each group of sizes in fresh
+                # processes (ddpdiag's one -n per run makes it so for
+                # ddpdiag), so none has warmer sockets or pages than the
+                # others at a group's first size. The order rotates per
+                # repeat and group, so none of the three always goes first.
+                k = (rep + gi) % 3
+                for impl in impls[k:] + impls[:k]:
+                    log("all_reduce: repeat %d/%d, %d ranks, %s to %s, %s" %
+                        (rep + 1, a.repeats, n, human(group[0][0]), human(group[0][-1]), impl))
+                    if impl == "ddpdiag":
+                        rows, tool, libs = run_ddpdiag_allreduce(a, group, n)
+                        state["tool"], state["libs"] = tool, libs
+                    else:
+                        rows, tv = run_peer_allreduce(a, group, n, impl)
+                        if tv:
+                            state["torch_version"] = tv
+                    for r in rows:
+                        times.setdefault((impl, n, r["bytes"]), []).append(r["time_us"])
     sizes_rows, ratio_rows = [], []
     for n in a.ranks:
         for b in plan.sizes:
@@ -245,22 +258,28 @@ def measure_allreduce(a, plan, state):
                                    "iters": plan.iters[plan.sizes.index(b)],
                                    "time_us": med[impl], "algbw_gbps": algbw, "busbw_gbps": bw,
                                    "repeat_time_us": ts})
+            # busbw ratios = inverse time ratios (same bytes, same n). Each
+            # repeat's three runs are back to back, so their ratio is taken
+            # per repeat and the median kept: a drift of the machine's speed
+            # between repeats (other tenants, clock) cancels out of it.
+            def paired(peer):
+                return statistics.median(p / d for p, d in zip(times[(peer, n, b)],
+                                                                times[("ddpdiag", n, b)]))
             ratio_rows.append({
                 "world_size": n, "bytes": b,
                 "ddpdiag_busbw_gbps": busbw(b, med["ddpdiag"], n)[1],
                 "torch_busbw_gbps": busbw(b, med["torch"], n)[1],
                 "bare_gloo_busbw_gbps": busbw(b, med["bare_gloo"], n)[1],
                 "ddpdiag_time_us": med["ddpdiag"],
-                # busbw ratios = inverse time ratios (same bytes, same n)
-                "ddpdiag_over_torch": med["torch"] / med["ddpdiag"],
-                "ddpdiag_over_bare_gloo": med["bare_gloo"] / med["ddpdiag"],
+                "ddpdiag_over_torch": paired("torch"),
+                "ddpdiag_over_bare_gloo": paired("bare_gloo"),
             })
     return sizes_rows, ratio_rows
 
 
 def print_allreduce(ratio_rows, repeats):
     print("# all_reduce, float32 sum in place, bus bandwidth (GB/s) from the median time of "
-          "%d repeat(s)" % repeats)
+          "%d repeat(s); ratios: median of the repeats' own ratios" % repeats)
     print("# %5s %10s %12s %12s %12s %14s %14s %12s" % ("ranks", "size", "ddpdiag", "torch",
                                                          "bare gloo", "ddpdiag/torch",
                                                          "ddpdiag/bare", "ddpdiag(us)"))
@@ -273,10 +292,30 @@ def print_allreduce(ratio_rows, repeats):
     sys.stdout.flush()
 
 
+def usable_cpus():
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def allreduce_checks(ratio_rows, ranks):
     checks = []
+    cpus = usable_cpus()
     for n in ranks:
         rows = [r for r in ratio_rows if r["world_size"] == n]
+        if rows and n > cpus:
+            # More ranks than CPUs: every implementation's Gloo threads wait
+            # for a scheduler tick per message (milliseconds a call whatever
+            # the size), so the ratios compare the scheduler with itself.
+            # The figures stay in the table and the report.
+            for what in ("bare_gloo", "torch"):
+                checks.append({"name": "allreduce_vs_%s_%dranks" % (what, n), "status": "skip",
+                               "detail": "not judged: %d ranks on %d CPU(s) are oversubscribed "
+                                         "(every implementation waits for the scheduler); "
+                                         "judge on a machine with at least %d CPUs" %
+                                         (n, cpus, n)})
+            continue
         big = [r for r in rows if r["bytes"] >= TARGET_BARE_MIN_BYTES]
         if big:
             worst = min(big, key=lambda r: r["ddpdiag_over_bare_gloo"])
@@ -403,6 +442,7 @@ class Servers:
                                      "--port", str(self.ours_port)], stdout=subprocess.DEVNULL,
                                     stderr=subprocess.PIPE, text=True)
             self.procs.append(ours)
+            self.ours_pid = ours.pid
             self.start_torch(a.python, "1.13")
             if a.torch2_python:
                 self.start_torch2(a.torch2_python)
@@ -422,7 +462,7 @@ class Servers:
         if not line.startswith("ready"):
             raise RunFailed("torch %s's TCPStore server did not start: %s" %
                             (gen, srv.stderr.read()[-2000:]))
-        self.torch[gen] = {"python": python, "wrap": list(wrap), "port": port}
+        self.torch[gen] = {"python": python, "wrap": list(wrap), "port": port, "pid": srv.pid}
 
     def start_torch2(self, python):
         """torch 2.x's server (libuv) looks up the host name of every client it
@@ -471,6 +511,23 @@ class Servers:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def process_cpu_s(pid):
+    """CPU time of a process, all its threads, in seconds (nanosecond clock:
+    /proc/PID/task/*/schedstat); None where it cannot be read. The torch
+    servers run under `unshare ... exec`, so their pid is the server's."""
+    total = 0
+    try:
+        for t in os.listdir("/proc/%d/task" % pid):
+            try:
+                with open("/proc/%d/task/%s/schedstat" % (pid, t)) as f:
+                    total += int(f.read().split()[0])
+            except (OSError, ValueError, IndexError):
+                pass  # a thread that ended meanwhile
+    except OSError:
+        return None
+    return total / 1e9
+
+
 def run_rdzv(cmd, what, timeout):
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -506,12 +563,21 @@ def measure_rendezvous(a):
                             torch["python"], os.path.join(HERE, "rendezvous_torch.py"), "clients",
                             "--port", str(port), "--clients", str(n), "--repeats", str(a.repeats),
                             "--prefix", prefix, "--timeout", str(a.timeout)]
+                    # The server's own CPU time over the run, per rendezvous:
+                    # the clients' threads share this machine's cores with
+                    # the server and dominate the wall time on a small
+                    # machine, so this is the direct measure of the server.
+                    server_pid = servers.ours_pid if server == "ddpdiag" else torch["pid"]
+                    cpu0 = process_cpu_s(server_pid)
                     out = run_rdzv(cmd, "%s clients on the %s server (torch %s)" %
                                    (client, server, gen), a.timeout * (a.repeats + 1))
+                    cpu1 = process_cpu_s(server_pid)
                     row = {"clients": n, "torch": gen, "client": client, "server": server,
                            "time_s": statistics.median(out["times_s"]),
                            "connect_s": statistics.median(out["connect_s"]),
                            "repeat_time_s": out["times_s"]}
+                    if cpu0 is not None and cpu1 is not None:
+                        row["server_cpu_s"] = (cpu1 - cpu0) / len(out["times_s"])
                     if gen == "2.x" and (server == "torch" or client == "torch"):
                         row["torch_resolver"] = servers.torch2_resolver
                     rows.append(row)
@@ -524,10 +590,10 @@ def rendezvous_ratios(rows):
     # Reports from before the torch 2.x rows have no "torch" field: 1.13.
     gen_of = lambda r: r.get("torch", "1.13")  # noqa: E731
 
-    def t(n, gen, client, server):
+    def t(n, gen, client, server, field="time_s"):
         for r in rows:
             if (r["clients"], gen_of(r), r["client"], r["server"]) == (n, gen, client, server):
-                return r["time_s"]
+                return r.get(field)
         return None
 
     out = []
@@ -535,8 +601,13 @@ def rendezvous_ratios(rows):
         for gen in sorted({gen_of(r) for r in rows if r["clients"] == n}):
             ours, theirs = t(n, gen, "ddpdiag", "ddpdiag"), t(n, gen, "ddpdiag", "torch")
             native = t(n, gen, "torch", "torch")
+            ours_cpu = t(n, gen, "ddpdiag", "ddpdiag", "server_cpu_s")
+            theirs_cpu = t(n, gen, "ddpdiag", "torch", "server_cpu_s")
             out.append({"clients": n, "torch": gen,
                         "ddpdiag_server_s": ours, "torch_server_s": theirs,
+                        "ddpdiag_server_cpu_s": ours_cpu, "torch_server_cpu_s": theirs_cpu,
+                        "ddpdiag_over_torch_server_cpu":
+                            ours_cpu / theirs_cpu if ours_cpu and theirs_cpu else None,
                         "torch_native_s": native,
                         "ddpdiag_over_torch_server": ours / theirs if ours and theirs else None,
                         "ddpdiag_over_torch_native": ours / native if ours and native else None})
@@ -559,6 +630,16 @@ def print_rendezvous(rows, ratios):
             f(r["torch_server_s"], "%.4f"),
             f(r["torch_native_s"], "%.4f"), f(r["ddpdiag_over_torch_server"], "%.3f"),
             f(r["ddpdiag_over_torch_native"], "%.3f")))
+    if any(r.get("ddpdiag_over_torch_server_cpu") is not None for r in ratios):
+        print("# the servers' own CPU time per rendezvous (ms), same client")
+        print("# %7s %6s %18s %18s %16s" % ("clients", "torch", "ddpdiag server",
+                                             "torch server", "ddpdiag/torch"))
+        for r in ratios:
+            print("  %7d %6s %18s %18s %16s" % (
+                r["clients"], r.get("torch", "1.13"),
+                f(r.get("ddpdiag_server_cpu_s") and r["ddpdiag_server_cpu_s"] * 1e3, "%.1f"),
+                f(r.get("torch_server_cpu_s") and r["torch_server_cpu_s"] * 1e3, "%.1f"),
+                f(r.get("ddpdiag_over_torch_server_cpu"), "%.3f")))
     resolvers = {r["torch_resolver"] for r in rows if r.get("torch_resolver")}
     for res in sorted(resolvers):
         print("# torch 2.x's server and client looked up names with: %s" % res)
@@ -597,8 +678,11 @@ def rendezvous_checks(ratios):
 
 
 def measure_store(a):
+    # Single runs of these ops swing by +-25% here (64 client threads on a
+    # few cores); --repeats runs of each, and their median is judged.
     cmd = [a.store_bench, "--benchmark_filter=/threads:%d$" % STORE_CLIENTS,
-           "--benchmark_format=json"]
+           "--benchmark_format=json", "--benchmark_repetitions=%d" % max(1, a.repeats),
+           "--benchmark_report_aggregates_only=true"]
     if a.store_min_time:
         cmd.append("--benchmark_min_time=%g" % a.store_min_time)
     log("store: %s" % " ".join(cmd))
@@ -611,14 +695,22 @@ def measure_store(a):
                                                                    p.stderr.strip()[-2000:]))
     doc = json.loads(p.stdout)
     rows = []
+    runs = {}
     for b in doc["benchmarks"]:
-        # e.g. store_get/protocol:2/real_time/threads:64
-        parts = b["name"].split("/")
+        # e.g. store_get/protocol:2/real_time/threads:64_median (aggregates),
+        # or the plain name for a single repetition.
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") != "median":
+                continue
+        runs[b.get("run_name", b["name"])] = b
+    for name, b in runs.items():
+        parts = name.split("/")
         proto = next((x.split(":")[1] for x in parts if x.startswith("protocol:")), "?")
         rows.append({"op": parts[0].replace("store_", ""),
                      "protocol": b.get("label") or proto,
                      "clients": b.get("threads", STORE_CLIENTS),
-                     "ops_per_second": b["items_per_second"]})
+                     "ops_per_second": b["items_per_second"],
+                     "repetitions": b.get("repetitions", 1)})
     if not rows:
         raise RunFailed("ddpdiag_bench_store ran no benchmark with %d clients" % STORE_CLIENTS)
     return rows
@@ -634,8 +726,8 @@ def judged(r):
 def print_store(rows):
     if not rows:
         return
-    print("# store throughput, %d clients, small keys (ops/s summed over clients)" %
-          STORE_CLIENTS)
+    print("# store throughput, %d clients, small keys (ops/s summed over clients; median of "
+          "%d run(s))" % (STORE_CLIENTS, rows[0].get("repetitions", 1)))
     print("# %8s %12s %14s %8s" % ("op", "protocol", "ops/s", "target"))
     for r in rows:
         verdict = ("met" if r["ops_per_second"] >= TARGET_STORE_OPS else "MISSED") \
@@ -746,7 +838,7 @@ def parse_args():
     ap.add_argument("--min-bytes", default="4")
     ap.add_argument("--max-bytes", default="256M")
     ap.add_argument("--factor", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3, help="full sweeps; medians are reported")
+    ap.add_argument("--repeats", type=int, default=5, help="full sweeps; medians are reported")
     ap.add_argument("--iters", type=int, default=50,
                     help="timed iterations per size above --small-bytes")
     ap.add_argument("--warmup", type=int, default=5, help="warm-up iterations per size")
