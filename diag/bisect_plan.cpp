@@ -107,6 +107,21 @@ BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
         o.time_us > it->second + min_slow_us)
       o.slow = true;
   }
+  // Slowness shows in every group a slow rank or link is part of. A group
+  // judged slow whose ranks all sit together in a larger group that ran
+  // fine was caught by a busy moment, not by a fault: not slow.
+  for (auto& o : outcomes) {
+    if (!o.slow) continue;
+    std::set<int> mine(o.group.ranks.begin(), o.group.ranks.end());
+    for (const auto& h : outcomes) {
+      if (!h.ran || h.bad() || h.group.ranks.size() <= mine.size()) continue;
+      std::set<int> theirs(h.group.ranks.begin(), h.group.ranks.end());
+      if (std::includes(theirs.begin(), theirs.end(), mine.begin(), mine.end())) {
+        o.slow = false;
+        break;
+      }
+    }
+  }
   // Wrong results and errors outrank slowness: when any group failed
   // outright, only those groups are judged, so a group that merely looked
   // slow (a noisy timing) cannot pull the suspects away from the broken one.

@@ -277,6 +277,27 @@ TEST_CASE("bisect judge: a broken rank, a slow rank, nobody", "[bisect]") {
   CHECK(v.suspect_ranks == std::vector<int>{2});
   REQUIRE(v.smallest_failing);
   CHECK(v.smallest_failing->ranks == std::vector<int>{2});
+
+  // Rank 1 slow everywhere, and rank 2 alone timed slow by a busy moment
+  // while the pair of ranks 0 and 2 ran fine: rank 2's slowness is noise and
+  // rank 1 alone is named.
+  auto busy = outcome(1, true);
+  for (auto& o : busy)
+    if (o.group.ranks == std::vector<int>{2}) o.time_us += 5000;
+  v = judge_bisect(busy, hosts);
+  CHECK(v.suspect_ranks == std::vector<int>{1});
+  for (const auto& o : busy) {
+    const bool has1 = std::find(o.group.ranks.begin(), o.group.ranks.end(), 1) != o.group.ranks.end();
+    CHECK(o.slow == has1);
+  }
+
+  // A slow rank stays slow when every larger group holding it is slow too.
+  auto alone = outcome(-1, false);
+  for (auto& o : alone)
+    if (std::find(o.group.ranks.begin(), o.group.ranks.end(), 2) != o.group.ranks.end())
+      o.time_us += 5000;
+  v = judge_bisect(alone, hosts);
+  CHECK(v.suspect_ranks == std::vector<int>{2});
 }
 
 // ---------------------------------------------------------------------------
