@@ -1,14 +1,18 @@
 // Micro-benchmarks of ddp_core's pure parts: bucket assignment over many
-// tensors, sampler index generation (torch-exact and streaming), and the
-// host flatten/unflatten of a bucket.
+// tensors, sampler index generation (torch-exact and streaming), the host
+// flatten/unflatten of a bucket, and the host reduction the Gloo backend
+// hands to gloo::allreduce (against gloo::sum, which bare Gloo and torch's
+// ProcessGroupGloo hand it).
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
 
 #include <benchmark/benchmark.h>
+#include <gloo/math.h>
 
 #include "comm/stream_ops.h"
+#include "comm/types.h"
 #include "ddp_core/bucket_assignment.h"
 #include "ddp_core/model_layout.h"
 #include "ddp_core/sampler.h"
@@ -150,6 +154,35 @@ void BM_MemcpyHostSameBytes(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * c.flat.size()));
 }
 BENCHMARK(BM_MemcpyHostSameBytes)->Unit(benchmark::kMicrosecond);
+
+// float32 sum in place (out == a), as Gloo's ring reduces each received
+// segment into its buffer; Arg = bytes: 512 KiB stays in cache (a segment),
+// 64 MiB streams from memory. Bytes processed count the three streams.
+using ReduceFn = void (*)(void*, const void*, const void*, std::size_t);
+
+void reduce_bench(benchmark::State& state, ReduceFn fn) {
+  const std::size_t n = static_cast<std::size_t>(state.range(0)) / sizeof(float);
+  std::vector<float> a(n, 1.0f), b(n, 2.0f);
+  for (auto _ : state) {
+    fn(a.data(), a.data(), b.data(), n);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * n * sizeof(float) * 3));
+}
+
+void BM_ReduceHostFloatSum(benchmark::State& state) {
+  reduce_bench(state, [](void* o, const void* a, const void* b, std::size_t n) {
+    ddpdiag::reduce_host(DType::kFloat32, ReduceOp::kSum, o, a, b, n);
+  });
+}
+BENCHMARK(BM_ReduceHostFloatSum)->Arg(512 << 10)->Arg(64 << 20)->Unit(benchmark::kMicrosecond);
+
+void BM_GlooSumFloat(benchmark::State& state) {
+  // Through a function pointer, as Gloo calls it.
+  static volatile ReduceFn fn = static_cast<ReduceFn>(&gloo::sum<float>);
+  reduce_bench(state, fn);
+}
+BENCHMARK(BM_GlooSumFloat)->Arg(512 << 10)->Arg(64 << 20)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 
