@@ -19,15 +19,14 @@ using Clock = std::chrono::steady_clock;
 // One group's test on one member: init, warm-up, timed all_reduces, then a
 // checked one. Inputs are rank+1 so the sum is exact in float.
 GroupOutcome test_group(Job& job, const std::vector<Fault>& faults, const BisectGroup& g,
-                        std::size_t index, const BisectOptions& bo,
-                        std::unique_ptr<Communicator> split, const std::string& pass) {
+                        const BisectOptions& bo,
+                        std::unique_ptr<Communicator> split, const std::string& name) {
   GroupOutcome out;
   out.group = g;
   out.ran = true;
   try {
     auto inner = split ? std::move(split)
-                       : make_group_communicator(job.comm_options, g.ranks,
-                                                 fmt::format("bisect/{}{}", pass, index));
+                       : make_group_communicator(job.comm_options, g.ranks, name);
     inner->set_default_timeout(job.timeout);
     MonitorOptions mo;  // no store: faults only, no watchdog
     mo.rank = inner->rank();
@@ -112,7 +111,10 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
         }
       }
       if (member) {
-        GroupOutcome mine = test_group(job, faults, g, i, bo, std::move(split), pass);
+        // The group's own store keys live under this bisect run's base, so
+        // a later run in the same store (a torchrun restart, say) never
+        // reads a stale address.
+        GroupOutcome mine = test_group(job, faults, g, bo, std::move(split), key);
         job.store->set(fmt::format("{}/result/{}", key, job.rank()),
                        to_bytes(nlohmann::json({{"error", mine.error},
                                                 {"wrong", mine.wrong},
