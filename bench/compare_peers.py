@@ -162,34 +162,35 @@ class Plan:
 
 
 def run_ddpdiag_allreduce(a, group, n):
-    rows, tool, libs = [], None, {}
-    for sizes, iters, warmup in [group]:
-        fd, path = tempfile.mkstemp(prefix="compare-peers-", suffix=".json")
-        os.close(fd)
-        os.unlink(path)
-        cmd = [a.ddpdiag, "allreduce-test", "--nproc", str(n), "--backend", "gloo",
-               "-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", str(a.factor),
-               "-n", str(iters), "-w", str(warmup), "-c", "0", "--no-out-of-place",
-               "-d", "float", "-o", "sum", "--timeout", str(a.timeout), "--json", path]
-        try:
-            p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True,
-                               timeout=a.timeout * 4)
-        except subprocess.TimeoutExpired:
-            raise RunFailed("ddpdiag allreduce-test did not finish: %s" % " ".join(cmd))
-        if p.returncode != 0 or not os.path.exists(path):
-            raise RunFailed("ddpdiag allreduce-test exited with %d: %s\n%s" %
-                            (p.returncode, " ".join(cmd), p.stderr.strip()[-2000:]))
-        with open(path) as f:
-            rep = json.load(f)
-        os.unlink(path)
-        tool = rep["tool"]
-        libs = rep["world"]["library_versions"]
-        for r in rep["results"]["sizes"]:
-            b = r["in_place"]
-            rows.append({"bytes": r["bytes"], "time_us": b["time_us"],
-                         "min_rank_time_us": b["min_rank_time_us"],
-                         "max_rank_time_us": b["max_rank_time_us"],
-                         "iters": iters, "warmup_iters": warmup})
+    """One `ddpdiag allreduce-test` run over a group of sizes (one -n, one -w)."""
+    sizes, iters, warmup = group
+    rows = []
+    fd, path = tempfile.mkstemp(prefix="compare-peers-", suffix=".json")
+    os.close(fd)
+    os.unlink(path)
+    cmd = [a.ddpdiag, "allreduce-test", "--nproc", str(n), "--backend", "gloo",
+           "-b", str(sizes[0]), "-e", str(sizes[-1]), "-f", str(a.factor),
+           "-n", str(iters), "-w", str(warmup), "-c", "0", "--no-out-of-place",
+           "-d", "float", "-o", "sum", "--timeout", str(a.timeout), "--json", path]
+    try:
+        p = subprocess.run(cmd, env=clean_env(), capture_output=True, text=True,
+                           timeout=a.timeout * 4)
+    except subprocess.TimeoutExpired:
+        raise RunFailed("ddpdiag allreduce-test did not finish: %s" % " ".join(cmd))
+    if p.returncode != 0 or not os.path.exists(path):
+        raise RunFailed("ddpdiag allreduce-test exited with %d: %s\n%s" %
+                        (p.returncode, " ".join(cmd), p.stderr.strip()[-2000:]))
+    with open(path) as f:
+        rep = json.load(f)
+    os.unlink(path)
+    tool = rep["tool"]
+    libs = rep["world"]["library_versions"]
+    for r in rep["results"]["sizes"]:
+        b = r["in_place"]
+        rows.append({"bytes": r["bytes"], "time_us": b["time_us"],
+                     "min_rank_time_us": b["min_rank_time_us"],
+                     "max_rank_time_us": b["max_rank_time_us"],
+                     "iters": iters, "warmup_iters": warmup})
     return rows, tool, libs
 
 
