@@ -72,9 +72,23 @@ echo "install-torch2: creating $VENV with $BASE_PYTHON ($("$BASE_PYTHON" --versi
 "$BASE_PYTHON" -m venv "$VENV"
 
 echo "install-torch2: pip install --no-deps $SPEC"
-"$VENV/bin/python" -m pip install --disable-pip-version-check --no-input \
-  --progress-bar off --only-binary=:all: --no-deps \
-  "torch==$TORCH2_VERSION" "${NVIDIA_PKGS[@]}" "${PY_PKGS[@]}"
+# A download cut short shows up as a hash mismatch (PyPI's index gives each
+# file's sha256), which pip does not retry by itself; try up to three times,
+# bypassing pip's cache after a failure so a bad copy is not reused.
+attempt=1
+cache_opt=()
+until "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input \
+    --progress-bar off --only-binary=:all: --no-deps "${cache_opt[@]}" \
+    "torch==$TORCH2_VERSION" "${NVIDIA_PKGS[@]}" "${PY_PKGS[@]}"; do
+  if (( attempt >= 3 )); then
+    echo "install-torch2: pip install failed $attempt times; check the network or PyPI" >&2
+    exit 1
+  fi
+  attempt=$((attempt + 1))
+  cache_opt=(--no-cache-dir)
+  echo "install-torch2: pip install failed; trying again without pip's cache (attempt $attempt of 3)" >&2
+  sleep 5
+done
 
 # Optional wrapper: not needed on this machine (ld.so.conf lists
 # /usr/local/cuda-13.0/lib), but makes the venv work where the CUDA lib dir
