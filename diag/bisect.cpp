@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <numeric>
 #include <cstdio>
 #include <thread>
 
@@ -150,7 +151,7 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
     return merged_all;
   };
   std::vector<std::size_t> all(groups.size());
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+  std::iota(all.begin(), all.end(), std::size_t{0});
   std::vector<GroupOutcome> outcomes = run_pass(all, "");
   // Second look at slowness: a group judged slow is timed once more and
   // keeps the lower of its two times. A slow rank or link is slow both
@@ -160,9 +161,8 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
   std::vector<std::size_t> again;
   if (job.rank() == 0) {
     // Not when a group failed outright: slowness is not judged then.
-    const bool any_hard = std::any_of(outcomes.begin(), outcomes.end(), [](const auto& o) {
-      return !o.error.empty() || o.wrong > 0;
-    });
+    const bool any_hard =
+        std::any_of(outcomes.begin(), outcomes.end(), [](const auto& o) { return o.failed(); });
     std::vector<GroupOutcome> first = outcomes;
     judge_bisect(first, hosts);
     for (std::size_t i = 0; i < first.size() && !any_hard; ++i)

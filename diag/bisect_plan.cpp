@@ -110,7 +110,15 @@ BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
   // Slowness shows in every group a slow rank or link is part of. A group
   // judged slow whose ranks all sit together in a larger group that ran
   // fine was caught by a busy moment, not by a fault: not slow.
-  for (auto& o : outcomes) {
+  // Largest groups first, so that a larger group's own verdict is final
+  // before the smaller ones inside it are judged against it.
+  std::vector<GroupOutcome*> by_size;
+  for (auto& o : outcomes) by_size.push_back(&o);
+  std::stable_sort(by_size.begin(), by_size.end(), [](const auto* a, const auto* b) {
+    return a->group.ranks.size() > b->group.ranks.size();
+  });
+  for (GroupOutcome* op : by_size) {
+    GroupOutcome& o = *op;
     if (!o.slow) continue;
     std::set<int> mine(o.group.ranks.begin(), o.group.ranks.end());
     for (const auto& h : outcomes) {
@@ -127,9 +135,9 @@ BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
   // slow (a noisy timing) cannot pull the suspects away from the broken one.
   bool any_hard = false;
   for (const auto& o : outcomes)
-    if (o.ran && (!o.error.empty() || o.wrong > 0)) any_hard = true;
+    if (o.ran && o.failed()) any_hard = true;
   auto counts_as_bad = [&](const GroupOutcome& o) {
-    return any_hard ? !o.error.empty() || o.wrong > 0 : o.bad();
+    return any_hard ? o.failed() : o.bad();
   };
   BisectVerdict v;
   std::set<int> in_good;

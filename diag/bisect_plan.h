@@ -33,7 +33,8 @@ struct GroupOutcome {
   std::int64_t wrong = 0;    // wrong elements summed over the members
   double time_us = 0;        // per all_reduce, the slowest member
   bool slow = false;         // set by judge_bisect
-  bool bad() const { return !error.empty() || wrong > 0 || slow; }
+  bool failed() const { return !error.empty() || wrong > 0; }  // outright, not just slow
+  bool bad() const { return failed() || slow; }
 };
 
 struct BisectVerdict {
