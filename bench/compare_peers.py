@@ -17,7 +17,8 @@
 3. Rendezvous: N local clients meet (connect, SET own key, ADD a counter,
    WAIT for "done") against `ddpdiag store serve` and against torch's
    TCPStore(is_master=True) server, with the same client (our C++ client,
-   speaking that torch's protocol), and natively with torch's client on
+   speaking that torch's protocol; a thread per client, and again with every
+   client on one epoll thread), and natively with torch's client on
    torch's server; for torch 1.13 and, when a torch 2.x is at hand
    (--torch2-python), for torch 2.x's server (libuv) too.
 4. Store throughput: ddpdiag_bench_store with 64 clients.
@@ -34,6 +35,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -529,14 +531,27 @@ def process_cpu_s(pid):
     return total / 1e9
 
 
+def children_cpu_s():
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def run_rdzv(cmd, what, timeout):
+    """The client program's JSON line, and the CPU time (user + system) the
+    client process used over its whole run."""
+    cpu0 = children_cpu_s()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise RunFailed("%s did not finish within %d s" % (what, timeout))
     if p.returncode != 0:
         raise RunFailed("%s exited with %d: %s" % (what, p.returncode, p.stderr.strip()[-2000:]))
-    return last_json_line(p.stdout, what)
+    return last_json_line(p.stdout, what), children_cpu_s() - cpu0
+
+
+# Drivers of ddpdiag's rendezvous client (ddpdiag_rendezvous_bench --driver):
+# one thread per client, or every connection on one epoll thread.
+RDZV_DRIVERS = ("threads", "epoll")
 
 
 def measure_rendezvous(a):
@@ -547,18 +562,19 @@ def measure_rendezvous(a):
             # Per torch generation: ddpdiag's client speaks that torch's protocol
             # to both servers (ddpdiag's serves both on one port).
             for gen, torch in servers.torch.items():
-                pairs = [("ddpdiag", "ddpdiag", servers.ours_port),
-                         ("ddpdiag", "torch", torch["port"])]
+                pairs = [("ddpdiag", driver, server, port) for driver in RDZV_DRIVERS
+                         for server, port in (("ddpdiag", servers.ours_port),
+                                              ("torch", torch["port"]))]
                 if not a.no_native:
-                    pairs.append(("torch", "torch", torch["port"]))
-                for client, server, port in pairs:
-                    log("rendezvous: %d clients, %s client, %s server (torch %s protocol)" %
-                        (n, client, server, gen))
-                    prefix = "rdzv_%s_%s_%s_%d" % (gen, client, server, n)
+                    pairs.append(("torch", "threads", "torch", torch["port"]))
+                for client, driver, server, port in pairs:
+                    log("rendezvous: %d clients, %s client (%s), %s server (torch %s protocol)" %
+                        (n, client, driver, server, gen))
+                    prefix = "rdzv_%s_%s_%s_%s_%d" % (gen, client, driver, server, n)
                     if client == "ddpdiag":
                         cmd = [a.rendezvous_bench, "--port", str(port), "--clients", str(n),
                                "--repeats", str(a.repeats), "--protocol", gen, "--prefix",
-                               prefix, "--timeout", str(a.timeout)]
+                               prefix, "--timeout", str(a.timeout), "--driver", driver]
                     else:
                         cmd = torch["wrap"] + [
                             torch["python"], os.path.join(HERE, "rendezvous_torch.py"), "clients",
@@ -570,13 +586,18 @@ def measure_rendezvous(a):
                     # machine, so this is the direct measure of the server.
                     server_pid = servers.ours_pid if server == "ddpdiag" else torch["pid"]
                     cpu0 = process_cpu_s(server_pid)
-                    out = run_rdzv(cmd, "%s clients on the %s server (torch %s)" %
-                                   (client, server, gen), a.timeout * (a.repeats + 1))
+                    out, client_cpu = run_rdzv(cmd, "%s clients (%s) on the %s server (torch %s)" %
+                                               (client, driver, server, gen),
+                                               a.timeout * (a.repeats + 1))
                     cpu1 = process_cpu_s(server_pid)
-                    row = {"clients": n, "torch": gen, "client": client, "server": server,
+                    row = {"clients": n, "torch": gen, "client": client, "driver": driver,
+                           "server": server,
                            "time_s": statistics.median(out["times_s"]),
                            "connect_s": statistics.median(out["connect_s"]),
-                           "repeat_time_s": out["times_s"]}
+                           "repeat_time_s": out["times_s"],
+                           # the client program's CPU per rendezvous (start-up
+                           # and closing the connections included)
+                           "client_cpu_s": client_cpu / len(out["times_s"])}
                     if cpu0 is not None and cpu1 is not None:
                         row["server_cpu_s"] = (cpu1 - cpu0) / len(out["times_s"])
                     if gen == "2.x" and (server == "torch" or client == "torch"):
@@ -588,30 +609,38 @@ def measure_rendezvous(a):
 
 
 def rendezvous_ratios(rows):
-    # Reports from before the torch 2.x rows have no "torch" field: 1.13.
+    # Reports from before the torch 2.x rows have no "torch" field: 1.13;
+    # from before the epoll driver, no "driver": threads.
     gen_of = lambda r: r.get("torch", "1.13")  # noqa: E731
+    driver_of = lambda r: r.get("driver", "threads")  # noqa: E731
 
-    def t(n, gen, client, server, field="time_s"):
+    def t(n, gen, client, driver, server, field="time_s"):
         for r in rows:
-            if (r["clients"], gen_of(r), r["client"], r["server"]) == (n, gen, client, server):
+            if (r["clients"], gen_of(r), r["client"], driver_of(r), r["server"]) == \
+                    (n, gen, client, driver, server):
                 return r.get(field)
         return None
 
     out = []
     for n in sorted({r["clients"] for r in rows}):
         for gen in sorted({gen_of(r) for r in rows if r["clients"] == n}):
-            ours, theirs = t(n, gen, "ddpdiag", "ddpdiag"), t(n, gen, "ddpdiag", "torch")
-            native = t(n, gen, "torch", "torch")
-            ours_cpu = t(n, gen, "ddpdiag", "ddpdiag", "server_cpu_s")
-            theirs_cpu = t(n, gen, "ddpdiag", "torch", "server_cpu_s")
-            out.append({"clients": n, "torch": gen,
-                        "ddpdiag_server_s": ours, "torch_server_s": theirs,
-                        "ddpdiag_server_cpu_s": ours_cpu, "torch_server_cpu_s": theirs_cpu,
-                        "ddpdiag_over_torch_server_cpu":
-                            ours_cpu / theirs_cpu if ours_cpu and theirs_cpu else None,
-                        "torch_native_s": native,
-                        "ddpdiag_over_torch_server": ours / theirs if ours and theirs else None,
-                        "ddpdiag_over_torch_native": ours / native if ours and native else None})
+            for d in [x for x in RDZV_DRIVERS
+                      if any(driver_of(r) == x and r["client"] == "ddpdiag" for r in rows)]:
+                ours, theirs = t(n, gen, "ddpdiag", d, "ddpdiag"), t(n, gen, "ddpdiag", d, "torch")
+                # torch's own client is threads (Python's, behind one GIL)
+                native = t(n, gen, "torch", "threads", "torch") if d == "threads" else None
+                ours_cpu = t(n, gen, "ddpdiag", d, "ddpdiag", "server_cpu_s")
+                theirs_cpu = t(n, gen, "ddpdiag", d, "torch", "server_cpu_s")
+                out.append({"clients": n, "torch": gen, "driver": d,
+                            "ddpdiag_server_s": ours, "torch_server_s": theirs,
+                            "ddpdiag_server_cpu_s": ours_cpu, "torch_server_cpu_s": theirs_cpu,
+                            "ddpdiag_over_torch_server_cpu":
+                                ours_cpu / theirs_cpu if ours_cpu and theirs_cpu else None,
+                            "client_cpu_s": t(n, gen, "ddpdiag", d, "ddpdiag", "client_cpu_s"),
+                            "torch_native_s": native,
+                            "ddpdiag_over_torch_server": ours / theirs if ours and theirs else None,
+                            "ddpdiag_over_torch_native":
+                                ours / native if ours and native else None})
     return out
 
 
@@ -619,28 +648,35 @@ def print_rendezvous(rows, ratios):
     if not rows:
         return
     print("# rendezvous of N local clients (connect, set, add, wait), median time (s)")
-    print("# %7s %6s %18s %18s %18s %16s %16s" % ("clients", "torch", "ddpdiag server",
-                                                  "torch server", "torch native",
-                                                  "ddpdiag/torch srv", "ddpdiag/t.native"))
-    print("# %7s %6s %18s %18s %18s" % ("", "", "(ddpdiag client)", "(ddpdiag client)",
-                                        "(torch client)"))
+    print("# driver: how ddpdiag's client runs them: threads (one per client) or epoll "
+          "(all on one thread)")
+    print("# %7s %6s %7s %18s %18s %18s %16s %16s" % ("clients", "torch", "driver",
+                                                      "ddpdiag server", "torch server",
+                                                      "torch native", "ddpdiag/torch srv",
+                                                      "ddpdiag/t.native"))
+    print("# %7s %6s %7s %18s %18s %18s" % ("", "", "", "(ddpdiag client)", "(ddpdiag client)",
+                                            "(torch client)"))
     f = lambda v, fmt: fmt % v if v is not None else "-"  # noqa: E731
     for r in ratios:
-        print("  %7d %6s %18s %18s %18s %16s %16s" % (
-            r["clients"], r.get("torch", "1.13"), f(r["ddpdiag_server_s"], "%.4f"),
+        print("  %7d %6s %7s %18s %18s %18s %16s %16s" % (
+            r["clients"], r.get("torch", "1.13"), r.get("driver", "threads"),
+            f(r["ddpdiag_server_s"], "%.4f"),
             f(r["torch_server_s"], "%.4f"),
             f(r["torch_native_s"], "%.4f"), f(r["ddpdiag_over_torch_server"], "%.3f"),
             f(r["ddpdiag_over_torch_native"], "%.3f")))
     if any(r.get("ddpdiag_over_torch_server_cpu") is not None for r in ratios):
-        print("# the servers' own CPU time per rendezvous (ms), same client")
-        print("# %7s %6s %18s %18s %16s" % ("clients", "torch", "ddpdiag server",
-                                             "torch server", "ddpdiag/torch"))
+        print("# CPU time per rendezvous (ms): the servers' own, same client; and the client "
+              "program's (on ddpdiag's server)")
+        print("# %7s %6s %7s %18s %18s %16s %14s" % ("clients", "torch", "driver",
+                                                     "ddpdiag server", "torch server",
+                                                     "ddpdiag/torch", "client"))
         for r in ratios:
-            print("  %7d %6s %18s %18s %16s" % (
-                r["clients"], r.get("torch", "1.13"),
+            print("  %7d %6s %7s %18s %18s %16s %14s" % (
+                r["clients"], r.get("torch", "1.13"), r.get("driver", "threads"),
                 f(r.get("ddpdiag_server_cpu_s") and r["ddpdiag_server_cpu_s"] * 1e3, "%.1f"),
                 f(r.get("torch_server_cpu_s") and r["torch_server_cpu_s"] * 1e3, "%.1f"),
-                f(r.get("ddpdiag_over_torch_server_cpu"), "%.3f")))
+                f(r.get("ddpdiag_over_torch_server_cpu"), "%.3f"),
+                f(r.get("client_cpu_s") and r["client_cpu_s"] * 1e3, "%.1f")))
     resolvers = {r["torch_resolver"] for r in rows if r.get("torch_resolver")}
     for res in sorted(resolvers):
         print("# torch 2.x's server and client looked up names with: %s" % res)
@@ -649,13 +685,18 @@ def print_rendezvous(rows, ratios):
 
 
 def rendezvous_checks(ratios):
-    """One check per torch generation measured: rendezvous_1024_vs_torch_tcpstore
-    (torch 1.13's server) and rendezvous_1024_vs_torch2_tcpstore (2.x's)."""
+    """One check per torch generation and client driver measured:
+    rendezvous_1024_vs_torch_tcpstore (torch 1.13's server) and
+    rendezvous_1024_vs_torch2_tcpstore (2.x's) with a thread per client, and
+    the same names ending in _epoll_clients with every client on one epoll
+    thread."""
     checks = []
-    for gen in sorted({x.get("torch", "1.13") for x in ratios}):
-        name = "rendezvous_1024_vs_torch%s_tcpstore" % ("" if gen == "1.13" else "2")
+    for gen, driver in sorted({(x.get("torch", "1.13"), x.get("driver", "threads"))
+                               for x in ratios}, key=lambda k: (k[0], RDZV_DRIVERS.index(k[1]))):
+        name = "rendezvous_1024_vs_torch%s_tcpstore%s" % (
+            "" if gen == "1.13" else "2", "" if driver == "threads" else "_" + driver + "_clients")
         r = [x for x in ratios if x["clients"] == TARGET_RDZV_CLIENTS and
-             x.get("torch", "1.13") == gen]
+             x.get("torch", "1.13") == gen and x.get("driver", "threads") == driver]
         if not r or r[0]["ddpdiag_over_torch_server"] is None:
             checks.append({"name": name, "status": "skip",
                            "detail": "1024 clients were not measured"})
@@ -666,9 +707,11 @@ def rendezvous_checks(ratios):
                   (r["torch_native_s"], r["ddpdiag_over_torch_native"])
                   if r["torch_native_s"] else "")
         checks.append({"name": name, "status": "pass" if ok else "fail",
-                       "detail": "1024 clients, same client (torch %s protocol): ddpdiag server "
-                                 "%.4f s / torch %s TCPStore %.4f s = %.3f (target <= %.2f)%s" % (
-                                     gen, r["ddpdiag_server_s"], gen, r["torch_server_s"],
+                       "detail": "1024 clients, same client (torch %s protocol, %s): ddpdiag "
+                                 "server %.4f s / torch %s TCPStore %.4f s = %.3f (target <= %.2f)%s" % (
+                                     gen, "a thread per client" if driver == "threads" else
+                                     "every client on one epoll thread",
+                                     r["ddpdiag_server_s"], gen, r["torch_server_s"],
                                      r["ddpdiag_over_torch_server"], TARGET_RDZV_RATIO,
                                      native)})
     return checks
@@ -975,12 +1018,18 @@ def self_test(a, rc):
            0 < red[0]["torch_us"] < 60e6, "reducer rows: %s" % red)
     rz = res.get("rendezvous", [])
     gens = ["1.13"] + (["2.x"] if a.torch2_python else [])
-    expect(sorted((r["torch"], r["client"], r["server"]) for r in rz) ==
-           sorted((g, c, s) for g in gens
-                  for c, s in (("ddpdiag", "ddpdiag"), ("ddpdiag", "torch"), ("torch", "torch"))),
+    expect(sorted((r["torch"], r["client"], r["driver"], r["server"]) for r in rz) ==
+           sorted((g, c, d, s) for g in gens
+                  for c, d, s in (("ddpdiag", "threads", "ddpdiag"), ("ddpdiag", "threads", "torch"),
+                                  ("ddpdiag", "epoll", "ddpdiag"), ("ddpdiag", "epoll", "torch"),
+                                  ("torch", "threads", "torch"))),
            "rendezvous pairs: %s" % rz)
     for r in rz:
-        expect(r["clients"] == 64 and 0 < r["connect_s"] <= r["time_s"] < 60, "rendezvous %s" % r)
+        expect(r["clients"] == 64 and 0 < r["connect_s"] <= r["time_s"] < 60 and
+               0 < r["client_cpu_s"] < 60, "rendezvous %s" % r)
+    rr = res.get("rendezvous_ratios", [])
+    expect(sorted((r["torch"], r["driver"]) for r in rr) ==
+           sorted((g, d) for g in gens for d in RDZV_DRIVERS), "rendezvous ratio rows: %s" % rr)
     st = res.get("store", [])
     expect({(r["op"], r["clients"]) for r in st} ==
            {(op, STORE_CLIENTS) for op in ("set", "get", "get_c10d", "add", "wait")} and
@@ -989,8 +1038,9 @@ def self_test(a, rc):
     names = {c["name"] for c in rep.get("checks", [])}
     expect(names == {"allreduce_vs_bare_gloo_2ranks", "allreduce_vs_torch_2ranks",
                      "reducer_vs_torch_ddp", "rendezvous_1024_vs_torch_tcpstore",
-                     "store_64_clients"} |
-           ({"rendezvous_1024_vs_torch2_tcpstore"} if a.torch2_python else set()),
+                     "rendezvous_1024_vs_torch_tcpstore_epoll_clients", "store_64_clients"} |
+           ({"rendezvous_1024_vs_torch2_tcpstore",
+             "rendezvous_1024_vs_torch2_tcpstore_epoll_clients"} if a.torch2_python else set()),
            "checks: %s" % sorted(names))
     return bad
 
@@ -1012,7 +1062,7 @@ def print_report(path):
     print_store(res.get("store", []))
     print("# targets (measured vs target)")
     for c in rep.get("checks", []):
-        print("  %-36s %-5s %s" % (c["name"], c["status"].upper(), c["detail"]))
+        print("  %-48s %-5s %s" % (c["name"], c["status"].upper(), c["detail"]))
     print("# verdict: %s" % rep.get("verdict"))
     return 0
 
@@ -1074,7 +1124,7 @@ def main():
     verdict = write_report(a.json, a, state, started_at, t0, results, checks, error)
     print("# targets (measured vs target)")
     for c in checks:
-        print("  %-36s %-5s %s" % (c["name"], c["status"].upper(), c["detail"]))
+        print("  %-48s %-5s %s" % (c["name"], c["status"].upper(), c["detail"]))
     print("# verdict: %s; report: %s" % (verdict, a.json))
     rc = 3 if error else (1 if verdict == "FAIL" else 0)
     if a.self_test:

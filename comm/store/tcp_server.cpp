@@ -123,6 +123,8 @@ struct TcpStoreServer::Impl {
   std::vector<std::uint64_t> to_close;
   std::vector<std::uint8_t> read_buf;  // the loop's scratch for recv
   std::uint64_t next_conn_id = kFirstConnId;
+  bool nodelay_checked = false;
+  bool nodelay_inherited = false;
   std::uint64_t next_wait_id = 1;
 
   ~Impl() {
@@ -158,6 +160,7 @@ struct TcpStoreServer::Impl {
       }
       int one = 1;
       ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));  // inherited: set_nodelay
       if (ai->ai_family == AF_INET6) {
         // "::" serves IPv4 clients too (v4-mapped), as torch's server does.
         int zero = 0;
@@ -264,8 +267,7 @@ struct TcpStoreServer::Impl {
         ::close(fd);
         continue;
       }
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      set_nodelay(fd);
       std::uint64_t id = next_conn_id++;
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLRDHUP;
@@ -281,6 +283,22 @@ struct TcpStoreServer::Impl {
     }
   }
 
+  // Replies go out at once (no Nagle delay). Linux hands the listening
+  // socket's TCP_NODELAY down to the sockets it accepts, which saves a
+  // system call per client; the first accepted socket shows whether this
+  // kernel does, and where it does not every socket gets its own.
+  void set_nodelay(int fd) {
+    if (!nodelay_checked) {
+      int on = 0;
+      socklen_t len = sizeof(on);
+      nodelay_inherited = ::getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on != 0;
+      nodelay_checked = true;
+    }
+    if (nodelay_inherited) return;
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+
   void mark_close(Conn& c) {
     if (c.closing) return;
     c.closing = true;
@@ -292,7 +310,10 @@ struct TcpStoreServer::Impl {
       auto it = conns.find(id);
       if (it == conns.end()) continue;
       drop_waiters(it->second);
-      ::epoll_ctl(epoll_fd, EPOLL_CTL_DEL, it->second.fd, nullptr);
+      // close() takes the socket out of the epoll set (no EPOLL_CTL_DEL: a
+      // system call per client). Should a forked child still hold it for a
+      // moment before its exec, events of the old id find no connection
+      // and are skipped.
       ::close(it->second.fd);
       conns.erase(it);
     }
