@@ -389,29 +389,13 @@ class MuxDriver {
     send(k, tp::encode_request(o_.protocol, tp::Request{tp::Op::kAdd, {base_ + "arrived"}, {}, 1, 0}));
   }
 
-  // One request, one write (the kernel keeps what it cannot take now).
+  // One request, one write: queued behind what the kernel did not take yet,
+  // then written out as far as the kernel takes it now (EPOLLOUT brings the
+  // rest).
   void send(std::size_t k, const Bytes& b) {
     MuxClient& c = clients_[k];
-    if (c.out_off < c.out.size()) {
-      c.out.insert(c.out.end(), b.begin(), b.end());
-      return;
-    }
-    c.out.clear();
-    c.out_off = 0;
-    std::size_t sent = 0;
-    while (sent < b.size()) {
-      ssize_t w = ::send(c.fd, b.data() + sent, b.size() - sent, MSG_NOSIGNAL);
-      if (w > 0) {
-        sent += static_cast<std::size_t>(w);
-      } else if (w < 0 && errno == EINTR) {
-        continue;
-      } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        break;
-      } else {
-        fail(c, std::string("send: ") + std::strerror(errno));
-      }
-    }
-    if (sent < b.size()) c.out.assign(b.begin() + static_cast<std::ptrdiff_t>(sent), b.end());
+    c.out.insert(c.out.end(), b.begin(), b.end());
+    flush(k);
   }
 
   void flush(std::size_t k) {
@@ -423,6 +407,8 @@ class MuxDriver {
       else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
       else fail(c, std::string("send: ") + std::strerror(errno));
     }
+    c.out.clear();
+    c.out_off = 0;
   }
 
   void on_event(std::uint32_t k, std::uint32_t events) {
