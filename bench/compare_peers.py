@@ -608,6 +608,11 @@ def measure_rendezvous(a):
     return rows
 
 
+def ratio(x, y):
+    """x / y, or None where either is missing (or y is 0)."""
+    return x / y if x and y else None
+
+
 def rendezvous_ratios(rows):
     # Reports from before the torch 2.x rows have no "torch" field: 1.13;
     # from before the epoll driver, no "driver": threads.
@@ -634,13 +639,11 @@ def rendezvous_ratios(rows):
                 out.append({"clients": n, "torch": gen, "driver": d,
                             "ddpdiag_server_s": ours, "torch_server_s": theirs,
                             "ddpdiag_server_cpu_s": ours_cpu, "torch_server_cpu_s": theirs_cpu,
-                            "ddpdiag_over_torch_server_cpu":
-                                ours_cpu / theirs_cpu if ours_cpu and theirs_cpu else None,
+                            "ddpdiag_over_torch_server_cpu": ratio(ours_cpu, theirs_cpu),
                             "client_cpu_s": t(n, gen, "ddpdiag", d, "ddpdiag", "client_cpu_s"),
                             "torch_native_s": native,
-                            "ddpdiag_over_torch_server": ours / theirs if ours and theirs else None,
-                            "ddpdiag_over_torch_native":
-                                ours / native if ours and native else None})
+                            "ddpdiag_over_torch_server": ratio(ours, theirs),
+                            "ddpdiag_over_torch_native": ratio(ours, native)})
     return out
 
 

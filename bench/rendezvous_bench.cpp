@@ -144,6 +144,30 @@ struct Outcome {
   double connect_s = 0;
 };
 
+// Both times from the gate's opening: the last client's connect and the
+// last client's release.
+Outcome outcome_since(Clock::time_point t0, Clock::time_point last_connect,
+                      Clock::time_point last_done) {
+  return {std::chrono::duration<double>(last_done - t0).count(),
+          std::chrono::duration<double>(last_connect - t0).count()};
+}
+
+// The first failure among the client threads, reported once they are done.
+class FirstError {
+ public:
+  void note(const std::string& what) {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (what_.empty()) what_ = what;
+  }
+  void rethrow() const {
+    if (!what_.empty()) throw std::runtime_error(what_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::string what_;
+};
+
 // Where the client threads wait for the clock to start. It opens once every
 // thread has parked (thread start-up stays outside the time), with one futex
 // wake for all of them and no mutex for them to queue on afterwards (a
@@ -179,8 +203,7 @@ Outcome rendezvous_once(const Options& o, int repeat) {
   const Millis timeout{std::chrono::seconds(o.timeout_s)};
   std::vector<std::unique_ptr<TcpStoreClient>> held(o.clients);
   std::vector<Clock::time_point> connected(o.clients), done(o.clients);
-  std::mutex err_mu;
-  std::string first_error;
+  FirstError first_error;
   std::vector<std::thread> threads;
   threads.reserve(o.clients);
   Gate gate;
@@ -202,8 +225,7 @@ Outcome rendezvous_once(const Options& o, int repeat) {
       done[i] = Clock::now();
       held[i] = std::move(c);  // closed after the clock stops
     } catch (const std::exception& e) {
-      std::lock_guard<std::mutex> lk(err_mu);
-      if (first_error.empty()) first_error = "client " + std::to_string(i) + ": " + e.what();
+      first_error.note("client " + std::to_string(i) + ": " + e.what());
     }
   };
   for (int i = 0; i < o.clients; ++i) {
@@ -219,12 +241,9 @@ Outcome rendezvous_once(const Options& o, int repeat) {
   }
   const Clock::time_point t0 = gate.open_when_parked(o.clients, timeout);
   for (auto& t : threads) t.join();
-  if (!first_error.empty()) throw std::runtime_error(first_error);
-  Outcome out;
-  out.total_s = std::chrono::duration<double>(*std::max_element(done.begin(), done.end()) - t0).count();
-  out.connect_s =
-      std::chrono::duration<double>(*std::max_element(connected.begin(), connected.end()) - t0).count();
-  return out;
+  first_error.rethrow();
+  return outcome_since(t0, *std::max_element(connected.begin(), connected.end()),
+                       *std::max_element(done.begin(), done.end()));
 }
 
 // ---- the epoll driver -------------------------------------------------------
@@ -498,8 +517,7 @@ Outcome rendezvous_once_epoll(const Options& o, const Address& addr, int repeat)
   for (int t = 0; t < k; ++t)
     drivers.push_back(std::make_unique<MuxDriver>(o, addr, base, o.clients * t / k, o.clients * (t + 1) / k, abort));
   Gate gate;
-  std::mutex mu;
-  std::string first_error;
+  FirstError first_error;
   std::vector<std::thread> threads;
   for (int t = 0; t < k; ++t) {
     threads.emplace_back([&, t] {
@@ -508,24 +526,20 @@ Outcome rendezvous_once_epoll(const Options& o, const Address& addr, int repeat)
         drivers[static_cast<std::size_t>(t)]->run();
       } catch (const std::exception& e) {
         abort.store(true);
-        std::lock_guard<std::mutex> lk(mu);
-        if (first_error.empty()) first_error = e.what();
+        first_error.note(e.what());
       }
     });
   }
   const Clock::time_point t0 = gate.open_when_parked(k, std::chrono::seconds(o.timeout_s));
   for (auto& t : threads) t.join();
-  if (!first_error.empty()) throw std::runtime_error(first_error);
+  first_error.rethrow();
   Clock::time_point last_connect = t0, last_done = t0;
   for (const auto& d : drivers)
     for (const auto& c : d->clients()) {
       last_connect = std::max(last_connect, c.connected);
       last_done = std::max(last_done, c.done);
     }
-  Outcome out;
-  out.total_s = std::chrono::duration<double>(last_done - t0).count();
-  out.connect_s = std::chrono::duration<double>(last_connect - t0).count();
-  return out;  // the drivers close their connections here, after the clock
+  return outcome_since(t0, last_connect, last_done);  // the drivers close their connections after
 }
 
 }  // namespace

@@ -163,10 +163,12 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
     // Not when a group failed outright: slowness is not judged then.
     const bool any_hard =
         std::any_of(outcomes.begin(), outcomes.end(), [](const auto& o) { return o.failed(); });
-    std::vector<GroupOutcome> first = outcomes;
-    judge_bisect(first, hosts);
-    for (std::size_t i = 0; i < first.size() && !any_hard; ++i)
-      if (first[i].slow) again.push_back(i);
+    if (!any_hard) {
+      std::vector<GroupOutcome> first = outcomes;
+      judge_bisect(first, hosts);
+      for (std::size_t i = 0; i < first.size(); ++i)
+        if (first[i].slow) again.push_back(i);
+    }
     job.store->set(base + "/again", to_bytes(nlohmann::json(again).dump()));
   } else {
     auto j = nlohmann::json::parse(to_string(job.store->get(base + "/again", job.timeout)),

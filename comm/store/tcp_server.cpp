@@ -46,6 +46,7 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -123,8 +124,7 @@ struct TcpStoreServer::Impl {
   std::vector<std::uint64_t> to_close;
   std::vector<std::uint8_t> read_buf;  // the loop's scratch for recv
   std::uint64_t next_conn_id = kFirstConnId;
-  bool nodelay_checked = false;
-  bool nodelay_inherited = false;
+  std::optional<bool> nodelay_inherited;  // known from the first accepted socket
   std::uint64_t next_wait_id = 1;
 
   ~Impl() {
@@ -288,13 +288,12 @@ struct TcpStoreServer::Impl {
   // system call per client; the first accepted socket shows whether this
   // kernel does, and where it does not every socket gets its own.
   void set_nodelay(int fd) {
-    if (!nodelay_checked) {
+    if (!nodelay_inherited) {
       int on = 0;
       socklen_t len = sizeof(on);
       nodelay_inherited = ::getsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, &len) == 0 && on != 0;
-      nodelay_checked = true;
     }
-    if (nodelay_inherited) return;
+    if (*nodelay_inherited) return;
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
