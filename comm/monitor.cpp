@@ -240,19 +240,25 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
   }
 
   if (d.lines.empty() && !present.empty()) {
-    std::int64_t seq = max_started;
-    const Fingerprint* f = majority_at(seq);
-    if (min_completed >= max_started)
+    if (min_completed >= max_started) {
       d.lines.push_back(fmt::format(
           "Every rank completed collective #{}: nothing is outstanding (a slow step outside the "
           "collectives?).",
           max_started));
-    else
+      d.stuck_seq = max_started;
+    } else {
+      // The first collective not complete everywhere; where ranks queued
+      // more, those run after it.
+      const std::int64_t seq = min_completed + 1;
+      const Fingerprint* f = majority_at(seq);
       d.lines.push_back(fmt::format(
-          "Every rank is in collective #{}{} and agrees on it, yet it does not complete: the "
+          "Every rank is in collective #{}{} and agrees on it, yet it does not complete{}: the "
           "network or the backend stalls (a link that is down, a firewall, a wrong interface).",
-          seq, f ? " " + f->describe() : std::string()));
-    d.stuck_seq = seq;
+          seq, f ? " " + f->describe() : std::string(),
+          max_started > seq ? fmt::format(" (collectives up to #{} are queued after it)", max_started)
+                            : std::string()));
+      d.stuck_seq = seq;
+    }
   }
   return d;
 }

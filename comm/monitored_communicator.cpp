@@ -205,8 +205,10 @@ std::shared_ptr<Work> MonitoredCommunicator::issue(Fingerprint fp, MakeFn make,
   std::shared_ptr<Work> work = blocked_ ? nullptr : make();
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    ring_.push_back({{seq, fp, now_s(), -1, "started"}, Clock::now(), work});
+    const auto now = Clock::now();
+    ring_.push_back({{seq, fp, now_s(), -1, "started"}, now});
     while (ring_.size() > opts_.flight_size) ring_.pop_front();
+    open_.push_back({seq, fp, now, work});
   }
   started_.store(seq);
   if (!fault_at(Fault::Kind::kCorrupt, seq)) corrupt_target = nullptr;
@@ -283,30 +285,54 @@ std::shared_ptr<Work> MonitoredCommunicator::sendrecv(const void* send_buf, std:
 
 void MonitoredCommunicator::abort() {
   aborted_ = true;
-  inner_->abort();
+  halt();
 }
 
 // Collective `seq` completed. Earlier ones may still run (Gloo runs
-// collectives on distinct buffers side by side), so they are marked only when
-// their own Work says so; last_completed is the end of the completed prefix.
+// collectives on distinct buffers side by side), so they count as complete
+// only when their own Work says so; last_completed is the end of the
+// completed prefix.
 void MonitoredCommunicator::mark_completed(std::int64_t seq) {
   std::lock_guard<std::mutex> lock(mutex_);
   const auto now = Clock::now();
-  std::int64_t prefix = completed_.load();
-  bool gap = false;
-  for (auto& e : ring_) {
-    if (e.rec.state == "started" && e.rec.seq <= seq &&
-        (e.rec.seq == seq || (e.work && e.work->is_completed()))) {
-      e.rec.state = "completed";
-      e.rec.duration_ms = std::chrono::duration<double, std::milli>(now - e.started).count();
-      e.work.reset();
+  if (Open* o = open_at(seq)) {
+    o->done = true;
+    if (Entry* e = recorded(seq); e && e->rec.state == "started") {
+      e->rec.state = "completed";
+      e->rec.duration_ms = std::chrono::duration<double, std::milli>(now - o->started).count();
     }
-    if (e.rec.state == "started") gap = true;
-    if (!gap) prefix = std::max(prefix, e.rec.seq);
   }
-  std::int64_t cur = completed_.load();
-  while (cur < prefix && !completed_.compare_exchange_weak(cur, prefix)) {
+  finish_prefix(now);
+}
+
+void MonitoredCommunicator::finish_prefix(Clock::time_point now) {
+  while (!open_.empty()) {
+    Open& o = open_.front();
+    if (!o.done && (halted_ || !o.work || !o.work->is_completed())) break;
+    if (Entry* e = recorded(o.seq); e && e->rec.state == "started") {
+      e->rec.state = "completed";
+      e->rec.duration_ms = std::chrono::duration<double, std::milli>(now - o.started).count();
+    }
+    completed_.store(o.seq);
+    open_.pop_front();
   }
+}
+
+MonitoredCommunicator::Entry* MonitoredCommunicator::recorded(std::int64_t seq) {
+  auto it = std::lower_bound(ring_.begin(), ring_.end(), seq,
+                             [](const Entry& e, std::int64_t s) { return e.rec.seq < s; });
+  return it != ring_.end() && it->rec.seq == seq ? &*it : nullptr;
+}
+
+MonitoredCommunicator::Open* MonitoredCommunicator::open_at(std::int64_t seq) {
+  auto it = std::lower_bound(open_.begin(), open_.end(), seq,
+                             [](const Open& o, std::int64_t s) { return o.seq < s; });
+  return it != open_.end() && it->seq == seq ? &*it : nullptr;
+}
+
+void MonitoredCommunicator::halt() {
+  halted_ = true;
+  inner_->abort();
 }
 
 void MonitoredCommunicator::corrupt_result(void* recv, DType dtype, std::size_t count) {
@@ -565,7 +591,7 @@ void MonitoredCommunicator::check_fingerprints(std::int64_t seq, const Fingerpri
     std::lock_guard<std::mutex> lock(mutex_);
     failure_ = std::make_exception_ptr(err);
   }
-  inner_->abort();
+  halt();
   throw err;
 }
 
@@ -579,16 +605,13 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (failure_) std::rethrow_exception(failure_);
-    for (auto& e : ring_)
-      if (e.rec.seq == seq && e.rec.state == "started") e.rec.state = "failed";
+    if (Entry* e = recorded(seq); e && e->rec.state == "started") e->rec.state = "failed";
     const std::int64_t first_open = completed_.load() + 1;
     if (seq > 0 && first_open > 0 && first_open < seq)
-      for (const auto& e : ring_)
-        if (e.rec.seq == first_open) {
-          stuck = first_open;
-          stuck_fp = e.rec.fp;
-          break;
-        }
+      if (const Open* o = open_at(first_open)) {
+        stuck = first_open;
+        stuck_fp = o->fp;
+      }
   }
   // One numbering in what users read: the monitor's collective number. The
   // backend's own op counter ("allreduce #6") is dropped from its text.
@@ -603,7 +626,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   publish(what);
   raise_alarm(what);
   alarm_seen_ = true;
-  inner_->abort();
+  halt();
   std::vector<Heartbeat> heartbeats;
   auto states = gather_states(heartbeats);
   const bool store_lost = store_lost_.load();
@@ -733,42 +756,35 @@ void MonitoredCommunicator::watchdog_loop() {
       std::lock_guard<std::mutex> lock(mutex_);
       if (failure_) continue;
     }
-    // Completion of ops nobody waits for yet.
-    std::int64_t done_up_to = 0;
+    // Completion of ops nobody waits for yet; then the oldest still open.
     bool overdue = false;
     std::string overdue_what;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& e : ring_) {
-        if (e.rec.state != "started") continue;
-        if (e.work && e.work->is_completed()) {
-          done_up_to = e.rec.seq;
-          continue;
-        }
-        // A grace of one poll over the deadline: the waiting thread, if any,
-        // reports first with its own wording.
-        if (Clock::now() - e.started > timeout_ + 2 * opts_.poll_interval && !overdue) {
-          overdue = true;
-          overdue_what = fmt::format("collective #{} {} outstanding for more than {} ms",
-                                     e.rec.seq, e.rec.fp.describe(), timeout_.count());
-        }
-        break;
+      const auto now = Clock::now();
+      finish_prefix(now);
+      // A grace of one poll over the deadline: the waiting thread, if any,
+      // reports first with its own wording.
+      if (!open_.empty() && now - open_.front().started > timeout_ + 2 * opts_.poll_interval) {
+        const Open& o = open_.front();
+        overdue = true;
+        overdue_what = fmt::format("collective #{} {} outstanding for more than {} ms", o.seq,
+                                   o.fp.describe(), timeout_.count());
       }
     }
-    if (done_up_to > 0) mark_completed(done_up_to);
     if (store_lost_) continue;  // nothing more to learn from a store that is gone
     try {
       if (!alarm_seen_ && opts_.store->check({"alarm"})) {
         alarm_seen_ = true;
         std::string why = to_string(opts_.store->get("alarm", Millis(1000)));
         publish("alarm raised by " + why);
-        inner_->abort();
+        halt();
       } else if (overdue && !alarm_seen_) {
         const std::string what = fmt::format("rank {}: {}", rank(), overdue_what);
         publish(what);
         raise_alarm(what);
         alarm_seen_ = true;
-        inner_->abort();
+        halt();
       }
     } catch (const Error& e) {
       note_store_lost(e);

@@ -146,11 +146,29 @@ class MonitoredCommunicator final : public Communicator {
   bool store_lost() const { return store_lost_.load(); }
 
  private:
+  // The flight recorder's entry: the last flight_size collectives.
   struct Entry {
     FlightEntry rec;
     std::chrono::steady_clock::time_point started;
-    std::shared_ptr<Work> work;  // until completed, for the watchdog's polling
   };
+  // A collective not yet known complete. Every one is kept, however many are
+  // queued (the recorder keeps only the last flight_size): completion is
+  // judged on the oldest, and a stuck one must stay nameable.
+  struct Open {
+    std::int64_t seq = 0;
+    Fingerprint fp;
+    std::chrono::steady_clock::time_point started;
+    std::shared_ptr<Work> work;  // null for a phantom (injected desync)
+    bool done = false;           // its own wait returned
+  };
+  // Under mutex_: pops the completed prefix of open_ (done, or its Work says
+  // so, unless halted_), advancing completed_ and the recorder.
+  void finish_prefix(std::chrono::steady_clock::time_point now);
+  Entry* recorded(std::int64_t seq);
+  Open* open_at(std::int64_t seq);
+  // Aborts the backend. From here on a Work that reports completion may
+  // have ended with an error, so none is taken as complete by polling.
+  void halt();
   template <typename MakeFn>
   std::shared_ptr<Work> issue(Fingerprint fp, MakeFn make, void* corrupt_target = nullptr,
                               DType dtype = DType::kFloat32, std::size_t count = 0);
@@ -181,8 +199,10 @@ class MonitoredCommunicator final : public Communicator {
   std::chrono::steady_clock::time_point t0_;
   std::atomic<std::int64_t> started_{0};
   std::atomic<std::int64_t> completed_{0};
-  mutable std::mutex mutex_;  // ring_, failure_*
+  mutable std::mutex mutex_;  // ring_, open_, failure_*
   std::deque<Entry> ring_;
+  std::deque<Open> open_;  // in sequence order
+  std::atomic<bool> halted_{false};
   std::exception_ptr failure_;
   nlohmann::json failure_report_;
   std::mutex fail_mutex_;     // one failure analysis at a time

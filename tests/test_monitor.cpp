@@ -172,6 +172,17 @@ TEST_CASE("diagnosis: everyone in the same collective points at the network", "[
   CHECK(contains(d.summary(), "Every rank is in collective #2"));
 }
 
+TEST_CASE("diagnosis: with collectives queued, the stuck one is the first not completed",
+          "[monitor]") {
+  // Both ranks queued 12 collectives; only 3 completed everywhere.
+  std::vector<std::optional<RankState>> st = {state_of(0, std::vector<Fingerprint>(12, ar()), 3),
+                                              state_of(1, std::vector<Fingerprint>(12, ar()), 5)};
+  Diagnosis d = diagnose(st);
+  CHECK(d.stuck_seq == 4);
+  CHECK(contains(d.summary(), "Every rank is in collective #4 all_reduce(float, 1024, sum)"));
+  CHECK(contains(d.summary(), "collectives up to #12 are queued after it"));
+}
+
 TEST_CASE("rank lists read as English", "[monitor]") {
   CHECK(rank_list({}) == "");
   CHECK(rank_list({3}) == "3");
@@ -312,8 +323,10 @@ struct ThreadRank {
 };
 
 // n ranks, each a MonitoredCommunicator over Gloo, running `iters` all_reduces.
+// With `queue`, every all_reduce is issued first and only the last is waited
+// for, as allreduce-test times a batch.
 std::vector<ThreadRank> run_monitored(int n, const std::string& faults, int iters,
-                                      Millis timeout) {
+                                      Millis timeout, bool queue = false) {
   auto store = std::make_shared<MemoryStore>();
   std::vector<ThreadRank> out(n);
   std::vector<std::thread> threads;
@@ -334,9 +347,12 @@ std::vector<ThreadRank> run_monitored(int n, const std::string& faults, int iter
         MonitoredCommunicator comm(std::move(inner), mo);
         CommBuffer buf(comm, 64 * sizeof(float));
         try {
-          for (int i = 0; i < iters; ++i)
-            comm.allreduce(buf.get(), buf.get(), 64, DType::kFloat32, ReduceOp::kSum)
-                ->wait(timeout);
+          std::shared_ptr<Work> last;
+          for (int i = 0; i < iters; ++i) {
+            last = comm.allreduce(buf.get(), buf.get(), 64, DType::kFloat32, ReduceOp::kSum);
+            if (!queue) last->wait(timeout);
+          }
+          if (queue && last) last->wait(timeout);
         } catch (const Error& e) {
           out[r].error = e.what();
           out[r].exit_code = static_cast<int>(e.exit_code());
@@ -370,6 +386,30 @@ TEST_CASE("monitored Gloo: a stalled rank is named as behind by every rank", "[m
     REQUIRE(res[r].report.is_object());
     CHECK(res[r].report["diagnosis"]["behind_ranks"] == nlohmann::json::array({1}));
   }
+}
+
+// More collectives queued than the flight recorder holds (32): the stuck one
+// has left the recorder, yet it is still the one named, and what completed
+// before it still counts as completed.
+TEST_CASE("monitored Gloo: a stall behind a long queue names the stuck collective",
+          "[monitor][gloo]") {
+  auto res = run_monitored(2, "hang@seq=10,rank=1", 60, 1500ms, /*queue=*/true);
+  INFO("rank 0: " << res[0].error);
+  CHECK(res[0].exit_code == static_cast<int>(ExitCode::kTimeout));
+  CHECK(contains(res[0].error, "collective #10 all_reduce(float, 64, sum) did not complete"));
+  CHECK(contains(res[0].error, "waiting for collective #60, which runs after it"));
+  REQUIRE(res[0].report.is_object());
+  CHECK(res[0].report["diagnosis"]["stuck_seq"] == 10);
+  bool seen = false;
+  for (const auto& s : res[0].report["ranks"])
+    if (s["rank"] == 0) {
+      seen = true;
+      CHECK(s["last_started_seq"] == 60);
+      CHECK(s["last_completed_seq"] == 9);
+      // After the abort, no queued collective reads as completed.
+      for (const auto& e : s["flight_recorder"]) CHECK(e["state"] != "completed");
+    }
+  CHECK(seen);
 }
 
 TEST_CASE("monitored Gloo: a rank in another collective is named with both fingerprints",
