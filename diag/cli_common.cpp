@@ -13,6 +13,9 @@
 #include <mutex>
 #include <optional>
 #include <sstream>
+#include <filesystem>
+#include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -383,9 +386,93 @@ std::string reported_library_version(Backend b) {
 
 }  // namespace
 
+namespace {
+
+// Option name -> {"value": what is compared, "shown": what a message says},
+// for the options that must agree across ranks.
+nlohmann::json g_rank_settings = nlohmann::json::object();
+
+// A file named on the command line (a model layout) may sit at different
+// paths on different hosts: its contents are compared, not its path.
+std::optional<std::string> file_digest(const std::string& path) {
+  std::error_code ec;
+  if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bit
+  std::uint64_t size = 0;
+  char buf[65536];
+  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h ^= static_cast<unsigned char>(buf[i]);
+      h *= 1099511628211ull;
+    }
+    size += static_cast<std::uint64_t>(in.gcount());
+  }
+  return fmt::format("a file of {} bytes, FNV-1a {:016x}", size, h);
+}
+
+// Every rank's settings against rank 0's: one line per option that differs.
+std::vector<std::string> settings_differences(const std::vector<nlohmann::json>& infos) {
+  std::vector<std::string> out;
+  if (infos.empty() || !infos[0].is_object()) return out;
+  const nlohmann::json ref = infos[0].value("settings", nlohmann::json::object());
+  auto field = [](const nlohmann::json& settings, const std::string& name, const char* f) {
+    if (!settings.contains(name) || !settings[name].is_object()) return std::string("?");
+    return settings[name].value(f, std::string("?"));
+  };
+  auto shown = [&](const nlohmann::json& settings, const std::string& name) {
+    if (!settings.contains(name)) return std::string("no such option");
+    const std::string v = field(settings, name, "shown");
+    if (v == "(default)") return std::string("its default");
+    return v.empty() ? name : name + " " + v;
+  };
+  for (std::size_t r = 1; r < infos.size(); ++r) {
+    if (!infos[r].is_object()) continue;
+    const nlohmann::json mine = infos[r].value("settings", nlohmann::json::object());
+    std::vector<std::string> names;
+    for (const auto& [k, _] : ref.items()) names.push_back(k);
+    for (const auto& [k, _] : mine.items())
+      if (!ref.contains(k)) names.push_back(k);
+    for (const auto& k : names)
+      if (field(mine, k, "value") != field(ref, k, "value"))
+        out.push_back(fmt::format("{}: rank {} has {}, rank 0 has {}", k, r, shown(mine, k),
+                                  shown(ref, k)));
+  }
+  return out;
+}
+
+}  // namespace
+
+void record_rank_settings(const CLI::App& subcommand) {
+  static const std::set<std::string> per_rank = {
+      "--rank",        "--world-size",     "--local-rank", "--local-world-size",
+      "--master-addr", "--master-port",    "--nproc",      "--json",
+      "--markdown",    "--timeout",        "--gloo-interface", "--store-protocol",
+      "--test-hosts",  "--inject-fault",   "--help"};
+  nlohmann::json settings = nlohmann::json::object();
+  for (const CLI::Option* opt : subcommand.get_options()) {
+    const std::string name = opt->get_name();
+    if (name.empty() || per_rank.count(name)) continue;
+    std::string value = "(default)";
+    if (opt->count() > 0) {
+      value.clear();
+      for (const auto& r : opt->results()) value += (value.empty() ? "" : ",") + r;
+    }
+    std::string shown = value;
+    if (auto digest = file_digest(value)) {
+      shown = value + " (" + *digest + ")";
+      value = *digest;
+    }
+    settings[name] = {{"value", value}, {"shown", shown}};
+  }
+  g_rank_settings = std::move(settings);
+}
+
 // Rendezvous protocol, under the job's ddpdiag prefix:
 //   rank/<r>   JSON {rank, world_size, local_rank, host, machine, pid, device,
-//              cpus, ddpdiag (build), library (backend library version)},
+//              cpus, ddpdiag (build), library (backend library version),
+//              settings (record_rank_settings)},
 //              set by compare_set so a second process claiming the same rank
 //              sees the first one's value and both are named;
 //   joined     counter of ranks that registered;
@@ -403,7 +490,8 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                          {"device", device},
                          {"cpus", format_cpu_list(allowed_cpus())},
                          {"ddpdiag", fmt::format("{} ({})", config::kVersion, config::kGitRevision)},
-                         {"library", reported_library_version(job.backend)}};
+                         {"library", reported_library_version(job.backend)},
+                         {"settings", g_rank_settings}};
   const std::string mine = info.dump();
   Bytes current = job.store->compare_set("rank/" + std::to_string(me), {}, to_bytes(mine));
   if (to_string(current) != mine) {
@@ -430,8 +518,8 @@ void wait_for_ranks(Job& job) {
     if (job.store->check({"abort"})) {
       std::string why = to_string(job.store->get("abort", job.timeout));
       throw RendezvousError(why, {"rendezvous", me, -1,
-                                  "every rank must be started with the same world size and a "
-                                  "distinct rank"});
+                                  "every rank must be started the same way: the same world "
+                                  "size, the same subcommand flags, and a distinct rank"});
     }
     std::int64_t joined = job.store->add("joined", 0);
     if (joined >= n) break;
@@ -462,10 +550,12 @@ void wait_for_ranks(Job& job) {
   job.rank_builds.assign(n, std::string());
   job.rank_libraries.assign(n, std::string());
   std::vector<std::string> disagree;
+  std::vector<nlohmann::json> infos(n);
   for (int r = 0; r < n; ++r) {
     auto j = nlohmann::json::parse(
         to_string(job.store->get("rank/" + std::to_string(r), job.timeout)), nullptr, false);
     if (!j.is_object()) continue;
+    infos[r] = j;
     int ws = j.value("world_size", -1);
     if (ws != n) disagree.push_back(fmt::format("rank {} (pid {} on {}) has world size {}", r,
                                                 j.value("pid", 0L), j.value("host", ""), ws));
@@ -484,6 +574,17 @@ void wait_for_ranks(Job& job) {
     job.store->set("abort", to_bytes(msg));
     throw RendezvousError(msg, {"rendezvous", me, -1,
                                 "start every rank with the same WORLD_SIZE / --world-size"});
+  }
+  if (auto diff = settings_differences(infos); !diff.empty()) {
+    std::string msg = "ranks were started with different settings: ";
+    for (std::size_t i = 0; i < diff.size() && i < 8; ++i) msg += (i ? "; " : "") + diff[i];
+    if (diff.size() > 8) msg += fmt::format("; and {} more", diff.size() - 8);
+    job.store->set("abort", to_bytes(msg));
+    throw RendezvousError(msg, {"rendezvous", me, -1,
+                                "start every rank with the same subcommand flags (the ranks "
+                                "would run different collectives, and one could pass while "
+                                "its peers hang); under a launcher, pass the flags once to "
+                                "the command it starts"});
   }
 }
 
@@ -684,7 +785,8 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
   auto env = process_env();
   const bool under_launcher = launched_by_launcher(env);
   const bool explicit_world = o.world.rank.has_value() || o.world.world_size.has_value();
-  if (o.nproc > 0) {
+  const bool builtin = o.nproc > 0 || (!under_launcher && !explicit_world);
+  if (builtin) {
     // --nproc starts a world of its own: it hosts the store and gives every
     // rank its rank, sizes and store address. Flags that set those would
     // override what it gives each rank (and meet its checks as a variable
@@ -700,6 +802,20 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
       std::string list;
       for (std::size_t i = 0; i < clash.size(); ++i)
         list += (i == 0 ? "" : i + 1 == clash.size() ? " and " : ", ") + clash[i];
+      // Without --nproc: no launcher and no --rank/--world-size, so ddpdiag
+      // starts the default world itself, and the same holds.
+      if (o.nproc <= 0)
+        throw UsageError(
+            fmt::format("{} cannot be used without --rank and --world-size: with neither a "
+                        "launcher nor those flags, ddpdiag starts a world of its own on this "
+                        "machine (it hosts the store on a free port and sets each rank's rank "
+                        "and sizes)",
+                        list),
+            {"flags", -1, -1,
+             fmt::format("drop {} to let ddpdiag start its local ranks, or give --rank and "
+                         "--world-size (or RANK and WORLD_SIZE) to run one rank of a world you "
+                         "start yourself",
+                         list)});
       throw UsageError(
           fmt::format("--nproc {} cannot be combined with {}: --nproc starts a world of its own "
                       "on this machine (it hosts the store and sets each rank's rank and sizes)",
@@ -710,7 +826,7 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
                        list, o.nproc)});
     }
   }
-  if (o.nproc > 0 || (!under_launcher && !explicit_world)) {
+  if (builtin) {
     // Built-in launcher: default world is one rank per GPU with NCCL, else 2
     // Gloo ranks on loopback.
     int nproc = o.nproc;

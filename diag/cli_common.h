@@ -115,6 +115,13 @@ std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o);
 // named), then waits for every rank, naming the missing ones at the deadline
 // and the ones that disagree on the world size.
 void register_rank(Job& job, const std::string& device, const std::string& host);
+// The subcommand's settings every rank must share (each option's value as
+// given, or its default), recorded once the command line is parsed. The
+// rendezvous compares them: ranks started with different sizes, models or
+// dtypes would otherwise run different collectives, and one rank could pass
+// while its peers hang. Flags that legitimately differ per rank (rank, sizes
+// of the world, store address, report paths, interface, timeout) are left out.
+void record_rank_settings(const CLI::App& subcommand);
 void wait_for_ranks(Job& job);
 // Creates the backend's communicator, wrapped in a MonitoredCommunicator.
 void create_communicator(Job& job, const CommonOptions& o);

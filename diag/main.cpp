@@ -110,7 +110,10 @@ int main(int argc, char** argv) {
   }
   try {
     for (auto& s : subs)
-      if (s.app && s.app->parsed() && s.run) return s.run();
+      if (s.app && s.app->parsed() && s.run) {
+        cli::record_rank_settings(*s.app);
+        return s.run();
+      }
     return static_cast<int>(ExitCode::kUsage);
   } catch (const Error& e) {
     cli::print_error(e);

@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -295,6 +296,40 @@ class BadInput(unittest.TestCase):
                 self.assertNotIn("[rank", p.stderr)  # no rank was started
                 self.assertNotIn("LOCAL_WORLD_SIZE", p.stderr)
                 self.assertEqual(p.stderr.count("ddpdiag: error"), 1, p.stderr)
+
+    def test_default_world_with_store_flags_is_a_usage_error(self):
+        # No launcher, no --rank/--world-size: ddpdiag starts its own ranks
+        # and hosts their store on a free port; a store address of the
+        # user's would send them to a port nobody serves.
+        for flags, named in ((["--master-port", "29500"], "--master-port"),
+                             (["--master-addr", "127.0.0.1", "--local-rank", "0"],
+                              "--local-rank and --master-addr")):
+            with self.subTest(flags=flags):
+                p = run(["allreduce-test"] + flags + ["-e", "1K", "--timeout", "30"],
+                        env=clean_env())
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("%s cannot be used without --rank and --world-size" % named,
+                              p.stderr)
+                self.assertNotIn("[rank", p.stderr)
+                self.assertLess(p.elapsed, 10)
+
+    def test_ranks_with_different_flags_are_refused(self):
+        # Rank 1 would run sizes rank 0 never runs: rank 0 must not pass
+        # while rank 1 hangs. Both stop at the rendezvous, naming the flag.
+        port = free_port()
+        res = run_ranks([["allreduce-test", "--rank", str(r), "--world-size", "2",
+                          "--master-port", str(port), "--timeout", str(self.TIMEOUT),
+                          "-b", "1K", "-e", e, "-n", "2", "-w", "1",
+                          "--json", os.path.join(tempfile.gettempdir(), "ddpdiag-flags-%d-%d.json"
+                                                 % (os.getpid(), r))]
+                         for r, e in ((0, "1K"), (1, "4K"))],
+                        [clean_env(), clean_env()], timeout=self.TIMEOUT + 20)
+        for rc, so, se, elapsed in res:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("ranks were started with different settings", se)
+            self.assertIn("--maxbytes: rank 1 has --maxbytes 4K, rank 0 has --maxbytes 1K", se)
+            self.assertNotIn("Verdict: PASS", so)
+            self.assertLess(elapsed, self.TIMEOUT + 5)
 
     def test_world_size_disagrees(self):
         port = free_port()
