@@ -112,8 +112,8 @@ class DoneWork final : public Work {
   void abort() override {}
 };
 
-// Linux: the state letter of /proc/<pid>/stat ('R', 'S', 'T', 'Z', ...), or 0
-// when the process does not exist.
+}  // namespace
+
 char process_state(long pid) {
   std::ifstream in(fmt::format("/proc/{}/stat", pid));
   if (!in) return 0;
@@ -122,8 +122,6 @@ char process_state(long pid) {
   if (close == std::string::npos || close + 2 >= all.size()) return 0;
   return all[close + 2];
 }
-
-}  // namespace
 
 MonitoredCommunicator::MonitoredCommunicator(std::unique_ptr<Communicator> inner,
                                              MonitorOptions opts)

@@ -52,6 +52,10 @@
 
 namespace ddpdiag {
 
+// Linux: the state letter of /proc/<pid>/stat ('R', 'S', 'T' for stopped,
+// 'Z', ...), or 0 when the process does not exist.
+char process_state(long pid);
+
 struct MonitorOptions {
   int rank = 0;       // in this communicator
   int world_rank = -1;  // for fault specs; defaults to rank

@@ -750,9 +750,13 @@ void leave_job(Job& job, bool after_error) {
   try {
     job.store->add("left", 1);
     if (job.server) {
+      // Only ranks that joined can still need the store: after a rendezvous
+      // that timed out, the missing ones are not waited for a second time.
+      const std::int64_t expected =
+          std::min<std::int64_t>(job.size() - absent, job.store->add("joined", 0));
       auto bound = std::min(job.timeout, Millis(after_error ? 3000 : 10000));
       auto deadline = std::chrono::steady_clock::now() + bound;
-      while (job.store->add("left", 0) < job.size() - absent &&
+      while (job.store->add("left", 0) < expected &&
              std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/errors.h"
+#include "comm/monitored_communicator.h"
 #include "comm/store/tcp_store.h"
 
 extern char** environ;
@@ -275,6 +276,25 @@ int launch_local(const LaunchOptions& o) {
           first_failed = c.rank;
           kill_at = Clock::now() + o.grace;
         }
+      }
+    }
+    if (kill_at && !terminated && first_failed) {
+      // A rank that is stopped (SIGSTOP, a debugger) can write no report:
+      // when every rank still running is stopped, the grace is over.
+      bool any = false, all_stopped = true;
+      for (const auto& c : children)
+        if (!c.exited) {
+          any = true;
+          const char st = process_state(static_cast<long>(c.pid));
+          all_stopped = all_stopped && (st == 'T' || st == 't');
+        }
+      if (any && all_stopped) {
+        for (const auto& c : children)
+          if (!c.exited)
+            std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) is stopped; killing it\n",
+                         c.rank, static_cast<long>(c.pid));
+        terminated = true;  // straight to SIGKILL: a stopped process keeps SIGTERM pending
+        kill_at = Clock::now();
       }
     }
     if (kill_at && Clock::now() >= *kill_at) {
