@@ -83,8 +83,8 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
   if (!o.inject_fault.empty()) faults = parse_faults(o.inject_fault);
   // A fresh key space per call: init-check and allreduce-test may both run it.
   const std::string base = fmt::format("bisect/{}", job.store->add("bisect/runs", 0));
-  if (job.rank() == 0)
-    std::printf("# bisect: %zu sub-group(s) of %d rank(s)\n", groups.size(), job.size());
+  // stdout gets the whole block from print_bisect, where the command puts it.
+  job.progress_line(fmt::format("[progress] bisect: {} sub-group(s) of {} rank(s)", groups.size(), job.size()));
   // NCCL: sub-groups are split off the world communicator (ncclCommSplit,
   // every rank taking part, members with color 0) while it is healthy; once
   // a split fails on this rank, or on a backend without split (Gloo), each
@@ -191,20 +191,34 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
   // Bump the run counter only after everyone read it above.
   if (job.rank() != 0) return nullptr;
   job.store->add("bisect/runs", 1);
-  BisectVerdict v = judge_bisect(outcomes, hosts);
-  std::printf("# %-28s %-6s %12s %8s  %s\n", "sub-group", "ranks", "time (us)", "#wrong",
-              "verdict");
-  for (const auto& g : outcomes)
-    std::printf("  %-28s %-6zu %12.1f %8lld  %s%s\n", g.group.label.c_str(), g.group.ranks.size(),
-                g.time_us, static_cast<long long>(g.wrong),
-                g.bad() ? (g.slow ? "SLOW" : "FAIL") : "ok",
-                g.error.empty() ? "" : (" (" + g.error.substr(0, 120) + ")").c_str());
-  std::printf("# bisect: %s\n", v.summary.c_str());
-  std::fflush(stdout);
+  BisectVerdict v = judge_bisect(outcomes, hosts, 3.0, 1000.0, bo.world_passed);
   report.add_check({"bisect",
                     v.smallest_failing ? reports::CheckStatus::kFail : reports::CheckStatus::kPass,
                     v.summary});
   return v.to_json(outcomes);
+}
+
+void print_bisect(const nlohmann::json& verdict, int world_size) {
+  if (!verdict.is_object()) return;
+  if (verdict.contains("groups") && verdict["groups"].is_array()) {
+    std::printf("# bisect: %zu sub-group(s) of %d rank(s)\n", verdict["groups"].size(), world_size);
+    std::printf("# %-28s %-6s %12s %8s  %s\n", "sub-group", "ranks", "time (us)", "#wrong",
+                "verdict");
+    for (const auto& g : verdict["groups"]) {
+      const std::string error = g.value("error", nlohmann::json()).is_string() ? g["error"].get<std::string>() : "";
+      const bool bad = g.value("verdict", std::string()) == "fail";
+      std::printf("  %-28s %-6zu %12.1f %8lld  %s%s\n", g.value("label", std::string()).c_str(),
+                  g.value("ranks", nlohmann::json::array()).size(), g.value("time_us", 0.0),
+                  static_cast<long long>(g.value("wrong", std::int64_t{0})),
+                  bad ? (g.value("slow", false) ? "SLOW" : "FAIL") : "ok",
+                  error.empty() ? "" : (" (" + error.substr(0, 120) + ")").c_str());
+    }
+  }
+  if (verdict.contains("summary") && verdict["summary"].is_string())
+    std::printf("# bisect: %s\n", verdict["summary"].get<std::string>().c_str());
+  else if (verdict.contains("error") && verdict["error"].is_string())
+    std::printf("# bisect: could not finish: %s\n", verdict["error"].get<std::string>().c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace ddpdiag::cli

@@ -92,7 +92,7 @@ std::vector<BisectGroup> plan_bisect(const std::vector<std::string>& host_of_ran
 
 BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
                            const std::vector<std::string>& host_of_rank, double slow_factor,
-                           double min_slow_us) {
+                           double min_slow_us, bool world_passed) {
   std::map<std::size_t, double> fastest;  // by group size
   for (const auto& o : outcomes)
     if (o.ran && o.error.empty() && o.time_us > 0) {
@@ -161,8 +161,10 @@ BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
     }
   }
   if (!in_every_bad) {
-    v.summary = "every sub-group passed: no single rank or host is at fault (the failure needs "
-                "the whole world, e.g. a limit that only the full size reaches)";
+    v.summary = world_passed
+                    ? "the full world passed and so did every sub-group: bisect found nothing to localise"
+                    : "every sub-group passed: no single rank or host is at fault (the failure needs "
+                      "the whole world, e.g. a limit that only the full size reaches)";
     return v;
   }
   std::vector<int> suspects;

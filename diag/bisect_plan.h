@@ -49,9 +49,12 @@ struct BisectVerdict {
 // size, and at least min_slow_us more, unless a larger group holding all its
 // ranks was not slow: then it was noise) and names the suspects: the ranks in
 // every bad group that are in no good group (or, when that is empty, in every
-// bad group).
+// bad group). world_passed: the full world ran the command without a failure,
+// so a bisect where every sub-group passed too has nothing to localise (and
+// the summary says so rather than speak of a failure).
 BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
                            const std::vector<std::string>& host_of_rank,
-                           double slow_factor = 3.0, double min_slow_us = 1000.0);
+                           double slow_factor = 3.0, double min_slow_us = 1000.0,
+                           bool world_passed = false);
 
 }  // namespace ddpdiag::cli

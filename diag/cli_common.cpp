@@ -177,7 +177,8 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
       ->check(cli::positive_number());
   g->add_option("--json", o.json_path,
                 "Write the job's report (from rank 0) to this file; a rank that loses the "
-                "store writes its own to FILE.rank<R>.json");
+                "store writes its own beside it, with .rank<R> before the .json "
+                "(--json out.json: rank 1 writes out.rank1.json)");
   g->add_option("--markdown", o.markdown_path,
                 "Write the job's report as Markdown (from rank 0) to this file");
   g->add_option("--rank", o.world.rank, "This process's rank (overrides RANK)");
@@ -934,7 +935,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   disarm_report();
   // The job's report comes from rank 0. A rank cut off from the store (it
   // never reached it, or lost it) cannot hand its view to rank 0, so it
-  // writes its own next to it: FILE.rank<R>.json.
+  // writes its own next to it: out.json -> out.rank<R>.json.
   const bool own_report =
       job.world.rank > 0 && (store_unreachable || (job.monitor && job.monitor->store_lost()));
   if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {

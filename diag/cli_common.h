@@ -36,12 +36,14 @@ void print_error(const Error& e);
 int current_rank();
 
 // Writes this rank's report of a failure in a library thread, when --json or
-// --markdown was given: rank 0 the job's, another rank FILE.rank<R>.json.
+// --markdown was given: rank 0 the job's, another rank its own (out.json ->
+// out.rank<R>.json, see rank_report_path).
 // Returns the path written, or "" (none asked for, or no command running).
 std::string write_report_on_terminate(const std::string& message, const std::string& hint);
 
-// FILE.rank<R>.json (or .md) beside the job's report: the path of a rank's
-// own report ("" stays "").
+// The path of a rank's own report beside the job's: .rank<R> before the
+// extension ext when the path ends in it (out.json -> out.rank1.json), else
+// after the whole path (out -> out.rank1). "" stays "".
 std::string rank_report_path(const std::string& path, const std::string& ext, int rank);
 
 // Prints the report's checks and verdict under a command's table (rank 0).

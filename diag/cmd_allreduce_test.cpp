@@ -208,8 +208,13 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
   }
   auto [wrong, avg] = judge();
   if (o.bisect) {
-    auto verdict = run_bisect(job, o.common, BisectOptions{}, report);
-    if (job.rank() == 0) res["bisect"] = verdict;
+    BisectOptions bo;
+    bo.world_passed = wrong == 0 && !report.has_failed_check();
+    auto verdict = run_bisect(job, o.common, bo, report);
+    if (job.rank() == 0) {
+      res["bisect"] = verdict;
+      print_bisect(verdict, job.size());
+    }
   }
   if (job.rank() == 0) {
     std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),

@@ -430,7 +430,7 @@ int run_init_check(const InitCheckOptions& io) {
   }
 
   // A rank other than 0 that could not hand its timeline to rank 0 writes
-  // its own report beside the job's: FILE.rank<R>.json.
+  // its own report beside the job's: out.json -> out.rank<R>.json.
   if (world_known && !published && job.world.rank > 0 &&
       (!o.json_path.empty() || !o.markdown_path.empty())) {
     nlohmann::json entry = mine;
@@ -467,7 +467,9 @@ int run_init_check(const InitCheckOptions& io) {
   nlohmann::json bisect;
   if (io.bisect && rendezvous_ok) {
     try {
-      bisect = run_bisect(job, o, BisectOptions{}, report);
+      BisectOptions bo;
+      bo.world_passed = !failure;  // every phase passed here, the world's barrier included
+      bisect = run_bisect(job, o, bo, report);
     } catch (const Error& e) {
       print_error(e);
       bisect = {{"error", e.what()}};
@@ -627,6 +629,19 @@ int run_init_check(const InitCheckOptions& io) {
         std::printf("# FAILED in %s (the rank could not be determined): %s\n",
                     failure->phase.c_str(), failure->message.c_str());
       if (!failure->hint.empty()) std::printf("# hint: %s\n", failure->hint.c_str());
+    }
+    if (!bisect.is_null()) print_bisect(bisect, n);
+    // The checks the timeline does not show row by row, as other commands
+    // print theirs: a failing bisect or a missing timeline says why the
+    // verdict is FAIL when every phase was ok.
+    {
+      const auto doc = report.finish();
+      for (const auto& c : doc["checks"]) {
+        const std::string name = c.value("name", std::string());
+        if (std::find(std::begin(kPhases), std::end(kPhases), name) != std::end(kPhases)) continue;
+        std::printf("# Check %-26s: %s (%s)\n", name.c_str(), c.value("status", std::string()).c_str(),
+                    c.value("detail", std::string()).c_str());
+      }
     }
     std::printf("# Verdict: %s\n", report.verdict().c_str());
     std::fflush(stdout);

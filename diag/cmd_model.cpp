@@ -8,12 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <fmt/core.h>
@@ -41,6 +43,8 @@ constexpr int kMaxWorldSize = 4096;
 // Series of the input reports, in the order a prediction prefers them: the
 // backend's own all_reduce is what DDP runs.
 const char* const kSeriesOrder[] = {"backend", "ring", "gather"};
+// Predictions are for float all_reduces: sizes are whole 4-byte elements.
+constexpr std::size_t kPredictedElementBytes = 4;
 
 struct ModelOptions {
   std::vector<std::string> inputs;
@@ -48,7 +52,8 @@ struct ModelOptions {
   std::string fit_min_bytes = "0";
   std::string fit_max_bytes;
   double max_fit_error_pct = 50;
-  int world_size = 0;
+  int world_size = 0;  // 0: not given (world_size_opt says whether it was)
+  CLI::Option* world_size_opt = nullptr;
   int ranks_per_host = 1;
   double intra_gbps = 0, intra_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;
   CLI::Option* intra_gbps_opt = nullptr;
@@ -159,12 +164,25 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   if (!bucket_algorithm)
     throw flag_error(fmt::format("--bucket-algorithm '{}' is not ring, tree or gather", o.bucket_algorithm),
                      "DDP's all_reduce is the backend's: ring for Gloo");
-  if (o.world_size != 0 && (o.world_size < 2 || o.world_size > kMaxWorldSize))
+  if (o.world_size_opt->count() && (o.world_size < 2 || o.world_size > kMaxWorldSize))
     throw flag_error(fmt::format("--world-size {} is not in 2..{}", o.world_size, kMaxWorldSize),
                      "e.g. --world-size 64 --ranks-per-host 8");
-  if (o.world_size == 0 && o.check_against.empty())
+  if (!o.world_size_opt->count() && o.check_against.empty())
     throw flag_error("nothing to predict: give --world-size W and/or --check-against FILE",
                      "e.g. ddpdiag model sweep.json --world-size 64 --ranks-per-host 8");
+  // The predicted sizes are whole float elements, rounded down as
+  // allreduce-test rounds its sweep; below one element nothing is left.
+  const std::size_t min_bytes = parse_size(o.min_bytes), max_bytes = parse_size(o.max_bytes);
+  for (auto [flag, text, bytes] : {std::tuple{"--minbytes", &o.min_bytes, min_bytes},
+                                   std::tuple{"--maxbytes", &o.max_bytes, max_bytes}})
+    if (bytes < kPredictedElementBytes)
+      throw flag_error(fmt::format("{} {} is below one float element ({} bytes): there is no such all_reduce "
+                                   "to predict",
+                                   flag, *text, kPredictedElementBytes),
+                       "e.g. -b 1K -e 1G");
+  if (max_bytes < min_bytes)
+    throw flag_error(fmt::format("--maxbytes {} is below --minbytes {} (swap them)", o.max_bytes, o.min_bytes),
+                     "swap them: -b is the smallest size, -e the largest");
   for (auto [opt, v] : {std::pair{o.intra_gbps_opt, o.intra_gbps}, std::pair{o.inter_gbps_opt, o.inter_gbps}})
     if (opt->count() && !(v > 0))
       throw flag_error(fmt::format("{} must be positive (GB/s)", opt->get_name()), "e.g. 12.5 for 100 Gbit/s");
@@ -196,6 +214,9 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   Model model(o, *backend_as);
   std::map<std::string, std::vector<scale::Sample>> by_series;
   res["inputs"] = json::array();
+  // A report given twice would count its points twice and pass the fit's
+  // "at least 3 points" rule on one measurement: refused, by path and content.
+  std::vector<std::pair<std::string, json>> read_inputs;
   for (const auto& path : o.inputs) {
     json doc;
     try {
@@ -203,6 +224,18 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     } catch (const std::exception& e) {
       throw UsageError(e.what(), ErrorContext{"model.input", -1, -1, "pass a report written with --json FILE"});
     }
+    for (const auto& [seen, seen_doc] : read_inputs) {
+      std::error_code ec;
+      const bool same_file = std::filesystem::equivalent(seen, path, ec) && !ec;
+      if (same_file || seen_doc == doc)
+        throw UsageError(
+            same_file ? fmt::format("{} is given twice (also as {}): its points would count twice in the fit",
+                                    path, seen)
+                      : fmt::format("{} has the same content as {}: its points would count twice in the fit",
+                                    path, seen),
+            ErrorContext{"model.input", -1, -1, "give each measured report once"});
+    }
+    read_inputs.emplace_back(path, doc);
     const auto rows = scale::extract_rows(doc, path);
     std::size_t used = 0;
     for (const auto& r : rows.rows)
@@ -282,7 +315,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   std::fflush(stdout);
 
   // ---- prediction at --world-size ------------------------------------------
-  if (o.world_size) {
+  if (o.world_size_opt->count()) {
     const int w = o.world_size, k = o.ranks_per_host;
     scale::validate_topology({w, k, {}, {}});
     std::map<Algorithm, scale::Topology> topo;
@@ -306,7 +339,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                   link_text(t.intra).c_str(), link_text(t.inter).c_str());
     }
     res["prediction"] = {{"world_size", w}, {"ranks_per_host", k}, {"hosts", w / k}, {"links", links}};
-    const auto sizes = sweep_sizes(parse_size(o.min_bytes), parse_size(o.max_bytes), o.step_factor, 0, 4);
+    const auto sizes = sweep_sizes(min_bytes, max_bytes, o.step_factor, 0, kPredictedElementBytes);
     res["sizes"] = json::array();
     std::printf("# %12s %12s %9s %12s %9s %12s %9s\n", "size (B)", "ring (us)", "busbw", "tree (us)",
                 "busbw", "gather (us)", "busbw");
@@ -474,7 +507,7 @@ Subcommand add_model_command(CLI::App& parent) {
                   "FAIL a fit whose rms relative error exceeds this many percent")
       ->capture_default_str()
       ->check(cli::non_negative_number());
-  app->add_option("--world-size", opts->world_size, "World size to predict (2..4096)");
+  opts->world_size_opt = app->add_option("--world-size", opts->world_size, "World size to predict (2..4096)");
   app->add_option("--ranks-per-host", opts->ranks_per_host,
                   "Ranks per host; world size must be a multiple")
       ->capture_default_str()

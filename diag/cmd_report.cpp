@@ -94,6 +94,20 @@ int run_compare(const ReportOptions& o) {
     if (!doc->is_object() || doc->value("schema", std::string()) != reports::kSchema)
       throw UsageError(fmt::format("{} is not a {} report", *path, reports::kSchema),
                        {"report", -1, -1, "compare reports written by ddpdiag --json"});
+    // A gate must never pass on a report it cannot trust (a verdict it does
+    // not know, a deleted world): the same schema check as report validate.
+    const auto errors = reports::validate_report(*doc);
+    if (errors.empty()) continue;
+    constexpr std::size_t kShown = 3;
+    std::string listed;
+    for (std::size_t i = 0; i < errors.size() && i < kShown; ++i) listed += "\n  " + errors[i].to_string();
+    if (errors.size() > kShown) listed += fmt::format("\n  ... and {} more", errors.size() - kShown);
+    throw UsageError(fmt::format("{} is not a valid {} report ({} schema error(s)); it cannot be compared:{}",
+                                 *path, reports::kSchema, errors.size(), listed),
+                     {"report", -1, -1,
+                      fmt::format("run 'ddpdiag report validate {}' for every error, and compare reports "
+                                  "written by ddpdiag --json, unedited",
+                                  *path)});
   }
   const std::string base_cmd = base.value("command", std::string("?")),
                     new_cmd = now.value("command", std::string("?"));

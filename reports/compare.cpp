@@ -100,7 +100,70 @@ std::vector<Figure> figures_of(const json& o) {
 
 struct RowContext {
   std::string command, table, collective, world;
+  std::string settings_key, settings_label;  // the settings that differ between the reports
 };
+
+// Run settings that change what a row measures without appearing in the row:
+// a link-health pair's bandwidth depends on the transfer size, a memory row's
+// peak on the model. Each is a field at the top of results. World size and
+// backend are settings too; every row's key already carries them.
+struct CommandSettings {
+  const char* command;
+  std::vector<const char*> fields;
+};
+const std::vector<CommandSettings>& command_settings() {
+  static const std::vector<CommandSettings> table = {
+      {"allreduce-test", {"collective"}},
+      {"link-health", {"bandwidth_bytes", "allreduce_bytes"}},
+      {"memory", {"model", "bucket_cap_mb", "gradient_as_bucket_view", "memory_kind"}},
+      {"ddp-step",
+       {"model", "bucket_cap_bytes", "first_bucket_bytes", "hook", "averaging", "gradient_as_bucket_view",
+        "find_unused_parameters", "compute_gbps"}},
+      {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps"}},
+      {"broadcast-test", {"model", "bytes"}},
+      {"dp-vs-ring", {"collective", "dtype", "op"}},
+      {"model", {"model", "first_bucket_bytes", "compute_gbps", "backend_as"}},
+  };
+  return table;
+}
+
+std::string setting_text(const std::string& name, const json& v) {
+  const bool bytes = name.size() > 6 && name.compare(name.size() - 6, 6, "_bytes") == 0;
+  if (bytes && v.is_number()) return human_bytes(v.get<double>());
+  return v.is_string() ? v.get<std::string>() : format_cell(v);
+}
+
+// name -> value of every setting a report records, world size and backend
+// first. A setting a report lacks (a run that failed before measuring) is
+// absent, and is never called different.
+std::vector<std::pair<std::string, json>> settings_of(const json& report) {
+  std::vector<std::pair<std::string, json>> out;
+  if (!report.is_object()) return out;
+  if (auto w = report.find("world"); w != report.end() && w->is_object()) {
+    if (auto s = w->find("size"); s != w->end() && s->is_number()) out.push_back({"world size", *s});
+    if (auto b = w->find("backend"); b != w->end() && b->is_string()) out.push_back({"backend", *b});
+  }
+  auto res = report.find("results");
+  if (res == report.end() || !res->is_object()) return out;
+  const std::string command = str_or(report, "command", "");
+  for (const auto& cs : command_settings()) {
+    if (command != cs.command) continue;
+    for (const char* f : cs.fields)
+      if (auto it = res->find(f); it != res->end() && (it->is_string() || it->is_number() || it->is_boolean()))
+        out.push_back({f, *it});
+  }
+  return out;
+}
+
+// The settings both reports record with different values, in report order.
+std::vector<SettingChange> differing_settings(const json& base, const json& now) {
+  std::vector<SettingChange> out;
+  const auto b = settings_of(base), n = settings_of(now);
+  for (const auto& [name, bv] : b)
+    for (const auto& [nname, nv] : n)
+      if (name == nname && bv != nv) out.push_back({name, setting_text(name, bv), setting_text(name, nv)});
+  return out;
+}
 
 void add_row(std::vector<Row>& rows, const RowContext& ctx, const json& row, const json& figs_obj,
              const std::string& placement, std::size_t index) {
@@ -137,17 +200,26 @@ void add_row(std::vector<Row>& rows, const RowContext& ctx, const json& row, con
     key += "|" + placement;
     label.push_back(placement);
   }
-  key += "|" + ctx.world;
+  key += "|" + ctx.world + ctx.settings_key;
   std::string text;
   for (const auto& l : label) text += (text.empty() ? "" : " ") + l;
   if (text.empty()) text = ctx.table.empty() ? ctx.command : ctx.table;
-  rows.push_back({key, fmt::format("{} [{}]", text, ctx.world), std::move(figs)});
+  rows.push_back({key, fmt::format("{} [{}{}]", text, ctx.world, ctx.settings_label), std::move(figs)});
 }
 
-std::vector<Row> extract_rows(const json& report) {
+// Rows of a report. Settings that differ from the other report's (world size
+// and backend aside, which ctx.world holds) join every row's key and label,
+// so rows measured under different settings never match.
+std::vector<Row> extract_rows(const json& report, const std::vector<SettingChange>& differing, bool is_base) {
   std::vector<Row> rows;
   RowContext ctx;
   ctx.command = str_or(report, "command", "?");
+  for (const auto& d : differing) {
+    if (d.name == "world size" || d.name == "backend") continue;
+    const std::string& v = is_base ? d.base : d.now;
+    ctx.settings_key += fmt::format("|{}={}", d.name, v);
+    ctx.settings_label += fmt::format(" {}={}", d.name, v);
+  }
   const json w = report.is_object() && report.contains("world") ? report["world"] : json();
   if (w.is_object())
     ctx.world = fmt::format("{} {}", format_cell(w.contains("size") ? w["size"] : json()), str_or(w, "backend", "?"));
@@ -267,7 +339,9 @@ Comparison compare_reports(const json& base, const json& now, const CompareOptio
   c.base_label = report_label(base);
   c.new_label = report_label(now);
 
-  const auto base_rows = extract_rows(base), new_rows = extract_rows(now);
+  c.settings_changed = differing_settings(base, now);
+  const auto base_rows = extract_rows(base, c.settings_changed, true),
+             new_rows = extract_rows(now, c.settings_changed, false);
   std::map<std::string, const Row*> new_by_key;
   for (const auto& r : new_rows) new_by_key.emplace(r.key, &r);
   std::map<std::string, const Row*> base_by_key;
@@ -336,6 +410,17 @@ Comparison compare_reports(const json& base, const json& now, const CompareOptio
   return c;
 }
 
+std::string settings_note(const Comparison& c) {
+  std::string list;
+  for (const auto& d : c.settings_changed)
+    list += fmt::format("{}{} {} (base) vs {} (new)", list.empty() ? "" : ", ", d.name, d.base, d.now);
+  return fmt::format("the runs' settings differ: {}. Rows measured under different settings are not "
+                     "compared; they are listed as missing and new ({}). Compare runs made with the same "
+                     "settings, or record a new baseline",
+                     list, c.fail_on_missing ? "--fail-on-missing fails the gate on them"
+                                             : "--fail-on-missing makes them fail the gate");
+}
+
 std::string render_comparison_text(const Comparison& c) {
   std::string out;
   out += fmt::format("base: {}\nnew:  {}\n", c.base_label, c.new_label);
@@ -343,6 +428,8 @@ std::string render_comparison_text(const Comparison& c) {
     out += fmt::format("note: the reports are of different commands ({} vs {}); only rows with the "
                        "same identity are compared\n",
                        c.base_command, c.new_command);
+  if (!c.settings_changed.empty())
+    out += fmt::format("note: {}\n", settings_note(c));
   out += fmt::format(
       "a figure regresses when it is worse by more than {:.1f}% and by more than the measured "
       "spread\n\n",
@@ -381,6 +468,7 @@ std::string render_comparison_markdown(const Comparison& c) {
                      c.regressed() ? "❌ regression" : "✅ no regression");
   out += fmt::format("- base: {}\n- new: {}\n- tolerance: {:.1f}% (and outside the measured spread)\n\n",
                      markdown_cell(c.base_label), markdown_cell(c.new_label), c.max_regression * 100);
+  if (!c.settings_changed.empty()) out += fmt::format("> **Note:** {}\n\n", markdown_cell(settings_note(c)));
   out += "| improved | regressed | unchanged | within noise | missing | new |\n|---:|---:|---:|---:|---:|---:|\n";
   out += fmt::format("| {} | {} | {} | {} | {} | {} |\n\n", c.rows(ChangeKind::kImproved),
                      c.rows(ChangeKind::kRegressed), c.rows(ChangeKind::kUnchanged),

@@ -21,6 +21,11 @@
 // so is a worse verdict (PASS < FAIL < ERROR). Rows only in BASE are
 // "missing" and rows only in NEW are "new"; neither is a regression unless
 // fail_on_missing is set.
+//
+// Settings. Where the runs differ in a setting that changes what a row
+// measures (see SettingChange), rows are matched only under equal settings:
+// every row of each report becomes missing or new, and the renderings say
+// which settings differ.
 #pragma once
 
 #include <optional>
@@ -57,6 +62,15 @@ struct CheckChange {
   bool regressed = false;
 };
 
+// A run setting that changes what rows measure (world size, backend, and per
+// command e.g. link-health's transfer size or memory's model), recorded by
+// both reports with different values. Rows of the two reports then never
+// match: each report's value joins its rows' identity.
+struct SettingChange {
+  std::string name;       // "world size", "backend", or the results field: "bandwidth_bytes"
+  std::string base, now;  // the values as text ("256 KiB", "mlp")
+};
+
 struct Comparison {
   std::string base_command, new_command;
   std::string base_label, new_label;  // command, world and start time, for headers
@@ -66,6 +80,7 @@ struct Comparison {
   std::string base_verdict, new_verdict;
   bool verdict_regressed = false;
   bool fail_on_missing = false;
+  std::vector<SettingChange> settings_changed;
 
   // Rows (not figures) of each kind: a row is regressed if any figure is,
   // else improved if any is, else noise if any is, else unchanged.
@@ -75,6 +90,10 @@ struct Comparison {
 
 Comparison compare_reports(const nlohmann::json& base, const nlohmann::json& now,
                            const CompareOptions& options = {});
+
+// One line naming the settings that differ and what compare did about it;
+// the text and Markdown renderings print it when settings_changed is not empty.
+std::string settings_note(const Comparison& c);
 
 // Plain-text table for a terminal.
 std::string render_comparison_text(const Comparison& c);

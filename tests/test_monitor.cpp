@@ -278,6 +278,19 @@ TEST_CASE("bisect judge: a broken rank, a slow rank, nobody", "[bisect]") {
   v = judge_bisect(fine, hosts);
   CHECK(v.suspect_ranks.empty());
   CHECK_FALSE(v.smallest_failing);
+  CHECK(contains(v.summary, "the failure needs the whole world"));
+  // The same sub-groups after a run whose full world passed: nothing failed,
+  // so the summary must not speak of a failure.
+  auto healthy = outcome(-1, false);
+  v = judge_bisect(healthy, hosts, 3.0, 1000.0, /*world_passed=*/true);
+  CHECK_FALSE(v.smallest_failing);
+  CHECK(contains(v.summary, "the full world passed"));
+  CHECK(contains(v.summary, "nothing to localise"));
+  CHECK_FALSE(contains(v.summary, "failure"));
+  // A sub-group failing after the full world passed is still named.
+  auto hidden = outcome(2, false);
+  v = judge_bisect(hidden, hosts, 3.0, 1000.0, /*world_passed=*/true);
+  CHECK(v.suspect_ranks == std::vector<int>{2});
 
   // Wrong results on rank 2 and, by noise, rank 0 alone timed slow: the
   // wrong results decide, the slow timing does not dilute them.

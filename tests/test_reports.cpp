@@ -355,6 +355,84 @@ TEST_CASE("compare: missing and new rows", "[reports][compare]") {
   CHECK(other.rows(ChangeKind::kNew) == 6);
 }
 
+namespace {
+
+// A link-health report: one pair, measured with bandwidth_bytes per exchange.
+json link_health_report(double bandwidth_bytes, double busbw_gbps, double latency_us) {
+  Report r("link-health", {"ddpdiag", "link-health"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  r.results()["bandwidth_bytes"] = bandwidth_bytes;
+  r.results()["allreduce_bytes"] = 1 << 20;
+  r.results()["pairs"] = json::array({{{"src", 0}, {"dst", 1}, {"busbw_gbps", busbw_gbps},
+                                       {"latency_us", latency_us}}});
+  r.add_check({"links", CheckStatus::kPass, "no slow pair"});
+  return r.finish();
+}
+
+// A memory report: per-rank peak bytes for a model.
+json memory_report(const std::string& model, double peak_bytes) {
+  Report r("memory", {"ddpdiag", "memory"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  r.results()["model"] = model;
+  r.results()["bucket_cap_mb"] = 25.0;
+  r.results()["ranks"] = json::array({{{"rank", 0}, {"peak_bytes", peak_bytes}},
+                                      {{"rank", 1}, {"peak_bytes", peak_bytes}}});
+  return r.finish();
+}
+
+}  // namespace
+
+TEST_CASE("compare: rows measured under different settings never match", "[reports][compare]") {
+  SECTION("link-health pairs at another transfer size") {
+    auto c = compare_reports(link_health_report(256 << 10, 1.5, 41), link_health_report(64 << 10, 20.9, 24));
+    CHECK_FALSE(c.regressed());
+    CHECK(c.rows(ChangeKind::kImproved) == 0);
+    CHECK(c.rows(ChangeKind::kMissing) == 1);
+    CHECK(c.rows(ChangeKind::kNew) == 1);
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "bandwidth_bytes");
+    CHECK(c.settings_changed[0].base == "256 KiB");
+    CHECK(c.settings_changed[0].now == "64 KiB");
+    const auto text = render_comparison_text(c);
+    CHECK(text.find("note: the runs' settings differ: bandwidth_bytes 256 KiB (base) vs 64 KiB (new)") !=
+          std::string::npos);
+    CHECK(text.find("bandwidth_bytes=256 KiB") != std::string::npos);  // in the missing row's label
+    CHECK(render_comparison_markdown(c).find("bandwidth_bytes 256 KiB (base) vs 64 KiB (new)") !=
+          std::string::npos);
+    // Missing rows fail the gate when the user asks for that.
+    CHECK(compare_reports(link_health_report(256 << 10, 1.5, 41), link_health_report(64 << 10, 20.9, 24),
+                          {0.10, true})
+              .regressed());
+  }
+  SECTION("memory of another model") {
+    auto c = compare_reports(memory_report("mlp", 1.6e7), memory_report("gpt2", 9.97e8));
+    CHECK_FALSE(c.regressed());
+    CHECK(c.rows(ChangeKind::kRegressed) == 0);
+    CHECK(c.rows(ChangeKind::kMissing) == 2);
+    CHECK(c.rows(ChangeKind::kNew) == 2);
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "model");
+    CHECK(settings_note(c).find("model mlp (base) vs gpt2 (new)") != std::string::npos);
+  }
+  SECTION("world size is named as a differing setting too") {
+    auto c = compare_reports(allreduce_report(baseline_points()),
+                             allreduce_report(baseline_points(), CheckStatus::kPass, 4));
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "world size");
+    CHECK(c.rows(ChangeKind::kMissing) == 6);
+  }
+  SECTION("the same settings compare exactly as before") {
+    auto c = compare_reports(memory_report("mlp", 1.6e7), memory_report("mlp", 3.2e7));
+    CHECK(c.settings_changed.empty());
+    CHECK(c.regressed());
+    CHECK(c.rows(ChangeKind::kRegressed) == 2);
+    CHECK(render_comparison_text(c).find("settings differ") == std::string::npos);
+    auto l = compare_reports(link_health_report(256 << 10, 1.5, 41), link_health_report(256 << 10, 1.5, 41));
+    CHECK(l.settings_changed.empty());
+    CHECK(l.rows(ChangeKind::kUnchanged) == 1);
+  }
+}
+
 TEST_CASE("compare: a check going from pass to fail is always a regression", "[reports][compare]") {
   auto base = allreduce_report(baseline_points());
   auto now = allreduce_report(baseline_points(), CheckStatus::kFail);

@@ -2,6 +2,7 @@
 environment (torchrun agent store, rank-0 store, Slurm, Open MPI, flags), and
 its failure modes: port taken, nothing listening, world size mismatch,
 missing rank, duplicate rank, a killed rank."""
+import json
 import os
 import signal
 import socket
@@ -456,6 +457,43 @@ class BadInput(unittest.TestCase):
             for f in (a, b):
                 if os.path.exists(f):
                     os.unlink(f)
+
+    def test_report_compare_refuses_a_schema_invalid_report(self):
+        # An unknown verdict and no world: report validate calls it invalid,
+        # so the gate must not pass on it (exit 2, the file and the errors named).
+        a, b = tmp_json(), tmp_json()
+        try:
+            self.assertEqual(run(["buckets", "--model", "mlp", "--json", a]).returncode, 0)
+            p = run(["report", "compare", a, a])
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            with open(a) as f:
+                doc = json.load(f)
+            doc["verdict"] = "MAYBE"
+            del doc["world"]
+            with open(b, "w") as f:
+                json.dump(doc, f)
+            self.assertEqual(run(["report", "validate", b]).returncode, 1)
+            for args in ([a, b], [b, a]):
+                with self.subTest(args=args):
+                    p = run(["report", "compare"] + args)
+                    self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                    self.assertIn(f"{b} is not a valid ddpdiag.report/1 report", p.stderr)
+                    self.assertIn("/verdict", p.stderr)
+                    self.assertIn("report validate", p.stderr)
+                    self.assertNotIn("no regression", p.stdout)
+        finally:
+            for f in (a, b):
+                if os.path.exists(f):
+                    os.unlink(f)
+
+    def test_help_names_the_per_rank_report_file(self):
+        # --json out.json: another rank's own report is out.rank1.json, and
+        # the help says so rather than FILE.rank<R>.json (out.json.rank1.json).
+        p = run(["allreduce-test", "--help"])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        text = " ".join(p.stdout.split())
+        self.assertIn("out.rank1.json", text)
+        self.assertNotIn("FILE.rank<R>.json", text)
 
     def test_unwritable_report_path_is_exit_2(self):
         # A single-process command: the path is the user's mistake, not an

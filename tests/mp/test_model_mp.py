@@ -236,16 +236,50 @@ class ModelVsMeasured(unittest.TestCase):
         self.assertEqual(rep["verdict"], "ERROR")
         self.assertEqual(rep["error"]["kind"], "usage")
         os.unlink(path)
-        # Four points, all of one size at one world size.
-        p = run(["model", one, one, one, one, "--world-size", "8"])
+        # Four points, all of one size at one world size: four reports (as of
+        # four runs; the same one given four times is refused below).
+        with open(one) as f:
+            doc = json.load(f)
+        copies = []
+        for i in range(3):
+            copies.append(tmp_json())
+            doc["duration_s"] = doc["duration_s"] + 1
+            with open(copies[-1], "w") as f:
+                json.dump(doc, f)
+        p = run(["model", one] + copies + ["--world-size", "8"])
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertIn("cannot separate latency from bandwidth", p.stderr)
-        os.unlink(one)
+        # The same report twice must not count twice, by path or by content:
+        # one.json + one3.json + one.json would otherwise pass "fewer than 3".
+        same_content = tmp_json()
+        with open(one) as src, open(same_content, "w") as dst:
+            dst.write(src.read())
+        for args, message in (
+                ([one, copies[0], one], f"{one} is given twice (also as {one})"),
+                ([one, copies[0], os.path.join(os.path.dirname(one), ".", os.path.basename(one))],
+                 "is given twice"),
+                ([one, copies[0], same_content], f"{same_content} has the same content as {one}"),
+        ):
+            with self.subTest(args=args):
+                p = run(["model"] + args + ["--world-size", "8"])
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertIn("its points would count twice", p.stderr)
+        for f in [one, same_content] + copies:
+            os.unlink(f)
         for args, message in (
                 ([self.sweeps[2], "--world-size", "10", "--ranks-per-host", "4"],
                  "--ranks-per-host 4 does not divide the world size 10"),
                 ([self.sweeps[2], "--world-size", "5000"], "is not in 2..4096"),
+                ([self.sweeps[2], "--world-size", "0"], "--world-size 0 is not in 2..4096"),
+                ([self.sweeps[2], "--world-size", "-8"], "--world-size -8 is not in 2..4096"),
                 ([self.sweeps[2]], "nothing to predict"),
+                ([self.sweeps[2], "--world-size", "8", "-b", "1M", "-e", "1K"],
+                 "--maxbytes 1K is below --minbytes 1M (swap them)"),
+                ([self.sweeps[2], "--world-size", "8", "-b", "0"],
+                 "--minbytes 0 is below one float element (4 bytes)"),
+                ([self.sweeps[2], "--world-size", "8", "-b", "0", "-e", "2"],
+                 "--minbytes 0 is below one float element (4 bytes)"),
                 (["/nonexistent/report.json", "--world-size", "8"], "/nonexistent/report.json"),
         ):
             with self.subTest(args=args):

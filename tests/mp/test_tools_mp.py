@@ -100,6 +100,27 @@ class DpVsRing(unittest.TestCase):
                         self.assertEqual(r["bytes_sent"], r["theory_bytes_sent"])
                     self.assertTrue(row["traffic_matches_theory"])
 
+    def test_readme_states_the_bytes_moved_the_tool_reports(self):
+        # README's dp-vs-ring section states "moved" as sent + received, with
+        # a worked example at n = 3, S = 768 KiB: the tool must report exactly it.
+        readme = os.path.join(os.path.dirname(__file__), "..", "..", "README.md")
+        with open(readme, encoding="utf-8") as f:
+            text = f.read()
+        section = text[text.index("### `dp-vs-ring`"):text.index("### `memory`")]
+        self.assertIn("| ring, every rank | 2(n−1)/n·S | 2(n−1)/n·S | 2·2(n−1)/n·S |", section)
+        self.assertIn("| gather root (rank 0) | (n−1)·S | (n−1)·S | 2(n−1)·S |", section)
+        self.assertIn("gather root moves 3,145,728", section)
+        self.assertIn("ring rank 2,097,152", section)
+        p, rep = tool(self, ["dp-vs-ring", "-b", "768K", "-e", "768K", "-n", "1", "-w", "0",
+                             "--algorithms", "ring,gather"], 3)
+        self.assertEqual(rep["verdict"], "PASS", rep["checks"])
+        moved = {row["algorithm"]: row for row in rep["results"]["sizes"]}
+        self.assertEqual(moved["gather"]["bytes"], 786432)
+        self.assertEqual(moved["gather"]["rank0_bytes_moved"], 3145728)
+        self.assertEqual(moved["gather"]["max_other_bytes_moved"], 2 * 786432)
+        self.assertEqual(moved["ring"]["rank0_bytes_moved"], 2097152)
+        self.assertEqual(moved["ring"]["max_other_bytes_moved"], 2097152)
+
     def test_sizes_not_divisible_and_smaller_worlds(self):
         # 13 floats over 3 ranks: per rank exact by the chunking rule, the sum 2(n-1)S.
         p, rep = tool(self, ["dp-vs-ring", "-b", "52", "-e", "52", "-n", "1", "-w", "0",
