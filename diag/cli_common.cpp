@@ -1,6 +1,8 @@
 #include "reports/render.h"
 #include "diag/cli_common.h"
 
+#include <fcntl.h>
+#include <csignal>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,13 +72,16 @@ void disarm_report() {
 
 int current_rank() { return g_rank.load(std::memory_order_relaxed); }
 
-std::string write_report_on_terminate(const std::string& message, const std::string& hint) {
+namespace {
+
+// Writes the armed report with `error` (rank 0: the job's; another rank its
+// own beside it). Returns the path written, or "".
+std::string write_armed_report(reports::ErrorInfo error) {
   std::unique_lock<std::mutex> lock(g_armed_mutex, std::try_to_lock);
   if (!lock.owns_lock() || !g_armed) return {};
   const int rank = current_rank();
-  reports::ErrorInfo e{"backend", message, "library thread", rank, -1, hint,
-                       static_cast<int>(ExitCode::kPeerFailed)};
-  g_armed->report.set_error(e);
+  error.rank = rank;
+  g_armed->report.set_error(error);
   // Rank 0 writes the job's report; another rank its own beside it, since
   // rank 0 will write the job's from what it saw of this failure.
   const bool own = rank > 0;
@@ -91,6 +96,50 @@ std::string write_report_on_terminate(const std::string& message, const std::str
   }
   g_armed.reset();
   return json_path.empty() ? md_path : json_path;
+}
+
+int g_signal_pipe[2] = {-1, -1};
+
+void on_interrupt(int sig) {
+  const char c = static_cast<char>(sig);
+  (void)!::write(g_signal_pipe[1], &c, 1);
+}
+
+}  // namespace
+
+std::string write_report_on_terminate(const std::string& message, const std::string& hint) {
+  return write_armed_report({"backend", message, "library thread", -1, -1, hint,
+                             static_cast<int>(ExitCode::kPeerFailed)});
+}
+
+void write_report_on_interrupt() {
+  if (g_signal_pipe[0] >= 0 || ::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return;
+  std::thread([] {
+    char c = 0;
+    while (::read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
+    }
+    const int sig = static_cast<unsigned char>(c);
+    const char* abbrev = sigabbrev_np(sig);
+    const std::string name = abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
+    const int rank = current_rank();
+    const std::string written = write_armed_report(
+        {"interrupted", fmt::format("interrupted by {} before the command finished", name),
+         "signal", -1, -1,
+         "the run was stopped from outside (Ctrl-C, the launcher, the scheduler's time limit); "
+         "this report has what was known when it stopped",
+         128 + sig});
+    std::fprintf(stderr, "ddpdiag: %s: interrupted by %s%s\n",
+                 rank >= 0 ? fmt::format("rank {}", rank).c_str() : "ddpdiag", name.c_str(),
+                 written.empty() ? "" : fmt::format("; report: {}", written).c_str());
+    std::fflush(stderr);
+    std::_Exit(128 + sig);
+  }).detach();
+  struct sigaction sa {};
+  sa.sa_handler = on_interrupt;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
 }
 
 void print_error(const Error& e) {
@@ -893,6 +942,7 @@ void record_warnings(const Job& job, reports::Report& report) {
 
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body) {
   if (auto rc = launch_if_asked(o)) return *rc;
+  write_report_on_interrupt();
   auto env = process_env();
   reports::Report report(command, recorded_command_line());
   report.set_environment(recorded_environment());

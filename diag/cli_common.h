@@ -40,6 +40,10 @@ int current_rank();
 // out.rank<R>.json, see rank_report_path).
 // Returns the path written, or "" (none asked for, or no command running).
 std::string write_report_on_terminate(const std::string& message, const std::string& hint);
+// A rank's SIGINT or SIGTERM (Ctrl-C, the launcher, the scheduler) writes the
+// same report with an "interrupted" error, then exits 128 + the signal, as
+// it would have. Installed once per rank process.
+void write_report_on_interrupt();
 
 // The path of a rank's own report beside the job's: .rank<R> before the
 // extension ext when the path ends in it (out.json -> out.rank1.json), else

@@ -107,8 +107,11 @@ class LauncherSweeps(unittest.TestCase):
         # 128 + the signal as shells and torchrun do.
         for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
             with self.subTest(signal=name):
+                path = tmp_json()
+                own = path[:-len(".json")] + ".rank1.json"
                 p = subprocess.Popen([BIN, "allreduce-test", "--nproc", "2", "--timeout", "20",
-                                      "-b", "64K", "-e", "64K", "-n", "10000000", "-w", "1"],
+                                      "-b", "64K", "-e", "64K", "-n", "10000000", "-w", "1",
+                                      "--json", path],
                                      env=clean_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
                 ranks_seen = 0
@@ -132,6 +135,17 @@ class LauncherSweeps(unittest.TestCase):
                 self.assertIn("ddpdiag launcher: interrupted by signal %d (%s)" % (int(sig), name),
                               err)
                 self.assertNotIn("failed first", err)
+                # Each rank still writes its report: the job's from rank 0,
+                # rank 1's own beside it, saying what stopped them.
+                for f, rank in ((path, 0), (own, 1)):
+                    self.assertTrue(os.path.exists(f), "%s: %s" % (f, err))
+                    rep = load(f)
+                    os.unlink(f)
+                    self.assertEqual(rep["verdict"], "ERROR")
+                    self.assertEqual(rep["error"]["kind"], "interrupted")
+                    self.assertEqual(rep["error"]["exit_code"], 128 + int(sig))
+                    self.assertEqual(rep["error"]["rank"], rank)
+                    self.assertIn(name, rep["error"]["message"])
 
     def test_report_argv_is_the_command_typed(self):
         # The ranks record the launcher's command line, --nproc included, so
