@@ -145,11 +145,16 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
     double t = 0;
     for (const auto& g : gathered) t = std::max(t, g.get<double>());  // slowest rank
     const double algbw = t > 0 ? static_cast<double>(st.bytes) / (t * 1e3) : 0;
+    // What each broadcast carried: torch's grouping (param_broadcast.h).
+    nlohmann::json chunk_list = nlohmann::json::array();
+    for (const auto& c : broadcast_chunks(lp.tensors, bo.chunk_bytes))
+      chunk_list.push_back({{"dtype", torch_dtype_name(c.dtype)}, {"bytes", c.bytes}, {"tensors", c.tensors}});
     nlohmann::json mism = nlohmann::json::array();
     for (const auto& m : verdict.mismatches)
       mism.push_back({{"rank", m.rank}, {"tensor", m.tensor}, {"name", m.name}});
     res["rows"].push_back({{"chunk_bytes", bo.chunk_bytes},
                            {"chunks", st.chunks},
+                           {"chunk_list", chunk_list},
                            {"bytes", st.bytes},
                            {"time_us", t},
                            {"algbw_gbps", algbw},
