@@ -214,6 +214,7 @@ Outcome rendezvous_once(const Options& o, int repeat) {
       co.host = o.host;
       co.port = o.port;
       co.protocol = o.protocol;
+      co.protocol_flag = "--protocol";
       co.connect_timeout = timeout;
       co.io_timeout = timeout;
       co.rank = i;

@@ -20,10 +20,22 @@ std::vector<std::size_t> sweep_sizes(std::size_t min_bytes, std::size_t max_byte
   for (std::size_t b = min_bytes; b <= max_bytes;) {
     std::size_t r = round(b);
     if (out.empty() || out.back() != r) out.push_back(r);
-    std::size_t next = step_bytes ? b + step_bytes
-                                  : static_cast<std::size_t>(std::ceil(static_cast<double>(b) * factor));
-    if (next <= b) next = b + 1;
-    b = next;
+    // The next size, unless it would pass max_bytes (checked before it is
+    // computed: near 2^64 it would wrap around and the sweep never end).
+    if (step_bytes) {
+      if (step_bytes > max_bytes - b) break;
+      b += step_bytes;
+      continue;
+    }
+    const double next = std::ceil(static_cast<double>(b) * factor);
+    if (next > static_cast<double>(max_bytes) || next >= 18446744073709551616.0) break;
+    const auto n = static_cast<std::size_t>(next);
+    if (n <= b) {
+      if (b == max_bytes) break;
+      b = b + 1;
+    } else {
+      b = n;
+    }
   }
   return out;
 }

@@ -21,9 +21,10 @@ constexpr const char* kFormatHint =
     "for n, p in model.named_parameters()], f) or an object {\"name\": ..., \"tensors\": "
     "[{\"name\", \"shape\", \"dtype\", \"sparse\"}]}";
 
-[[noreturn]] void fail(const std::string& source, const std::string& what) {
+[[noreturn]] void fail(const std::string& source, const std::string& what,
+                       const std::string& hint = kFormatHint) {
   throw UsageError(fmt::format("model layout {}: {}", source, what),
-                   ErrorContext{"model.load", -1, -1, kFormatHint});
+                   ErrorContext{"model.load", -1, -1, hint});
 }
 
 struct DTypeSpelling {
@@ -83,6 +84,40 @@ DType parse_dtype_field(const json& j, const std::string& source, const std::str
   return *t;
 }
 
+// Element and byte counts must fit torch's int64 (numel(), nbytes()), and
+// the whole layout's bytes too: a shape whose product wraps around would
+// otherwise pass as a tiny (or empty) tensor.
+constexpr std::int64_t kMaxCount = std::numeric_limits<std::int64_t>::max();
+constexpr const char* kSizeHint =
+    "check the shapes: torch cannot make a tensor (or model) this large, so the file was not "
+    "written from a real model, or a dimension was mistyped";
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < shape.size(); ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
+  return s + "]";
+}
+
+void check_size(const TensorSpec& t, const std::string& source, const std::string& where) {
+  std::int64_t n = 1;
+  bool zero = false;
+  for (auto d : t.shape) zero = zero || d == 0;
+  if (zero) return;  // an empty tensor, whatever its other dimensions
+  for (auto d : t.shape)
+    if (__builtin_mul_overflow(n, d, &n))
+      fail(source, fmt::format("{}: field 'shape' {} has more elements than torch allows ({}, "
+                               "2^63 - 1)",
+                               where, shape_text(t.shape), kMaxCount),
+           kSizeHint);
+  std::int64_t bytes = 0;
+  if (__builtin_mul_overflow(n, static_cast<std::int64_t>(dtype_size(t.dtype)), &bytes))
+    fail(source, fmt::format("{}: fields 'shape' {} and 'dtype' {} make {} elements of {} bytes, "
+                             "more bytes than torch allows (at most {}, 2^63 - 1)",
+                             where, shape_text(t.shape), torch_dtype_name(t.dtype), n,
+                             dtype_size(t.dtype), kMaxCount),
+         kSizeHint);
+}
+
 TensorSpec parse_triple(const json& e, std::size_t i, const std::string& source) {
   const std::string where0 = entry_label(i, "");
   if (e.size() < 2 || e.size() > 3)
@@ -97,6 +132,7 @@ TensorSpec parse_triple(const json& e, std::size_t i, const std::string& source)
   const std::string where = entry_label(i, t.name);
   t.shape = parse_shape(e[1], source, where);
   if (e.size() == 3) t.dtype = parse_dtype_field(e[2], source, where);
+  check_size(t, source, where);
   return t;
 }
 
@@ -118,6 +154,7 @@ TensorSpec parse_object_entry(const json& e, std::size_t i, const std::string& s
            fmt::format("{}: field 'sparse' must be true or false, got {}", where, it->dump()));
     t.expects_sparse = it->get<bool>();
   }
+  check_size(t, source, where);
   for (const auto& [key, value] : e.items()) {
     (void)value;
     if (key != "name" && key != "shape" && key != "dtype" && key != "sparse")
@@ -227,6 +264,13 @@ ModelLayout parse_model_layout_json(std::string_view text, const std::string& so
     }
   }
   if (layout.tensors.empty()) fail(source, "the layout holds no tensors");
+  std::int64_t total = 0;
+  for (std::size_t i = 0; i < layout.tensors.size(); ++i)
+    if (__builtin_add_overflow(total, static_cast<std::int64_t>(layout.tensors[i].bytes()), &total))
+      fail(source, fmt::format("the tensors up to {} add up to more bytes than fit in 64 bits "
+                               "(at most {} bytes, 2^63 - 1)",
+                               entry_label(i, layout.tensors[i].name), kMaxCount),
+           kSizeHint);
   if (layout.name.empty()) layout.name = source;
   return layout;
 }

@@ -7,6 +7,8 @@
 
 #include <fmt/core.h>
 
+#include "ddp_core/bucket_assignment.h"
+
 namespace ddpdiag::ddp_core {
 
 namespace {
@@ -19,30 +21,6 @@ Millis left_until(Clock::time_point deadline) {
 
 Millis effective(Communicator& comm, Millis t) {
   return t.count() > 0 ? t : comm.default_timeout();
-}
-
-struct Chunk {
-  std::size_t first = 0, last = 0;  // tensor range [first, last)
-  std::uint64_t bytes = 0;
-  bool contiguous = true;
-};
-
-std::vector<Chunk> make_chunks(std::span<const ParamTensor> tensors, std::uint64_t cap) {
-  std::vector<Chunk> chunks;
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const auto& t = tensors[i];
-    // A tensor over the cap makes a chunk of its own: tensors are never split.
-    if (chunks.empty() || (chunks.back().bytes > 0 && chunks.back().bytes + t.bytes > cap))
-      chunks.push_back({i, i, 0, true});
-    auto& c = chunks.back();
-    if (c.last > c.first) {
-      const auto& prev = tensors[c.last - 1];
-      if (static_cast<const std::uint8_t*>(prev.data) + prev.bytes != t.data) c.contiguous = false;
-    }
-    c.last = i + 1;
-    c.bytes += t.bytes;
-  }
-  return chunks;
 }
 
 constexpr std::uint64_t kP1 = 0x9E3779B185EBCA87ull;
@@ -63,12 +41,40 @@ inline std::uint64_t read64(const std::uint8_t* p) {
 
 }  // namespace
 
+std::vector<BroadcastChunk> broadcast_chunks(std::span<const ParamTensor> tensors,
+                                             std::uint64_t chunk_bytes) {
+  if (chunk_bytes == 0)
+    throw UsageError("the broadcast chunk size must be at least 1 byte",
+                     {"broadcast", -1, -1, "pass --chunk-mb 0.000001 or more"});
+  std::vector<BucketTensor> bt;
+  bt.reserve(tensors.size());
+  for (const auto& t : tensors) bt.push_back({t.bytes, t.dtype, 0, false});
+  const std::uint64_t limits[] = {chunk_bytes};
+  std::vector<BroadcastChunk> chunks;
+  if (tensors.empty()) return chunks;
+  for (auto& indices : compute_bucket_assignment_by_size(bt, limits).buckets) {
+    BroadcastChunk c;
+    c.dtype = tensors[indices.front()].dtype;
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      const auto& t = tensors[indices[k]];
+      c.bytes += t.bytes;
+      if (k > 0) {
+        const auto& prev = tensors[indices[k - 1]];
+        if (static_cast<const std::uint8_t*>(prev.data) + prev.bytes != t.data) c.contiguous = false;
+      }
+    }
+    c.tensors = std::move(indices);
+    chunks.push_back(std::move(c));
+  }
+  return chunks;
+}
+
 LayoutParams allocate_layout_params(Communicator& comm, const ModelLayout& layout) {
   LayoutParams lp;
   lp.flat = CommBuffer(comm, layout.total_bytes());
   std::uint64_t off = 0;
   for (const auto& t : layout.tensors) {
-    lp.tensors.push_back({t.name, static_cast<std::uint8_t*>(lp.flat.get()) + off, t.bytes()});
+    lp.tensors.push_back({t.name, static_cast<std::uint8_t*>(lp.flat.get()) + off, t.bytes(), t.dtype});
     off += t.bytes();
   }
   return lp;
@@ -77,8 +83,8 @@ LayoutParams allocate_layout_params(Communicator& comm, const ModelLayout& layou
 BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTensor> tensors,
                                     const BroadcastOptions& o) {
   if (o.chunk_bytes == 0)
-    throw UsageError("the broadcast chunk size must be positive",
-                     {"broadcast", comm.rank(), -1, "pass --chunk-mb > 0"});
+    throw UsageError("the broadcast chunk size must be at least 1 byte",
+                     {"broadcast", comm.rank(), -1, "pass --chunk-mb 0.000001 or more"});
   if (o.root < 0 || o.root >= comm.size())
     throw UsageError(fmt::format("broadcast root {} is outside the world of {}", o.root, comm.size()),
                      {"broadcast", comm.rank(), -1, "use root 0"});
@@ -86,7 +92,7 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
   const auto deadline = start + effective(comm, o.timeout);
   const bool device = comm.memory_kind() == MemoryKind::kDevice;
   const bool root = comm.rank() == o.root;
-  const auto chunks = make_chunks(tensors, o.chunk_bytes);
+  const auto chunks = broadcast_chunks(tensors, o.chunk_bytes);
 
   BroadcastStats st;
   // One staging buffer per in-flight slot, grown on demand; chunk i uses
@@ -112,11 +118,11 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
     InFlight f = std::move(in_flight.front());
     in_flight.pop_front();
     f.work->wait(left_until(deadline));
-    const Chunk& c = chunks[f.chunk];
+    const BroadcastChunk& c = chunks[f.chunk];
     if (!c.contiguous && !root) {
       auto* base = static_cast<std::uint8_t*>(staging[f.chunk % kBroadcastChunksInFlight].get());
       std::uint64_t off = 0;
-      for (std::size_t i = c.first; i < c.last; ++i) {
+      for (std::size_t i : c.tensors) {
         copy(tensors[i].data, base + off, tensors[i].bytes);
         off += tensors[i].bytes;
       }
@@ -125,16 +131,16 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
 
   try {
     for (std::size_t k = 0; k < chunks.size(); ++k) {
-      const Chunk& c = chunks[k];
+      const BroadcastChunk& c = chunks[k];
       if (in_flight.size() == kBroadcastChunksInFlight) complete_oldest();
-      void* buf = tensors[c.first].data;
+      void* buf = tensors[c.tensors.front()].data;
       if (!c.contiguous) {
         auto& s = staging[k % kBroadcastChunksInFlight];
         if (s.bytes() < c.bytes) s = CommBuffer(comm, c.bytes);
         buf = s.get();
         if (root) {
           std::uint64_t off = 0;
-          for (std::size_t i = c.first; i < c.last; ++i) {
+          for (std::size_t i : c.tensors) {
             copy(static_cast<std::uint8_t*>(buf) + off, tensors[i].data, tensors[i].bytes);
             off += tensors[i].bytes;
           }

@@ -3,6 +3,18 @@
 // in flight, as torch's _broadcast_coalesced), then every rank checksums what
 // it holds and the checksums are all-gathered, which proves that all ranks
 // hold identical parameters, or names the ranks and tensors that differ.
+//
+// The chunks are torch's: DDP's _sync_module_states calls
+// dist._broadcast_coalesced(pg, tensors, broadcast_bucket_size, src), whose
+// C++ (c10d broadcast_coalesced in torch/csrc/distributed/c10d/comm.cpp)
+// groups the tensors with compute_bucket_assignment_by_size(tensors,
+// {buffer_size}) -- the reducer's bucket assignment with one limit, not
+// tensor_flatten's take_tensors -- and broadcasts each group flattened.
+// Observed in torch 1.13 and 2.x with a tracing process group
+// (tests/compat/test_ddp_core_torch.py checks it): a tensor joins the open
+// chunk of its dtype; the chunk closes once its bytes reach the cap (>=), so
+// the tensor that crosses the cap is still in it; chunks of different dtypes
+// fill side by side and go out ordered by their first tensor.
 #pragma once
 
 #include <cstddef>
@@ -26,7 +38,23 @@ struct ParamTensor {
   std::string name;
   void* data = nullptr;
   std::uint64_t bytes = 0;
+  DType dtype = DType::kFloat32;  // chunks hold one dtype each, as torch's
 };
+
+// One broadcast: tensors (indices into the list, ascending) of one dtype.
+struct BroadcastChunk {
+  std::vector<std::size_t> tensors;
+  std::uint64_t bytes = 0;
+  DType dtype = DType::kFloat32;
+  bool contiguous = true;  // back to back in memory, in order: broadcast in place
+};
+
+// torch's chunks for a cap (see the file comment): every tensor in exactly
+// one chunk, chunks ordered by their first tensor. Zero-byte tensors count
+// as torch's do (they join their dtype's open chunk). Throws UsageError for
+// a cap of 0.
+std::vector<BroadcastChunk> broadcast_chunks(std::span<const ParamTensor> tensors,
+                                             std::uint64_t chunk_bytes);
 
 // All tensors of a layout in one allocation through comm, back to back in
 // layout order (so chunks are contiguous and need no staging copy).
@@ -49,9 +77,9 @@ struct BroadcastStats {
   double time_us = 0;
 };
 
-// Groups the tensors, in order, into chunks of at most chunk_bytes (a tensor
-// larger than a chunk is a chunk of its own; tensors are never split), and
-// broadcasts each from root. A chunk whose tensors lie back to back in memory
+// Groups the tensors into broadcast_chunks() (tensors are never split; a
+// chunk closes once it reaches chunk_bytes, so it may exceed it by its last
+// tensor), and broadcasts each from root. A chunk whose tensors lie back to back in memory
 // is broadcast in place; other chunks are flattened into a staging buffer and
 // unflattened after (on device memory through the host: the Communicator has
 // no device-to-device copy). At most two broadcasts are outstanding.

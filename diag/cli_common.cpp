@@ -259,63 +259,124 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
 }
 
 std::size_t parse_size(const std::string& s) {
-  if (s.empty()) throw UsageError("empty size", {"flags", -1, -1, "sizes look like 8, 1K, 64M"});
-  std::size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (const std::exception&) {
-    throw UsageError(fmt::format("'{}' is not a size", s),
-                     {"flags", -1, -1, "sizes look like 8, 1K, 64M or 1G (binary: K = 1024)"});
-  }
-  std::string suffix = s.substr(pos);
-  double mult = 1;
-  if (suffix == "K" || suffix == "k" || suffix == "KB" || suffix == "KiB") mult = 1024.0;
-  else if (suffix == "M" || suffix == "m" || suffix == "MB" || suffix == "MiB") mult = 1024.0 * 1024;
+  const std::string looks = "sizes look like 8, 1K, 64M or 1G (binary: K = 1024)";
+  if (s.empty()) throw UsageError("empty size", {"flags", -1, -1, looks});
+  // long double holds every 64-bit integer exactly (x86's 64-bit mantissa,
+  // or a wider one), so "18446744073709551615" is not rounded up to 2^64.
+  char* end = nullptr;
+  errno = 0;
+  const long double v = std::strtold(s.c_str(), &end);
+  if (end == s.c_str() || std::isspace(static_cast<unsigned char>(s[0])))
+    throw UsageError(fmt::format("'{}' is not a size", s), {"flags", -1, -1, looks});
+  const std::string suffix(end);
+  long double mult = 1;
+  if (suffix == "K" || suffix == "k" || suffix == "KB" || suffix == "KiB") mult = 1024.0L;
+  else if (suffix == "M" || suffix == "m" || suffix == "MB" || suffix == "MiB") mult = 1024.0L * 1024;
   else if (suffix == "G" || suffix == "g" || suffix == "GB" || suffix == "GiB")
-    mult = 1024.0 * 1024 * 1024;
+    mult = 1024.0L * 1024 * 1024;
   else if (!suffix.empty() && suffix != "B" && suffix != "b")
     throw UsageError(fmt::format("'{}' has an unknown unit '{}'", s, suffix),
                      {"flags", -1, -1, "use K, M or G (binary: K = 1024)"});
-  if (v < 0 || !std::isfinite(v))
-    throw UsageError(fmt::format("'{}' is not a valid size", s), {"flags", -1, -1, ""});
-  return static_cast<std::size_t>(v * mult);
+  if (v < 0 || std::isnan(v)) throw UsageError(fmt::format("'{}' is not a valid size", s), {"flags", -1, -1, looks});
+  // Anything from 2^64 bytes on (also "inf" and strtold's overflow) would
+  // wrap around in a 64-bit size.
+  const long double bytes = v * mult;
+  if (!(bytes < 18446744073709551616.0L)) throw UsageError(size_too_large(s), {"flags", -1, -1, ""});
+  return static_cast<std::size_t>(bytes);
+}
+
+std::string size_too_large(const std::string& s) {
+  return fmt::format("'{}' is too large (at most {} bytes, 16 EiB - 1)", s, kMaxSizeBytes);
+}
+
+std::optional<std::string> size_order_problem(const std::string& min_flag, const std::string& min_value,
+                                              const std::string& max_value) {
+  std::size_t lo = 0, hi = 0;
+  try {
+    lo = parse_size(min_value);
+    hi = parse_size(max_value);
+  } catch (const UsageError&) {
+    return std::nullopt;  // the flag's own check names it
+  }
+  if (hi >= lo) return std::nullopt;
+  return fmt::format("{} is below {} {} (swap them)", max_value, min_flag, min_value);
+}
+
+std::vector<std::string> split_list(const std::string& s, const std::string& flag,
+                                    const std::string& example, int rank) {
+  std::vector<std::string> out;
+  if (s.empty()) return out;
+  std::size_t start = 0;
+  for (;;) {
+    const auto comma = s.find(',', start);
+    out.push_back(s.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (const auto& item : out)
+    if (item.empty())
+      throw UsageError(fmt::format("{}: '{}' has an empty entry", flag, s),
+                       {"flags", rank, -1,
+                        fmt::format("separate the values with single commas and no comma at either "
+                                    "end, e.g. {} {}",
+                                    flag, example)});
+  return out;
 }
 
 namespace {
-// What is wrong with a --caps value, if anything: empty, or the first item
-// that is not a positive number of MiB. Fills `out` (sorted, no repeats).
+// What is wrong with a --caps value, if anything: empty, an empty entry
+// ("1,,5"), or the first item that is not a positive number of MiB. Fills
+// `out` (sorted, no repeats).
 struct CapsProblem {
-  bool empty = false;
+  enum Kind { kEmpty, kEmptyEntry, kBadItem } kind = kBadItem;
   std::string item;
 };
 std::optional<CapsProblem> read_caps(const std::string& s, std::vector<double>& out) {
   out.clear();
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (item.empty()) continue;
+  std::vector<std::string> items;
+  try {
+    items = split_list(s, "--caps", "1,5,25");
+  } catch (const UsageError&) {
+    return CapsProblem{CapsProblem::kEmptyEntry, s};
+  }
+  for (const auto& item : items) {
     double v = -1;
     try {
-      v = std::stod(item);
+      std::size_t used = 0;
+      v = std::stod(item, &used);
+      if (used != item.size()) v = -1;
     } catch (const std::exception&) {
     }
-    if (!(v > 0) || v > 1e6) return CapsProblem{false, item};
+    if (!(v > 0) || v > 1e6) return CapsProblem{CapsProblem::kBadItem, item};
     out.push_back(v);
   }
-  if (out.empty()) return CapsProblem{true, ""};
+  if (out.empty()) return CapsProblem{CapsProblem::kEmpty, ""};
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return std::nullopt;
+}
+
+// The message without the flag's name (CLI11 puts it in front) and the hint.
+std::pair<std::string, std::string> caps_message(const CapsProblem& p) {
+  switch (p.kind) {
+    case CapsProblem::kEmpty: return {"is empty", "e.g. --caps 1,5,25"};
+    case CapsProblem::kEmptyEntry:
+      return {fmt::format("'{}' has an empty entry", p.item),
+              "separate the values with single commas and no comma at either end, e.g. --caps "
+              "1,5,25"};
+    case CapsProblem::kBadItem: break;
+  }
+  return {fmt::format("'{}' is not a positive number of MiB (at most 1e6)", p.item),
+          "e.g. --caps 1,5,10,25,50,100"};
 }
 }  // namespace
 
 std::vector<double> parse_caps(const std::string& s, int rank) {
   std::vector<double> out;
   if (const auto p = read_caps(s, out)) {
-    if (p->empty) throw UsageError("--caps is empty", {"flags", rank, -1, "e.g. --caps 1,5,25"});
-    throw UsageError(fmt::format("--caps: '{}' is not a positive number of MiB", p->item),
-                     {"flags", rank, -1, "e.g. --caps 1,5,10,25,50,100"});
+    const auto [message, hint] = caps_message(*p);
+    throw UsageError("--caps" + std::string(p->kind == CapsProblem::kEmpty ? " " : ": ") + message,
+                     {"flags", rank, -1, hint});
   }
   return out;
 }
@@ -327,9 +388,8 @@ CLI::Validator caps_value() {
         const auto p = read_caps(s, caps);
         if (!p) return "";
         // CLI11 names the flag itself.
-        return (p->empty ? std::string("--caps is empty")
-                         : "'" + p->item + "' is not a positive number of MiB") +
-               " (e.g. --caps 1,5,10,25,50,100)";
+        const auto [message, hint] = caps_message(*p);
+        return message + " (" + hint + ")";
       },
       "CAPS", "CAPS");
 }
@@ -341,10 +401,21 @@ CLI::Validator size_value() {
           parse_size(s);
           return "";
         } catch (const UsageError& e) {
-          return std::string(e.what()) + " (sizes look like 8, 1K, 64M or 1G; K = 1024)";
+          const auto& hint = e.context().hint;
+          return std::string(e.what()) + (hint.empty() ? "" : " (" + hint + ")");
         }
       },
       "SIZE", "SIZE");
+}
+
+CLI::Validator positive_size_value(const std::string& hint) {
+  const auto sized = size_value();
+  return CLI::Validator(
+      [sized, hint](std::string& s) -> std::string {
+        if (auto problem = sized(s); !problem.empty()) return problem;
+        return parse_size(s) > 0 ? "" : "must be a size > 0, not " + s + " (" + hint + ")";
+      },
+      "SIZE > 0", "POSITIVE_SIZE");
 }
 
 std::string format_size(std::size_t b) {

@@ -4,6 +4,7 @@
 // codes.
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <memory>
@@ -176,10 +177,24 @@ std::vector<double> parse_caps(const std::string& s, int rank = -1);
 CLI::Validator caps_value();
 
 // Parses sizes with binary suffixes as nccl-tests does: 8, 1K, 64M, 1G.
+// Throws UsageError for what is not a size, and for a size of 2^64 bytes or
+// more (it would wrap around): at most kMaxSizeBytes.
 std::size_t parse_size(const std::string& s);
+inline constexpr std::uint64_t kMaxSizeBytes = 18446744073709551615ull;
+std::string size_too_large(const std::string& s);  // "'1E30' is too large (at most ...)"
+// "<max> is below <min_flag> <min> (swap them)" when both parse and max < min.
+std::optional<std::string> size_order_problem(const std::string& min_flag, const std::string& min_value,
+                                              const std::string& max_value);
+
+// The entries of a comma-separated flag value ("" gives none). Throws
+// UsageError naming `flag` (and `rank`) for an empty entry ("1,,5", "1,5,").
+std::vector<std::string> split_list(const std::string& s, const std::string& flag,
+                                    const std::string& example, int rank = -1);
 std::string format_size(std::size_t bytes);  // 1K, 64M, 3 ...
 // A flag check that the value parses as a size, so that a typo is refused by
 // the launcher before any rank starts.
 CLI::Validator size_value();
+// The same, and the size must not be 0 ("must be a size > 0, not 0 (<hint>)").
+CLI::Validator positive_size_value(const std::string& hint);
 
 }  // namespace ddpdiag::cli

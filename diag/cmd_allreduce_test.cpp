@@ -62,7 +62,9 @@ void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOpt
                 r.device.c_str(), r.cpus.empty() ? "" : (" cpus " + r.cpus).c_str());
   std::printf("#\n");
   std::printf("# %10s %12s %8s %6s  %-36s  %-36s  %s\n", "", "", "", "",
-              "           out-of-place", "            in-place", "  rank spread (oop)");
+              "           out-of-place", "            in-place",
+              // The spread of the block that ran: out-of-place unless skipped.
+              so.out_of_place ? "  rank spread (oop)" : "  rank spread (ip)");
   std::printf("# %10s %12s %8s %6s  %10s %8s %8s %7s  %10s %8s %8s %7s  %10s %10s %5s\n",
               "size", "count", "type", "redop", "time", "algbw", "busbw", "#wrong", "time",
               "algbw", "busbw", "#wrong", "fastest", "slowest", "rank");
@@ -239,8 +241,11 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   app->add_option("-f,--stepfactor", opts->step_factor,
                   "Multiply the size by this each step (> 1; unused with -i)")
       ->check(cli::positive_number());
-  app->add_option("-i,--stepbytes", opts->step_bytes, "Add this many bytes each step instead")
-      ->check(cli::size_value());
+  // Given, -i must step: 0 would never reach -e. Left out, the sweep
+  // multiplies by -f.
+  app->add_option("-i,--stepbytes", opts->step_bytes,
+                  "Add this many bytes (> 0) each step instead of multiplying by -f")
+      ->check(cli::positive_size_value("leave -i out to multiply by -f"));
   app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per size")
       ->check(cli::non_negative_number());
@@ -292,9 +297,8 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
       throw CLI::ValidationError(
           "--stepfactor", fmt::format("must be a number > 1, not {} (or step by bytes with -i)",
                                       opts->step_factor));
-    if (size_or(opts->max_bytes, 0) < size_or(opts->min_bytes, 0))
-      throw CLI::ValidationError("--maxbytes", fmt::format("{} is below --minbytes {} (swap them)",
-                                                           opts->max_bytes, opts->min_bytes));
+    if (const auto p = size_order_problem("--minbytes", opts->min_bytes, opts->max_bytes))
+      throw CLI::ValidationError("--maxbytes", *p);
     if (opts->no_in_place && opts->no_out_of_place)
       throw CLI::ValidationError("--no-in-place",
                                  "with --no-out-of-place leaves nothing to run (drop one of them)");

@@ -30,11 +30,14 @@ struct BroadcastTestOptions {
   int corrupt_rank = -1;  // testing seam: this rank flips a byte before the checksum
 };
 
-std::vector<double> parse_chunks(const std::string& s, int rank) {
-  std::vector<double> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+// The largest --chunk-mb, as --caps' largest bucket cap.
+constexpr double kMaxChunkMb = 1e6;
+
+// --chunk-mb's sizes in bytes, in the order given. Throws UsageError naming
+// the entry that is not a size of at least one byte.
+std::vector<std::uint64_t> parse_chunks(const std::string& s, int rank) {
+  std::vector<std::uint64_t> out;
+  for (const auto& item : split_list(s, "--chunk-mb", "250,64,16", rank)) {
     double v = 0;
     try {
       std::size_t used = 0;
@@ -43,10 +46,17 @@ std::vector<double> parse_chunks(const std::string& s, int rank) {
     } catch (const std::exception&) {
       v = -1;
     }
-    if (!(v > 0))
-      throw UsageError(fmt::format("--chunk-mb: '{}' is not a positive number of MiB", item),
+    if (!(v > 0) || v > kMaxChunkMb)
+      throw UsageError(fmt::format("--chunk-mb: '{}' is not a positive number of MiB (at most 1e6)", item),
                        {"flags", rank, -1, "pass a comma-separated list such as 250,64,16"});
-    out.push_back(v);
+    // Chunks are whole bytes: what rounds down to none cannot be broadcast.
+    const auto bytes = static_cast<std::uint64_t>(v * kMiB);
+    if (bytes == 0)
+      throw UsageError(fmt::format("--chunk-mb: '{}' MiB rounds down to 0 bytes", item),
+                       {"flags", rank, -1,
+                        "the smallest chunk is 1 byte, --chunk-mb 0.000001 (a chunk holds at least "
+                        "one tensor whatever its size)"});
+    out.push_back(bytes);
   }
   if (out.empty())
     throw UsageError("--chunk-mb is empty", {"flags", rank, -1, "pass e.g. 250,64,16"});
@@ -66,7 +76,7 @@ void fill_rank_values(const LayoutParams& lp, int rank) {
 
 void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
   const ModelLayout layout = load_model(o.model);
-  const auto chunks_mb = parse_chunks(o.chunk_mb, job.rank());
+  const auto chunk_sizes = parse_chunks(o.chunk_mb, job.rank());
   if (o.corrupt_rank >= job.size())
     throw UsageError(fmt::format("--corrupt-rank {} is outside the world of {}", o.corrupt_rank,
                                  job.size()),
@@ -93,9 +103,9 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
 
   bool all_identical = true;
   std::string detail;
-  for (std::size_t ci = 0; ci < chunks_mb.size(); ++ci) {
+  for (std::size_t ci = 0; ci < chunk_sizes.size(); ++ci) {
     BroadcastOptions bo;
-    bo.chunk_bytes = static_cast<std::uint64_t>(chunks_mb[ci] * 1024 * 1024);
+    bo.chunk_bytes = chunk_sizes[ci];
     bo.timeout = job.timeout;
     // Ranks start from different values each time, as models initialised
     // with different seeds do.
@@ -135,11 +145,16 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
     double t = 0;
     for (const auto& g : gathered) t = std::max(t, g.get<double>());  // slowest rank
     const double algbw = t > 0 ? static_cast<double>(st.bytes) / (t * 1e3) : 0;
+    // What each broadcast carried: torch's grouping (param_broadcast.h).
+    nlohmann::json chunk_list = nlohmann::json::array();
+    for (const auto& c : broadcast_chunks(lp.tensors, bo.chunk_bytes))
+      chunk_list.push_back({{"dtype", torch_dtype_name(c.dtype)}, {"bytes", c.bytes}, {"tensors", c.tensors}});
     nlohmann::json mism = nlohmann::json::array();
     for (const auto& m : verdict.mismatches)
       mism.push_back({{"rank", m.rank}, {"tensor", m.tensor}, {"name", m.name}});
     res["rows"].push_back({{"chunk_bytes", bo.chunk_bytes},
                            {"chunks", st.chunks},
+                           {"chunk_list", chunk_list},
                            {"bytes", st.bytes},
                            {"time_us", t},
                            {"algbw_gbps", algbw},
@@ -177,8 +192,22 @@ Subcommand add_broadcast_test_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file")
       ->capture_default_str();
-  app->add_option("--chunk-mb", opts->chunk_mb, "Chunk sizes in MiB, comma-separated")
-      ->capture_default_str();
+  app->add_option("--chunk-mb", opts->chunk_mb,
+                  "Chunk sizes in MiB, comma-separated (DDP's broadcast_bucket_size is 250)")
+      ->capture_default_str()
+      ->check(CLI::Validator(
+          [](std::string& s) -> std::string {
+            try {
+              parse_chunks(s, -1);
+              return "";
+            } catch (const UsageError& e) {
+              // CLI11 names the flag itself.
+              std::string what = e.what();
+              if (what.rfind("--chunk-mb: ", 0) == 0) what = what.substr(12);
+              return what + " (" + e.context().hint + ")";
+            }
+          },
+          "MIB,...", "CHUNKS"));
   app->add_option("-n,--iters", opts->iters, "Timed broadcasts per chunk size")
       ->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up broadcasts per chunk size")

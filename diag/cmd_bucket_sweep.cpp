@@ -163,6 +163,10 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
     throw UsageError("--first-bucket-mb must be positive", {"flags", job.rank(), -1, "DDP's is 1"});
   if (o.compute_gbps < 0)
     throw UsageError("--compute-gbps must be >= 0", {"flags", job.rank(), -1, "e.g. 1"});
+  if (!o.no_size_sweep && parse_size(o.sweep_max) < parse_size(o.sweep_min))
+    throw UsageError(fmt::format("--sweep-maxbytes {} is below --sweep-minbytes {}", o.sweep_max,
+                                 o.sweep_min),
+                     {"flags", job.rank(), -1, "swap them"});
   const ModelLayout layout = load_model(o.model);
   auto& res = report.results();
   res["model"] = layout.name;
@@ -335,6 +339,13 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
       ->check(cli::size_value());
   app->add_option("--sweep-iters", opts->sweep_iters, "Iterations per size of the plain sweep")
       ->check(cli::positive_number());
+  // Checked once the line is parsed, so the launcher refuses it before any
+  // rank starts (each rank checks again in run()).
+  app->parse_complete_callback([opts] {
+    if (opts->no_size_sweep) return;
+    if (const auto p = size_order_problem("--sweep-minbytes", opts->sweep_min, opts->sweep_max))
+      throw CLI::ValidationError("--sweep-maxbytes", *p);
+  });
   return {app, [opts] {
             return run_distributed(opts->common, "bucket-sweep",
                                    [opts](Job& job, reports::Report& report) {

@@ -53,15 +53,6 @@ std::string_view algo_name(Algo a) {
   return "?";
 }
 
-std::vector<std::string> split_list(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ','))
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
 // One rank's figures for one (algorithm, size), gathered as doubles (exact:
 // every figure is an integer below 2^53).
 struct RankFigures {
@@ -255,7 +246,7 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
     throw UsageError(fmt::format("unknown dtype '{}'", o.dtype),
                      {"flags", job.rank(), -1, "use float, double, half, bfloat16, int32, ..."});
   std::vector<Algo> algos;
-  for (const auto& a : split_list(o.algorithms)) {
+  for (const auto& a : split_list(o.algorithms, "--algorithms", "gather,ring,backend", job.rank())) {
     if (a == "gather") algos.push_back(Algo::kGather);
     else if (a == "ring") algos.push_back(Algo::kRing);
     else if (a == "backend") algos.push_back(Algo::kBackend);
@@ -266,7 +257,7 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
   if (algos.empty())
     throw UsageError("--algorithms is empty", {"flags", job.rank(), -1, "e.g. gather,ring,backend"});
   std::set<int> ks;
-  for (const auto& w : split_list(o.world_sizes)) {
+  for (const auto& w : split_list(o.world_sizes, "--world-sizes", "2,4", job.rank())) {
     int k = 0;
     try {
       k = std::stoi(w);
@@ -394,7 +385,8 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
       ->check(cli::size_value());
   app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size")
       ->check(cli::size_value());
-  app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step");
+  app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step (> 1)")
+      ->check(cli::number_above(1));
   app->add_option("-n,--iters", opts->iters, "Timed iterations per size")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per size")
       ->check(cli::non_negative_number());
@@ -403,6 +395,18 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
                   "Comma-separated world sizes to run at (ranks 0..k-1 of the job); default: the "
                   "job's");
   app->add_option("--algorithms", opts->algorithms, "Comma-separated: gather, ring, backend");
+  // Checked once the line is parsed, so the launcher refuses it before any
+  // rank starts (each rank checks again in run()).
+  app->parse_complete_callback([opts] {
+    if (const auto p = size_order_problem("--minbytes", opts->min_bytes, opts->max_bytes))
+      throw CLI::ValidationError("--maxbytes", *p);
+    try {
+      split_list(opts->world_sizes, "--world-sizes", "2,4");
+      split_list(opts->algorithms, "--algorithms", "gather,ring,backend");
+    } catch (const UsageError& e) {
+      throw CLI::ValidationError(fmt::format("{} ({})", e.what(), e.context().hint));
+    }
+  });
   return {app, [opts] {
             return run_distributed(opts->common, "dp-vs-ring",
                                    [opts](Job& job, reports::Report& report) {

@@ -435,7 +435,8 @@ Subcommand add_link_health_command(CLI::App& parent) {
       "Per-pair bandwidth and latency matrix (pairs in round-robin rounds), per-rank all_reduce "
       "time, outliers against pairs of the same kind, NCCL transports; PASS/FAIL naming slow pairs");
   add_common_options(app, opts->common);
-  app->add_option("--bytes", opts->bandwidth_bytes, "Bytes each way per bandwidth exchange");
+  app->add_option("--bytes", opts->bandwidth_bytes, "Bytes each way per bandwidth exchange")
+      ->check(cli::positive_size_value("e.g. --bytes 4M"));
   app->add_option("-n,--iters", opts->iters, "Timed bandwidth exchanges per pair")
       ->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up exchanges per pair")

@@ -64,6 +64,9 @@ struct MemoryOptions {
   std::string inject_extra = "";
 };
 
+// The largest --workspace-mb (MiB), as --caps' largest bucket cap.
+constexpr double kMaxWorkspaceMb = 1e6;
+
 json device_json(const DeviceMemoryInfo& d) {
   if (!d.available) return nullptr;
   return {{"free_bytes", d.free_bytes},
@@ -75,6 +78,9 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   const int me = job.rank(), n = job.size();
   if (!(o.bucket_cap_mb > 0))
     throw UsageError("--bucket-cap-mb must be positive", {"flags", me, -1, "DDP's default is 25"});
+  if (!(o.workspace_mb >= 0 && o.workspace_mb <= kMaxWorkspaceMb))
+    throw UsageError(fmt::format("--workspace-mb {} is not between 0 and {}", o.workspace_mb, kMaxWorkspaceMb),
+                     {"flags", me, -1, "the default is 1"});
   const ModelLayout layout = load_model(o.model);
   const bool device = job.comm->memory_kind() == MemoryKind::kDevice;
   const int device_ordinal = job.world.local_rank;
@@ -304,11 +310,16 @@ Subcommand add_memory_command(CLI::App& parent) {
       "buffers, workspace), RSS and peak, GPU free/total and NCCL's share; flags imbalance");
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
-  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb");
+  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
+      ->check(cli::positive_number());
   app->add_flag("--no-gradient-views", opts->no_gradient_views,
                 "Gradients in their own buffers (DDP's gradient_as_bucket_view=False)");
   app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(cli::positive_number());
-  app->add_option("--workspace-mb", opts->workspace_mb, "Size of the all-reduced metrics buffer");
+  // Bounded as --caps: a value beyond it is a typo, not a buffer to allocate
+  // (and a negative one would wrap around to 16 EiB).
+  app->add_option("--workspace-mb", opts->workspace_mb,
+                  "Size of the all-reduced metrics buffer (MiB, 0 to 1e6; 0: 4 bytes)")
+      ->check(cli::number_in_range(0, kMaxWorkspaceMb));
   app->add_option("--imbalance-pct", opts->imbalance_pct,
                   "Flag a rank more than this % above the median")
       ->check(cli::non_negative_number());

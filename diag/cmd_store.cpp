@@ -119,6 +119,7 @@ int run_ping(const PingOptions& o) {
     co.host = addr.host;
     co.port = addr.port;
     co.protocol = requested;
+    co.protocol_flag = "--protocol";
     co.connect_timeout = timeout;
     co.io_timeout = timeout;
     TcpStoreClient client(co);
@@ -257,6 +258,7 @@ TcpStoreClientOptions client_options(const KeyOptions& o) {
   co.host = a.host;
   co.port = a.port;
   co.protocol = parse_protocol(o.protocol);
+  co.protocol_flag = "--protocol";
   co.connect_timeout = seconds_to_ms(o.timeout_s);
   co.io_timeout = co.connect_timeout;
   return co;

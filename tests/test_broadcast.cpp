@@ -70,7 +70,7 @@ TEST_CASE("broadcast: ranks end bit-identical to rank 0, contiguous and scattere
         } else {
           for (const auto& t : l.tensors) {
             own.emplace_back(c, t.bytes());
-            lp.tensors.push_back({t.name, own.back().get(), t.bytes()});
+            lp.tensors.push_back({t.name, own.back().get(), t.bytes(), t.dtype});
           }
         }
         for (std::size_t i = 0; i < lp.tensors.size(); ++i)
@@ -86,10 +86,15 @@ TEST_CASE("broadcast: ranks end bit-identical to rank 0, contiguous and scattere
         o.timeout = 20s;
         const auto st = broadcast_parameters(c, lp.tensors, o);
         if (st.bytes != l.total_bytes()) fail.push_back(what + ": bytes broadcast");
-        // 4 KiB: [a.weight, a.bias] [b.weight alone, over the cap] [the other four]
-        if (chunk == 4096 && st.chunks != 3) fail.push_back(what + ": chunks " + std::to_string(st.chunks));
-        if (contiguous && st.staged_chunks) fail.push_back(what + ": staged a contiguous chunk");
-        if (!contiguous && chunk != 1000 && !st.staged_chunks) fail.push_back(what + ": no staging");
+        // 4 KiB, as torch groups: [a.weight, a.bias, b.weight] (closed once
+        // it reached the cap) and one chunk each for the other dtypes and
+        // d.weight, which opens the next float32 chunk.
+        if (chunk == 4096 && st.chunks != 5) fail.push_back(what + ": chunks " + std::to_string(st.chunks));
+        std::size_t scattered = 0;
+        for (const auto& ch : broadcast_chunks(lp.tensors, chunk)) scattered += ch.contiguous ? 0 : 1;
+        if (st.staged_chunks != scattered) fail.push_back(what + ": staged chunks");
+        if (contiguous && chunk == 4096 && st.staged_chunks) fail.push_back(what + ": staged a contiguous chunk");
+        if (!contiguous && !st.staged_chunks) fail.push_back(what + ": no staging");
         std::vector<std::uint8_t> want;
         for (std::size_t i = 0; i < lp.tensors.size(); ++i) {
           want.resize(lp.tensors[i].bytes);
@@ -105,6 +110,53 @@ TEST_CASE("broadcast: ranks end bit-identical to rank 0, contiguous and scattere
   });
   INFO(describe(f));
   CHECK(f.empty());
+}
+
+TEST_CASE("broadcast: chunks are torch's _broadcast_coalesced groups", "[broadcast]") {
+  // Each case as torch 1.13 and 2.x broadcast it (traced with a process
+  // group that records every broadcast): per dtype, a chunk closes once it
+  // reaches the cap, and chunks go out in the order of their first tensor.
+  constexpr std::uint64_t KiB = 1024, MiB = 1024 * 1024;
+  using F = DType;
+  struct Case {
+    std::vector<std::pair<std::uint64_t, DType>> tensors;
+    std::vector<std::vector<std::size_t>> want;
+  };
+  const std::vector<Case> cases = {
+      // The tensor that crosses the cap stays in the chunk (not 4 chunks).
+      {{{600 * KiB, F::kFloat32}, {600 * KiB, F::kFloat32}, {600 * KiB, F::kFloat32}, {600 * KiB, F::kFloat32}},
+       {{0, 1}, {2, 3}}},
+      // Reaching the cap exactly closes it.
+      {{{512 * KiB, F::kFloat32}, {512 * KiB, F::kFloat32}, {512 * KiB, F::kFloat32}, {512 * KiB, F::kFloat32}},
+       {{0, 1}, {2, 3}}},
+      // Dtypes fill side by side.
+      {{{400 * KiB, F::kFloat32}, {400 * KiB, F::kFloat16}, {400 * KiB, F::kFloat32}, {400 * KiB, F::kFloat16},
+        {400 * KiB, F::kFloat32}, {8, F::kInt64}},
+       {{0, 2, 4}, {1, 3}, {5}}},
+      // Ordered by first tensor, not by closing.
+      {{{8, F::kFloat16}, {2 * MiB, F::kFloat32}, {8, F::kFloat16}, {8, F::kFloat32}}, {{0, 2}, {1}, {3}}},
+      {{{8, F::kInt64}, {8, F::kFloat32}}, {{0}, {1}}},
+      // Empty tensors join their dtype's open chunk, or open one.
+      {{{8, F::kInt64}, {8, F::kFloat32}, {0, F::kFloat32}, {MiB, F::kFloat16}, {0, F::kFloat16}, {4, F::kFloat32}},
+       {{0}, {1, 2, 5}, {3}, {4}}},
+  };
+  for (std::size_t k = 0; k < cases.size(); ++k) {
+    CAPTURE(k);
+    std::vector<ParamTensor> ts;
+    for (const auto& [bytes, dtype] : cases[k].tensors) ts.push_back({"t", nullptr, bytes, dtype});
+    std::vector<std::vector<std::size_t>> got;
+    for (const auto& c : broadcast_chunks(ts, MiB)) {
+      got.push_back(c.tensors);
+      std::uint64_t bytes = 0;
+      for (auto i : c.tensors) {
+        bytes += ts[i].bytes;
+        CHECK(ts[i].dtype == c.dtype);
+      }
+      CHECK(bytes == c.bytes);
+    }
+    CHECK(got == cases[k].want);
+  }
+  CHECK_THROWS_AS(broadcast_chunks(std::vector<ParamTensor>{{"t", nullptr, 4}}, 0), UsageError);
 }
 
 TEST_CASE("broadcast: a corrupted rank is named with the tensor", "[broadcast]") {

@@ -131,6 +131,26 @@ TEST_CASE("bad layout files get errors naming the file, entry and field", "[layo
                     Catch::Contains("line 3"));
 }
 
+TEST_CASE("layouts whose element or byte counts overflow 64 bits are refused", "[layout]") {
+  // 2^62 x 4 elements wrapped around to 0: "1 tensors, 0 parameters".
+  auto e = error_of(R"([["a", [4611686018427387904, 4], "torch.float32"]])");
+  CHECK_THAT(e, Catch::Contains("bad.json") && Catch::Contains("tensor 0 ('a')") &&
+                    Catch::Contains("'shape' [4611686018427387904, 4]") &&
+                    Catch::Contains("more elements than torch allows"));
+  e = error_of(R"({"tensors": [{"name": "w", "shape": [3037000500, 3037000500]}]})");
+  CHECK_THAT(e, Catch::Contains("tensor 0 ('w')") && Catch::Contains("more elements"));
+  // The elements fit, their bytes do not.
+  e = error_of(R"([["ok", [2]], ["b", [2305843009213693952, 2], "torch.float64"]])");
+  CHECK_THAT(e, Catch::Contains("tensor 1 ('b')") && Catch::Contains("'dtype' torch.float64") &&
+                    Catch::Contains("more bytes than torch allows"));
+  // Each tensor fits, the model does not.
+  e = error_of(R"([["a", [4611686018427387904], "torch.uint8"], ["b", [4611686018427387904], "torch.uint8"]])");
+  CHECK_THAT(e, Catch::Contains("tensor 1 ('b')") && Catch::Contains("add up to more bytes"));
+  // A zero dimension makes an empty tensor, whatever the others.
+  const auto l = parse_model_layout_json(R"([["z", [0, 4611686018427387904, 4]]])", "z.json");
+  CHECK(l.tensors.at(0).bytes() == 0);
+}
+
 TEST_CASE("load_model: presets, files, and a helpful error", "[layout]") {
   CHECK(load_model("gpt2").tensors.size() == 148);
   const std::string path = "test_model_layout_tmp.json";

@@ -783,9 +783,134 @@ TEST_CASE("a wrong protocol is a failed handshake with a reachable host, not a f
   } catch (const RendezvousError& e) {
     CHECK(e.context().phase == "store.handshake");
     CHECK_THAT(std::string(e.what()), Catch::Contains("accepted the connection"));
-    CHECK_THAT(e.context().hint, Catch::Contains("--protocol 1.13"));
+    // Every subcommand but `ddpdiag store` calls the flag --store-protocol.
+    CHECK_THAT(e.context().hint, Catch::Contains("--store-protocol 1.13"));
   }
   closer.join();
+  ::close(lfd);
+}
+
+TEST_CASE("protocol hints name the flag of the command that connects", "[store][tcp]") {
+  // A server that takes the request and closes: the hint suggests the other
+  // protocol, through the flag the user can pass where the client runs.
+  for (const std::string flag : {"", "--protocol"}) {
+    CAPTURE(flag);
+    int port = 0;
+    const int lfd = listen_on_loopback(&port);
+    std::thread closer([&] {
+      int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) return;
+      std::uint8_t b[64];
+      ::recv(fd, b, sizeof(b), 0);
+      ::close(fd);
+    });
+    auto o = client_opts(port, StoreProtocol::kV1);  // no handshake: the set meets the close
+    o.io_timeout = 2000ms;
+    if (!flag.empty()) o.protocol_flag = flag;
+    try {
+      TcpStoreClient c(o);
+      c.add("k", 1);
+      FAIL("add succeeded");
+    } catch (const RendezvousError& e) {
+      CHECK_THAT(e.context().hint,
+                 Catch::Contains((flag.empty() ? "--store-protocol" : flag) + " 1.13 or 2.x"));
+      if (flag.empty()) CHECK_THAT(e.context().hint, !Catch::Contains(" --protocol"));
+    }
+    closer.join();
+    ::close(lfd);
+  }
+}
+
+TEST_CASE("a server that answers with text is named as not a store, with what it sent", "[store][tcp]") {
+  // Stands in for an HTTP server on MASTER_PORT that answers anything with
+  // a 400: its text must not be read as a length or a count.
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
+  std::atomic<bool> stop{false};
+  std::thread http([&] {
+    while (!stop) {
+      pollfd p{lfd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) continue;
+      std::uint8_t b[256];
+      // Answer every request, until the client goes away.
+      while (::recv(fd, b, sizeof(b), 0) > 0) {
+        const std::string reply =
+            "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n";
+        ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+      }
+      ::close(fd);
+    }
+  });
+  auto o = client_opts(port, StoreProtocol::kAuto);
+  o.io_timeout = 2000ms;
+  auto error_of = [&](StoreProtocol p, bool compare_set) -> std::pair<std::string, ErrorContext> {
+    o.protocol = p;
+    try {
+      TcpStoreClient c(o);
+      if (compare_set) c.compare_set("rank/1", Bytes{}, Bytes{'1'});
+      FAIL("the client took the server for a store");
+    } catch (const RendezvousError& e) {
+      return {e.what(), e.context()};
+    }
+    return {};
+  };
+  SECTION("detection") {
+    const auto [what, c] = error_of(StoreProtocol::kAuto, false);
+    CHECK(c.phase == "store.handshake");
+    CHECK_THAT(what, Catch::Contains("speaks neither the torch 2.x nor the torch 1.13 store protocol"));
+    CHECK_THAT(what, Catch::Contains("'HTTP/1.1 400 Bad Request'"));
+    CHECK_THAT(c.hint, Catch::Contains("check MASTER_PORT points at the TCPStore"));
+  }
+  SECTION("2.x asked for") {
+    const auto [what, c] = error_of(StoreProtocol::kV2, false);
+    CHECK_THAT(what, Catch::Contains("speaks neither") && Catch::Contains("'HTTP/1.1 400 Bad Request'"));
+  }
+  SECTION("1.13 asked for: a reply's length") {
+    // 1.13 has no handshake: the first reply with a value is where the text
+    // shows, read as a length of 7233135182548579360 bytes.
+    const auto [what, c] = error_of(StoreProtocol::kV1, true);
+    CHECK(c.phase == "store.io");
+    CHECK_THAT(what, Catch::Contains("speaks neither") && Catch::Contains("COMPARE_SET") &&
+                         Catch::Contains("'HTTP/1.1 400 Bad Request'"));
+    CHECK_THAT(c.hint, Catch::Contains("check MASTER_PORT points at the TCPStore"));
+  }
+  stop = true;
+  http.join();
+  ::close(lfd);
+}
+
+TEST_CASE("a 1.13 probe answered with an implausible count is not taken for a store", "[store][tcp]") {
+  // Silent to the 2.x handshake (so detection falls back to 1.13), then 8
+  // binary bytes no count of keys has: not a store, and the bytes are shown.
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
+  std::thread fake([&] {
+    for (int conn = 0; conn < 2; ++conn) {
+      int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) return;
+      std::uint8_t b[64];
+      if (conn == 1 && ::recv(fd, b, sizeof(b), 0) > 0) {
+        const std::uint8_t reply[8] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f};
+        ::send(fd, reply, sizeof(reply), MSG_NOSIGNAL);
+      }
+      while (::recv(fd, b, sizeof(b), 0) > 0) {
+      }
+      ::close(fd);
+    }
+  });
+  auto o = client_opts(port, StoreProtocol::kAuto);
+  o.io_timeout = 2500ms;
+  try {
+    TcpStoreClient c(o);
+    FAIL("the client took the server for a 1.13 store");
+  } catch (const RendezvousError& e) {
+    CHECK(e.context().phase == "store.handshake");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("speaks neither") &&
+                                          Catch::Contains("bytes ff ff ff ff ff ff ff 7f"));
+  }
+  fake.join();
   ::close(lfd);
 }
 

@@ -25,6 +25,21 @@ using namespace ddpdiag::cli::tools;
 using namespace std::chrono_literals;
 namespace alg = ddpdiag::algorithms;
 
+TEST_CASE("sweep_sizes: ends at max_bytes even next to 2^64", "[tools]") {
+  using V = std::vector<std::size_t>;
+  CHECK(sweep_sizes(16, 64, 2, 0, 4) == V{16, 32, 64});
+  CHECK(sweep_sizes(8, 20, 1, 4, 1) == V{8, 12, 16, 20});
+  CHECK(sweep_sizes(64, 16, 2, 0, 4).empty());
+  // Near the top of 64 bits the next size would wrap around to a small one
+  // and the sweep would never end.
+  constexpr std::size_t top = ~std::size_t{0};
+  const V by_factor = sweep_sizes(std::size_t{1} << 62, top, 4, 0, 1);
+  CHECK(by_factor == V{std::size_t{1} << 62});
+  const V by_step = sweep_sizes(top - 10, top, 1, 8, 1);
+  CHECK(by_step == V{top - 10, top - 2});
+  CHECK(sweep_sizes(top, top, 4, 0, 1) == V{top});
+}
+
 TEST_CASE("round_robin_schedule: every pair once, each rank once per round", "[tools]") {
   const int n = GENERATE(2, 3, 4, 5, 7, 8, 16);
   const auto rounds = round_robin_schedule(n);

@@ -40,6 +40,8 @@
 #include <random>
 #include <thread>
 
+#include <fmt/core.h>
+
 #include "comm/errors.h"
 #include "comm/splitmix64.h"
 #include "comm/store/tcp_protocol.h"
@@ -87,6 +89,46 @@ std::uint64_t client_seed() {
   return splitmix64_mix(base + kSplitmix64Gamma * n);
 }
 
+// The largest value a reply may announce (16 GiB): a length beyond it is
+// not a store's value but other bytes (an HTTP server's "HTTP/1.1 ...")
+// read as a length.
+constexpr std::uint64_t kMaxReplyValueBytes = std::uint64_t{1} << 34;
+
+// A 1.13 GETNUMKEYS count beyond this is not a count of keys: 8 bytes of
+// text read as an int64 are >= 2^56 (the last byte is a printable one).
+constexpr std::uint64_t kMaxPlausibleKeys = std::uint64_t{1} << 40;
+
+// Whether bytes received look like text (a line of an HTTP server, an SSH
+// banner ...) rather than a binary reply.
+bool looks_like_text(const std::uint8_t* p, std::size_t n) {
+  if (n == 0) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto c = p[i];
+    if (c == '\r' || c == '\n') return i >= 2;
+    if (c != '\t' && (c < 0x20 || c > 0x7e)) return false;
+  }
+  return true;
+}
+
+// The first bytes a server sent, for an error message: quoted up to the end
+// of the first line when they read as text, else in hex.
+std::string describe_reply(const std::uint8_t* p, std::size_t n) {
+  constexpr std::size_t kShown = 64;
+  std::string s;
+  if (looks_like_text(p, n)) {
+    for (std::size_t i = 0; i < n && i < kShown && p[i] != '\r' && p[i] != '\n'; ++i)
+      s += static_cast<char>(p[i]);
+    return "'" + s + (n > kShown && s.size() == kShown ? "...'" : "'");
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (std::size_t i = 0; i < n && i < 16; ++i) {
+    if (i) s += ' ';
+    s += kHex[p[i] >> 4];
+    s += kHex[p[i] & 15];
+  }
+  return "bytes " + s + (n > 16 ? " ..." : "");
+}
+
 // Why a connection attempt failed, in the user's words.
 enum class ConnectFailure { kNone, kRefused, kTimedOut, kUnreachable, kDns, kOther };
 
@@ -122,6 +164,9 @@ struct TcpStoreClient::Impl {
     return ErrorContext{std::move(phase), opts.rank, -1, std::move(hint)};
   }
   std::string key(const std::string& k) const { return opts.torch_key_prefix ? "/" + k : k; }
+  std::string protocol_hint() const {
+    return "protocol mismatch? try " + opts.protocol_flag + " 1.13 or 2.x";
+  }
 
   // Bytes received and not yet consumed (replies are read through it, so a
   // reply usually takes one poll and one recv, not one recv per field).
@@ -327,6 +372,24 @@ struct TcpStoreClient::Impl {
     return IoStatus::kOk;
   }
 
+  // The bytes of a reply just read (head) and whatever else of it the
+  // buffer already holds, described for an error message.
+  std::string received(const std::uint8_t* head, std::size_t n) const {
+    std::vector<std::uint8_t> b(head, head + n);
+    b.insert(b.end(), rbuf.begin() + static_cast<std::ptrdiff_t>(rpos),
+             rbuf.begin() + static_cast<std::ptrdiff_t>(rend));
+    return describe_reply(b.data(), b.size());
+  }
+
+  // The server answered, but not as a store: another service on the port.
+  [[noreturn]] void not_a_store(const std::string& what, std::string phase) {
+    drop();
+    throw RendezvousError("the server at " + where() + " speaks neither the torch 2.x nor the torch 1.13 "
+                          "store protocol" + (what.empty() ? "" : ": " + what),
+                          ctx(std::move(phase), "check MASTER_PORT points at the TCPStore, not at another "
+                                                "service"));
+  }
+
   // Turns a failed I/O status into the error to throw; the connection is
   // dropped first because its reply stream can no longer be trusted.
   [[noreturn]] void fail(IoStatus st, std::string_view op, Millis limit) {
@@ -339,7 +402,7 @@ struct TcpStoreClient::Impl {
     throw RendezvousError("the store at " + where() + " closed the connection during " + std::string(op),
                           ctx("store.io",
                               "the store server exited, or rejected the request (key over 8 KiB, value "
-                              "over 8 MiB, or a protocol mismatch: try --protocol 1.13 or 2.x)"));
+                              "over 8 MiB, or a " + protocol_hint() + ")"));
   }
 
   void send_req(const tp::Request& q, Deadline deadline) {
@@ -365,12 +428,11 @@ struct TcpStoreClient::Impl {
     std::uint8_t b[8];
     recv_or_fail(b, 8, d, op);
     std::uint64_t n = tp::load_u64(b);
-    if (n > (std::uint64_t{1} << 34)) {
-      drop();
-      throw RendezvousError("the store at " + where() + " sent a value of " + std::to_string(n) +
-                                " bytes in reply to " + std::string(tp::op_name(op)),
-                            ctx("store.io", "protocol mismatch? try --protocol 1.13 or 2.x"));
-    }
+    if (n > kMaxReplyValueBytes)
+      not_a_store(fmt::format("it answered {} with {} (read as a value of {} bytes, more than the {} "
+                              "a store value may hold)",
+                              tp::op_name(op), received(b, 8), n, kMaxReplyValueBytes),
+                  "store.io");
     Bytes v(static_cast<std::size_t>(n));
     if (n) recv_or_fail(v.data(), v.size(), d, op);
     return v;
@@ -395,33 +457,48 @@ struct TcpStoreClient::Impl {
     if (send_all(b, deadline) != IoStatus::kOk) return false;
     std::uint8_t r[4];
     if (recv_exact(r, 4, deadline) != IoStatus::kOk) return false;
-    return tp::load_u32(r) == ping.nonce;
+    if (tp::load_u32(r) == ping.nonce) return true;
+    if (looks_like_text(r, 4)) text_reply = received(r, 4);
+    return false;
   }
+
+  // Text a server sent in place of a handshake or probe reply ("" if none).
+  std::string text_reply;
 
   bool v1_probe(Deadline deadline) {
     Bytes b = tp::encode_request(StoreProtocol::kV1, tp::Request{tp::Op::kNumKeys, {}, {}, 0, 0});
     if (send_all(b, deadline) != IoStatus::kOk) return false;
     std::uint8_t r[8];
-    return recv_exact(r, 8, deadline) == IoStatus::kOk;
+    if (recv_exact(r, 8, deadline) != IoStatus::kOk) return false;
+    // Eight bytes came back; a store's are a small count of keys.
+    if (tp::load_u64(r) <= kMaxPlausibleKeys) return true;
+    text_reply = received(r, 8);
+    return false;
   }
 
   void connect() {
     connect_socket();
+    text_reply.clear();
     const Deadline io = Clock::now() + opts.io_timeout;
     if (protocol == StoreProtocol::kV2) {
       if (v2_handshake(io)) return;
+      if (!text_reply.empty())
+        not_a_store("it answered the torch 2.x handshake with " + text_reply, "store.handshake");
       drop();
       // Phase store.handshake, not store.connect: the host accepted the
       // connection, so it is reachable; only the protocol did not match.
       throw RendezvousError("the server at " + where() + " accepted the connection but did not complete the "
                             "torch 2.x handshake",
-                            ctx("store.handshake", "is it a torch 1.13 store? use --protocol 1.13 or auto"));
+                            ctx("store.handshake", "is it a torch 1.13 store? use " + opts.protocol_flag +
+                                                       " 1.13 or auto"));
     }
     if (protocol == StoreProtocol::kV1) return;  // 1.13 has no handshake
     if (v2_handshake(std::min(io, Clock::now() + kDetectTimeout))) {
       protocol = StoreProtocol::kV2;
       return;
     }
+    if (!text_reply.empty())
+      not_a_store("it answered the torch 2.x handshake with " + text_reply, "store.handshake");
     connect_socket();
     // The reconnect after the probe is part of detection, not a retry: keep
     // connect_attempts() meaning "tries until the server answered".
@@ -430,9 +507,8 @@ struct TcpStoreClient::Impl {
       protocol = StoreProtocol::kV1;
       return;
     }
-    drop();
-    throw RendezvousError("the server at " + where() + " speaks neither the torch 2.x nor the torch 1.13 store protocol",
-                          ctx("store.handshake", "check MASTER_PORT points at the TCPStore, not at another service"));
+    not_a_store(text_reply.empty() ? "" : "it answered a torch 1.13 request with " + text_reply,
+                "store.handshake");
   }
 
   void ensure_connected() {
@@ -467,9 +543,11 @@ struct TcpStoreClient::Impl {
     IoStatus st = recv_exact(&r, 1, Clock::now() + timeout);
     if (st == IoStatus::kOk) {
       if (r != static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting)) {
+        if (looks_like_text(&r, 1) && rend > rpos && looks_like_text(rbuf.data() + rpos, rend - rpos))
+          not_a_store("it answered WAIT with " + received(&r, 1), "store.wait");
         drop();
         throw RendezvousError("unexpected reply " + std::to_string(r) + " to WAIT from the store at " + where(),
-                              ctx("store.wait", "protocol mismatch? try --protocol 1.13 or 2.x"));
+                              ctx("store.wait", protocol_hint()));
       }
       return;
     }

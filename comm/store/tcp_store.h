@@ -76,6 +76,9 @@ struct TcpStoreClientOptions {
   // for servers of unknown make: torch's older (non-libuv) daemon closes the
   // connection on a GET of a missing key.
   bool one_trip_get = false;
+  // The flag that chooses the protocol where this client is used, named in
+  // the hints of protocol errors ("ddpdiag store" calls it --protocol).
+  std::string protocol_flag = "--store-protocol";
 };
 
 // One TCP connection to a store (v1: a second, silent connection is not

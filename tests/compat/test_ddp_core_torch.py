@@ -7,7 +7,9 @@
   * DDP buckets of the presets vs torch's assignment the way DDP rebuilds
     them (reversed parameters, explicit indices, [1 MiB, cap]);
   * the presets' names and shapes vs torch.nn re-creations of the models;
-  * DistributedSampler(range(N)) and torch.randperm vs `ddpdiag sampler --json`.
+  * DistributedSampler(range(N)) and torch.randperm vs `ddpdiag sampler --json`;
+  * broadcast-test's chunks vs the broadcasts torch's _broadcast_coalesced
+    (DDP's initial parameter sync) makes, traced through a process group.
 
 Run with the interpreter whose torch is the oracle (Debian's /usr/bin/python3
 has 1.13; a 2.x venv for the other run). DDPDIAG_BIN names the binary.
@@ -476,6 +478,110 @@ class SamplerTest(unittest.TestCase):
                 self.assertEqual(got["indices"], expected, f"n={n} rank={rank}")
                 bump("large-n randperm samples")
             del perm
+
+
+# ------------------------------------------------------ broadcast chunks
+
+
+_TRACER = None
+
+
+def broadcast_tracer():
+    """A process group that records what each broadcast carries, over a Gloo
+    group of one (a world of one is all torch needs to run
+    _broadcast_coalesced). C++ calls into it: _broadcast_coalesced groups the
+    tensors itself and calls broadcast() once per group, flattened."""
+    global _TRACER
+    if _TRACER is None:
+        if not dist.is_initialized():
+            fd, path = tempfile.mkstemp(prefix="ddpdiag-compat-pg-")
+            os.close(fd)
+            os.unlink(path)
+            dist.init_process_group("gloo", init_method="file://" + path, rank=0, world_size=1)
+        inner = dist.distributed_c10d._get_default_group()
+
+        class Tracing(dist.ProcessGroup):
+            def __init__(self):
+                super().__init__(0, 1)
+                self.calls = []
+
+            def broadcast(self, tensors, opts):
+                self.calls.append([(str(t.dtype), t.numel() * t.element_size()) for t in tensors])
+                # As bytes: 1.13's Gloo has no bfloat16 (each group is flat).
+                return inner.broadcast([t.view(torch.uint8) for t in tensors], opts)
+
+            def getBackendName(self):
+                return "tracing"
+
+        _TRACER = Tracing()
+    return _TRACER
+
+
+def torch_broadcast_chunks(layout, cap_bytes):
+    """[(dtype, bytes)] of each broadcast of DDP's initial sync, in order."""
+    pg = broadcast_tracer()
+    tensors = [torch.zeros(t["shape"], dtype=DTYPES[t["dtype"].replace("torch.", "")]) for t in layout]
+    pg.calls = []
+    dist._broadcast_coalesced(pg, tensors, cap_bytes, 0)
+    out = []
+    for call in pg.calls:
+        assert len(call) == 1, call  # one flattened tensor per group
+        out.append(call[0])
+    return out
+
+
+def random_layout(rng):
+    n = rng.choice([1, 2, 3, 5, 8, 20, 40])
+    dtypes = rng.sample(list(DTYPES), rng.choice([1, 1, 2, 3, 5]))
+    layout = []
+    for i in range(n):
+        shape = rng.choice([[], [0], [rng.randint(1, 300)], [rng.randint(1, 40), rng.randint(1, 40)]])
+        layout.append({"name": f"t{i}", "shape": shape, "dtype": "torch." + rng.choice(dtypes)})
+    return layout
+
+
+class BroadcastChunksTest(unittest.TestCase):
+    """broadcast-test's chunks (results.rows[].chunk_list) against the
+    broadcasts torch's _broadcast_coalesced makes for the same tensors, as
+    DDP's _sync_module_states calls it, dtype and bytes per broadcast."""
+
+    def compare(self, layout, caps, model):
+        with tempfile.TemporaryDirectory() as d:
+            if model is None:
+                model = os.path.join(d, "layout.json")
+                with open(model, "w") as f:
+                    json.dump({"name": "case", "tensors": layout}, f)
+            out = os.path.join(d, "b.json")
+            # A cap in MiB whose bytes are exact (a multiple of 16 B is a
+            # short binary fraction of a MiB).
+            p = run_bin(["broadcast-test", "--nproc", "1", "--model", model, "--chunk-mb",
+                         ",".join(repr(c / MIB) for c in caps), "-n", "1", "-w", "0", "--json", out])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                rows = json.load(f)["results"]["rows"]
+        self.assertEqual(len(rows), len(caps))
+        for cap, row in zip(caps, rows):
+            self.assertEqual(row["chunk_bytes"], cap)
+            ours = [(c["dtype"], c["bytes"]) for c in row["chunk_list"]]
+            self.assertEqual(ours, torch_broadcast_chunks(layout, cap), f"cap {cap}: {layout}")
+            self.assertEqual(row["chunks"], len(ours))
+            # Every tensor once; each chunk's tensors add up to its bytes.
+            seen = sorted(i for c in row["chunk_list"] for i in c["tensors"])
+            self.assertEqual(seen, list(range(len(layout))))
+            bump("broadcast chunk lists")
+
+    def test_presets(self):
+        for model in ["mlp", "resnet50"]:
+            with self.subTest(model=model):
+                self.compare(dump_layout(model), [250 * MIB, 25 * MIB, 16 * MIB, MIB, 256 * 1024], model)
+
+    def test_random_layouts(self):
+        rng = random.Random(8)
+        for k in range(40 * SCALE):
+            layout = random_layout(rng)
+            caps = sorted({rng.choice([16, 64, 400, 1024, 4096, 65536]) for _ in range(3)})
+            with self.subTest(case=k):
+                self.compare(layout, caps, None)
 
 
 if __name__ == "__main__":

@@ -439,6 +439,66 @@ class BadInput(unittest.TestCase):
                 self.assertIn(message, p.stderr)
                 self.assertNotIn("[rank", p.stderr)  # once, from the launcher
 
+    def test_sizes_and_lists_are_refused_before_any_rank_starts(self):
+        # Sizes that do not fit 64 bits are named as too large (not wrapped
+        # around into a small number); reversed ranges, empty list entries,
+        # steps that never move and values that round to nothing are refused
+        # by every subcommand that takes them, the same way.
+        too_large = "is too large (at most 18446744073709551615 bytes"
+        for args, message in [
+                (["allreduce-test", "-e", "99999999999999999999"],
+                 "--maxbytes: '99999999999999999999' " + too_large),
+                (["allreduce-test", "-e", "18446744073709551616"], too_large),
+                (["allreduce-test", "-e", "17179869184G"], "--maxbytes: '17179869184G' " + too_large),
+                (["allreduce-test", "-b", "1e30"], "--minbytes: '1e30' " + too_large),
+                (["allreduce-test", "-i", "17179869184G"], "--stepbytes: '17179869184G' " + too_large),
+                (["allreduce-test", "-i", "0"], "--stepbytes: must be a size > 0, not 0"),
+                (["dp-vs-ring", "-e", "99999999999999999999"], "--maxbytes: '99999999999999999999' " + too_large),
+                (["dp-vs-ring", "-f", "1"], "--stepfactor: must be a number > 1, not 1"),
+                (["dp-vs-ring", "-b", "4M", "-e", "1M"], "--maxbytes: 1M is below --minbytes 4M (swap them)"),
+                (["dp-vs-ring", "--world-sizes", "2,,1"], "--world-sizes: '2,,1' has an empty entry"),
+                (["dp-vs-ring", "--algorithms", "ring,"], "--algorithms: 'ring,' has an empty entry"),
+                (["bucket-sweep", "--model", "mlp", "--caps", "1", "--sweep-minbytes", "4M",
+                  "--sweep-maxbytes", "1M"], "--sweep-maxbytes: 1M is below --sweep-minbytes 4M (swap them)"),
+                (["bucket-sweep", "--sweep-maxbytes", "99999999999999999999"], too_large),
+                (["bucket-sweep", "--caps", "1,,5"], "--caps: '1,,5' has an empty entry"),
+                (["bucket-sweep", "--caps", ",1"], "--caps: ',1' has an empty entry"),
+                (["broadcast-test", "--chunk-mb", "1,,2"], "--chunk-mb: '1,,2' has an empty entry"),
+                (["broadcast-test", "--chunk-mb", "0.0000001"],
+                 "--chunk-mb: '0.0000001' MiB rounds down to 0 bytes (the smallest chunk is 1 byte, "
+                 "--chunk-mb 0.000001"),
+                (["broadcast-test", "--chunk-mb", "250,x"], "--chunk-mb: 'x' is not a positive number of MiB"),
+                (["memory", "--model", "mlp", "--workspace-mb", "-1"],
+                 "--workspace-mb: must be between 0 and 1000000, not -1"),
+                (["memory", "--model", "mlp", "--workspace-mb", "1e9"],
+                 "--workspace-mb: must be between 0 and 1000000, not 1e9"),
+                (["memory", "--bucket-cap-mb", "-5"], "--bucket-cap-mb: must be a number > 0, not -5"),
+                (["link-health", "--bytes", "0"], "--bytes: must be a size > 0, not 0"),
+                (["link-health", "--bytes", "99999999999999999999"], "--bytes: '99999999999999999999' " + too_large),
+        ]:
+            with self.subTest(args=args):
+                p = run(args + ["--nproc", "2"])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertNotIn("[rank", p.stderr)  # once, from the launcher
+
+    def test_model_refuses_reversed_ranges(self):
+        for args, message in [(["-b", "4M", "-e", "1M"], "--maxbytes 1M is below --minbytes 4M"),
+                              (["--fit-min-bytes", "4M", "--fit-max-bytes", "1M"],
+                               "--fit-max-bytes 1M is below --fit-min-bytes 4M")]:
+            with self.subTest(args=args):
+                p = run(["model", "/nonexistent.json", "--world-size", "8"] + args)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertIn("swap them", p.stderr)
+
+    def test_rank_spread_names_the_block_shown(self):
+        for flag, label in [("--no-out-of-place", "rank spread (ip)"), ("--no-in-place", "rank spread (oop)")]:
+            with self.subTest(flag=flag):
+                p = run(["allreduce-test", "--nproc", "2", "-b", "8", "-e", "64", "-n", "1", "-w", "0", flag])
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn(label, p.stdout)
+
     def test_linear_sweep_with_i_takes_any_factor(self):
         # nccl-tests' linear sweep: -i steps by bytes and -f is unused, so a
         # factor of 1 is fine there (it is refused only without -i).
