@@ -831,6 +831,9 @@ namespace {
 void start_job(Job& job, const CommonOptions& o) {
   job.world = discover_world(o.world, process_env());
   g_rank.store(job.world.rank, std::memory_order_relaxed);
+  // Rank 0 writes the job's report: a path it cannot write fails now, not
+  // after the measurement.
+  if (job.world.rank == 0) check_report_outputs(o);
   job.backend = choose_backend(o);
   job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
   host_store(job);
@@ -906,6 +909,21 @@ void Job::progress_line(const std::string& line) const {
   if (progress && world.rank == 0) std::fprintf(stderr, "%s\n", line.c_str());
 }
 
+void check_report_outputs(const CommonOptions& o) {
+  if (reports::same_file(o.json_path, o.markdown_path))
+    throw UsageError(fmt::format("--json and --markdown name the same file ({}): one would "
+                                 "overwrite the other",
+                                 o.json_path),
+                     {"flags", -1, -1, "give each its own path, e.g. --json out.json --markdown out.md"});
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--json", o.json_path},
+                                   {"--markdown", o.markdown_path}})
+    if (auto problem = reports::output_path_problem(path))
+      throw UsageError(fmt::format("{} {}: cannot write the report there: {}", flag, path, *problem),
+                       {"flags", current_rank(), -1,
+                        "create the directory first, or give a path in a writable directory "
+                        "(checked before anything is measured)"});
+}
+
 std::optional<int> launch_if_asked(const CommonOptions& o) {
   auto env = process_env();
   const bool under_launcher = launched_by_launcher(env);
@@ -952,6 +970,7 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
     }
   }
   if (builtin) {
+    check_report_outputs(o);
     // Built-in launcher: default world is one rank per GPU with NCCL, else 2
     // Gloo ranks on loopback.
     int nproc = o.nproc;
@@ -1057,8 +1076,16 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   // The job's report comes from rank 0. A rank cut off from the store (it
   // never reached it, or lost it) cannot hand its view to rank 0, so it
   // writes its own next to it: out.json -> out.rank<R>.json.
-  const bool own_report =
-      job.world.rank > 0 && (store_unreachable || (job.monitor && job.monitor->store_lost()));
+  // Rank 0 gone (killed, crashed) cannot write the job's report either.
+  bool rank0_gone = false;
+  if (job.monitor) {
+    const auto failure = job.monitor->failure_report();
+    if (failure.is_object() && failure.contains("diagnosis"))
+      for (const auto& r : failure["diagnosis"].value("gone_ranks", nlohmann::json::array()))
+        rank0_gone = rank0_gone || r == 0;
+  }
+  const bool own_report = job.world.rank > 0 && (store_unreachable || rank0_gone ||
+                                                 (job.monitor && job.monitor->store_lost()));
   if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {
     auto path_of = [&](const std::string& path, const std::string& ext) {
       return own_report ? rank_report_path(path, ext, job.world.rank) : path;
@@ -1067,8 +1094,11 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       const std::string json_path = path_of(o.json_path, ".json");
       reports::write_report_outputs(report.finish(), json_path, path_of(o.markdown_path, ".md"));
       if (own_report && !json_path.empty())
-        std::fprintf(stderr, "ddpdiag: rank %d could not reach the store; its own report: %s\n",
-                     job.world.rank, json_path.c_str());
+        std::fprintf(stderr, "ddpdiag: rank %d %s; its own report: %s\n", job.world.rank,
+                     store_unreachable || (job.monitor && job.monitor->store_lost())
+                         ? "could not reach the store"
+                         : "saw rank 0, which writes the job's report, gone",
+                     json_path.c_str());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddpdiag: error on rank %d: %s\n", job.world.rank, e.what());
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);

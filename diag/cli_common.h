@@ -129,6 +129,9 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
 // while its peers hang. Flags that legitimately differ per rank (rank, sizes
 // of the world, store address, report paths, interface, timeout) are left out.
 void record_rank_settings(const CLI::App& subcommand);
+// --json / --markdown: refused (UsageError) when they name the same file, or
+// a path whose directory is missing or not writable, before any work.
+void check_report_outputs(const CommonOptions& o);
 void wait_for_ranks(Job& job);
 // Creates the backend's communicator, wrapped in a MonitoredCommunicator.
 void create_communicator(Job& job, const CommonOptions& o);

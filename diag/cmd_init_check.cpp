@@ -242,6 +242,7 @@ int run_init_check(const InitCheckOptions& io) {
         if (e.context().phase.empty() || e.context().phase == "world") e.context().phase = "environment";
         throw;
       }
+      if (job.world.rank == 0) check_report_outputs(o);
       job.backend = choose_backend(o);
       host = reported_host_name(o, job.world.rank);
       return describe_env(job.world) + fmt::format("; backend {}", backend_name(job.backend));

@@ -8,6 +8,10 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <climits>
+#include <random>
+#include <filesystem>
+#include <optional>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -121,27 +125,87 @@ nlohmann::json Report::finish() const {
   return out;
 }
 
-void write_file_atomic(const std::string& path, const std::string& content) {
-  std::string tmp = fmt::format("{}.tmp.{}", path, static_cast<long>(getpid()));
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    throw WriteError(
-        fmt::format("cannot write report {}: {} (creating {})", path, std::strerror(err), tmp), err);
+namespace {
+
+// Where a write to `path` lands: a symbolic link is followed to the file it
+// names (a "latest.json" link keeps pointing at its file), relative links
+// from the link's own directory.
+std::string resolve_links(const std::string& path) {
+  std::string p = path;
+  for (int depth = 0; depth < 40; ++depth) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    std::string target(PATH_MAX, '\0');
+    const ssize_t n = ::readlink(p.c_str(), target.data(), target.size());
+    if (n <= 0) return p;
+    target.resize(static_cast<std::size_t>(n));
+    if (target.front() != '/') {
+      const auto slash = p.rfind('/');
+      if (slash != std::string::npos) target = p.substr(0, slash + 1) + target;
+    }
+    p = target;
   }
+  return p;
+}
+
+void write_all(int fd, const std::string& content, const std::string& path, const std::string& what) {
   const char* p = content.data();
   std::size_t left = content.size();
   while (left > 0) {
     ssize_t n = ::write(fd, p, left);
     if (n < 0) {
       if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw WriteError(fmt::format("cannot write report {}: {} (writing {})", path, std::strerror(err), tmp), err);
+      throw WriteError(fmt::format("cannot write report {}: {} ({})", path, std::strerror(errno), what),
+                       errno);
     }
     p += n;
     left -= static_cast<std::size_t>(n);
+  }
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (S_ISDIR(st.st_mode))
+      throw WriteError(fmt::format("cannot write report {}: it is a directory", path), EISDIR);
+    // A device or a pipe (/dev/stdout, /dev/null, a FIFO a tool reads):
+    // written through, never replaced by a file of our own.
+    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+      throw WriteError(fmt::format("cannot write report {}: {}", path, std::strerror(errno)), errno);
+    try {
+      write_all(fd, content, path, "writing to the device");
+    } catch (...) {
+      ::close(fd);
+      throw;
+    }
+    ::close(fd);
+    return;
+  }
+  const std::string target = resolve_links(path);
+  // A fresh temporary of a name nobody can have prepared: O_EXCL and
+  // O_NOFOLLOW refuse one that exists (a link planted to redirect the write).
+  std::random_device rd;
+  std::string tmp;
+  int fd = -1;
+  for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
+    tmp = fmt::format("{}.tmp.{}.{:08x}", target, static_cast<long>(getpid()), rd());
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) {
+    const int err = errno;
+    throw WriteError(
+        fmt::format("cannot write report {}: {} (creating {})", path, std::strerror(err), tmp), err);
+  }
+  try {
+    write_all(fd, content, path, "writing " + tmp);
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
   }
   // The data must be on disk before the rename makes it visible under the
   // final name; otherwise a crash could leave an empty file there.
@@ -150,12 +214,45 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     ::unlink(tmp.c_str());
     throw WriteError(fmt::format("cannot write report {}: {} (writing {})", path, std::strerror(err), tmp), err);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (::rename(tmp.c_str(), target.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
     throw WriteError(
         fmt::format("cannot move report into place at {}: {}", path, std::strerror(err)), err);
   }
+}
+
+std::optional<std::string> output_path_problem(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return fmt::format("{} is a directory", path);
+    if (!S_ISREG(st.st_mode)) return ::access(path.c_str(), W_OK) == 0
+                                         ? std::nullopt
+                                         : std::optional<std::string>(fmt::format(
+                                               "{} is not writable: {}", path, std::strerror(errno)));
+  }
+  const std::string target = resolve_links(path);
+  const auto slash = target.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : target.substr(0, slash);
+  if (::stat(dir.c_str(), &st) != 0)
+    return fmt::format("the directory {} of {} does not exist", dir, path);
+  if (!S_ISDIR(st.st_mode)) return fmt::format("{} (in the path {}) is not a directory", dir, path);
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    return fmt::format("the directory {} of {} is not writable: {}", dir, path, std::strerror(errno));
+  return std::nullopt;
+}
+
+bool same_file(const std::string& a, const std::string& b) {
+  if (a.empty() || b.empty()) return false;
+  const std::string ra = resolve_links(a), rb = resolve_links(b);
+  struct stat sa {}, sb {};
+  if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
+    // A device or pipe (/dev/null) takes both writes; only a file would lose one.
+    return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  std::error_code ec1, ec2;
+  const auto ca = std::filesystem::weakly_canonical(ra, ec1), cb = std::filesystem::weakly_canonical(rb, ec2);
+  return !ec1 && !ec2 ? ca == cb : ra == rb;
 }
 
 void write_json_atomic(const std::string& path, const nlohmann::json& doc) {

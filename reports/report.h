@@ -100,7 +100,17 @@ class WriteError : public std::runtime_error {
 
 // Atomic write: FILE.tmp.<pid> in the same directory, fsync, rename.
 // Throws WriteError with the path and errno text on failure.
+// A symbolic link is followed (the file it names is replaced, the link kept);
+// a device or pipe (/dev/stdout, a FIFO) is written through, not replaced.
+// The temporary is created with O_EXCL | O_NOFOLLOW under an unguessable name.
 void write_file_atomic(const std::string& path, const std::string& content);
+// Why a report could not be written at `path`, found before any work is done
+// (its directory missing or not writable, the path a directory), or nullopt.
+std::optional<std::string> output_path_problem(const std::string& path);
+// Whether two paths name the same regular file (links followed; for files
+// that do not exist yet, the same normalised path). A device is never "the
+// same file": /dev/null may take two outputs.
+bool same_file(const std::string& a, const std::string& b);
 void write_json_atomic(const std::string& path, const nlohmann::json& doc);
 // Reads and parses a report; throws std::runtime_error naming the file.
 nlohmann::json read_json(const std::string& path);

@@ -1,9 +1,13 @@
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
 
 #include <catch2/catch.hpp>
 
@@ -50,6 +54,57 @@ TEST_CASE("atomic write replaces the file whole and leaves no temporary", "[repo
     ++files;
   }
   CHECK(files == 1);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a report written to a link, a pipe or a device goes through it, never replaces it",
+          "[report]") {
+  auto dir = fs::temp_directory_path() / ("ddpdiag-targets-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // A symbolic link (latest.json -> run1.json) keeps pointing at its file,
+  // which gets the report.
+  const auto target = (dir / "run1.json").string(), link = (dir / "latest.json").string();
+  write_json_atomic(target, {{"run", 0}});
+  fs::create_symlink("run1.json", link);
+  write_json_atomic(link, {{"run", 1}});
+  CHECK(fs::is_symlink(link));
+  CHECK(read_json(target)["run"] == 1);
+  // A FIFO is written through (a reader gets the report) and stays a FIFO.
+  const auto fifo = (dir / "pipe").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  std::string got;
+  std::thread reader([&] {
+    std::ifstream in(fifo);
+    got.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  });
+  write_json_atomic(fifo, {{"via", "pipe"}});
+  reader.join();
+  CHECK(fs::is_fifo(fifo));
+  CHECK(nlohmann::json::parse(got)["via"] == "pipe");
+  // A full device: the write fails with ENOSPC, and the device stays one.
+  if (fs::exists("/dev/full")) {
+    try {
+      write_json_atomic("/dev/full", {{"a", 1}});
+      FAIL("writing to /dev/full succeeded");
+    } catch (const WriteError& e) {
+      CHECK(e.error_number() == ENOSPC);
+    }
+    CHECK(fs::is_character_file("/dev/full"));
+  }
+  // No temporary is left anywhere.
+  int files = 0;
+  for (auto& e : fs::directory_iterator(dir)) {
+    (void)e;
+    ++files;
+  }
+  CHECK(files == 3);
+  CHECK(same_file(link, target));
+  CHECK_FALSE(same_file("/dev/null", "/dev/null"));
+  CHECK(same_file((dir / "new.json").string(), (dir / "." / "new.json").string()));
+  CHECK(output_path_problem((dir / "missing" / "r.json").string()).has_value());
+  CHECK(output_path_problem(dir.string()).has_value());
+  CHECK_FALSE(output_path_problem((dir / "new.json").string()).has_value());
   fs::remove_all(dir);
 }
 

@@ -4,6 +4,7 @@ its failure modes: port taken, nothing listening, world size mismatch,
 missing rank, duplicate rank, a killed rank."""
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -327,6 +328,32 @@ class BadInput(unittest.TestCase):
                               p.stderr)
                 self.assertNotIn("[rank", p.stderr)
                 self.assertLess(p.elapsed, 10)
+
+    def test_report_paths_are_checked_before_anything_is_measured(self):
+        # A report that could not be written must not cost a whole sweep:
+        # a missing directory, a directory as the path, and one file for
+        # both --json and --markdown are refused at once, before any rank.
+        d = tempfile.mkdtemp()
+        try:
+            for flags, said in ((["--json", os.path.join(d, "missing", "r.json")],
+                                 "does not exist"),
+                                (["--json", d], "is a directory"),
+                                (["--json", os.path.join(d, "r.json"), "--markdown",
+                                  os.path.join(d, ".", "r.json")], "name the same file")):
+                with self.subTest(flags=flags):
+                    p = run(["allreduce-test", "--nproc", "2", "-e", "1K"] + flags)
+                    self.assertEqual(p.returncode, 2, p.stderr)
+                    self.assertIn(said, p.stderr)
+                    self.assertNotIn("[rank", p.stderr)
+                    self.assertLess(p.elapsed, 10)
+            # A rank started alone (rank 0 of a world) checks too, before the rendezvous.
+            p = run(["allreduce-test", "--rank", "0", "--world-size", "2", "--master-port",
+                     str(free_port()), "--timeout", "30", "--json",
+                     os.path.join(d, "missing", "r.json")])
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertLess(p.elapsed, 10)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
 
     def test_ranks_with_different_flags_are_refused(self):
         # Rank 1 would run sizes rank 0 never runs: rank 0 must not pass

@@ -244,6 +244,26 @@ class PeerDeath(unittest.TestCase):
         self.assertIn("Rank 2 did not publish its state: it is dead", p.stderr)
         self.assertLess(p.elapsed, TIMEOUT + MARGIN)
 
+    def test_killed_rank_0_leaves_a_report_from_the_survivor(self):
+        # Rank 0 writes the job's report; killed, it writes none. A rank that
+        # saw it gone writes its own (FILE.rank<R>.json), with the diagnosis.
+        path = tmp_json()
+        own = path[:-len(".json")] + ".rank1.json"
+        try:
+            p = run(["allreduce-test", "--nproc", "2", "--timeout", str(TIMEOUT), "--inject-fault",
+                     "exit@seq=6,rank=0", "--json", path] + SMALL, timeout=TIMEOUT + 60)
+            self.assertEqual(p.returncode, 5, p.stderr)
+            self.assertFalse(os.path.exists(path))
+            self.assertIn("its own report: %s" % own, p.stderr)
+            rep = load(own)
+            self.assertEqual(rep["verdict"], "ERROR")
+            self.assertEqual(rep["error"]["rank"], 1)
+            self.assertIn(0, rep["results"]["watchdog"]["diagnosis"]["gone_ranks"])
+        finally:
+            for f in (path, own):
+                if os.path.exists(f):
+                    os.unlink(f)
+
     def test_library_thread_failure_still_writes_the_report(self):
         # An exception in a thread ddpdiag does not own (Gloo's network thread
         # on a protocol error) ends the process in std::terminate: it exits 5
@@ -275,8 +295,12 @@ class PeerDeath(unittest.TestCase):
                         job = load(path)
                         self.assertEqual(job["verdict"], "ERROR")
                         self.assertEqual(job["error"]["peer"], 1)
-                    else:
-                        self.assertFalse(os.path.exists(own))
+                    elif os.path.exists(own):
+                        # Rank 1 saw rank 0 gone, and cannot know that rank 0
+                        # wrote its report: it writes its own beside it.
+                        mine = load(own)
+                        self.assertEqual(mine["error"]["rank"], 1)
+                        self.assertIn(0, mine["results"]["watchdog"]["diagnosis"]["gone_ranks"])
                     self.assertLess(p.elapsed, TIMEOUT + MARGIN)
                 finally:
                     for f in (path, own):
