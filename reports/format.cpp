@@ -1,5 +1,6 @@
 #include "reports/format.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/core.h>
@@ -71,17 +72,49 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
+std::string markdown_text(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (char c : s) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '`': out += "\\`"; break;
+      case '\n':
+      case '\r': out += ' '; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
 std::string markdown_cell(const std::string& s) {
   std::string out;
-  for (char c : s) {
+  for (char c : markdown_text(s)) {
     if (c == '|')
       out += "\\|";
-    else if (c == '\n' || c == '\r')
-      out += ' ';
     else
       out += c;
   }
   return out;
+}
+
+std::string markdown_code_cell(const std::string& s) {
+  // The fence is one backtick longer than the longest run inside; GitHub
+  // takes \| in a table cell as a pipe even within code.
+  std::size_t longest = 0, run = 0;
+  std::string body;
+  for (char c : s) {
+    run = c == '`' ? run + 1 : 0;
+    longest = std::max(longest, run);
+    if (c == '|') body += "\\|";
+    else if (c == '\n' || c == '\r') body += ' ';
+    else body += c;
+  }
+  const std::string fence(longest + 1, '`');
+  const bool pad = !body.empty() && (body.front() == '`' || body.back() == '`');
+  return fence + (pad ? " " : "") + body + (pad ? " " : "") + fence;
 }
 
 }  // namespace ddpdiag::reports

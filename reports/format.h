@@ -19,7 +19,12 @@ std::string format_figure(double v, int digits = 4);
 std::string format_cell(const nlohmann::json& v);
 // &, <, >, ", ' escaped for HTML text and attribute values.
 std::string html_escape(const std::string& s);
-// | and newlines made safe inside a Markdown table cell.
+// Text from a report made inert in Markdown: &, <, > as entities (no HTML
+// gets through), backticks escaped (no code span opens), newlines as spaces.
+std::string markdown_text(const std::string& s);
+// markdown_text, and | escaped too: safe inside a Markdown table cell.
 std::string markdown_cell(const std::string& s);
+// s as a code span inside a Markdown table cell, shown verbatim.
+std::string markdown_code_cell(const std::string& s);
 
 }  // namespace ddpdiag::reports

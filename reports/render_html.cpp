@@ -184,15 +184,26 @@ std::string link_health_chart(const json& res) {
   h.title = "Link health: bandwidth between ranks";
   const json& matrix = first_of(res, {"busbw_gbps", "bandwidth_gbps", "matrix"});
   const json& pairs = at(res, "pairs");
+  // A pair is one link, measured once and shown in both of its cells
+  // (src->dst and dst->src): outline both.
   std::set<std::pair<int, int>> slow;
+  auto mark = [&](int a, int b) {
+    slow.insert({a, b});
+    slow.insert({b, a});
+  };
   const json& slow_pairs = at(res, "slow_pairs");
   if (slow_pairs.is_array())
     for (const auto& p : slow_pairs) {
       if (p.is_array() && p.size() >= 2 && p[0].is_number_integer() && p[1].is_number_integer())
-        slow.insert({p[0].get<int>(), p[1].get<int>()});
+        mark(p[0].get<int>(), p[1].get<int>());
       else if (p.is_object() && at(p, "src").is_number_integer() && at(p, "dst").is_number_integer())
-        slow.insert({at(p, "src").get<int>(), at(p, "dst").get<int>()});
+        mark(at(p, "src").get<int>(), at(p, "dst").get<int>());
     }
+  if (pairs.is_array())
+    for (const auto& p : pairs)
+      if (at(p, "slow").is_boolean() && at(p, "slow").get<bool>() && at(p, "src").is_number_integer() &&
+          at(p, "dst").is_number_integer())
+        mark(at(p, "src").get<int>(), at(p, "dst").get<int>());
   std::string unit = "GB/s";
   if (matrix.is_array() && !matrix.empty() && matrix[0].is_array()) {
     for (const auto& row : matrix) {
@@ -215,7 +226,8 @@ std::string link_health_chart(const json& res) {
         unit = "µs";
       }
       h.cells[static_cast<std::size_t>(s)][static_cast<std::size_t>(d)] = v;
-      if (at(p, "slow").is_boolean() && at(p, "slow").get<bool>()) slow.insert({s, d});
+      auto& back = h.cells[static_cast<std::size_t>(d)][static_cast<std::size_t>(s)];
+      if (!back && s != d) back = v;  // one measurement per link
     }
   } else {
     return "";

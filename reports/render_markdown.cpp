@@ -32,7 +32,7 @@ std::string table_md(const view::Table& t) {
     for (const auto& cell : row) out += " " + markdown_cell(cell) + " |";
     out += "\n";
   }
-  if (!t.note.empty()) out += "\n_" + t.note + "_\n";
+  if (!t.note.empty()) out += "\n_" + markdown_text(t.note) + "_\n";
   return out;
 }
 
@@ -45,13 +45,13 @@ std::string render_markdown(const json& report) {
 
   out += "| | |\n|---|---|\n";
   for (const auto& [k, v] : view::context(report))
-    out += fmt::format("| {} | {} |\n", markdown_cell(k), k == "command line" ? "`" + markdown_cell(v) + "`" : markdown_cell(v));
+    out += fmt::format("| {} | {} |\n", markdown_cell(k), k == "command line" ? markdown_code_cell(v) : markdown_cell(v));
   out += "\n";
 
   auto errs = view::error_fields(report);
   if (!errs.empty()) {
     out += "### Error\n\n";
-    for (const auto& [k, v] : errs) out += fmt::format("- **{}**: {}\n", k, v);
+    for (const auto& [k, v] : errs) out += fmt::format("- **{}**: {}\n", markdown_text(k), markdown_text(v));
     out += "\n";
   }
 
@@ -68,7 +68,7 @@ std::string render_markdown(const json& report) {
   auto tables = view::result_tables(report);
   if (!tables.empty()) {
     out += "### Results\n\n";
-    for (const auto& t : tables) out += fmt::format("#### {}\n\n{}\n", t.title, table_md(t));
+    for (const auto& t : tables) out += fmt::format("#### {}\n\n{}\n", markdown_text(t.title), table_md(t));
   }
 
   auto ranks = view::ranks_table(report);

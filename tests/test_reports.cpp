@@ -552,6 +552,189 @@ TEST_CASE("html: charts for bucket-sweep, link-health, memory and init-check res
   CHECK(init.find("time since start (s)") != std::string::npos);
 }
 
+namespace {
+
+json rendered_report(const std::string& command, json results) {
+  Report r(command, {"ddpdiag", command});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "a", 1, "cpu", ""}, {1, 1, "a", 2, "cpu", ""}}, {{"gloo", "0.5.0"}});
+  r.results() = std::move(results);
+  return r.finish();
+}
+
+// The text of one "#### title" block of the Markdown, up to the next heading.
+std::string md_block(const std::string& md, const std::string& title) {
+  auto at = md.find("#### " + title + "\n");
+  if (at == std::string::npos) return "";
+  auto end = md.find("\n#", at + 5);
+  return md.substr(at, end == std::string::npos ? std::string::npos : end - at);
+}
+
+bool has(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+}  // namespace
+
+TEST_CASE("render: dp-vs-ring rows name the algorithm and show traffic against theory", "[reports][render]") {
+  json sizes = json::array();
+  for (const char* algo : {"gather", "ring", "backend"}) {
+    json row = {{"collective", "all_reduce"}, {"algorithm", algo}, {"world_size", 2}, {"bytes", 65536},
+                {"count", 16384}, {"dtype", "float"}, {"op", "sum"}, {"out_of_place", nullptr},
+                {"in_place", block({65536, 1.0, 99, 101})}};
+    if (std::string(algo) == "gather") {
+      row["rank0_bytes_moved"] = 131072;
+      row["max_other_bytes_moved"] = 131072;
+      row["rank0_extra_bytes"] = 65536;
+      row["max_other_extra_bytes"] = 0;
+      row["traffic_matches_theory"] = true;
+      row["extra_memory_matches_theory"] = true;
+      row["ranks"] = {{{"rank", 0}, {"theory_bytes_sent", 65536}, {"theory_bytes_received", 65536}, {"theory_extra_bytes", 65536}},
+                      {{"rank", 1}, {"theory_bytes_sent", 65536}, {"theory_bytes_received", 65536}, {"theory_extra_bytes", 0}}};
+    }
+    sizes.push_back(row);
+  }
+  auto j = rendered_report("dp-vs-ring", {{"collective", "all_reduce"}, {"sizes", sizes}});
+  auto md = render_markdown(j);
+  auto t = md_block(md, "Sizes (all_reduce)");
+  INFO(t);
+  for (const char* h : {"| algorithm |", "| n |", "| rank0 moved |", "| max other moved |", "| rank0 moved (theory) |",
+                        "| rank0 extra mem |", "| max other extra mem (theory) |", "| traffic = theory |"})
+    CHECK(has(t, h));
+  CHECK(has(t, "| 64 KiB | gather | 2 |"));
+  CHECK(has(t, "| 64 KiB | ring | 2 |"));
+  CHECK(has(t, "| 64 KiB | backend | 2 |"));
+  CHECK(has(t, "| 128 KiB | 128 KiB | 128 KiB | 128 KiB | 64 KiB | 64 KiB | 0 B | 0 B | yes | yes |"));
+  CHECK_FALSE(has(t, "out-of-place"));  // none measured: no empty columns
+  auto html = render_html(j);
+  CHECK(has(html, "<th>algorithm</th>"));
+  CHECK(has(html, "<th>rank0 moved</th>"));
+  CHECK(has(html, "<td>ring</td>"));
+}
+
+TEST_CASE("render: link-health matrices are tables and every slow cell is outlined", "[reports][render]") {
+  auto j = rendered_report("link-health", {{"ranks", 3},
+                                           {"busbw_gbps", {{nullptr, 2.46, 9.0}, {2.46, nullptr, 9.0}, {9.0, 9.0, nullptr}}},
+                                           {"latency_us", {{nullptr, 30.5, 10.0}, {30.5, nullptr, 10.0}, {10.0, 10.0, nullptr}}},
+                                           {"slow_pairs", {{0, 1}}}});
+  auto md = render_markdown(j);
+  auto bw = md_block(md, "busbw_gbps matrix (GB/s)");
+  INFO(md);
+  CHECK(has(bw, "| src \\ dst (GB/s) | 0 | 1 | 2 |"));
+  CHECK(has(bw, "| 0 | — | 2.46 (slow) | 9 |"));
+  CHECK(has(bw, "| 1 | 2.46 (slow) | — | 9 |"));
+  CHECK(has(md_block(md, "latency_us matrix (µs)"), "| 0 | — | 30.5 (slow) | 10 |"));
+  CHECK_FALSE(has(md, "[["));
+  CHECK_FALSE(has(md, "[null"));
+  auto html = render_html(j);
+  CHECK_FALSE(has(html, "[["));
+  CHECK(has(html, "<th>src \\ dst (GB/s)</th>"));
+  CHECK(has(html, "<td class=\"n\">—</td>"));
+  // Both cells of the slow link 0-1 (0->1 and 1->0) carry the red outline.
+  std::size_t outlines = 0;
+  for (auto at = html.find("fill=\"none\" stroke=\"#d00000\" stroke-width=\"3\""); at != std::string::npos;
+       at = html.find("fill=\"none\" stroke=\"#d00000\" stroke-width=\"3\"", at + 1))
+    ++outlines;
+  CHECK(outlines == 3);  // two cells and the legend swatch
+}
+
+TEST_CASE("render: memory per rank shows each category as a column in bytes", "[reports][render]") {
+  json ranks = json::array();
+  for (int r = 0; r < 2; ++r)
+    ranks.push_back({{"rank", r}, {"host", "a"},
+                     {"categories", {{"parameters", 7454760}, {"gradients", 7454760}, {"buckets", 7454760}, {"workspace", 1 << 20}}},
+                     {"category_peak_bytes", {{"parameters", 7454760}, {"buckets", 7454760}}},
+                     {"total_bytes", 23412424}, {"peak_bytes", 23412424}, {"device", {{"free_bytes", 1 << 30}}}});
+  auto j = rendered_report("memory", {{"model", "mlp"}, {"ranks", ranks}});
+  auto md = render_markdown(j);
+  auto t = md_block(md, "ranks");
+  INFO(t);
+  CHECK(has(t, "| rank | buckets | gradients | parameters | workspace | peak buckets | peak parameters |"));
+  CHECK(has(t, "| 0 | 7.11 MiB | 7.11 MiB | 7.11 MiB | 1 MiB | 7.11 MiB | 7.11 MiB |"));
+  CHECK(has(t, "22.3 MiB"));  // total_bytes
+  CHECK(has(t, "| device.free_bytes |"));
+  CHECK(has(t, "| 1 GiB |"));
+  CHECK_FALSE(has(t, "{\""));
+  auto html = render_html(j);
+  CHECK_FALSE(has(html, "{&quot;"));
+  CHECK(has(html, "<th>peak buckets</th>"));
+}
+
+TEST_CASE("render: init-check timeline, rank errors and start times", "[reports][render]") {
+  json phases = {{{"name", "store_connect"}, {"start_s", 0.0}, {"end_s", 0.25}, {"duration_ms", 250.0}, {"status", "ok"},
+                  {"detail", "connected"}, {"hint", ""}},
+                 {{"name", "wait_for_ranks"}, {"start_s", 0.25}, {"end_s", 5.25}, {"duration_ms", 5000.0},
+                  {"status", "fail"}, {"detail", "1 of 2 arrived"}, {"hint", "check rank 1"}}};
+  json ranks = {{{"rank", 0}, {"host", "a"}, {"phases", phases}, {"started_unix_s", 1796000000.25},
+                 {"error", {{"kind", "timeout"}, {"message", "rank 1 never arrived"}, {"phase", "wait_for_ranks"},
+                            {"hint", "is rank 1 started?"}, {"peer", 1}, {"exit_code", 4}}}},
+                {{"rank", 1}, {"host", nullptr}, {"phases", json::array()}, {"error", nullptr}}};
+  auto j = rendered_report("init-check", {{"ranks", ranks}, {"timeout_s", 5}});
+  auto md = render_markdown(j);
+  INFO(md);
+  auto tl = md_block(md, "ranks: timeline");
+  CHECK(has(tl, "| rank | phase | start (s) | duration (ms) | status | detail |"));
+  CHECK(has(tl, "| 0 | store_connect | 0.000 | 250.0 | ok | connected |"));
+  CHECK(has(tl, "| 0 | wait_for_ranks | 0.250 | 5000.0 | fail | 1 of 2 arrived (hint: check rank 1) |"));
+  auto rk = md_block(md, "ranks");
+  CHECK(has(rk, "timeout: rank 1 never arrived (hint: is rank 1 started?)"));
+  CHECK(has(rk, "2026-11-30T"));
+  CHECK(has(rk, ".250Z"));
+  CHECK_FALSE(has(rk, "values"));
+  CHECK_FALSE(has(rk, "e+09"));
+  CHECK_FALSE(has(md, "{\""));
+  auto html = render_html(j);
+  CHECK(has(html, "<th>phase</th>"));
+  CHECK(has(html, "timeout: rank 1 never arrived (hint: is rank 1 started?)"));
+}
+
+TEST_CASE("render: the watchdog's diagnosis, flight recorder and rank states", "[reports][render]") {
+  json coll = {{"op", "all_reduce"}, {"dtype", "float"}, {"count", 256}, {"reduce_op", "sum"}, {"root", -1},
+               {"text", "all_reduce(float, 256, sum)"}};
+  json recorder = {{{"seq", 2}, {"collective", coll}, {"started_s", 0.5}, {"duration_ms", 1.5}, {"state", "completed"}},
+                   {{"seq", 3}, {"collective", coll}, {"started_s", 0.6}, {"duration_ms", 4012.0}, {"state", "started"}}};
+  json watchdog = {{"diagnosis", {{"gone_ranks", json::array()}, {"behind_ranks", {1}}, {"mismatches", json::array()},
+                                  {"stuck_seq", 3}, {"findings", {"Rank 1 behind."}}, {"summary", "Rank 1 behind."}}},
+                   {"cause", "collective #3: no result within 4000 ms"},
+                   {"detected_by", "watchdog"},
+                   {"flight_recorder", recorder},
+                   {"ranks", {{{"rank", 0}, {"host", "a"}, {"pid", 10}, {"last_started_seq", 3}, {"last_completed_seq", 2},
+                               {"reason", "timeout"}, {"flight_recorder", recorder}},
+                              {{"rank", 1}, {"host", "a"}, {"pid", 11}, {"last_started_seq", 2}, {"last_completed_seq", 2},
+                               {"reason", "alarm raised by rank 0"}, {"flight_recorder", json::array()}}}}};
+  auto j = rendered_report("allreduce-test", {{"collective", "all_reduce"}, {"watchdog", watchdog}});
+  auto md = render_markdown(j);
+  INFO(md);
+  CHECK(has(md_block(md, "Watchdog"), "| summary | Rank 1 behind. |"));
+  CHECK(has(md_block(md, "Watchdog"), "| stuck_seq | 3 |"));
+  auto fr = md_block(md, "Watchdog: flight recorder");
+  CHECK(has(fr, "| seq | collective | state | started (s) | duration (ms) |"));
+  CHECK(has(fr, "| 3 | all_reduce(float, 256, sum) | started | 0.6 | 4012 |"));
+  auto rs = md_block(md, "Watchdog: rank states");
+  CHECK(has(rs, "| rank | host | pid | last started | last completed | reason |"));
+  CHECK(has(rs, "| 1 | a | 11 | 2 | 2 | alarm raised by rank 0 |"));
+  CHECK_FALSE(has(md, "{\""));
+  auto html = render_html(j);
+  CHECK(has(html, "<h2>Results: Watchdog: flight recorder</h2>"));
+  CHECK_FALSE(has(html, "{&quot;"));
+}
+
+TEST_CASE("render: Markdown escapes what the report supplies", "[reports][render]") {
+  auto j = rendered_report("buckets", {{"model", "<img src=http://evil.example/x.png>"},
+                                       {"buckets", {{{"index", 0}, {"tensors", "a|b"}, {"first", "`code"}}}}});
+  j["error"] = {{"kind", "usage"}, {"message", "bad <b>name</b> & | `x`"}};
+  j["argv"] = {"ddpdiag", "buckets", "--model", "a|b`c"};
+  auto md = render_markdown(j);
+  INFO(md);
+  CHECK_FALSE(has(md, "<img"));
+  CHECK_FALSE(has(md, "<b>"));
+  CHECK(has(md, "&lt;img src=http://evil.example/x.png&gt;"));
+  CHECK(has(md, "| a\\|b |"));
+  CHECK(has(md, "| \\`code |"));
+  CHECK(has(md, "bad &lt;b&gt;name&lt;/b&gt; &amp; | \\`x\\`"));
+  CHECK(has(md, "| command line | ``ddpdiag buckets --model a\\|b`c`` |"));
+  auto html = render_html(j);
+  CHECK_FALSE(has(html, "<img"));
+  CHECK(has(html, "&lt;img src=http://evil.example/x.png&gt;"));
+}
+
 TEST_CASE("renderers never throw on odd input", "[reports][render]") {
   for (const json& j : {json::array(), json(nullptr), json{{"results", 5}}, json{{"results", {{"sizes", {1, "x"}}}}},
                         json{{"world", {{"ranks", "no"}}}, {"checks", {1}}, {"error", "x"}}}) {
