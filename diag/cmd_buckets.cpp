@@ -125,6 +125,8 @@ int run_buckets(const BucketsOptions& o) {
   if (o.model.empty())
     throw UsageError("buckets needs --model", ErrorContext{"buckets", -1, -1,
                                                            "e.g. --model resnet50, or --model my_model.json"});
+  // Made before the work so that started_at and duration_s cover it.
+  reports::Report report("buckets", own_command_line());
   const ModelLayout layout = load_model(o.model);
   if (o.dump_layout) {
     std::cout << model_layout_to_json(layout) << "\n";
@@ -187,7 +189,6 @@ int run_buckets(const BucketsOptions& o) {
               mib(largest).c_str(), mib(layout.total_bytes()).c_str(), mib(cap).c_str());
 
   if (!o.json_path.empty() || !o.markdown_path.empty()) {
-    reports::Report report("buckets", own_command_line());
     report.results() = std::move(results);
     reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
   }

@@ -117,6 +117,8 @@ int run_sampler(const SamplerCliOptions& c) {
       (c.count < 0 || c.count > shape.num_samples - c.start) ? shape.num_samples - c.start : c.count;
 
   const bool keep = !c.json_path.empty() || !c.markdown_path.empty();  // reports list the indices
+  // Made before the work so that started_at and duration_s cover it.
+  reports::Report report("sampler", own_command_line());
   std::vector<std::int64_t> indices;
   std::uint64_t checksum = 0;              // sum of the indices mod 2^64, to compare runs cheaply
   const auto t0 = std::chrono::steady_clock::now();
@@ -154,7 +156,6 @@ int run_sampler(const SamplerCliOptions& c) {
                 static_cast<unsigned long long>(checksum));
 
   if (!c.json_path.empty() || !c.markdown_path.empty()) {
-    reports::Report report("sampler", own_command_line());
     report.results() = {
         {"dataset_size", o.dataset_size},
         {"world_size", o.world_size},

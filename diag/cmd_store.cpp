@@ -113,6 +113,9 @@ int run_ping(const PingOptions& o) {
   Millis timeout = seconds_to_ms(o.timeout_s);
   if (o.count < 1) throw UsageError("--count must be at least 1", {"cli", -1, -1, ""});
 
+  // Made before the ping so that started_at and duration_s cover it (an
+  // unreachable store takes the whole --timeout).
+  reports::Report report("store ping", own_command_line());
   PingResult r;
   try {
     TcpStoreClientOptions co;
@@ -192,7 +195,6 @@ int run_ping(const PingOptions& o) {
                            {"num_keys", r.answered ? nlohmann::json(r.num_keys) : nlohmann::json(nullptr)},
                            {"connect_attempts", r.connect_attempts},
                            {"error", r.error ? *r.error : nlohmann::json(nullptr)}};
-    reports::Report report("store ping", own_command_line());
     report.set_environment(recorded_environment());
     report.results() = results;
     report.add_check({"store_reachable",
