@@ -209,8 +209,10 @@ Subcommand add_buckets_command(CLI::App& parent) {
                   "size of the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES; torch 2.x uses the "
                   "cap when bucket_cap_mb is given explicitly)")
       ->capture_default_str();
-  app->add_option("--json", opts->json_path, "write a JSON report to FILE");
-  app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE");
+  app->add_option("--json", opts->json_path, "write a JSON report to FILE")
+      ->check(report_path_value());
+  app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE")
+      ->check(report_path_value());
   app->add_option("--assign-case", opts->assign_case, "(testing) run bucket assignment on JSON cases")
       ->group("");
   app->add_flag("--dump-layout", opts->dump_layout, "(testing) print the model layout as JSON")->group("");

@@ -210,8 +210,10 @@ Subcommand add_sampler_command(CLI::App& parent) {
   app->add_option("--torch-version", o->torch_version,
                   "1.13 or 2.x (they differ only in randperm for N >= 214748364)")
       ->capture_default_str();
-  app->add_option("--json", o->json_path, "write a JSON report (with the indices) to FILE");
-  app->add_option("--markdown", o->markdown_path, "write the report as Markdown to FILE");
+  app->add_option("--json", o->json_path, "write a JSON report (with the indices) to FILE")
+      ->check(report_path_value());
+  app->add_option("--markdown", o->markdown_path, "write the report as Markdown to FILE")
+      ->check(report_path_value());
   app->add_flag("--benchmark,--count-only", o->benchmark, "print the time and indices/s, not the indices");
   return {app, [o] { return run_sampler(*o); }};
 }

@@ -284,8 +284,10 @@ Subcommand add_store_command(CLI::App& parent) {
   p->add_option("--protocol", ping->protocol, "auto | 1.13 | 2.x")->capture_default_str();
   p->add_option("--timeout", ping->timeout_s, "seconds for connecting and for each reply")->capture_default_str();
   p->add_option("--count", ping->count, "pings timed (the median is reported)")->capture_default_str();
-  p->add_option("--json", ping->json_path, "write the result as JSON to this file");
-  p->add_option("--markdown", ping->markdown_path, "write the result as Markdown to this file");
+  p->add_option("--json", ping->json_path, "write the result as JSON to this file")
+      ->check(cli::report_path_value());
+  p->add_option("--markdown", ping->markdown_path, "write the result as Markdown to this file")
+      ->check(cli::report_path_value());
 
   auto serve = std::make_shared<ServeOptions>();
   CLI::App* s = store->add_subcommand("serve", "host a store speaking both protocols until SIGINT/SIGTERM");
