@@ -196,7 +196,10 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
 
   std::vector<CapRow> rows;
   std::vector<SizeResult> sweep;
-  auto judge = [&] {
+  // complete: every cap was measured. A sweep that stopped part-way
+  // recommends nothing (the best of the caps it reached is not the best of
+  // --caps) and passes no check it did not get to.
+  auto judge = [&](bool complete) {
     std::vector<tools::CapFigure> figs;
     std::int64_t wrong = 0;
     bool counts_ok = true;
@@ -205,7 +208,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       wrong += r.wrong;
       counts_ok = counts_ok && r.bucket_bytes.size() == r.expected_buckets;
     }
-    const auto rec = tools::recommend_cap(figs, kDefaultCapMb);
+    const auto rec = complete ? tools::recommend_cap(figs, kDefaultCapMb) : std::nullopt;
     res["recommended_cap_mb"] = rec ? json(rec->bucket_cap_mb) : json();
     if (rec) {
       auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(); };
@@ -219,16 +222,26 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       res["recommendation"] = nullptr;
     }
     res["wrong_total"] = wrong;
+    if (!complete && rows.empty()) {
+      const char* why = "the run ended with an error before any cap was measured";
+      report.add_check({"correctness", reports::CheckStatus::kSkip, why});
+      report.add_check({"bucket_counts", reports::CheckStatus::kSkip, why});
+      return rec;
+    }
+    const std::string partial =
+        complete ? "" : fmt::format(" (the run ended with an error after {} of {} cap(s))", rows.size(), caps.size());
     report.add_check({"correctness", tools::pass_if(wrong == 0 && !rows.empty()),
-                      fmt::format("{} wrong gradient element(s) over {} cap(s), every rank checked",
-                                  wrong, rows.size())});
+                      fmt::format("{} wrong gradient element(s) over {} cap(s), every rank checked{}",
+                                  wrong, rows.size(), partial)});
     report.add_check({"bucket_counts", tools::pass_if(counts_ok),
-                      counts_ok ? "the reducer's buckets equal ddp_buckets() for every cap"
-                                : "the reducer's bucket count differs from ddp_buckets()"});
+                      (counts_ok ? std::string("the reducer's buckets equal ddp_buckets() for every cap")
+                                 : std::string("the reducer's bucket count differs from ddp_buckets()")) +
+                          (counts_ok ? partial : "")});
     return rec;
   };
 
   std::optional<tools::CapRecommendation> rec;
+  bool judged = false;
   try {
     for (std::size_t i = 0; i < caps.size(); ++i) {
       CapRow row = measure_cap(job, layout, caps[i], o);
@@ -248,7 +261,8 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       rows.push_back(std::move(row));
       job.progress_line(fmt::format("[progress] cap {} of {} done", i + 1, caps.size()));
     }
-    rec = judge();
+    rec = judge(true);
+    judged = true;
     if (job.rank() == 0 && rec) {
       if (rec->saving_us)
         std::printf("# Recommendation: bucket_cap_mb=%g (exposed %.2f ms; default 25: %.2f ms, saves "
@@ -306,7 +320,8 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                         fmt::format("{} wrong element(s) over {} size(s)", wrong, sweep.size())});
     }
   } catch (...) {
-    if (!rec) judge();
+    // A failure in the size sweep comes after the caps were judged.
+    if (!judged) judge(false);
     throw;
   }
   if (job.rank() == 0) print_checks_and_verdict(report);
