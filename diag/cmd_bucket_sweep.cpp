@@ -131,13 +131,16 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   return row;
 }
 
+// The median bucket size: the mean of the middle two for an even count, in
+// the table as in the report.
+double median_bucket_bytes(const CapRow& r) {
+  return median(std::vector<double>(r.bucket_bytes.begin(), r.bucket_bytes.end()));
+}
+
 json cap_json(const CapRow& r) {
   auto sorted = r.bucket_bytes;
   std::sort(sorted.begin(), sorted.end());
-  const auto med = sorted.empty() ? 0.0
-                                  : (sorted.size() % 2 ? static_cast<double>(sorted[sorted.size() / 2])
-                                                       : (static_cast<double>(sorted[sorted.size() / 2 - 1]) +
-                                                          static_cast<double>(sorted[sorted.size() / 2])) / 2);
+  const double med = median_bucket_bytes(r);
   return {{"bucket_cap_mb", r.cap_mb},
           {"bucket_cap_bytes", r.cap_bytes},
           {"bucket_count", r.bucket_bytes.size()},
@@ -251,7 +254,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
         std::sort(sorted.begin(), sorted.end());
         std::printf("  %8.4g %8zu %10.3f %10.3f %10.3f %10.2f %9.3f %12.2f %12.2f %12.2f %6lld\n",
                     row.cap_mb, row.bucket_bytes.size(), mib(static_cast<double>(sorted.front())),
-                    mib(static_cast<double>(sorted[sorted.size() / 2])),
+                    mib(median_bucket_bytes(row)),
                     mib(static_cast<double>(sorted.back())), row.comm_time_us / 1e3,
                     row.busbw_gbps, row.exposed_us / 1e3, row.step_us / 1e3, row.backward_us / 1e3,
                     static_cast<long long>(row.wrong));
