@@ -227,9 +227,11 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   g->add_option("--json", o.json_path,
                 "Write the job's report (from rank 0) to this file; a rank that loses the "
                 "store writes its own beside it, with .rank<R> before the .json "
-                "(--json out.json: rank 1 writes out.rank1.json)");
+                "(--json out.json: rank 1 writes out.rank1.json)")
+      ->check(report_path_value());
   g->add_option("--markdown", o.markdown_path,
-                "Write the job's report as Markdown (from rank 0) to this file");
+                "Write the job's report as Markdown (from rank 0) to this file")
+      ->check(report_path_value());
   g->add_option("--rank", o.world.rank, "This process's rank (overrides RANK)");
   g->add_option("--world-size", o.world.world_size, "Number of ranks (overrides WORLD_SIZE)");
   g->add_option("--local-rank", o.world.local_rank, "Rank on this host (overrides LOCAL_RANK)");

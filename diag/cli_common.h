@@ -200,4 +200,18 @@ CLI::Validator size_value();
 // The same, and the size must not be 0 ("must be a size > 0, not 0 (<hint>)").
 CLI::Validator positive_size_value(const std::string& hint);
 
+// The check of a run subcommand's --json and --markdown: a path. "-" is
+// refused (exit 2) rather than taken as a file named "-": the command prints
+// its table on stdout, so a report there would be mixed with it. (report
+// render --markdown - is the way to a report on stdout.)
+inline CLI::Validator report_path_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        if (s != "-") return "";
+        return "'-' (stdout) is not supported here, the command prints its own output there: give a "
+               "file path, e.g. out.json, then ddpdiag report render --markdown - out.json";
+      },
+      "PATH", "REPORT_PATH");
+}
+
 }  // namespace ddpdiag::cli

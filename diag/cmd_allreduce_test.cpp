@@ -150,8 +150,9 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
   };
 
   // Checks are judged from whatever was measured, also when the sweep stops
-  // part-way, so a failed run still reports its findings.
-  auto judge = [&] {
+  // part-way (complete false), so a failed run still reports its findings;
+  // but nothing passes, and no average is given, over sizes never measured.
+  auto judge = [&](bool complete) {
     std::int64_t wrong = 0;
     bool checked = so.check_iters > 0;
     for (const auto& r : results)
@@ -165,17 +166,27 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
           avg_busbw += (*b)->busbw_gbps;
           ++nb;
         }
-    res["avg_busbw_gbps"] = nb ? avg_busbw / nb : 0.0;
+    if (nb || complete)
+      res["avg_busbw_gbps"] = nb ? avg_busbw / nb : 0.0;
+    else
+      res.erase("avg_busbw_gbps");
     res["wrong_total"] = wrong;
-    if (checked)
+    const char* none_measured = "the run ended with an error before any size was measured";
+    const std::string partial =
+        complete ? "" : " before the run ended with an error";
+    if (!checked)
+      report.add_check({"correctness", reports::CheckStatus::kSkip, "-c 0: no check was run"});
+    else if (results.empty() && !complete)
+      report.add_check({"correctness", reports::CheckStatus::kSkip, none_measured});
+    else
       report.add_check({"correctness", wrong == 0 ? reports::CheckStatus::kPass
                                                   : reports::CheckStatus::kFail,
-                        fmt::format("{} wrong element(s) summed over {} rank(s) and {} size(s)",
-                                    wrong, job.size(), results.size())});
-    else
-      report.add_check({"correctness", reports::CheckStatus::kSkip, "-c 0: no check was run"});
+                        fmt::format("{} wrong element(s) summed over {} rank(s) and {} size(s){}",
+                                    wrong, job.size(), results.size(), partial)});
     if (o.min_busbw_gbps > 0) {
-      if (results.empty()) {
+      if (results.empty() && !complete) {
+        report.add_check({"min_busbw", reports::CheckStatus::kSkip, none_measured});
+      } else if (results.empty()) {
         report.add_check({"min_busbw", reports::CheckStatus::kFail, "no size was measured"});
       } else {
         const auto& last = results.back();
@@ -205,10 +216,10 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                                         combos_done, combos));
       }
   } catch (...) {
-    judge();
+    judge(false);
     throw;
   }
-  auto [wrong, avg] = judge();
+  auto [wrong, avg] = judge(true);
   if (o.bisect) {
     BisectOptions bo;
     bo.world_passed = wrong == 0 && !report.has_failed_check();

@@ -131,13 +131,16 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   return row;
 }
 
+// The median bucket size: the mean of the middle two for an even count, in
+// the table as in the report.
+double median_bucket_bytes(const CapRow& r) {
+  return median(std::vector<double>(r.bucket_bytes.begin(), r.bucket_bytes.end()));
+}
+
 json cap_json(const CapRow& r) {
   auto sorted = r.bucket_bytes;
   std::sort(sorted.begin(), sorted.end());
-  const auto med = sorted.empty() ? 0.0
-                                  : (sorted.size() % 2 ? static_cast<double>(sorted[sorted.size() / 2])
-                                                       : (static_cast<double>(sorted[sorted.size() / 2 - 1]) +
-                                                          static_cast<double>(sorted[sorted.size() / 2])) / 2);
+  const double med = median_bucket_bytes(r);
   return {{"bucket_cap_mb", r.cap_mb},
           {"bucket_cap_bytes", r.cap_bytes},
           {"bucket_count", r.bucket_bytes.size()},
@@ -196,7 +199,10 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
 
   std::vector<CapRow> rows;
   std::vector<SizeResult> sweep;
-  auto judge = [&] {
+  // complete: every cap was measured. A sweep that stopped part-way
+  // recommends nothing (the best of the caps it reached is not the best of
+  // --caps) and passes no check it did not get to.
+  auto judge = [&](bool complete) {
     std::vector<tools::CapFigure> figs;
     std::int64_t wrong = 0;
     bool counts_ok = true;
@@ -205,7 +211,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       wrong += r.wrong;
       counts_ok = counts_ok && r.bucket_bytes.size() == r.expected_buckets;
     }
-    const auto rec = tools::recommend_cap(figs, kDefaultCapMb);
+    const auto rec = complete ? tools::recommend_cap(figs, kDefaultCapMb) : std::nullopt;
     res["recommended_cap_mb"] = rec ? json(rec->bucket_cap_mb) : json();
     if (rec) {
       auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(); };
@@ -219,16 +225,26 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       res["recommendation"] = nullptr;
     }
     res["wrong_total"] = wrong;
+    if (!complete && rows.empty()) {
+      const char* why = "the run ended with an error before any cap was measured";
+      report.add_check({"correctness", reports::CheckStatus::kSkip, why});
+      report.add_check({"bucket_counts", reports::CheckStatus::kSkip, why});
+      return rec;
+    }
+    const std::string partial =
+        complete ? "" : fmt::format(" (the run ended with an error after {} of {} cap(s))", rows.size(), caps.size());
     report.add_check({"correctness", tools::pass_if(wrong == 0 && !rows.empty()),
-                      fmt::format("{} wrong gradient element(s) over {} cap(s), every rank checked",
-                                  wrong, rows.size())});
+                      fmt::format("{} wrong gradient element(s) over {} cap(s), every rank checked{}",
+                                  wrong, rows.size(), partial)});
     report.add_check({"bucket_counts", tools::pass_if(counts_ok),
-                      counts_ok ? "the reducer's buckets equal ddp_buckets() for every cap"
-                                : "the reducer's bucket count differs from ddp_buckets()"});
+                      (counts_ok ? std::string("the reducer's buckets equal ddp_buckets() for every cap")
+                                 : std::string("the reducer's bucket count differs from ddp_buckets()")) +
+                          (counts_ok ? partial : "")});
     return rec;
   };
 
   std::optional<tools::CapRecommendation> rec;
+  bool judged = false;
   try {
     for (std::size_t i = 0; i < caps.size(); ++i) {
       CapRow row = measure_cap(job, layout, caps[i], o);
@@ -238,7 +254,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
         std::sort(sorted.begin(), sorted.end());
         std::printf("  %8.4g %8zu %10.3f %10.3f %10.3f %10.2f %9.3f %12.2f %12.2f %12.2f %6lld\n",
                     row.cap_mb, row.bucket_bytes.size(), mib(static_cast<double>(sorted.front())),
-                    mib(static_cast<double>(sorted[sorted.size() / 2])),
+                    mib(median_bucket_bytes(row)),
                     mib(static_cast<double>(sorted.back())), row.comm_time_us / 1e3,
                     row.busbw_gbps, row.exposed_us / 1e3, row.step_us / 1e3, row.backward_us / 1e3,
                     static_cast<long long>(row.wrong));
@@ -248,7 +264,8 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       rows.push_back(std::move(row));
       job.progress_line(fmt::format("[progress] cap {} of {} done", i + 1, caps.size()));
     }
-    rec = judge();
+    rec = judge(true);
+    judged = true;
     if (job.rank() == 0 && rec) {
       if (rec->saving_us)
         std::printf("# Recommendation: bucket_cap_mb=%g (exposed %.2f ms; default 25: %.2f ms, saves "
@@ -306,7 +323,8 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                         fmt::format("{} wrong element(s) over {} size(s)", wrong, sweep.size())});
     }
   } catch (...) {
-    if (!rec) judge();
+    // A failure in the size sweep comes after the caps were judged.
+    if (!judged) judge(false);
     throw;
   }
   if (job.rank() == 0) print_checks_and_verdict(report);

@@ -125,6 +125,8 @@ int run_buckets(const BucketsOptions& o) {
   if (o.model.empty())
     throw UsageError("buckets needs --model", ErrorContext{"buckets", -1, -1,
                                                            "e.g. --model resnet50, or --model my_model.json"});
+  // Made before the work so that started_at and duration_s cover it.
+  reports::Report report("buckets", own_command_line());
   const ModelLayout layout = load_model(o.model);
   if (o.dump_layout) {
     std::cout << model_layout_to_json(layout) << "\n";
@@ -187,7 +189,6 @@ int run_buckets(const BucketsOptions& o) {
               mib(largest).c_str(), mib(layout.total_bytes()).c_str(), mib(cap).c_str());
 
   if (!o.json_path.empty() || !o.markdown_path.empty()) {
-    reports::Report report("buckets", own_command_line());
     report.results() = std::move(results);
     reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
   }
@@ -208,8 +209,10 @@ Subcommand add_buckets_command(CLI::App& parent) {
                   "size of the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES; torch 2.x uses the "
                   "cap when bucket_cap_mb is given explicitly)")
       ->capture_default_str();
-  app->add_option("--json", opts->json_path, "write a JSON report to FILE");
-  app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE");
+  app->add_option("--json", opts->json_path, "write a JSON report to FILE")
+      ->check(report_path_value());
+  app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE")
+      ->check(report_path_value());
   app->add_option("--assign-case", opts->assign_case, "(testing) run bucket assignment on JSON cases")
       ->group("");
   app->add_flag("--dump-layout", opts->dump_layout, "(testing) print the model layout as JSON")->group("");

@@ -293,7 +293,10 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
   if (job.rank() == 0) print_header(job, o);
 
   std::vector<Row> rows;
-  auto judge = [&] {
+  // complete: every world size, size and algorithm was measured. A run that
+  // ended with an error judges only the rows it has, and passes nothing
+  // when it has none.
+  auto judge = [&](bool complete) {
     std::int64_t wrong = 0;
     bool traffic_ok = true, extra_ok = true;
     std::size_t traffic_rows = 0;
@@ -306,9 +309,13 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
       }
     }
     res["wrong_total"] = wrong;
-    report.add_check({"correctness", tools::pass_if(wrong == 0 && !rows.empty()),
-                      fmt::format("{} wrong element(s) over {} row(s), every rank checked", wrong,
-                                  rows.size())});
+    if (!complete && rows.empty())
+      report.add_check({"correctness", reports::CheckStatus::kSkip,
+                        "the run ended with an error before any size was measured"});
+    else
+      report.add_check({"correctness", tools::pass_if(wrong == 0 && !rows.empty()),
+                        fmt::format("{} wrong element(s) over {} row(s), every rank checked{}", wrong,
+                                    rows.size(), complete ? "" : " before the run ended with an error")});
     if (traffic_rows)
       report.add_check({"traffic_matches_theory", tools::pass_if(traffic_ok),
                         fmt::format("bytes sent and received by every rank {} theory in {} "
@@ -319,14 +326,16 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
                         fmt::format("peak scratch memory of every rank {} theory",
                                     extra_ok ? "equals" : "DIFFERS FROM")});
     // The ring against the backend at the largest size (a figure, not a gate:
-    // a shared machine's noise would make it flaky).
+    // a shared machine's noise would make it flaky); none from a run that
+    // stopped short of it.
     const Row* ring = nullptr;
     const Row* backend = nullptr;
-    for (const auto& r : rows)
-      if (r.world_size == *ks.rbegin() && r.bytes == rows.back().bytes) {
-        if (r.algo == Algo::kRing) ring = &r;
-        if (r.algo == Algo::kBackend) backend = &r;
-      }
+    if (complete)
+      for (const auto& r : rows)
+        if (r.world_size == *ks.rbegin() && r.bytes == rows.back().bytes) {
+          if (r.algo == Algo::kRing) ring = &r;
+          if (r.algo == Algo::kBackend) backend = &r;
+        }
     res["ring_vs_backend_busbw_ratio"] =
         ring && backend && backend->timing.busbw_gbps > 0
             ? json(ring->timing.busbw_gbps / backend->timing.busbw_gbps)
@@ -359,10 +368,10 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
       job.comm->barrier()->wait(job.timeout * static_cast<int>(std::max<std::size_t>(1, sizes.size() * algos.size())));
     }
   } catch (...) {
-    judge();
+    judge(false);
     throw;
   }
-  judge();
+  judge(true);
   if (job.rank() == 0) {
     if (res["ring_vs_backend_busbw_ratio"].is_number())
       std::printf("# ring busbw / backend busbw at %s, n=%d: %.3f\n",

@@ -560,8 +560,10 @@ Subcommand add_model_command(CLI::App& parent) {
   app->add_option("--max-error-factor", opts->max_error_factor,
                   "FAIL when a prediction is off by more than this factor either way")
       ->capture_default_str();
-  app->add_option("--json", opts->json_path, "Write the report to this file");
-  app->add_option("--markdown", opts->markdown_path, "Write the report as Markdown to this file");
+  app->add_option("--json", opts->json_path, "Write the report to this file")
+      ->check(report_path_value());
+  app->add_option("--markdown", opts->markdown_path, "Write the report as Markdown to this file")
+      ->check(report_path_value());
   app->footer(
       "Formulas (n bytes, p ranks, one link of latency alpha and inverse bandwidth beta):\n"
       "  ring    T = 2(p-1) alpha + 2(p-1)/p n beta      (reduce-scatter + all-gather)\n"

@@ -117,6 +117,8 @@ int run_sampler(const SamplerCliOptions& c) {
       (c.count < 0 || c.count > shape.num_samples - c.start) ? shape.num_samples - c.start : c.count;
 
   const bool keep = !c.json_path.empty() || !c.markdown_path.empty();  // reports list the indices
+  // Made before the work so that started_at and duration_s cover it.
+  reports::Report report("sampler", own_command_line());
   std::vector<std::int64_t> indices;
   std::uint64_t checksum = 0;              // sum of the indices mod 2^64, to compare runs cheaply
   const auto t0 = std::chrono::steady_clock::now();
@@ -154,7 +156,6 @@ int run_sampler(const SamplerCliOptions& c) {
                 static_cast<unsigned long long>(checksum));
 
   if (!c.json_path.empty() || !c.markdown_path.empty()) {
-    reports::Report report("sampler", own_command_line());
     report.results() = {
         {"dataset_size", o.dataset_size},
         {"world_size", o.world_size},
@@ -209,8 +210,10 @@ Subcommand add_sampler_command(CLI::App& parent) {
   app->add_option("--torch-version", o->torch_version,
                   "1.13 or 2.x (they differ only in randperm for N >= 214748364)")
       ->capture_default_str();
-  app->add_option("--json", o->json_path, "write a JSON report (with the indices) to FILE");
-  app->add_option("--markdown", o->markdown_path, "write the report as Markdown to FILE");
+  app->add_option("--json", o->json_path, "write a JSON report (with the indices) to FILE")
+      ->check(report_path_value());
+  app->add_option("--markdown", o->markdown_path, "write the report as Markdown to FILE")
+      ->check(report_path_value());
   app->add_flag("--benchmark,--count-only", o->benchmark, "print the time and indices/s, not the indices");
   return {app, [o] { return run_sampler(*o); }};
 }

@@ -113,6 +113,9 @@ int run_ping(const PingOptions& o) {
   Millis timeout = seconds_to_ms(o.timeout_s);
   if (o.count < 1) throw UsageError("--count must be at least 1", {"cli", -1, -1, ""});
 
+  // Made before the ping so that started_at and duration_s cover it (an
+  // unreachable store takes the whole --timeout).
+  reports::Report report("store ping", own_command_line());
   PingResult r;
   try {
     TcpStoreClientOptions co;
@@ -192,7 +195,6 @@ int run_ping(const PingOptions& o) {
                            {"num_keys", r.answered ? nlohmann::json(r.num_keys) : nlohmann::json(nullptr)},
                            {"connect_attempts", r.connect_attempts},
                            {"error", r.error ? *r.error : nlohmann::json(nullptr)}};
-    reports::Report report("store ping", own_command_line());
     report.set_environment(recorded_environment());
     report.results() = results;
     report.add_check({"store_reachable",
@@ -282,8 +284,10 @@ Subcommand add_store_command(CLI::App& parent) {
   p->add_option("--protocol", ping->protocol, "auto | 1.13 | 2.x")->capture_default_str();
   p->add_option("--timeout", ping->timeout_s, "seconds for connecting and for each reply")->capture_default_str();
   p->add_option("--count", ping->count, "pings timed (the median is reported)")->capture_default_str();
-  p->add_option("--json", ping->json_path, "write the result as JSON to this file");
-  p->add_option("--markdown", ping->markdown_path, "write the result as Markdown to this file");
+  p->add_option("--json", ping->json_path, "write the result as JSON to this file")
+      ->check(cli::report_path_value());
+  p->add_option("--markdown", ping->markdown_path, "write the result as Markdown to this file")
+      ->check(cli::report_path_value());
 
   auto serve = std::make_shared<ServeOptions>();
   CLI::App* s = store->add_subcommand("serve", "host a store speaking both protocols until SIGINT/SIGTERM");

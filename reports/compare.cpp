@@ -165,8 +165,13 @@ std::vector<SettingChange> differing_settings(const json& base, const json& now)
   return out;
 }
 
-void add_row(std::vector<Row>& rows, const RowContext& ctx, const json& row, const json& figs_obj,
-             const std::string& placement, std::size_t index) {
+// How many rows of one report have had each key so far: a report can repeat
+// a measurement (broadcast-test --chunk-mb 1,1,4 has two 1 MiB rows), and the
+// k-th row with a key is matched with the other report's k-th.
+using KeyCounts = std::map<std::string, int>;
+
+void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, const json& row,
+             const json& figs_obj, const std::string& placement, std::size_t index) {
   auto figs = figures_of(figs_obj);
   if (figs.empty()) return;
   std::string key = ctx.command + "|" + ctx.table;
@@ -204,6 +209,11 @@ void add_row(std::vector<Row>& rows, const RowContext& ctx, const json& row, con
   std::string text;
   for (const auto& l : label) text += (text.empty() ? "" : " ") + l;
   if (text.empty()) text = ctx.table.empty() ? ctx.command : ctx.table;
+  if (const int k = ++seen[key]; k > 1) {
+    // A repeat of an earlier row's identity: its own row, "#k" in key and label.
+    key += fmt::format("|#{}", k);
+    text += fmt::format(" #{}", k);
+  }
   rows.push_back({key, fmt::format("{} [{}{}]", text, ctx.world, ctx.settings_label), std::move(figs)});
 }
 
@@ -212,6 +222,7 @@ void add_row(std::vector<Row>& rows, const RowContext& ctx, const json& row, con
 // so rows measured under different settings never match.
 std::vector<Row> extract_rows(const json& report, const std::vector<SettingChange>& differing, bool is_base) {
   std::vector<Row> rows;
+  KeyCounts seen;
   RowContext ctx;
   ctx.command = str_or(report, "command", "?");
   for (const auto& d : differing) {
@@ -233,7 +244,7 @@ std::vector<Row> extract_rows(const json& report, const std::vector<SettingChang
   {
     RowContext top = ctx;
     top.collective.clear();
-    add_row(rows, top, json::object(), res, "", static_cast<std::size_t>(-1));
+    add_row(rows, seen, top, json::object(), res, "", static_cast<std::size_t>(-1));
   }
   for (auto it = res.begin(); it != res.end(); ++it) {
     if (!it->is_array()) continue;
@@ -242,10 +253,10 @@ std::vector<Row> extract_rows(const json& report, const std::vector<SettingChang
     for (std::size_t i = 0; i < it->size(); ++i) {
       const json& row = (*it)[i];
       if (!row.is_object()) continue;
-      add_row(rows, t, row, row, "", i);
+      add_row(rows, seen, t, row, row, "", i);
       // Nested blocks, as allreduce-test's out_of_place / in_place.
       for (auto b = row.begin(); b != row.end(); ++b)
-        if (b->is_object()) add_row(rows, t, row, *b, b.key(), i);
+        if (b->is_object()) add_row(rows, seen, t, row, *b, b.key(), i);
     }
   }
   return rows;

@@ -433,6 +433,50 @@ TEST_CASE("compare: rows measured under different settings never match", "[repor
   }
 }
 
+namespace {
+
+// A broadcast-test report with one row per chunk size, as --chunk-mb lists
+// them (a size may repeat), each with its time.
+json broadcast_report(const std::vector<std::pair<double, double>>& chunk_mib_and_time_us) {
+  Report r("broadcast-test", {"ddpdiag", "broadcast-test"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  r.results()["model"] = "mlp";
+  r.results()["bytes"] = 4 << 20;
+  r.results()["rows"] = json::array();
+  for (const auto& [mib, t] : chunk_mib_and_time_us)
+    r.results()["rows"].push_back({{"chunk_bytes", mib * (1 << 20)},
+                                   {"time_us", t},
+                                   {"busbw_gbps", (4 << 20) / (t * 1e3)}});
+  r.add_check({"parameters_identical", CheckStatus::kPass, "agree"});
+  return r.finish();
+}
+
+}  // namespace
+
+TEST_CASE("compare: rows that repeat an identity are matched in order", "[reports][compare]") {
+  // --chunk-mb 1,1,4: the first 1 MiB row is slower (a cold first run).
+  const auto three = broadcast_report({{1, 1000}, {1, 600}, {4, 500}});
+  SECTION("a report compared with itself is unchanged") {
+    auto c = compare_reports(three, three);
+    CHECK_FALSE(c.regressed());
+    CHECK(c.rows(ChangeKind::kUnchanged) == 3);
+    CHECK(c.rows(ChangeKind::kImproved) == 0);
+    CHECK(c.rows(ChangeKind::kRegressed) == 0);
+    CHECK(render_comparison_text(c).find("chunk_bytes=1048576 #2 [2 gloo]") != std::string::npos);
+  }
+  SECTION("an extra repeated row is new, the others pair with their first occurrence") {
+    auto c = compare_reports(broadcast_report({{1, 1000}, {4, 500}}), three);
+    CHECK_FALSE(c.regressed());
+    CHECK(c.rows(ChangeKind::kUnchanged) == 2);
+    CHECK(c.rows(ChangeKind::kNew) == 1);
+    CHECK(c.rows(ChangeKind::kImproved) == 0);
+    // And the other way round it is missing.
+    auto back = compare_reports(three, broadcast_report({{1, 1000}, {4, 500}}));
+    CHECK(back.rows(ChangeKind::kMissing) == 1);
+    CHECK(back.rows(ChangeKind::kUnchanged) == 2);
+  }
+}
+
 TEST_CASE("compare: a check going from pass to fail is always a regression", "[reports][compare]") {
   auto base = allreduce_report(baseline_points());
   auto now = allreduce_report(baseline_points(), CheckStatus::kFail);

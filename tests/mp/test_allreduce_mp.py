@@ -440,6 +440,27 @@ class BadInput(unittest.TestCase):
                 self.assertIn(message, p.stderr)
                 self.assertNotIn("[rank", p.stderr)  # no rank was started
 
+    def test_dash_as_report_path_is_refused(self):
+        # "-" is not a file name to create, and stdout carries the table:
+        # every command that runs something refuses it, before any rank
+        # starts, and says to give a path.
+        cmds = [["allreduce-test", "--nproc", "2"] + SMALL,
+                ["bucket-sweep", "--nproc", "2", "--model", "mlp"],
+                ["store", "ping", "127.0.0.1:1", "--timeout", "0.1"],
+                ["sampler", "--dataset-size", "10", "--world-size", "1", "--rank", "0"],
+                ["buckets", "--model", "mlp"]]
+        with tempfile.TemporaryDirectory() as cwd:
+            for cmd in cmds:
+                for flag in ("--json", "--markdown"):
+                    with self.subTest(cmd=cmd[0], flag=flag):
+                        p = subprocess.run([BIN] + cmd + [flag, "-"], env=clean_env(), cwd=cwd,
+                                           capture_output=True, text=True, timeout=60)
+                        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                        self.assertIn("%s: '-' (stdout) is not supported here" % flag, p.stderr)
+                        self.assertIn("give a file path", p.stderr)
+                        self.assertNotIn("[rank", p.stderr)
+                        self.assertEqual(os.listdir(cwd), [])
+
     def test_sampler_bad_values_are_named(self):
         base = {"--dataset-size": "100", "--world-size": "4", "--rank": "0"}
         for flag, value, message in [("--rank", "-1", "--rank: must be a number >= 0, not -1"),

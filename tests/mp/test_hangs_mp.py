@@ -187,6 +187,46 @@ class Hangs(unittest.TestCase):
         self.assertEqual(len(wd["ranks"]), 3)
         self.assertTrue(wd["flight_recorder"])
 
+    def test_hang_before_any_size_passes_no_check(self):
+        # The hang comes during the first (only) size: nothing was measured,
+        # so nothing may pass and there is no average bandwidth of nothing.
+        p, rep = self.launch(2, "hang@seq=3,rank=1")
+        self.assertEqual(p.returncode, 4, p.stderr)
+        self.assertEqual(rep["verdict"], "ERROR")
+        self.assertEqual(rep["results"]["sizes"], [])
+        self.assertNotIn("avg_busbw_gbps", rep["results"])
+        checks = {c["name"]: c for c in rep["checks"]}
+        self.assertEqual(checks["correctness"]["status"], "skip", checks)
+        self.assertIn("before any size was measured", checks["correctness"]["detail"])
+        self.assertFalse([c for c in rep["checks"] if c["status"] == "pass"], rep["checks"])
+
+    def test_bucket_sweep_that_hangs_recommends_no_cap(self):
+        # mlp at 2 ranks, -n 2 -w 1: collective #3 is in the first cap, #40
+        # in the second. The best of the caps measured before the hang is
+        # not a recommendation, and nothing passes over no cap at all.
+        for seq, caps_done in ((3, 0), (40, 1)):
+            with self.subTest(seq=seq):
+                path = tmp_json()
+                p = run(["bucket-sweep", "--nproc", "2", "--timeout", str(TIMEOUT), "--json", path,
+                         "--model", "mlp", "--caps", "1,25", "-n", "2", "-w", "1", "--no-size-sweep",
+                         "--inject-fault", "hang@seq=%d,rank=1" % seq], timeout=TIMEOUT + 60)
+                rep = load(path)
+                os.unlink(path)
+                self.assertEqual(p.returncode, 4, p.stderr)
+                self.assertEqual(rep["verdict"], "ERROR")
+                self.assertEqual(len(rep["results"]["caps"]), caps_done)
+                self.assertIsNone(rep["results"]["recommended_cap_mb"])
+                self.assertIsNone(rep["results"]["recommendation"])
+                self.assertNotIn("# Recommendation", p.stdout)
+                names = [c["name"] for c in rep["checks"]]
+                self.assertEqual(len(names), len(set(names)), names)  # each check once
+                checks = {c["name"]: c for c in rep["checks"]}
+                if caps_done == 0:
+                    self.assertFalse([c for c in rep["checks"] if c["status"] == "pass"], rep["checks"])
+                    self.assertEqual(checks["correctness"]["status"], "skip")
+                else:
+                    self.assertIn("after 1 of 2 cap(s)", checks["correctness"]["detail"])
+
     def test_desync_names_both_collectives(self):
         p, rep = self.launch(3, "desync@seq=4,rank=2")
         self.assertEqual(p.returncode, 4, p.stderr)

@@ -4,6 +4,7 @@ comes, and the flags they refuse. One process per case, on loopback, each
 bounded by a short --timeout; no torch needed (a 1.13 store is played by a
 socket that closes the connection on the 2.x handshake, as 1.13's daemon
 does). Standard library only."""
+import calendar
 import ctypes
 import os
 import socket
@@ -94,6 +95,23 @@ class Ping(unittest.TestCase):
         self.assertRegex(p.stdout, r"after \d+ attempt\(s\) in \d+ ms")
         self.assertIn("not up yet", p.stdout)
         self.assertNotIn("firewall", p.stdout)
+
+    def test_report_times_cover_the_ping(self):
+        # Nothing listens: the ping retries for the whole --timeout, and the
+        # report's start and duration must cover that wait, not the writing.
+        port = free_port()
+        path = tmp_json()
+        t0 = time.time()
+        p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "2", "--json", path], timeout=30)
+        wall = time.time() - t0
+        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        self.assertGreaterEqual(rep["duration_s"], 1.5, rep["duration_s"])
+        self.assertLessEqual(rep["duration_s"], wall + 0.05)
+        started = calendar.timegm(time.strptime(rep["started_at"][:19], "%Y-%m-%dT%H:%M:%S")) + \
+            float(rep["started_at"][19:-1] or 0)
+        self.assertLess(started - t0, 1.0, rep["started_at"])  # not at the end, 2 s later
 
     def test_refused_then_out_of_time_is_still_refused(self):
         # Refused for 2 s, then SYNs dropped until the 4 s deadline: the last

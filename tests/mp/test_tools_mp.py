@@ -65,6 +65,24 @@ class BucketSweep(unittest.TestCase):
                 self.assertIn("# Recommendation: bucket_cap_mb=", p.stdout)
                 self.assertEqual([s["bytes"] for s in res["sizes"]], [64 << 10, 256 << 10, 1 << 20])
 
+    def test_printed_median_is_the_reports(self):
+        # With an even bucket count the median is the mean of the middle two,
+        # in the table as in median_bucket_bytes.
+        p, rep = tool(self, ["bucket-sweep", "--model", "mlp", "--caps",
+                             ",".join(map(str, self.CAPS)), "-n", "1", "-w", "0",
+                             "--no-size-sweep"], 2)
+        caps = rep["results"]["caps"]
+        self.assertTrue([c for c in caps if c["bucket_count"] % 2 == 0], "no even bucket count")
+        printed = {}
+        for line in p.stdout.splitlines():
+            cols = line.split()
+            if line.startswith("  ") and len(cols) == 11:
+                printed[float(cols[0])] = float(cols[3])  # cap, buckets, min, median (MiB)
+        for c in caps:
+            with self.subTest(cap=c["bucket_cap_mb"]):
+                self.assertAlmostEqual(printed[c["bucket_cap_mb"]], c["median_bucket_bytes"] / 2**20,
+                                       delta=0.0006)
+
 
 class DpVsRing(unittest.TestCase):
     def test_bytes_equal_theory_at_2_3_4_ranks(self):
