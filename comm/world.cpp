@@ -324,7 +324,10 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
     if (addr->empty())
       throw world_error(fmt::format("{} is empty", addr_var),
                         "set it to the host name or address of rank 0 (or of the store)");
-    w.master_addr = *addr;
+    // "[::1]" (the URL form of an IPv6 address) is the address ::1.
+    w.master_addr = addr->size() > 2 && addr->front() == '[' && addr->back() == ']'
+                        ? addr->substr(1, addr->size() - 2)
+                        : *addr;
     w.master_addr_source = addr_var;
   } else if (w.local_world_size < w.world_size && w.launcher == Launcher::kSlurm) {
     // Several nodes under srun: task 0 runs on the first node of the step.

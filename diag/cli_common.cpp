@@ -3,6 +3,10 @@
 
 #include <fcntl.h>
 #include <csignal>
+#include <netdb.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -487,6 +491,42 @@ bool is_loopback_name(const std::string& addr) {
 
 }  // namespace
 
+// On the rank that hosts the store, after the rendezvous timed out: whether
+// MASTER_ADDR, where the other ranks look for the store, leads here at all.
+// "" when it does (or was not given).
+std::string master_addr_problem(const World& w) {
+  if (w.master_addr_source == "default" || w.master_addr.empty()) return {};
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (int rc = ::getaddrinfo(w.master_addr.c_str(), nullptr, &hints, &res); rc != 0)
+    return fmt::format("{}='{}' does not resolve on this host ({}), so the other ranks may not "
+                       "find the store either; set it to a name or address of this host",
+                       w.master_addr_source, w.master_addr, gai_strerror(rc));
+  std::string first;
+  bool local = false;
+  for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
+    char text[INET6_ADDRSTRLEN] = {0};
+    const void* a = ai->ai_family == AF_INET6
+                        ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr)
+                        : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr);
+    ::inet_ntop(ai->ai_family, a, text, sizeof(text));
+    if (first.empty()) first = text;
+    // Binding to an address works only where this host has it.
+    int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      local = ::bind(fd, ai->ai_addr, ai->ai_addrlen) == 0;
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(res);
+  if (local) return {};
+  return fmt::format("{}='{}' ({}) is not an address of this host, where rank 0 hosts the store: "
+                     "the other ranks look for it there (unless a NAT or service address leads "
+                     "here); set it to this host's name or address",
+                     w.master_addr_source, w.master_addr, first);
+}
+
 std::string loopback_hint(const World& w) {
   if (w.local_world_size >= w.world_size || !is_loopback_name(w.master_addr)) return {};
   return fmt::format(
@@ -647,7 +687,9 @@ void wait_for_ranks(Job& job) {
     std::int64_t joined = job.store->add("joined", 0);
     if (joined >= n) break;
     if (std::chrono::steady_clock::now() >= deadline) {
-      const std::string loopback = loopback_hint(job.world);
+      std::string loopback = loopback_hint(job.world);
+      if (job.server)
+        if (auto problem = master_addr_problem(job.world); !problem.empty()) loopback = problem;
       std::vector<int> missing;
       for (int r = 0; r < n; ++r)
         if (!job.store->check({"rank/" + std::to_string(r)})) missing.push_back(r);
@@ -716,6 +758,13 @@ void host_store(Job& job) {
   if (!job.world.hosts_store()) return;
   TcpStoreServerOptions so;
   so.port = job.world.master_port;
+  // Every address of this host, IPv6 and IPv4 alike (as torch's server):
+  // MASTER_ADDR may name rank 0 by either. Where the kernel has no IPv6,
+  // IPv4 only.
+  if (int probe = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
+    ::close(probe);
+    so.host = "::";
+  }
   try {
     job.server = std::make_unique<TcpStoreServer>(so);
   } catch (Error& e) {

@@ -187,9 +187,10 @@ struct TcpStoreServer::Impl {
           "cannot serve the store on " + where + ": address already in use",
           {"store.serve", -1, -1,
            "port " + port_s +
-               " is held by another process: another job, a leftover ddpdiag, or a launcher's "
-               "agent (torchrun's agent hosts its TCPStore on MASTER_PORT). Pick a free port, "
-               "or connect to that store as a client instead of hosting one"});
+               " is held by another process: another job, a leftover ddpdiag, a launcher's "
+               "agent (torchrun's agent hosts its TCPStore on MASTER_PORT), or a second process "
+               "of this job started as rank 0 (check RANK / --rank). Pick a free port, or "
+               "connect to that store as a client instead of hosting one"});
     throw RendezvousError("cannot serve the store on " + where + ": " + errno_text(last_err),
                           {"store.serve", -1, -1,
                            last_err == EACCES ? "ports below 1024 need privileges; pick another port"

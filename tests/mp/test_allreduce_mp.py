@@ -373,6 +373,33 @@ class BadInput(unittest.TestCase):
             self.assertNotIn("Verdict: PASS", so)
             self.assertLess(elapsed, self.TIMEOUT + 5)
 
+    def test_ipv6_master_addr_reaches_rank_0s_store(self):
+        # Rank 0 hosts the store on every address of its host, IPv6 too, as
+        # torch's server does; "[::1]" is the URL form of ::1.
+        try:
+            with socket.socket(socket.AF_INET6) as s:
+                s.bind(("::1", 0))
+        except OSError:
+            self.skipTest("no IPv6 loopback here")
+        for addr in ("::1", "[::1]"):
+            with self.subTest(addr=addr):
+                port = free_port()
+                res = run_ranks([["allreduce-test", "--timeout", str(self.TIMEOUT)] + SMALL] * 2,
+                                [clean_env(MASTER_ADDR=addr, MASTER_PORT=str(port), RANK=str(r),
+                                           WORLD_SIZE="2") for r in range(2)],
+                                timeout=self.TIMEOUT + 20)
+                for rc, so, se, _ in res:
+                    self.assertEqual(rc, 0, se)
+
+    def test_rank_0_names_a_master_addr_that_does_not_lead_to_it(self):
+        # Rank 0 hosts the store; when nobody arrives, a MASTER_ADDR that
+        # does not resolve here is named as the likely cause.
+        p = run(["allreduce-test", "--timeout", "2"] + SMALL,
+                env=clean_env(MASTER_ADDR="no-such-host.invalid", MASTER_PORT=str(free_port()),
+                              RANK="0", WORLD_SIZE="2"))
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("MASTER_ADDR='no-such-host.invalid' does not resolve", p.stderr)
+
     def test_world_size_disagrees(self):
         port = free_port()
         sizes = [2, 3]
