@@ -60,6 +60,9 @@ struct CommOptions {
   // Gloo: worker threads, so many collectives on distinct buffers in flight
   // at once (torch's ProcessGroupGloo runs two); 1 runs every op alone.
   int gloo_threads = 2;
+  // Gloo: the ranks run on more than one machine. Loopback is then no
+  // fallback for an address: peers on other hosts could never reach it.
+  bool spans_hosts = false;
   // NCCL: device ordinal (defaults to local_rank).
   int device = -1;
 };

@@ -824,6 +824,9 @@ void create_communicator(Job& job, const CommonOptions& o) {
   co.timeout = job.timeout;
   co.gloo_interface = o.gloo_interface;
   co.gloo_threads = o.gloo_threads;
+  co.spans_hosts = std::any_of(job.machines.begin(), job.machines.end(), [&](const std::string& m) {
+    return !m.empty() && !job.machines.front().empty() && m != job.machines.front();
+  });
   job.comm_options = co;
   auto inner = make_communicator(co);
   inner->set_default_timeout(job.timeout);

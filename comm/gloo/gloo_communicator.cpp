@@ -1092,6 +1092,20 @@ std::shared_ptr<gloo::transport::Device> create_device(const CommOptions& opts) 
       // The hostname resolves to an address this host cannot bind: loopback.
     }
   }
+  if (opts.spans_hosts)
+    // Gloo would listen on 127.0.0.1 and every peer on another host would
+    // try to connect there until its deadline (several of them, in Gloo's
+    // own retries): say so now.
+    throw RendezvousError(
+        "gloo: rank " + std::to_string(opts.rank) + " has no address its peers on other hosts "
+            "can reach: this host's name '" + host + "' " +
+            (hostname_resolves(host) ? "resolves to an address this host cannot listen on"
+                                     : "does not resolve") +
+            ", so Gloo would listen on 127.0.0.1 only, while the ranks run on several hosts",
+        ErrorContext{"backend.init", opts.rank, -1,
+                     "set GLOO_SOCKET_IFNAME (or --gloo-interface) to the network interface the "
+                     "hosts share, e.g. eth0, on every rank; or make each host's name resolve to "
+                     "its address (/etc/hosts, DNS)"});
   attr = gloo::transport::tcp::attr("127.0.0.1");
   try {
     return gloo::transport::tcp::CreateDevice(attr);

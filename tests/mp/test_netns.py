@@ -99,6 +99,25 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertIn("0-2", links["detail"])
         self.assertIn("SLOW", res[0][1])
 
+    def test_gloo_without_an_address_for_other_hosts_fails_at_once(self):
+        # Each host's name (host0..2) resolves nowhere, and no interface is
+        # named: Gloo would listen on 127.0.0.1, and peers on other hosts
+        # would retry it for several timeouts. Every rank says so at once.
+        import time
+        args = ["allreduce-test", "--rank", "R", "--world-size", "3", "--master-addr", ADDR[0],
+                "--master-port", str(self.port), "--timeout", "20", "-b", "1K", "-e", "1K"]
+        t0 = time.monotonic()
+        procs = [subprocess.Popen(NET.command(r, [BIN] + [str(r) if a == "R" else a for a in args]),
+                                  env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in range(3)]
+        res = [finish(p, 60) for p in procs]
+        self.assertLess(time.monotonic() - t0, 15)
+        for rc, so, se in res:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("Gloo would listen on 127.0.0.1 only, while the ranks run on several "
+                          "hosts", se)
+            self.assertIn("GLOO_SOCKET_IFNAME", se)
+
     def test_healthy_links_pass(self):
         # Three ranks on two shared cores: a burst of load elsewhere (seen
         # under ASan, beside another test) can halve one pair's bandwidth for
