@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <iterator>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -28,6 +29,7 @@
 #include <fmt/core.h>
 
 #include "ddpdiag/config.h"
+#include "ddp_core/param_broadcast.h"
 #include "diag/launcher.h"
 #include "diag/placement.h"
 
@@ -562,17 +564,9 @@ std::optional<std::string> file_digest(const std::string& path) {
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return std::nullopt;
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a, 64 bit
-  std::uint64_t size = 0;
-  char buf[65536];
-  while (in.read(buf, sizeof(buf)) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) {
-      h ^= static_cast<unsigned char>(buf[i]);
-      h *= 1099511628211ull;
-    }
-    size += static_cast<std::uint64_t>(in.gcount());
-  }
-  return fmt::format("a file of {} bytes, FNV-1a {:016x}", size, h);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return fmt::format("a file of {} bytes, checksum {:016x}", bytes.size(),
+                     ddp_core::checksum64(bytes.data(), bytes.size()));
 }
 
 // Every rank's settings against rank 0's: one line per option that differs.
@@ -915,16 +909,26 @@ void start_job(Job& job, const CommonOptions& o) {
 // Ranks the watchdog found gone (dead, stopped, unreachable) never count
 // themselves out, so they are not waited for; and a rank whose watchdog lost
 // the store does not touch it again (each call would wait out its deadline).
+namespace {
+
+// The ranks the watchdog's diagnosis found gone (dead, stopped, cut off);
+// none before a failure.
+std::vector<int> gone_ranks(const Job& job) {
+  std::vector<int> out;
+  if (!job.monitor) return out;
+  const auto failure = job.monitor->failure_report();
+  if (failure.is_object() && failure.contains("diagnosis"))
+    for (const auto& r : failure["diagnosis"].value("gone_ranks", nlohmann::json::array()))
+      out.push_back(r.get<int>());
+  return out;
+}
+
+}  // namespace
+
 void leave_job(Job& job, bool after_error) {
   if (!job.store) return;
   if (job.monitor && job.monitor->store_lost()) return;
-  std::int64_t absent = 0;
-  if (job.monitor) {
-    const auto failure = job.monitor->failure_report();
-    if (failure.is_object() && failure.contains("diagnosis"))
-      absent = static_cast<std::int64_t>(failure["diagnosis"].value("gone_ranks",
-                                                                     nlohmann::json::array()).size());
-  }
+  const auto absent = static_cast<std::int64_t>(gone_ranks(job).size());
   try {
     job.store->add("left", 1);
     if (job.server) {
@@ -1131,13 +1135,8 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   // never reached it, or lost it) cannot hand its view to rank 0, so it
   // writes its own next to it: out.json -> out.rank<R>.json.
   // Rank 0 gone (killed, crashed) cannot write the job's report either.
-  bool rank0_gone = false;
-  if (job.monitor) {
-    const auto failure = job.monitor->failure_report();
-    if (failure.is_object() && failure.contains("diagnosis"))
-      for (const auto& r : failure["diagnosis"].value("gone_ranks", nlohmann::json::array()))
-        rank0_gone = rank0_gone || r == 0;
-  }
+  const auto gone = gone_ranks(job);
+  const bool rank0_gone = std::find(gone.begin(), gone.end(), 0) != gone.end();
   const bool own_report = job.world.rank > 0 && (store_unreachable || rank0_gone ||
                                                  (job.monitor && job.monitor->store_lost()));
   if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {

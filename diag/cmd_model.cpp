@@ -206,9 +206,6 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     throw flag_error("--caps needs --model: the best cap is found for a model's buckets",
                      "e.g. --model resnet50 --caps 1,5,25");
   }
-  if (o.world_size != 0 && parse_size(o.max_bytes) < parse_size(o.min_bytes))
-    throw flag_error(fmt::format("--maxbytes {} is below --minbytes {}", o.max_bytes, o.min_bytes),
-                     "swap them");
   if (!o.fit_max_bytes.empty() && parse_size(o.fit_max_bytes) < parse_size(o.fit_min_bytes))
     throw flag_error(fmt::format("--fit-max-bytes {} is below --fit-min-bytes {}", o.fit_max_bytes,
                                  o.fit_min_bytes),
