@@ -37,7 +37,9 @@
 // context (its own design), so the communicator is unusable afterwards.
 #include "comm/gloo/gloo_communicator.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -48,6 +50,7 @@
 #include <functional>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -148,7 +151,22 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     store_->wait(ours, timeout);
   }
 
-  std::map<std::string, int> take_peer_addresses() { return std::move(peer_addresses_); }
+  std::map<std::string, int> take_peer_addresses() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::move(peer_addresses_);
+  }
+
+  // A peer whose address Gloo has read, in the order it read them (it then
+  // connects to them in that order, one at a time).
+  struct PeerRead {
+    int peer;
+    sockaddr_storage address;
+    Clock::time_point when;
+  };
+  std::vector<PeerRead> reads() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reads_;
+  }
 
  private:
   void remember_peer_address(const std::string& key, const std::vector<char>& all) {
@@ -161,7 +179,10 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     try {
       std::vector<char> mine(all.begin() + static_cast<std::ptrdiff_t>(index * each),
                              all.begin() + static_cast<std::ptrdiff_t>((index + 1) * each));
-      peer_addresses_[gloo::transport::tcp::Address(mine).str()] = peer;
+      const gloo::transport::tcp::Address address(mine);
+      std::lock_guard<std::mutex> lock(mu_);
+      peer_addresses_[address.str()] = peer;
+      reads_.push_back({peer, address.getSockaddr(), Clock::now()});
     } catch (const std::exception&) {
       // Only a diagnostic aid: an address we cannot parse is simply not named.
     }
@@ -171,7 +192,9 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   Millis timeout_;
   int rank_;
   int size_;
+  mutable std::mutex mu_;
   std::map<std::string, int> peer_addresses_;
+  std::vector<PeerRead> reads_;
 };
 
 // ---------------------------------------------------------------------------
@@ -1114,6 +1137,64 @@ std::shared_ptr<gloo::transport::Device> create_device(const CommOptions& opts) 
   }
 }
 
+// "10.0.0.2:4711" or "[fe80::1]:4711". (Gloo's own Address::str() shows
+// the port byte-swapped in this version, so messages use ours.)
+std::string endpoint_str(const sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(ss);
+    ::inet_ntop(AF_INET, &in.sin_addr, buf, sizeof buf);
+    return std::string(buf) + ":" + std::to_string(ntohs(in.sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(ss);
+    ::inet_ntop(AF_INET6, &in6.sin6_addr, buf, sizeof buf);
+    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(in6.sin6_port));
+  }
+  return "(an address of family " + std::to_string(ss.ss_family) + ")";
+}
+
+// Gloo connects to its peers one at a time and waits up to 5 x its timeout
+// for each (its own rule), so a firewall that lets the store's port through
+// but drops the ports Gloo listens on held a rank for several timeouts. We
+// give each connection one timeout, and then say which one is stuck: the
+// peer whose address Gloo read last. `gloo_error` is Gloo's own message when
+// Gloo gave up first, empty when our deadline passed.
+RendezvousError connect_failed(const CommOptions& opts, const StoreAdapter::PeerRead& last,
+                               const std::string& gloo_error) {
+  const std::string me = "rank " + std::to_string(opts.rank);
+  const std::string peer = "rank " + std::to_string(last.peer);
+  const std::string at = endpoint_str(last.address);
+  const std::string ms = std::to_string(opts.timeout.count()) + " ms";
+  const bool refused = gloo_error.find("refused") != std::string::npos;
+  // The side that connects (Gloo's rule: the pair's larger address) gets its
+  // own connect error first; the side that listens reaches our deadline.
+  const bool unanswered = gloo_error.find("connect [") != std::string::npos &&
+                          gloo_error.find("timed out") != std::string::npos;
+  std::string what;
+  if (refused)
+    what = me + "'s connection to " + peer + "'s Gloo listener at " + at +
+           " was refused (nothing listens there any more, or a firewall rejects it)";
+  else if (unanswered)
+    what = me + "'s connection request to " + peer + "'s Gloo listener at " + at +
+           " got no answer within " + ms;
+  else
+    what = peer + " did not open its connection to " + me + " within " + ms + " (" + peer +
+           " listens at " + at + "; it may be stuck connecting to another rank first, as its "
+           "own message says)";
+  return RendezvousError(
+      "gloo: " + me + " could not connect to " + peer + ": " + what +
+          ". The store is reachable (" + peer + " published its address there), but the ports "
+          "Gloo listens on, a random one on each rank, are not reachable between these ranks: "
+          "a firewall that lets only the store's port through, or an address on a network the "
+          "other host cannot reach" +
+          (gloo_error.empty() ? std::string() : " (gloo: " + gloo_error + ")"),
+      ErrorContext{"backend.init", opts.rank, last.peer,
+                   "allow TCP between the hosts on all ports (Gloo picks its ports at random), "
+                   "or set GLOO_SOCKET_IFNAME (--gloo-interface) on every rank to the interface "
+                   "the hosts share; 'ddpdiag init-check' shows each rank's address"});
+}
+
 }  // namespace
 
 std::string gloo_version() {
@@ -1132,9 +1213,43 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
   auto device = create_device(opts);
   auto context = std::make_shared<gloo::rendezvous::Context>(opts.rank, opts.world_size);
   context->setTimeout(opts.timeout);
-  StoreAdapter adapter(opts.store, opts.timeout, opts.rank, opts.world_size);
+  auto adapter = std::make_shared<StoreAdapter>(opts.store, opts.timeout, opts.rank, opts.world_size);
+  // connectFullMesh runs on its own thread, so that one stuck connection
+  // ends at --timeout (plus a grace for the handshake) from the moment Gloo
+  // read that peer's address, not at Gloo's 5 x timeout per peer. A thread
+  // left stuck keeps what it uses alive and ends with the process.
+  auto connected = std::make_shared<std::promise<void>>();
+  auto result = connected->get_future();
+  std::thread connector([context, adapter, device, connected]() mutable {
+    try {
+      context->connectFullMesh(*adapter, device);
+      connected->set_value();
+    } catch (...) {
+      connected->set_exception(std::current_exception());
+    }
+  });
+  constexpr auto kGrace = std::chrono::seconds(2);
+  const Millis allowance = opts.timeout > Millis(std::chrono::hours(24 * 365))
+                               ? Millis(std::chrono::hours(24 * 365))
+                               : opts.timeout + kGrace;
+  const auto started = Clock::now();
+  for (;;) {
+    const auto reads = adapter->reads();
+    const auto progress = reads.empty() ? started : std::max(started, reads.back().when);
+    if (result.wait_until(progress + allowance) == std::future_status::ready) break;
+    if (adapter->reads().size() != reads.size()) continue;  // Gloo moved on to the next peer
+    if (reads.empty()) {
+      // Still waiting for the first peer's address: the store's own timeout
+      // ends that wait, and Gloo's error says who never published.
+      result.wait();
+      break;
+    }
+    connector.detach();
+    throw connect_failed(opts, reads.back(), "");
+  }
+  connector.join();
   try {
-    context->connectFullMesh(adapter, device);
+    result.get();
   } catch (const TimeoutError& e) {
     // Name the ranks that never published their addresses.
     std::string missing;
@@ -1153,13 +1268,18 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
+    const std::string msg = e.what();
+    const auto reads = adapter->reads();
+    if (!reads.empty() && (msg.find("connect [") != std::string::npos ||
+                           msg.find("Connect timeout") != std::string::npos))
+      throw connect_failed(opts, reads.back(), msg);
     throw RendezvousError("gloo: rank " + std::to_string(opts.rank) +
-                              " could not connect to its peers: " + e.what(),
+                              " could not connect to its peers: " + msg,
                           ErrorContext{"backend.init", opts.rank, -1,
                                        "check that the ranks can reach each other (firewall, "
                                        "--gloo-interface / GLOO_SOCKET_IFNAME)"});
   }
-  auto core = std::make_shared<Core>(opts, std::move(context), adapter.take_peer_addresses());
+  auto core = std::make_shared<Core>(opts, std::move(context), adapter->take_peer_addresses());
   core->start(opts.gloo_threads);
   return std::make_unique<GlooCommunicator>(opts, std::move(core), "cpu (" + local_hostname() + ")");
 }

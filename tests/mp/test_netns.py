@@ -41,6 +41,27 @@ def slow_link(src, dst):
        "dst", ADDR[dst] + "/32", "flowid", "1:30")
 
 
+def firewall(host, port):
+    """Host `host` lets TCP through only to and from the store's port, as a
+    firewall open for MASTER_PORT alone: every other TCP segment it sends goes
+    to a class whose tbf cannot pass a packet (a burst smaller than any TCP
+    segment), so Gloo's connections get no answer. (tbf rather than a drop
+    action: the kernels here lack act_gact.)"""
+    tc = ["ip", "netns", "exec", HOSTS[host], "tc"]
+    sh(*tc, "qdisc", "add", "dev", IFACE, "root", "handle", "1:", "htb", "default", "10")
+    sh(*tc, "class", "add", "dev", IFACE, "parent", "1:", "classid", "1:10", "htb", "rate",
+       "40gbit", "quantum", "60000")
+    sh(*tc, "class", "add", "dev", IFACE, "parent", "1:", "classid", "1:20", "htb", "rate",
+       "1mbit")
+    sh(*tc, "qdisc", "add", "dev", IFACE, "parent", "1:20", "handle", "20:", "tbf", "rate",
+       "8bit", "burst", "10", "latency", "1ms")
+    for field in ("sport", "dport"):
+        sh(*tc, "filter", "add", "dev", IFACE, "parent", "1:", "prio", "1", "protocol", "ip",
+           "u32", "match", "ip", field, str(port), "0xffff", "flowid", "1:10")
+    sh(*tc, "filter", "add", "dev", IFACE, "parent", "1:", "prio", "2", "protocol", "ip", "u32",
+       "match", "ip", "protocol", "6", "0xff", "flowid", "1:20")
+
+
 def start(rank, args, port):
     inner = [BIN] + args[:1] + [
         "--rank", str(rank), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
@@ -116,6 +137,36 @@ class LinkHealthAcrossHosts(unittest.TestCase):
             self.assertEqual(rc, 3, se)
             self.assertIn("Gloo would listen on 127.0.0.1 only, while the ranks run on several "
                           "hosts", se)
+            self.assertIn("GLOO_SOCKET_IFNAME", se)
+
+    def test_firewall_open_only_for_the_store_is_named_within_the_timeout(self):
+        # Host 1 passes the store's port only. Every rank reaches the store
+        # and publishes its address, then Gloo's connections to and from host
+        # 1 get no answer: Gloo alone waits 5 x --timeout per connection
+        # (25 s here); each rank must end within about one --timeout, naming
+        # the rank it could not connect to and the firewall.
+        import time
+        firewall(1, self.port)
+        args = ["allreduce-test", "--rank", "R", "--world-size", "3", "--master-addr", ADDR[0],
+                "--master-port", str(self.port), "--gloo-interface", IFACE, "--timeout", "5",
+                "-b", "1K", "-e", "1K"]
+        t0 = time.monotonic()
+        procs = [subprocess.Popen(NET.command(r, [BIN] + [str(r) if a == "R" else a for a in args]),
+                                  env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in range(3)]
+        res = [finish(p, 60) for p in procs]
+        elapsed = time.monotonic() - t0
+        self.assertLess(elapsed, 16, [r[2] for r in res])
+        # Each rank is stuck on its first connection that crosses host 1:
+        # 0 and 2 on rank 1, rank 1 on rank 0 (it connects in rank order).
+        for rank, peer in ((0, 1), (1, 0), (2, 1)):
+            rc, so, se = res[rank]
+            self.assertEqual(rc, 3, se)
+            self.assertIn("during backend.init", se)
+            self.assertIn("rank %d could not connect to rank %d" % (rank, peer), se)
+            self.assertIn("listen", se)
+            self.assertIn("at %s:" % ADDR[peer], se)
+            self.assertIn("a firewall that lets only the store's port through", se)
             self.assertIn("GLOO_SOCKET_IFNAME", se)
 
     def test_healthy_links_pass(self):
