@@ -374,6 +374,14 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   } else {
     detail = fmt::format("{} slow pair(s): ", slow_names.size());
     for (std::size_t i = 0; i < slow_names.size(); ++i) detail += (i ? "; " : "") + slow_names[i];
+    // Spinning ranks that share CPUs slow whichever pair the scheduler
+    // starves: then the figures say more about the machine than the links.
+    const bool oversubscribed =
+        std::any_of(job.warnings.begin(), job.warnings.end(),
+                    [](const reports::Warning& w) { return w.name == "cpu_oversubscribed"; });
+    if (oversubscribed)
+      detail += "; but these ranks share too few CPUs (warning cpu_oversubscribed), which alone "
+                "can make any pair slow: rerun with at most one rank per CPU before blaming a link";
   }
   report.add_check({"links", tools::pass_if(slow_names.empty()), detail});
   if (!slow_ranks.empty()) {

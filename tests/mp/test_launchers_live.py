@@ -124,6 +124,26 @@ class Placement(Case):
                          p.stderr)
         self.assertIn("# Warning cpu_oversubscribed", p.stdout)
 
+    def test_slow_links_on_shared_cpus_point_at_the_warning(self):
+        # Every pair is "slow" below an absolute 1000 GB/s. On one CPU the
+        # links check says the ranks share too few CPUs; on their own CPUs
+        # it does not.
+        args = [BIN, "link-health", "--nproc", "2", "--min-bw-gbps", "1000", "-n", "2",
+                "--latency-iters", "3", "--allreduce-iters", "1", "--json"]
+        runs = [(["taskset", "-c", str(CPUS[0])], True)]
+        if len(CPUS) >= 2:
+            runs.append(([], False))
+        for prefix, shared in runs:
+            path = os.path.join(self.tmp, "lh.json")
+            p = self.run_cmd(prefix + args + [path])
+            self.assertEqual(p.returncode, 1, p.stdout[-3000:] + p.stderr[-3000:])
+            rep = load(path)
+            links = [c for c in rep["checks"] if c["name"] == "links"][0]
+            self.assertEqual(links["status"], "fail")
+            self.assertIn("0-1", links["detail"])
+            self.assertEqual("warning cpu_oversubscribed" in links["detail"], shared,
+                             links["detail"])
+
     def test_init_check_reports_the_placement_too(self):
         path = os.path.join(self.tmp, "r.json")
         p = self.run_cmd(["taskset", "-c", str(CPUS[0]), BIN, "init-check", "--nproc", "2",
