@@ -1,6 +1,6 @@
 // ddpdiag report: work with the JSON reports other subcommands write.
 //   report validate FILE...   check files against the report schema
-//   report compare BASE NEW   the baseline gate for CI
+//   report compare BASE [BASE...] NEW   the baseline gate for CI
 //   report render FILE        Markdown and a self-contained HTML page
 //   report schema             print the schema compiled into this binary
 // The logic lives in reports/; this file only parses flags and maps outcomes
@@ -26,7 +26,7 @@ namespace {
 
 struct ReportOptions {
   std::vector<std::string> validate_files;
-  std::string base, now;
+  std::vector<std::string> compare_files;  // BASE... NEW
   std::string max_regression = "10%";
   bool fail_on_missing = false;
   std::string compare_markdown;
@@ -89,8 +89,18 @@ int run_compare(const ReportOptions& o) {
     throw UsageError(fmt::format("--max-regression: {}", e.what()), {"report", -1, -1, "e.g. --max-regression 10%"});
   }
   co.fail_on_missing = o.fail_on_missing;
-  const auto base = load(o.base), now = load(o.now);
-  for (const auto& [doc, path] : {std::pair{&base, &o.base}, std::pair{&now, &o.now}}) {
+  if (o.compare_files.size() < 2)
+    throw UsageError("report compare needs a baseline report and a new one",
+                     {"report", -1, -1, "ddpdiag report compare BASE.json [MORE_BASE.json...] NEW.json"});
+  const std::vector<std::string> base_paths(o.compare_files.begin(), o.compare_files.end() - 1);
+  const std::string& new_path = o.compare_files.back();
+  std::vector<nlohmann::json> bases;
+  for (const auto& p : base_paths) bases.push_back(load(p));
+  const auto now = load(new_path);
+  std::vector<std::pair<const nlohmann::json*, const std::string*>> inputs;
+  for (std::size_t i = 0; i < bases.size(); ++i) inputs.push_back({&bases[i], &base_paths[i]});
+  inputs.push_back({&now, &new_path});
+  for (const auto& [doc, path] : inputs) {
     if (!doc->is_object() || doc->value("schema", std::string()) != reports::kSchema)
       throw UsageError(fmt::format("{} is not a {} report", *path, reports::kSchema),
                        {"report", -1, -1, "compare reports written by ddpdiag --json"});
@@ -109,14 +119,20 @@ int run_compare(const ReportOptions& o) {
                                   "written by ddpdiag --json, unedited",
                                   *path)});
   }
+  if (const auto why = reports::baselines_disagree(bases, base_paths); !why.empty())
+    throw UsageError(why + ": several baseline runs are merged figure by figure, so they must be runs "
+                           "of one command with the same settings",
+                     {"report", -1, -1, "give as baselines only runs of the same command line on the same kind of machine"});
+  const auto& base = bases.front();
+  const std::string& base_path = base_paths.front();
   const std::string base_cmd = base.value("command", std::string("?")),
                     new_cmd = now.value("command", std::string("?"));
   if (base_cmd != new_cmd)
     throw UsageError(fmt::format("{} is a report of '{}' and {} one of '{}': nothing in them "
                                  "can be compared",
-                                 o.base, base_cmd, o.now, new_cmd),
+                                 base_path, base_cmd, new_path, new_cmd),
                      {"report", -1, -1, "compare two reports of the same command"});
-  auto c = reports::compare_reports(base, now, co);
+  auto c = reports::compare_reports(bases, now, co);
   std::fputs(reports::render_comparison_text(c).c_str(), stdout);
   std::fflush(stdout);
   if (!o.compare_markdown.empty()) write_output(o.compare_markdown, reports::render_comparison_markdown(c));
@@ -146,8 +162,10 @@ Subcommand add_report_command(CLI::App& parent) {
 
   CLI::App* c = app->add_subcommand(
       "compare", "Compare NEW against BASE; exit 1 on a regression beyond the tolerance and the measured spread");
-  c->add_option("base", o->base, "baseline report")->required();
-  c->add_option("new", o->now, "new report")->required();
+  c->add_option("reports", o->compare_files,
+                "BASE [BASE...] NEW: the baseline report (or several runs of it: their median is the "
+                "baseline, their range joins the spread) and the new one")
+      ->required();
   c->add_option("--max-regression", o->max_regression,
                 "tolerance for busbw, time and exposed time, e.g. 10%")->capture_default_str();
   c->add_flag("--fail-on-missing", o->fail_on_missing, "rows of BASE missing from NEW count as regressions");

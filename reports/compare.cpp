@@ -341,18 +341,93 @@ bool Comparison::regressed() const {
   return false;
 }
 
+namespace {
+
+// Several baseline runs as one: each figure of a row is the median of the
+// runs that have the row, and its noise is the larger of the runs' own
+// spreads and the range across the runs (largest minus smallest), which is
+// what the same machine's run-to-run noise measured.
+std::vector<Row> merge_baselines(const std::vector<std::vector<Row>>& runs) {
+  std::vector<Row> out;
+  std::map<std::string, std::size_t> where;
+  std::vector<std::map<std::string, std::vector<Figure>>> seen;  // per row: figure -> each run's
+  for (const auto& rows : runs)
+    for (const auto& r : rows) {
+      auto [it, fresh] = where.emplace(r.key, out.size());
+      if (fresh) {
+        out.push_back({r.key, r.label, {}});
+        seen.emplace_back();
+      }
+      auto& figs = seen[it->second];
+      for (const auto& f : r.figures) {
+        auto& list = figs[f.name];
+        if (list.empty()) out[it->second].figures.push_back(f);  // keeps the figure order
+        list.push_back(f);
+      }
+    }
+  for (std::size_t i = 0; i < out.size(); ++i)
+    for (auto& f : out[i].figures) {
+      const auto& list = seen[i][f.name];
+      if (list.size() < 2) continue;
+      std::vector<double> v;
+      double noise = 0;
+      for (const auto& g : list) {
+        v.push_back(g.value);
+        noise = std::max(noise, g.noise);
+      }
+      std::sort(v.begin(), v.end());
+      const std::size_t n = v.size();
+      f.value = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+      f.noise = std::max(noise, v.back() - v.front());
+    }
+  return out;
+}
+
+}  // namespace
+
+std::string baselines_disagree(const std::vector<json>& bases, const std::vector<std::string>& names) {
+  for (std::size_t i = 1; i < bases.size(); ++i) {
+    const std::string name_i = i < names.size() ? names[i] : fmt::format("baseline {}", i + 1);
+    const std::string name_0 = names.empty() ? "baseline 1" : names[0];
+    const std::string cmd0 = str_or(bases[0], "command", "?"), cmd = str_or(bases[i], "command", "?");
+    if (cmd != cmd0)
+      return fmt::format("{} is a report of '{}' and {} one of '{}'", name_i, cmd, name_0, cmd0);
+    const auto d = differing_settings(bases[0], bases[i]);
+    if (d.empty()) continue;
+    std::string list;
+    for (const auto& s : d)
+      list += fmt::format("{}{} {} ({}) vs {} ({})", list.empty() ? "" : ", ", s.name, s.now, name_i,
+                          s.base, name_0);
+    return fmt::format("the baseline runs were made with different settings: {}", list);
+  }
+  return "";
+}
+
 Comparison compare_reports(const json& base, const json& now, const CompareOptions& o) {
+  return compare_reports(std::vector<json>{base}, now, o);
+}
+
+Comparison compare_reports(const std::vector<json>& bases, const json& now, const CompareOptions& o) {
+  if (bases.empty()) throw std::invalid_argument("compare_reports: no baseline report");
+  const json& base = bases.front();
   Comparison c;
   c.max_regression = o.max_regression;
   c.fail_on_missing = o.fail_on_missing;
+  c.base_runs = static_cast<int>(bases.size());
   c.base_command = str_or(base, "command", "?");
   c.new_command = str_or(now, "command", "?");
   c.base_label = report_label(base);
+  if (bases.size() > 1)
+    c.base_label += fmt::format(" and {} more run(s): each figure is their median, and the range "
+                                "across them joins the spread",
+                                bases.size() - 1);
   c.new_label = report_label(now);
 
   c.settings_changed = differing_settings(base, now);
-  const auto base_rows = extract_rows(base, c.settings_changed, true),
-             new_rows = extract_rows(now, c.settings_changed, false);
+  std::vector<std::vector<Row>> base_runs;
+  for (const auto& b : bases) base_runs.push_back(extract_rows(b, c.settings_changed, true));
+  const auto base_rows = merge_baselines(base_runs);
+  const auto new_rows = extract_rows(now, c.settings_changed, false);
   std::map<std::string, const Row*> new_by_key;
   for (const auto& r : new_rows) new_by_key.emplace(r.key, &r);
   std::map<std::string, const Row*> base_by_key;
@@ -395,9 +470,19 @@ Comparison compare_reports(const json& base, const json& now, const CompareOptio
       c.figures.push_back({n.label, "", true, std::nullopt, std::nullopt, 0, 0, ChangeKind::kNew});
 
   // Checks by name, in BASE's order then NEW's new ones.
+  // A check that failed in any baseline run counts as failing there: only a
+  // check that passed in every one regresses by failing now.
   std::vector<std::pair<std::string, std::string>> bchecks, nchecks;
-  if (base.is_object() && base.contains("checks") && base["checks"].is_array())
-    for (const auto& ch : base["checks"]) bchecks.push_back({str_or(ch, "name", "?"), check_status(ch)});
+  for (const auto& b : bases)
+    if (b.is_object() && b.contains("checks") && b["checks"].is_array())
+      for (const auto& ch : b["checks"]) {
+        const std::string name = str_or(ch, "name", "?"), st = check_status(ch);
+        auto it = std::find_if(bchecks.begin(), bchecks.end(), [&](const auto& x) { return x.first == name; });
+        if (it == bchecks.end())
+          bchecks.push_back({name, st});
+        else if (st == "fail")
+          it->second = st;
+      }
   if (now.is_object() && now.contains("checks") && now["checks"].is_array())
     for (const auto& ch : now["checks"]) nchecks.push_back({str_or(ch, "name", "?"), check_status(ch)});
   auto find = [](const auto& v, const std::string& name) -> std::string {
@@ -414,7 +499,10 @@ Comparison compare_reports(const json& base, const json& now, const CompareOptio
         std::none_of(bchecks.begin(), bchecks.end(), [&](const auto& b) { return b.first == name; }))
       c.checks.push_back({name, "", st, st == "fail"});
 
+  // The worst verdict among the baseline runs.
   c.base_verdict = verdict_of(base);
+  for (const auto& b : bases)
+    if (verdict_rank(verdict_of(b)) > verdict_rank(c.base_verdict)) c.base_verdict = verdict_of(b);
   c.new_verdict = verdict_of(now);
   c.verdict_regressed = verdict_rank(c.new_verdict) > verdict_rank(c.base_verdict) &&
                         verdict_rank(c.base_verdict) >= 0;

@@ -10,7 +10,8 @@
 //  - otherwise <figure>_spread, or 2 x <figure>_stddev, when the row has them;
 //  - otherwise spread_us / 2 x stddev_us for the row's *_us figures;
 //  - otherwise "spread" / 2 x "stddev" as a fraction of the value (0.05 = 5%).
-// The noise band of a comparison is the larger of the two reports' spreads.
+// The noise band of a comparison is the larger of the two reports' spreads;
+// with several baseline runs, also the range of the figure across them.
 // A change is a regression only when it is worse than the tolerance AND its
 // size is outside the noise band; a change beyond the tolerance but inside
 // the band is reported as "noise", not as a regression. Without any spread
@@ -75,6 +76,7 @@ struct Comparison {
   std::string base_command, new_command;
   std::string base_label, new_label;  // command, world and start time, for headers
   double max_regression = 0.10;
+  int base_runs = 1;  // baseline reports merged into BASE
   std::vector<FigureChange> figures;
   std::vector<CheckChange> checks;
   std::string base_verdict, new_verdict;
@@ -90,6 +92,20 @@ struct Comparison {
 
 Comparison compare_reports(const nlohmann::json& base, const nlohmann::json& now,
                            const CompareOptions& options = {});
+
+// Several baseline runs of the same command and settings (the same machine,
+// run a few times): each figure of BASE is the median of the runs that have
+// its row, and the range across them (largest minus smallest) joins the noise
+// band, so the gate allows what the machine's own run-to-run noise measured.
+// A check counts as failing in BASE when it failed in any run, and BASE's
+// verdict is the worst of theirs.
+Comparison compare_reports(const std::vector<nlohmann::json>& bases, const nlohmann::json& now,
+                           const CompareOptions& options = {});
+
+// Empty when the baseline runs are of one command with the same settings;
+// otherwise what differs, naming the runs by `names` (their paths).
+std::string baselines_disagree(const std::vector<nlohmann::json>& bases,
+                               const std::vector<std::string>& names);
 
 // One line naming the settings that differ and what compare did about it;
 // the text and Markdown renderings print it when settings_changed is not empty.

@@ -338,6 +338,62 @@ TEST_CASE("compare: a change inside the measured spread is noise, not a regressi
   CHECK(compare_reports(tbase, allreduce_report(tight)).regressed());
 }
 
+TEST_CASE("compare: several baseline runs: their median is the base, their range joins the spread",
+          "[reports][compare]") {
+  // Three runs of the same command on a noisy machine: 1 MiB at 10, 8 and 12
+  // GB/s, each with tight rank spreads (run-to-run noise no single run shows).
+  auto run = [](double gbps) {
+    auto pts = baseline_points();
+    pts[2].busbw_gbps = gbps;
+    return allreduce_report(pts);
+  };
+  const std::vector<json> bases = {run(10), run(8), run(12)};
+  const auto row_of = [](const Comparison& c, const char* fig) {
+    for (const auto& f : c.figures)
+      if (f.figure == fig && f.row.find("1 MiB") != std::string::npos &&
+          f.row.find("out_of_place") != std::string::npos)
+        return f;
+    FAIL("no 1 MiB " << fig << " row");
+    return FigureChange{};
+  };
+  SECTION("a drop inside the runs' range is noise; with one run it regresses") {
+    auto c = compare_reports(bases, run(7.5));  // -25% from the median, 2.5 GB/s < the 4 GB/s range
+    CHECK_FALSE(c.regressed());
+    CHECK(c.base_runs == 3);
+    auto f = row_of(c, "busbw_gbps");
+    CHECK(*f.base == Approx(10));  // the median
+    CHECK(f.noise == Approx(0.4));  // (12 - 8) / 10
+    CHECK(f.kind == ChangeKind::kNoise);
+    CHECK(compare_reports(bases[0], run(7.5)).regressed());
+    CHECK(render_comparison_text(c).find("and 2 more run(s)") != std::string::npos);
+  }
+  SECTION("a drop beyond the range regresses") {
+    auto c = compare_reports(bases, run(5));
+    CHECK(c.regressed());
+    CHECK(row_of(c, "busbw_gbps").kind == ChangeKind::kRegressed);
+  }
+  SECTION("an even number of runs: the mean of the middle two") {
+    auto c = compare_reports(std::vector<json>{run(8), run(12)}, run(10));
+    CHECK(*row_of(c, "busbw_gbps").base == Approx(10));
+  }
+  SECTION("a check that failed in any baseline run is no regression when it fails now") {
+    const auto failing = allreduce_report(baseline_points(), CheckStatus::kFail);
+    auto c = compare_reports(std::vector<json>{allreduce_report(baseline_points()), failing}, failing);
+    CHECK_FALSE(c.regressed());
+    CHECK(c.base_verdict == "FAIL");
+    CHECK(compare_reports(std::vector<json>{allreduce_report(baseline_points()),
+                                            allreduce_report(baseline_points())},
+                          failing)
+              .regressed());
+  }
+  SECTION("baseline runs of other settings are named") {
+    const std::vector<json> mixed = {run(10), allreduce_report(baseline_points(), CheckStatus::kPass, 4)};
+    const auto why = baselines_disagree(mixed, {"a.json", "b.json"});
+    CHECK(why.find("world size 4 (b.json) vs 2 (a.json)") != std::string::npos);
+    CHECK(baselines_disagree(bases, {"a.json", "b.json", "c.json"}).empty());
+  }
+}
+
 TEST_CASE("compare: missing and new rows", "[reports][compare]") {
   auto base = allreduce_report(baseline_points());
   auto pts = baseline_points();

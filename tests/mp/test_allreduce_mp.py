@@ -607,6 +607,29 @@ class BadInput(unittest.TestCase):
                 if os.path.exists(f):
                     os.unlink(f)
 
+    def test_report_compare_takes_several_baseline_runs(self):
+        # BASE... NEW: runs of one command and settings are merged; runs of
+        # different settings, or a lone report, are refused with exit 2.
+        a, b, c = tmp_json(), tmp_json(), tmp_json()
+        try:
+            for path, model in ((a, "mlp"), (b, "mlp"), (c, "resnet50")):
+                self.assertEqual(run(["memory", "--model", model, "--json", path]).returncode, 0)
+            p = run(["report", "compare", a, b, a])
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("and 1 more run(s)", p.stdout)
+            self.assertIn("no regression", p.stdout)
+            p = run(["report", "compare", a, c, a])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("the baseline runs were made with different settings", p.stderr)
+            self.assertIn("model resnet50 (%s) vs mlp (%s)" % (c, a), p.stderr)
+            p = run(["report", "compare", a])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("needs a baseline report and a new one", p.stderr)
+        finally:
+            for f in (a, b, c):
+                if os.path.exists(f):
+                    os.unlink(f)
+
     def test_report_compare_refuses_a_schema_invalid_report(self):
         # An unknown verdict and no world: report validate calls it invalid,
         # so the gate must not pass on it (exit 2, the file and the errors named).
