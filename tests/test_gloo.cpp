@@ -6,6 +6,12 @@
 // compared bit for bit.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <gloo/transport/tcp/address.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -19,6 +25,7 @@
 
 #include "comm/communicator.h"
 #include "comm/errors.h"
+#include "comm/gloo/gloo_communicator.h"
 #include "comm/store/store.h"
 #include "comm/types.h"
 #include "tests/rank_threads.h"
@@ -652,6 +659,22 @@ TEST_CASE("make_communicator: NCCL in a build without it is a usage error", "[gl
     CHECK(msg.find("-DDDPDIAG_WITH_CUDA=ON") != std::string::npos);
     CHECK(msg.find("--backend gloo") != std::string::npos);
   }
+}
+
+TEST_CASE("gloo: addresses in Gloo's messages show their real ports", "[gloo]") {
+  sockaddr_storage ss{};
+  auto& in = reinterpret_cast<sockaddr_in&>(ss);
+  in.sin_family = AF_INET;
+  in.sin_port = htons(4711);
+  ::inet_pton(AF_INET, "10.0.0.2", &in.sin_addr);
+  const std::string shown = gloo::transport::tcp::Address(ss, 3).str();
+  const std::string msg = "[./gloo/transport/tcp/pair.cc:589] Read error " + shown + ": Connection reset by peer";
+  const std::string fixed = gloo_backend::right_ports(msg);
+  INFO(msg << " -> " << fixed);
+  CHECK(fixed.find("Read error [10.0.0.2]:4711") != std::string::npos);
+  CHECK(fixed.find("pair.cc:589]") != std::string::npos);  // the source line is no address
+  CHECK(gloo_backend::right_ports("connect [::1]:" + std::to_string(htons(29500)) + ": refused") ==
+        "connect [::1]:29500: refused");
 }
 
 TEST_CASE("gloo: where ranks bind (hostname, interface) and a bad interface", "[gloo]") {

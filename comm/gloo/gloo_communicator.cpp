@@ -38,6 +38,7 @@
 #include "comm/gloo/gloo_communicator.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -46,13 +47,18 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <functional>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -115,6 +121,71 @@ bool hostname_resolves(const std::string& host) {
   if (res) ::freeaddrinfo(res);
   return rc == 0;
 }
+
+// "10.0.0.2:4711" or "[fe80::1]:4711". (Gloo's own Address::str() shows
+// the port byte-swapped in this version, as "[10.0.0.2]:26386", so messages
+// use ours.)
+std::string endpoint_str(const sockaddr_storage& ss) {
+  char buf[INET6_ADDRSTRLEN] = {0};
+  if (ss.ss_family == AF_INET) {
+    const auto& in = reinterpret_cast<const sockaddr_in&>(ss);
+    ::inet_ntop(AF_INET, &in.sin_addr, buf, sizeof buf);
+    return std::string(buf) + ":" + std::to_string(ntohs(in.sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(ss);
+    ::inet_ntop(AF_INET6, &in6.sin6_addr, buf, sizeof buf);
+    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(in6.sin6_port));
+  }
+  return "(an address of family " + std::to_string(ss.ss_family) + ")";
+}
+
+// Where `shown` (Gloo's text for an address) occurs in msg at or after
+// `from` as a whole address: "[h]:392" is not found in "[h]:3920".
+std::size_t find_address(const std::string& msg, const std::string& shown, std::size_t from = 0) {
+  for (auto at = msg.find(shown, from); at != std::string::npos; at = msg.find(shown, at + 1)) {
+    const std::size_t end = at + shown.size();
+    if (end == msg.size() || !std::isdigit(static_cast<unsigned char>(msg[end]))) return at;
+  }
+  return std::string::npos;
+}
+
+// Whether this Gloo's Address::str() shows ports byte-swapped (the version
+// Debian ships prints sin_port as it lies in memory: 4711 as "26386").
+bool gloo_swaps_ports() {
+  static const bool swaps = [] {
+    sockaddr_storage ss{};
+    auto& in = reinterpret_cast<sockaddr_in&>(ss);
+    in.sin_family = AF_INET;
+    in.sin_port = htons(0x1234);
+    in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const std::string shown = gloo::transport::tcp::Address(ss).str();
+    return shown.find(":" + std::to_string(0x1234)) == std::string::npos &&
+           shown.find(":" + std::to_string(htons(0x1234))) != std::string::npos;
+  }();
+  return swaps;
+}
+
+}  // namespace
+
+// Gloo's message with every address it shows ("[10.0.0.2]:26386") written
+// with its real port ("[10.0.0.2]:4711").
+std::string right_ports(std::string msg) {
+  if (!gloo_swaps_ports()) return msg;
+  for (auto at = msg.find("]:"); at != std::string::npos; at = msg.find("]:", at + 2)) {
+    const std::size_t begin = at + 2;
+    std::size_t end = begin;
+    while (end < msg.size() && end - begin < 6 && std::isdigit(static_cast<unsigned char>(msg[end]))) ++end;
+    if (end == begin || end - begin > 5) continue;
+    const unsigned long shown = std::stoul(msg.substr(begin, end - begin));
+    if (shown > 0xffff) continue;
+    const auto port = static_cast<std::uint16_t>(shown);
+    msg.replace(begin, end - begin, std::to_string(ntohs(port)));
+  }
+  return msg;
+}
+
+namespace {
 
 // ---------------------------------------------------------------------------
 // Rendezvous: Gloo's store interface over ours.
@@ -180,8 +251,12 @@ class StoreAdapter final : public gloo::rendezvous::Store {
       std::vector<char> mine(all.begin() + static_cast<std::ptrdiff_t>(index * each),
                              all.begin() + static_cast<std::ptrdiff_t>((index + 1) * each));
       const gloo::transport::tcp::Address address(mine);
+      // Gloo's text for the address, as its messages show it; a pair's
+      // sequence number ("$3") is not always shown, so it is left out.
+      std::string shown = address.str();
+      shown = shown.substr(0, shown.find('$'));
       std::lock_guard<std::mutex> lock(mu_);
-      peer_addresses_[address.str()] = peer;
+      peer_addresses_[shown] = peer;
       reads_.push_back({peer, address.getSockaddr(), Clock::now()});
     } catch (const std::exception&) {
       // Only a diagnostic aid: an address we cannot parse is simply not named.
@@ -589,13 +664,15 @@ class Core : public std::enable_shared_from_this<Core> {
   // pair that connected; we map the addresses we saw at rendezvous to ranks.
   int peer_from_message(const std::string& msg, const OpArgs& args) const {
     for (const auto& [address, peer] : peer_addresses_)
-      if (msg.find(address) != std::string::npos) return peer;
+      if (find_address(msg, address) != std::string::npos) return peer;
     if (args.kind == OpKind::kSend || args.kind == OpKind::kRecv) return args.root_or_peer;
     if (args.kind == OpKind::kSendRecv && args.root_or_peer == args.recv_peer) return args.recv_peer;
     return -1;
   }
 
-  std::exception_ptr map_io_error(const GlooWork& w, const std::string& msg) const {
+  std::exception_ptr map_io_error(const GlooWork& w, const std::string& raw) const {
+    const int peer = peer_from_message(raw, w.args);
+    const std::string msg = right_ports(raw);
     const std::string op = op_name(w.args.kind);
     const std::string where = w.describe() + " on rank " + std::to_string(rank_);
     if (msg.find("Timed out waiting") != std::string::npos)
@@ -610,7 +687,6 @@ class Core : public std::enable_shared_from_this<Core> {
           where + " failed: an earlier operation timed out and Gloo closed every connection "
                   "(gloo: " + msg + ")",
           ErrorContext{op, rank_, -1, "the first timeout on any rank is the cause"}));
-    const int peer = peer_from_message(msg, w.args);
     const std::string who = peer >= 0 ? "rank " + std::to_string(peer) : "a peer";
     return std::make_exception_ptr(PeerError(
         where + " failed: " + who + " closed its connection or failed (gloo: " + msg + ")",
@@ -1137,21 +1213,77 @@ std::shared_ptr<gloo::transport::Device> create_device(const CommOptions& opts) 
   }
 }
 
-// "10.0.0.2:4711" or "[fe80::1]:4711". (Gloo's own Address::str() shows
-// the port byte-swapped in this version, so messages use ours.)
-std::string endpoint_str(const sockaddr_storage& ss) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (ss.ss_family == AF_INET) {
-    const auto& in = reinterpret_cast<const sockaddr_in&>(ss);
-    ::inet_ntop(AF_INET, &in.sin_addr, buf, sizeof buf);
-    return std::string(buf) + ":" + std::to_string(ntohs(in.sin_port));
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
   }
-  if (ss.ss_family == AF_INET6) {
-    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(ss);
-    ::inet_ntop(AF_INET6, &in6.sin6_addr, buf, sizeof buf);
-    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(in6.sin6_port));
+  if (a.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
   }
-  return "(an address of family " + std::to_string(ss.ss_family) + ")";
+  return false;
+}
+
+// The remote ends of this process's TCP connections still in SYN_SENT: the
+// connection requests nobody has answered. Read from the kernel's tables
+// (/proc/net/tcp and tcp6, this network namespace), kept to sockets open in
+// this process. Empty where /proc is not readable.
+std::vector<sockaddr_storage> unanswered_connects() {
+  std::set<unsigned long> ours;
+  if (DIR* dir = ::opendir("/proc/self/fd")) {
+    while (const dirent* e = ::readdir(dir)) {
+      char target[64] = {0};
+      const std::string link = std::string("/proc/self/fd/") + e->d_name;
+      const ssize_t n = ::readlink(link.c_str(), target, sizeof target - 1);
+      unsigned long inode = 0;
+      if (n > 0 && std::sscanf(target, "socket:[%lu]", &inode) == 1) ours.insert(inode);
+    }
+    ::closedir(dir);
+  }
+  std::vector<sockaddr_storage> out;
+  for (const bool v6 : {false, true}) {
+    std::ifstream in(v6 ? "/proc/net/tcp6" : "/proc/net/tcp");
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+      std::istringstream f(line);
+      std::string sl, local, remote, st, queues, timer, retr, uid, tmo;
+      unsigned long inode = 0;
+      if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> tmo >> inode))
+        continue;
+      if (st != "02" || !ours.count(inode)) continue;  // 02: TCP_SYN_SENT
+      const auto colon = remote.find(':');
+      if (colon == std::string::npos) continue;
+      const std::string host = remote.substr(0, colon);
+      const auto port = static_cast<std::uint16_t>(std::stoul(remote.substr(colon + 1), nullptr, 16));
+      sockaddr_storage ss{};
+      // The kernel prints each 32-bit word of the address as it lies in memory.
+      if (!v6 && host.size() == 8) {
+        auto& in4 = reinterpret_cast<sockaddr_in&>(ss);
+        in4.sin_family = AF_INET;
+        in4.sin_port = htons(port);
+        in4.sin_addr.s_addr = static_cast<std::uint32_t>(std::stoul(host, nullptr, 16));
+      } else if (v6 && host.size() == 32) {
+        auto& in6 = reinterpret_cast<sockaddr_in6&>(ss);
+        in6.sin6_family = AF_INET6;
+        in6.sin6_port = htons(port);
+        for (int w = 0; w < 4; ++w) {
+          const auto word = static_cast<std::uint32_t>(std::stoul(host.substr(w * 8, 8), nullptr, 16));
+          std::memcpy(reinterpret_cast<char*>(&in6.sin6_addr) + w * 4, &word, 4);
+        }
+      } else {
+        continue;
+      }
+      out.push_back(ss);
+    }
+  }
+  return out;
 }
 
 // Gloo connects to its peers one at a time and waits up to 5 x its timeout
@@ -1167,10 +1299,16 @@ RendezvousError connect_failed(const CommOptions& opts, const StoreAdapter::Peer
   const std::string at = endpoint_str(last.address);
   const std::string ms = std::to_string(opts.timeout.count()) + " ms";
   const bool refused = gloo_error.find("refused") != std::string::npos;
-  // The side that connects (Gloo's rule: the pair's larger address) gets its
-  // own connect error first; the side that listens reaches our deadline.
-  const bool unanswered = gloo_error.find("connect [") != std::string::npos &&
-                          gloo_error.find("timed out") != std::string::npos;
+  // The side that connects (Gloo's rule: the pair's larger address) has a
+  // socket in SYN_SENT, or Gloo's own connect error; the side that listens
+  // waits for the peer.
+  bool unanswered = gloo_error.find("connect [") != std::string::npos &&
+                    gloo_error.find("timed out") != std::string::npos;
+  if (gloo_error.empty()) {
+    const auto open = unanswered_connects();
+    unanswered = std::any_of(open.begin(), open.end(),
+                             [&](const auto& a) { return same_endpoint(a, last.address); });
+  }
   std::string what;
   if (refused)
     what = me + "'s connection to " + peer + "'s Gloo listener at " + at +
@@ -1268,7 +1406,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    const std::string msg = e.what();
+    const std::string msg = right_ports(e.what());
     const auto reads = adapter->reads();
     if (!reads.empty() && (msg.find("connect [") != std::string::npos ||
                            msg.find("Connect timeout") != std::string::npos))

@@ -18,4 +18,9 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts);
 // "gloo 0.5.0": the version of the Gloo headers this build used.
 std::string gloo_version();
 
+// Gloo's message with every address it shows ("[10.0.0.2]:26386") written
+// with its real port: the Gloo Debian ships prints ports byte-swapped. The
+// backend's own errors already pass Gloo's text through this.
+std::string right_ports(std::string gloo_message);
+
 }  // namespace ddpdiag::gloo_backend
