@@ -242,8 +242,9 @@ int run_init_check(const InitCheckOptions& io) {
         if (e.context().phase.empty() || e.context().phase == "world") e.context().phase = "environment";
         throw;
       }
-      if (job.world.rank == 0) check_report_outputs(o);
       job.backend = choose_backend(o);
+      job.world_known = true;
+      if (job.world.rank == 0) check_report_outputs(o);
       host = reported_host_name(o, job.world.rank);
       return describe_env(job.world) + fmt::format("; backend {}", backend_name(job.backend));
     });
@@ -302,9 +303,7 @@ int run_init_check(const InitCheckOptions& io) {
                            rtt);
       });
     }
-    const std::string device = job.backend == Backend::kNccl
-                                   ? fmt::format("cuda:{}", job.world.local_rank)
-                                   : std::string("cpu");
+    const std::string device = requested_device(job);
     phase("register", [&] {
       register_rank(job, device, host);
       return fmt::format("rank {} host {} pid {} device {} world size {}", me, host,
@@ -435,6 +434,7 @@ int run_init_check(const InitCheckOptions& io) {
   // its own report beside the job's: out.json -> out.rank<R>.json.
   if (world_known && !published && job.world.rank > 0 &&
       (!o.json_path.empty() || !o.markdown_path.empty())) {
+    record_known_world(job, o, report);
     nlohmann::json entry = mine;
     entry["reported"] = true;
     entry["clock_shift_s"] = 0.0;
@@ -595,11 +595,8 @@ int run_init_check(const InitCheckOptions& io) {
       rc = first_remote->exit_code;
     }
     if (failure) report.set_error(*failure);
-    if (!job.ranks.empty()) {
-      std::map<std::string, std::string> libs;
-      if (job.comm) libs[job.backend == Backend::kNccl ? "nccl" : "gloo"] = job.comm->library_version();
-      report.set_world(n, std::string(backend_name(job.backend)),
-                       std::string(launcher_name(job.world.launcher)), job.ranks, libs);
+    if (world_known) {
+      record_known_world(job, o, report);
       record_warnings(job, report);
     }
     if (rc == 0 && report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);

@@ -115,6 +115,8 @@ class InitCheck(unittest.TestCase):
             self.assertEqual(rep["verdict"], "ERROR")
             self.assertEqual(rep["error"]["exit_code"], 2)
             self.assertIsNone(rep["results"]["ranks"][0]["rank"])
+            # Nothing of the world is known.
+            self.assertIsNone(rep["world"])
         finally:
             if os.path.exists(path):
                 os.unlink(path)
