@@ -667,6 +667,16 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
   job.store->add("joined", 1);
 }
 
+namespace {
+
+// A rank's identity from its rank/<r> entry.
+reports::RankInfo rank_info_of(int r, const nlohmann::json& j) {
+  return {r, j.value("local_rank", 0), j.value("host", std::string()),
+          static_cast<int>(j.value("pid", 0L)), j.value("device", ""), j.value("cpus", "")};
+}
+
+}  // namespace
+
 void wait_for_ranks(Job& job) {
   const int n = job.size();
   const int me = job.rank();
@@ -684,9 +694,23 @@ void wait_for_ranks(Job& job) {
       std::string loopback = loopback_hint(job.world);
       if (job.server)
         if (auto problem = master_addr_problem(job.world); !problem.empty()) loopback = problem;
+      // The ranks that did arrive are known: job.ranks keeps them for the
+      // report's world.
       std::vector<int> missing;
-      for (int r = 0; r < n; ++r)
-        if (!job.store->check({"rank/" + std::to_string(r)})) missing.push_back(r);
+      job.ranks.clear();
+      for (int r = 0; r < n; ++r) {
+        const std::string key = "rank/" + std::to_string(r);
+        if (!job.store->check({key})) {
+          missing.push_back(r);
+          continue;
+        }
+        try {
+          auto j = nlohmann::json::parse(to_string(job.store->get(key, Millis(2000))), nullptr, false);
+          if (j.is_object()) job.ranks.push_back(rank_info_of(r, j));
+        } catch (const Error&) {
+          // Only the report's world misses it; the timeout is what to report.
+        }
+      }
       std::string list;
       for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
       throw RendezvousError(
@@ -718,9 +742,7 @@ void wait_for_ranks(Job& job) {
     int ws = j.value("world_size", -1);
     if (ws != n) disagree.push_back(fmt::format("rank {} (pid {} on {}) has world size {}", r,
                                                 j.value("pid", 0L), j.value("host", ""), ws));
-    job.ranks.push_back({r, j.value("local_rank", 0), j.value("host", std::string()),
-                         static_cast<int>(j.value("pid", 0L)), j.value("device", ""),
-                         j.value("cpus", "")});
+    job.ranks.push_back(rank_info_of(r, j));
     job.machines[r] = j.value("machine", j.value("host", std::string()));
     job.rank_builds[r] = j.value("ddpdiag", std::string());
     job.rank_libraries[r] = j.value("library", std::string());
@@ -873,23 +895,51 @@ void create_communicator(Job& job, const CommonOptions& o) {
   job.comm = std::move(monitored);
 }
 
+std::string requested_device(const Job& job) {
+  return job.backend == Backend::kNccl ? fmt::format("cuda:{}", job.world.local_rank)
+                                       : std::string("cpu");
+}
+
+void record_known_world(const Job& job, const CommonOptions& o, reports::Report& report) {
+  if (!job.world_known) return;
+  std::vector<reports::RankInfo> ranks = job.ranks;
+  if (std::none_of(ranks.begin(), ranks.end(),
+                   [&](const reports::RankInfo& r) { return r.rank == job.rank(); })) {
+    ranks.push_back({job.rank(), job.world.local_rank, reported_host_name(o, job.rank()),
+                     static_cast<int>(getpid()), requested_device(job), ""});
+    std::sort(ranks.begin(), ranks.end(),
+              [](const reports::RankInfo& a, const reports::RankInfo& b) { return a.rank < b.rank; });
+  }
+  // The library this process runs, whether or not its communicator came up
+  // ("" where the backend is not built in).
+  std::map<std::string, std::string> libs;
+  const std::string version =
+      job.comm ? job.comm->library_version() : backend_library_version(job.backend);
+  if (!version.empty()) libs[job.backend == Backend::kNccl ? "nccl" : "gloo"] = version;
+  report.set_world(job.size(), std::string(backend_name(job.backend)),
+                   std::string(launcher_name(job.world.launcher)), ranks, libs);
+  if (job.backend == Backend::kGloo) report.set_gloo_threads(o.gloo_threads);
+}
+
 namespace {
 
-// Sets up store and communicator for this rank.
-void start_job(Job& job, const CommonOptions& o) {
+// The world of this rank from flags and environment, and its backend.
+void discover_job(Job& job, const CommonOptions& o) {
   job.world = discover_world(o.world, process_env());
   g_rank.store(job.world.rank, std::memory_order_relaxed);
+  job.backend = choose_backend(o);
+  job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
+  job.world_known = true;
   // Rank 0 writes the job's report: a path it cannot write fails now, not
   // after the measurement.
   if (job.world.rank == 0) check_report_outputs(o);
-  job.backend = choose_backend(o);
-  job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
+}
+
+// Sets up store and communicator for this rank, once discover_job has run.
+void start_job(Job& job, const CommonOptions& o) {
   host_store(job);
   connect_store(job, o);
-  std::string device = job.backend == Backend::kNccl
-                           ? fmt::format("cuda:{}", job.world.local_rank)
-                           : std::string("cpu");
-  register_rank(job, device, reported_host_name(o, job.world.rank));
+  register_rank(job, requested_device(job), reported_host_name(o, job.world.rank));
   wait_for_ranks(job);
   collect_warnings(job);
   create_communicator(job, o);
@@ -1100,12 +1150,13 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   int rc = 0;
   bool store_unreachable = false;  // this rank never reached the store, or lost it
   try {
+    discover_job(job, o);
+    // A report written from here on (a signal during the rendezvous) has the
+    // world as far as it is known.
+    record_known_world(job, o, report);
+    arm_report(report, o);
     start_job(job, o);
-    std::map<std::string, std::string> libs = {{job.comm->backend() == Backend::kNccl ? "nccl" : "gloo",
-                                                job.comm->library_version()}};
-    report.set_world(job.size(), std::string(backend_name(job.backend)),
-                     std::string(launcher_name(job.world.launcher)), job.ranks, libs);
-    if (job.backend == Backend::kGloo) report.set_gloo_threads(o.gloo_threads);
+    record_known_world(job, o, report);
     record_warnings(job, report);
     arm_report(report, o);
     body(job, report);
@@ -1113,6 +1164,10 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   } catch (const Error& e) {
     print_error(e);
     report.set_error(to_error_info(e));
+    // The world as far as this rank got to know it: its size, backend and
+    // launcher once the environment was read, every rank's identity once the
+    // rendezvous passed.
+    record_known_world(job, o, report);
     // What the rendezvous found (a version mismatch explains many a failed
     // backend init) belongs in the report of the failure too.
     if (!job.warnings.empty() && !report.results().contains("warnings")) record_warnings(job, report);

@@ -79,13 +79,17 @@ void add_common_options(CLI::App* app, CommonOptions& o);
 struct Job {
   World world;
   Backend backend = Backend::kGloo;
+  // world and backend hold what this rank was started with (discover_world
+  // succeeded and the backend was chosen); before that they are defaults.
+  bool world_known = false;
   Millis timeout{60000};
   std::unique_ptr<TcpStoreServer> server;  // rank 0 when it hosts the store
   std::shared_ptr<Store> store;            // under this job's ddpdiag prefix
   std::unique_ptr<Communicator> comm;     // a MonitoredCommunicator over the backend's
   MonitoredCommunicator* monitor = nullptr;  // comm, as its watchdog
   CommOptions comm_options;                // what comm was made with (sub-groups reuse it)
-  std::vector<reports::RankInfo> ranks;    // every rank's identity, from rendezvous
+  std::vector<reports::RankInfo> ranks;    // every rank's identity, from rendezvous (after
+                                           // one that failed: the ranks that had registered)
   std::vector<std::string> rank_builds;     // every rank's ddpdiag version and revision
   std::vector<std::string> rank_libraries;  // every rank's backend library version
   std::vector<reports::Warning> warnings;   // collect_warnings: what the rendezvous found
@@ -133,6 +137,16 @@ void record_rank_settings(const CLI::App& subcommand);
 // a path whose directory is missing or not writable, before any work.
 void check_report_outputs(const CommonOptions& o);
 void wait_for_ranks(Job& job);
+// The device this rank asks its backend for ("cuda:<local rank>" or "cpu"),
+// as registered at the rendezvous.
+std::string requested_device(const Job& job);
+// The world as far as this rank knows it, into report.world: nothing before
+// the world was known (job.world_known; the world stays null); then its size,
+// backend, launcher and the backend library this process runs, and the ranks
+// whose identity it has: every rank after the rendezvous, the ones that had
+// registered when it failed, and at least this rank itself. Called again as
+// the job gets further, it replaces what was recorded before.
+void record_known_world(const Job& job, const CommonOptions& o, reports::Report& report);
 // Creates the backend's communicator, wrapped in a MonitoredCommunicator.
 void create_communicator(Job& job, const CommonOptions& o);
 // Rank 0 keeps the store up until every rank has left (bounded).

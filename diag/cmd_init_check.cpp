@@ -242,8 +242,9 @@ int run_init_check(const InitCheckOptions& io) {
         if (e.context().phase.empty() || e.context().phase == "world") e.context().phase = "environment";
         throw;
       }
-      if (job.world.rank == 0) check_report_outputs(o);
       job.backend = choose_backend(o);
+      job.world_known = true;
+      if (job.world.rank == 0) check_report_outputs(o);
       host = reported_host_name(o, job.world.rank);
       return describe_env(job.world) + fmt::format("; backend {}", backend_name(job.backend));
     });
@@ -302,9 +303,7 @@ int run_init_check(const InitCheckOptions& io) {
                            rtt);
       });
     }
-    const std::string device = job.backend == Backend::kNccl
-                                   ? fmt::format("cuda:{}", job.world.local_rank)
-                                   : std::string("cpu");
+    const std::string device = requested_device(job);
     phase("register", [&] {
       register_rank(job, device, host);
       return fmt::format("rank {} host {} pid {} device {} world size {}", me, host,
@@ -431,10 +430,13 @@ int run_init_check(const InitCheckOptions& io) {
       std::fprintf(stderr, "# hint: %s\n", failure->hint.c_str());
   }
 
-  // A rank other than 0 that could not hand its timeline to rank 0 writes
-  // its own report beside the job's: out.json -> out.rank<R>.json.
-  if (world_known && !published && job.world.rank > 0 &&
+  // A rank other than 0 that could not hand its timeline to rank 0, or that
+  // failed, writes its own report beside the job's: out.json ->
+  // out.rank<R>.json. (Rank 0 reads a failed rank's timeline only until its
+  // own deadline, and may not get to write the job's report at all.)
+  if (world_known && (!published || failure) && job.world.rank > 0 &&
       (!o.json_path.empty() || !o.markdown_path.empty())) {
+    record_known_world(job, o, report);
     nlohmann::json entry = mine;
     entry["reported"] = true;
     entry["clock_shift_s"] = 0.0;
@@ -457,9 +459,14 @@ int run_init_check(const InitCheckOptions& io) {
     try {
       reports::write_report_outputs(report.finish(), json_path,
                                     rank_report_path(o.markdown_path, ".md", job.world.rank));
-      if (!json_path.empty())
+      if (!json_path.empty() && !published)
         std::fprintf(stderr, "ddpdiag: rank %d could not reach the store; its own report: %s\n",
                      job.world.rank, json_path.c_str());
+      else if (!json_path.empty())
+        std::fprintf(stderr,
+                     "ddpdiag: rank %d failed in %s; its own report: %s (its timeline went to "
+                     "rank 0 through the store as well)\n",
+                     job.world.rank, failure->phase.c_str(), json_path.c_str());
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddpdiag: error on rank %d: %s\n", job.world.rank, e.what());
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
@@ -483,18 +490,32 @@ int run_init_check(const InitCheckOptions& io) {
     const int n = job.world.world_size;
     std::vector<nlohmann::json> all(n);
     all[0] = mine;
+    // Ranks that registered at the store (rank/<r>): they reached it, even
+    // when no timeline of theirs comes in time.
+    std::vector<bool> registered(n, false);
+    registered[0] = reached_store;
     const auto deadline = Clock::now() + std::min(job.timeout, Millis(failure ? 5000 : 15000));
     for (int r = 1; r < n && reached_store; ++r) {
       const std::string key = fmt::format("initcheck/timeline/{}", r);
       try {
-        while (!job.store->check({key}) && Clock::now() < deadline &&
-               job.store->check({"rank/" + std::to_string(r)}))
+        for (;;) {
+          if (job.store->check({key})) {
+            all[r] = nlohmann::json::parse(to_string(job.store->get(key, Millis(2000))), nullptr, false);
+            registered[r] = true;
+            break;
+          }
+          registered[r] = job.store->check({"rank/" + std::to_string(r)});
+          if (!registered[r] || Clock::now() >= deadline) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        if (job.store->check({key}))
-          all[r] = nlohmann::json::parse(to_string(job.store->get(key, Millis(2000))), nullptr, false);
+        }
       } catch (const Error&) {
       }
     }
+    auto host_of = [&](int r) -> nlohmann::json {
+      for (const auto& k : job.ranks)
+        if (k.rank == r && !k.host.empty()) return k.host;
+      return nullptr;
+    };
     double first_start = t0_unix_s;
     for (const auto& t : all)
       if (t.is_object()) first_start = std::min(first_start, t.value("started_unix_s", t0_unix_s));
@@ -511,11 +532,30 @@ int run_init_check(const InitCheckOptions& io) {
     nlohmann::json ranks = nlohmann::json::array();
     double slowest_end = -1;
     int slowest = -1;
-    std::optional<reports::ErrorInfo> first_remote;
+    // The job's error is the cause, not its echo. A rank's error is its own
+    // (2: it could not bind its interface, had no GPU, got a wrong result),
+    // about meeting the others (1: rendezvous), or a wait on another rank
+    // that failed (0: timeout, peer). The most owned one wins, rank 0's on a
+    // tie: rank 0 timing out in backend_init because rank 1's Gloo could not
+    // start reports rank 1's failure, with rank 0's own in its timeline.
+    auto ownership = [](const std::string& kind) {
+      return kind == "timeout" || kind == "peer" ? 0 : kind == "rendezvous" ? 1 : 2;
+    };
+    std::optional<reports::ErrorInfo> cause;
+    for (int r = 0; r < n; ++r) {
+      if (!all[r].is_object() || !all[r]["error"].is_object()) continue;
+      const auto& e = all[r]["error"];
+      reports::ErrorInfo info{e.value("kind", std::string("rendezvous")),
+                              e.value("message", std::string()), e.value("phase", std::string()),
+                              r, e.value("peer", -1), e.value("hint", std::string()),
+                              e.value("exit_code", 3)};
+      if (r == 0 && failure) info = *failure;
+      if (!cause || ownership(info.kind) > ownership(cause->kind)) cause = info;
+    }
     for (int r = 0; r < n; ++r) {
       if (!all[r].is_object()) {
-        ranks.push_back({{"rank", r}, {"host", nullptr}, {"phases", nlohmann::json::array()},
-                         {"reported", false}});
+        ranks.push_back({{"rank", r}, {"host", host_of(r)}, {"phases", nlohmann::json::array()},
+                         {"reported", false}, {"registered", static_cast<bool>(registered[r])}});
         continue;
       }
       nlohmann::json entry = all[r];
@@ -528,14 +568,6 @@ int run_init_check(const InitCheckOptions& io) {
             slowest = r;
           }
         }
-      if (r != 0 && !failure && !first_remote && entry["error"].is_object()) {
-        const auto& e = entry["error"];
-        first_remote = reports::ErrorInfo{e.value("kind", std::string("rendezvous")),
-                                          e.value("message", std::string()),
-                                          e.value("phase", std::string()), r,
-                                          e.value("peer", -1), e.value("hint", std::string()),
-                                          e.value("exit_code", 3)};
-      }
       ranks.push_back(entry);
     }
     auto& res = report.results();
@@ -548,9 +580,17 @@ int run_init_check(const InitCheckOptions& io) {
       if (!wd.is_null()) res["watchdog"] = wd;
     }
     // One check per phase over every rank that reported.
-    std::vector<int> unreported;
+    std::vector<int> unreported, never_registered, late;
     for (int r = 0; r < n; ++r)
-      if (!all[r].is_object()) unreported.push_back(r);
+      if (!all[r].is_object()) {
+        unreported.push_back(r);
+        (registered[r] ? late : never_registered).push_back(r);
+      }
+    auto list = [](const std::vector<int>& v) {
+      std::string s;
+      for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
+      return s;
+    };
     for (const char* p : kPhases) {
       std::vector<int> failed, ok, skipped;
       for (int r = 0; r < n; ++r) {
@@ -561,11 +601,6 @@ int run_init_check(const InitCheckOptions& io) {
             (st == "ok" ? ok : st == "fail" ? failed : skipped).push_back(r);
           }
       }
-      auto list = [](const std::vector<int>& v) {
-        std::string s;
-        for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
-        return s;
-      };
       reports::Check c{p, reports::CheckStatus::kPass, ""};
       if (!failed.empty()) {
         c.status = reports::CheckStatus::kFail;
@@ -582,24 +617,28 @@ int run_init_check(const InitCheckOptions& io) {
     if (world_known)
       report.add_check({"all_ranks_reported",
                         unreported.empty() ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                        unreported.empty() ? fmt::format("{} of {} rank(s) sent a timeline", n, n)
-                                           : fmt::format("no timeline from rank(s) {}",
-                                                         [&] {
-                                                           std::string s;
-                                                           for (int r : unreported)
-                                                             s += (s.empty() ? "" : ",") + std::to_string(r);
-                                                           return s;
-                                                         }())});
-    if (!failure && first_remote) {
-      failure = first_remote;
-      rc = first_remote->exit_code;
+                        unreported.empty()
+                            ? fmt::format("{} of {} rank(s) sent a timeline", n, n)
+                        : late.empty()
+                            ? fmt::format("no timeline from rank(s) {}", list(unreported))
+                            : fmt::format("no timeline from rank(s) {} ({}registered at the "
+                                          "store, then sent none in time: {})",
+                                          list(unreported),
+                                          never_registered.empty()
+                                              ? std::string()
+                                              : fmt::format("never reached the store: {}; ",
+                                                            list(never_registered)),
+                                          list(late))});
+    // Rank 0's own failure, when another rank's is the job's.
+    std::optional<reports::ErrorInfo> echo;
+    if (cause && (!failure || cause->rank != failure->rank)) {
+      if (failure) echo = failure;
+      failure = cause;
+      rc = cause->exit_code;
     }
     if (failure) report.set_error(*failure);
-    if (!job.ranks.empty()) {
-      std::map<std::string, std::string> libs;
-      if (job.comm) libs[job.backend == Backend::kNccl ? "nccl" : "gloo"] = job.comm->library_version();
-      report.set_world(n, std::string(backend_name(job.backend)),
-                       std::string(launcher_name(job.world.launcher)), job.ranks, libs);
+    if (world_known) {
+      record_known_world(job, o, report);
       record_warnings(job, report);
     }
     if (rc == 0 && report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
@@ -616,8 +655,12 @@ int run_init_check(const InitCheckOptions& io) {
                 "dur(ms)", "stat", "detail");
     for (int r = 0; r < n; ++r) {
       if (!all[r].is_object()) {
-        std::printf("  %4d %-12s %-16s %9s %10s  %-4s  %s\n", r, "?", "-", "-", "-", "-",
-                    "no timeline: this rank never reached the store");
+        const nlohmann::json h = host_of(r);
+        std::printf("  %4d %-12s %-16s %9s %10s  %-4s  %s\n", r,
+                    h.is_string() ? h.get<std::string>().c_str() : "?", "-", "-", "-", "-",
+                    registered[r] ? "no timeline: this rank registered at the store, then sent "
+                                    "none in time (it died, or is still stuck: see its own output)"
+                                  : "no timeline: this rank never reached the store");
         continue;
       }
       print_timeline(stdout, world_known ? r : -1, all[r].value("host", std::string("?")),
@@ -631,6 +674,9 @@ int run_init_check(const InitCheckOptions& io) {
         std::printf("# FAILED in %s (the rank could not be determined): %s\n",
                     failure->phase.c_str(), failure->message.c_str());
       if (!failure->hint.empty()) std::printf("# hint: %s\n", failure->hint.c_str());
+      if (echo)
+        std::printf("# also on rank %d in %s: %s\n", job.world.rank, echo->phase.c_str(),
+                    echo->message.c_str());
     }
     if (!bisect.is_null()) print_bisect(bisect, n);
     // The checks the timeline does not show row by row, as other commands

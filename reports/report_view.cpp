@@ -517,8 +517,18 @@ std::vector<std::pair<std::string, std::string>> context(const json& r) {
   if (d.is_number()) out.push_back({"duration", format_figure(d.get<double>(), 3) + " s"});
   const json& w = field(r, "world");
   if (w.is_object()) {
-    out.push_back({"world", fmt::format("{} rank(s) on {} host(s)", str(w, "size", "?"),
-                                        field(w, "hosts").is_array() ? field(w, "hosts").size() : 0)});
+    const std::size_t host_count = field(w, "hosts").is_array() ? field(w, "hosts").size() : 0;
+    const json& listed = field(w, "ranks");
+    const json& size = field(w, "size");
+    // A run that failed before the rendezvous completed lists only the ranks
+    // it knew of, so its hosts are theirs, not the world's.
+    if (listed.is_array() && size.is_number_integer() &&
+        listed.size() < static_cast<std::size_t>(std::max<std::int64_t>(0, size.get<std::int64_t>())))
+      out.push_back({"world", fmt::format("{} rank(s), {} of them known (the run ended before the "
+                                          "rendezvous completed), on {} host(s)",
+                                          str(w, "size", "?"), listed.size(), host_count)});
+    else
+      out.push_back({"world", fmt::format("{} rank(s) on {} host(s)", str(w, "size", "?"), host_count)});
     const json& threads = field(w, "gloo_threads");
     out.push_back({"backend", threads.is_number_integer()
                                   ? fmt::format("{} ({} worker threads)", str(w, "backend", "?"),
@@ -542,9 +552,11 @@ std::vector<std::pair<std::string, std::string>> context(const json& r) {
       out.push_back({"libraries", l});
     }
   } else {
-    // No world: a single-process command, or a run that ended before rendezvous.
-    out.push_back({"world", field(r, "error").is_object() ? "unknown (the run ended before rendezvous)"
-                                                          : "single process"});
+    // No world: a single-process command, or a run that ended before it knew
+    // its world (the environment or the flags were rejected).
+    out.push_back({"world", field(r, "error").is_object()
+                                ? "unknown (the run ended before it knew its world)"
+                                : "single process"});
   }
   return out;
 }

@@ -218,11 +218,19 @@ TEST_CASE("report schema: what the report writer produces is valid", "[reports][
   INFO(dump(validate_report(fail)));
   CHECK(validate_report(fail).empty());
 
-  // A run that died at rendezvous: no world, results empty, error recorded.
+  // A run whose environment was rejected: no world, results empty, error recorded.
   Report died("allreduce-test", {"ddpdiag", "allreduce-test"});
-  died.set_error({"rendezvous", "rank 1 never arrived", "rendezvous", 0, 1, "check the network", 3});
+  died.set_error({"usage", "RANK=4 is out of range", "environment", -1, -1, "check RANK", 2});
   INFO(dump(validate_report(died.finish())));
   CHECK(validate_report(died.finish()).empty());
+
+  // A run that died at rendezvous: the world as far as rank 0 knew it (its
+  // size, backend, launcher, and itself only), results empty, error recorded.
+  Report alone("allreduce-test", {"ddpdiag", "allreduce-test"});
+  alone.set_world(4, "nccl", "flags", {{0, 0, "node0", 42, "cuda:0", ""}}, {{"nccl", "nccl 2.28.9"}});
+  alone.set_error({"rendezvous", "rank(s) 1, 2, 3 never arrived", "rendezvous", 0, 1, "check the network", 3});
+  INFO(dump(validate_report(alone.finish())));
+  CHECK(validate_report(alone.finish()).empty());
 
   // Single-process commands have no world.
   Report buckets("buckets", {"ddpdiag", "buckets", "--model", "mlp"});
@@ -596,6 +604,19 @@ TEST_CASE("markdown: title with verdict, context, checks and results", "[reports
   CHECK(emd.find("💥 ERROR") != std::string::npos);
   CHECK(emd.find("### Error") != std::string::npos);
   CHECK(emd.find("all_reduce | stuck") != std::string::npos);  // lists are not tables: no escaping needed
+  CHECK(emd.find("unknown (the run ended before it knew its world)") != std::string::npos);
+
+  // A run that failed in the rendezvous knew only some of its ranks: the
+  // context says so rather than put the whole world on their hosts.
+  Report early("allreduce-test", {"ddpdiag", "allreduce-test"});
+  early.set_world(4, "gloo", "flags", {{0, 0, "node0", 42, "cpu", ""}, {1, 1, "node0", 43, "cpu", ""}},
+                  {{"gloo", "gloo 0.5.0"}});
+  early.set_error({"rendezvous", "rank(s) 2, 3 never arrived", "rendezvous", 0, 2, "check the network", 3});
+  auto pmd = render_markdown(early.finish());
+  INFO(pmd);
+  CHECK(pmd.find("| world | 4 rank(s), 2 of them known (the run ended before the rendezvous completed), "
+                 "on 1 host(s) |") != std::string::npos);
+  CHECK(render_markdown(allreduce_report(baseline_points())).find("rank(s) on 1 host(s)") != std::string::npos);
 }
 
 TEST_CASE("html: self-contained page with a bandwidth chart", "[reports][render]") {

@@ -285,6 +285,12 @@ class BadInput(unittest.TestCase):
                     self.assertEqual(rep["error"]["rank"], 1)
                     self.assertEqual(rep["error"]["exit_code"], 3)
                     self.assertIn("refused", rep["error"]["message"])
+                    # What this rank knew of its world: everything but its peers.
+                    world = rep["world"]
+                    self.assertEqual((world["size"], world["backend"], world["launcher"]),
+                                     (2, "gloo", "env"))
+                    self.assertEqual([r["rank"] for r in world["ranks"]], [1])
+                    self.assertGreater(world["ranks"][0]["pid"], 0)
                     if command == "init-check":
                         ranks = rep["results"]["ranks"]
                         self.assertEqual([r["rank"] for r in ranks], [1])
@@ -298,6 +304,65 @@ class BadInput(unittest.TestCase):
                     for f in (path, own):
                         if os.path.exists(f):
                             os.unlink(f)
+
+    def test_early_failures_record_the_known_world(self):
+        # Once the environment is read, the world's size, the backend, the
+        # launcher and this rank are known: a run that fails in the
+        # rendezvous records them, and every rank that had registered.
+        host = socket.gethostname()
+        for command in ("allreduce-test", "init-check"):
+            with self.subTest(command=command):
+                port = free_port()
+                path = tmp_json()
+                own = path[:-len(".json")] + ".rank1.json"
+                extra = SMALL if command == "allreduce-test" else []
+                # Ranks 0 and 1 of 3: rank 2 never comes.
+                res = run_ranks([[command, "--rank", str(r), "--world-size", "3", "--master-addr",
+                                  "127.0.0.1", "--master-port", str(port), "--timeout", "2",
+                                  "--json", path] + extra for r in range(2)],
+                                [clean_env(), clean_env()], timeout=60)
+                try:
+                    self.assertEqual(res[0][0], 3, res[0][2])
+                    rep = load(path)
+                    self.assertIn("never arrived: 2", rep["error"]["message"])
+                    world = rep["world"]
+                    self.assertEqual((world["size"], world["backend"], world["launcher"]),
+                                     (3, "gloo", "flags"))
+                    self.assertEqual([(r["rank"], r["local_rank"], r["host"], r["device"])
+                                      for r in world["ranks"]],
+                                     [(0, 0, host, "cpu"), (1, 1, host, "cpu")])
+                    self.assertEqual(world["hosts"], [host])
+                    self.assertTrue(world["library_versions"]["gloo"].startswith("gloo "))
+                    self.assertEqual(world["gloo_threads"], 2)
+                finally:
+                    for f in (path, own):
+                        if os.path.exists(f):
+                            os.unlink(f)
+
+    def test_backend_that_cannot_start_records_the_world(self):
+        # --backend nccl where there is no GPU (or no NCCL in this build): the
+        # backend fails to start after the rendezvous, which every rank passed.
+        for command in ("allreduce-test", "init-check"):
+            with self.subTest(command=command):
+                path = tmp_json()
+                extra = SMALL if command == "allreduce-test" else []
+                p = run([command, "--backend", "nccl", "--rank", "0", "--world-size", "1",
+                         "--timeout", "5", "--json", path] + extra, timeout=60)
+                try:
+                    if p.returncode == 0:
+                        self.skipTest("NCCL runs here: there is a GPU")
+                    self.assertIn(p.returncode, (2, 3), p.stderr)
+                    rep = load(path)
+                    self.assertEqual(rep["verdict"], "ERROR")
+                    world = rep["world"]
+                    self.assertEqual((world["size"], world["backend"], world["launcher"]),
+                                     (1, "nccl", "flags"))
+                    self.assertEqual([(r["rank"], r["device"]) for r in world["ranks"]],
+                                     [(0, "cuda:0")])
+                    self.assertNotIn("gloo_threads", world)
+                finally:
+                    if os.path.exists(path):
+                        os.unlink(path)
 
     def test_nproc_with_world_flags_is_a_usage_error(self):
         # --nproc starts a world of its own: flags that set a rank's world

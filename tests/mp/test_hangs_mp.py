@@ -115,6 +115,8 @@ class InitCheck(unittest.TestCase):
             self.assertEqual(rep["verdict"], "ERROR")
             self.assertEqual(rep["error"]["exit_code"], 2)
             self.assertIsNone(rep["results"]["ranks"][0]["rank"])
+            # Nothing of the world is known.
+            self.assertIsNone(rep["world"])
         finally:
             if os.path.exists(path):
                 os.unlink(path)
@@ -134,6 +136,97 @@ class InitCheck(unittest.TestCase):
         self.assertEqual(wait[0]["status"], "fail")
         self.assertLess(p.elapsed, 4 + MARGIN)
         os.unlink(path)
+
+    def test_backend_init_failure_on_rank_1_is_the_jobs_error(self):
+        # Rank 1 alone names an interface that does not exist (--gloo-interface
+        # may differ per rank): it reaches the store and the rendezvous, then
+        # its Gloo cannot bind. Rank 0 waits for rank 1's address until its
+        # deadline; the job's error is rank 1's failure, not rank 0's timeout.
+        port = free_port()
+        path = tmp_json()
+        own = path[:-len(".json")] + ".rank1.json"
+        cmds = rank_cmds(2, ["init-check", "--backend", "gloo", "--timeout", str(TIMEOUT),
+                             "--json", path], port)
+        cmds[1] += ["--gloo-interface", "nosuchif"]
+        try:
+            (rc0, so0, se0, t0), (rc1, so1, se1, _) = run_ranks(
+                cmds, [clean_env(), clean_env()], timeout=TIMEOUT + 60)
+            self.assertEqual(rc1, 2, se1)
+            self.assertIn("cannot bind to interface 'nosuchif'", se1)
+            # Rank 0 exits with the cause's code (2, a configuration error on
+            # rank 1), not its own timeout's (4).
+            self.assertEqual(rc0, 2, so0 + se0)
+            self.assertLess(t0, TIMEOUT + MARGIN)
+            self.assertIn("# FAILED on rank 1 in backend_init: gloo: cannot bind to interface "
+                          "'nosuchif'", so0)
+            self.assertIn("# also on rank 0 in backend_init: gloo rendezvous timed out", so0)
+            self.assertNotIn("never reached the store", so0)
+            rows = [l.split() for l in so0.splitlines() if not l.startswith("#")]
+            rank1 = {r[2]: r[5] for r in rows if len(r) > 5 and r[0] == "1"}
+            for ph in PHASES[:6]:
+                self.assertEqual(rank1.get(ph), "ok", so0)
+            self.assertEqual(rank1.get("backend_init"), "fail", so0)
+
+            rep = load(path)
+            self.assertEqual(rep["verdict"], "ERROR")
+            err = rep["error"]
+            self.assertEqual((err["rank"], err["phase"], err["exit_code"]), (1, "backend_init", 2),
+                             err)
+            self.assertIn("nosuchif", err["message"])
+            self.assertIn("--gloo-interface", err["hint"])
+            ranks = rep["results"]["ranks"]
+            self.assertTrue(ranks[1]["reported"])
+            status = {ph["name"]: ph["status"] for ph in ranks[1]["phases"]}
+            for ph in PHASES[:6]:
+                self.assertEqual(status[ph], "ok", ranks[1])
+            self.assertEqual(status["backend_init"], "fail")
+            self.assertIn("nosuchif", ranks[1]["error"]["message"])
+            # Rank 0's own failure stays in its timeline.
+            self.assertEqual(ranks[0]["error"]["kind"], "timeout")
+            checks = {c["name"]: c for c in rep["checks"]}
+            self.assertEqual(checks["wait_for_ranks"]["status"], "pass")
+            self.assertEqual(checks["backend_init"]["status"], "fail")
+            self.assertIn("1", checks["backend_init"]["detail"])
+
+            # Rank 1 failed: with --json it writes its own report beside the job's.
+            self.assertIn("rank 1 failed in backend_init; its own report: %s" % own, se1)
+            mine = load(own)
+            self.assertEqual(mine["verdict"], "ERROR")
+            self.assertEqual((mine["error"]["rank"], mine["error"]["phase"]), (1, "backend_init"))
+            self.assertEqual([r["rank"] for r in mine["results"]["ranks"]], [1])
+            self.assertEqual(mine["world"]["size"], 2)
+        finally:
+            for f in (path, own):
+                if os.path.exists(f):
+                    os.unlink(f)
+
+    def test_rank_that_registered_then_died_is_not_called_unreachable(self):
+        # Rank 1 passes the rendezvous and the backend init, then is killed
+        # before the first all_reduce: it never sends a timeline, but it did
+        # reach the store.
+        port = free_port()
+        path = tmp_json()
+        cmds = rank_cmds(2, ["init-check", "--timeout", str(TIMEOUT), "--json", path,
+                             "--inject-fault", "exit@seq=1,rank=1"], port)
+        try:
+            (rc0, so0, se0, t0), _ = run_ranks(cmds, [clean_env(), clean_env()],
+                                               timeout=TIMEOUT + 60)
+            self.assertEqual(rc0, 5, so0 + se0)
+            self.assertLess(t0, TIMEOUT + MARGIN)
+            self.assertNotIn("never reached the store", so0)
+            self.assertIn("no timeline: this rank registered at the store", so0)
+            rep = load(path)
+            self.assertEqual(rep["error"]["rank"], 0)
+            r1 = rep["results"]["ranks"][1]
+            self.assertFalse(r1["reported"])
+            self.assertTrue(r1["registered"])
+            self.assertEqual(r1["host"], rep["world"]["ranks"][1]["host"])
+            checks = {c["name"]: c for c in rep["checks"]}
+            self.assertEqual(checks["all_ranks_reported"]["status"], "fail")
+            self.assertIn("registered at the store", checks["all_ranks_reported"]["detail"])
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
 
     def test_world_size_mismatch_is_named(self):
         port = free_port()
