@@ -690,6 +690,14 @@ int run_init_check(const InitCheckOptions& io) {
         std::printf("# Check %-26s: %s (%s)\n", name.c_str(), c.value("status", std::string()).c_str(),
                     c.value("detail", std::string()).c_str());
       }
+      // What the rendezvous warned of, beside the verdict as other commands
+      // print it: its first sentence (the whole text went to stderr).
+      if (doc["results"].contains("warnings"))
+        for (const auto& w : doc["results"]["warnings"]) {
+          const auto detail = w.value("detail", std::string());
+          std::printf("# Warning %-24s: %s\n", w.value("name", std::string()).c_str(),
+                      detail.substr(0, detail.find(". ")).c_str());
+        }
     }
     std::printf("# Verdict: %s\n", report.verdict().c_str());
     std::fflush(stdout);

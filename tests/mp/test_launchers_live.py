@@ -151,6 +151,7 @@ class Placement(Case):
         self.assertEqual(p.returncode, 0, p.stdout[-3000:] + p.stderr[-3000:])
         rep = load(path)
         self.assertEqual(self.warning_names(rep), ["cpu_oversubscribed"])
+        self.assertIn("# Warning cpu_oversubscribed", p.stdout)
 
 
 class VersionSkew(Case):
