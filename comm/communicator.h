@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,6 +66,12 @@ struct CommOptions {
   bool spans_hosts = false;
   // NCCL: device ordinal (defaults to local_rank).
   int device = -1;
+  // Gloo: while init waits for its peers, asked about every 250 ms whether
+  // another rank has already failed (its backend would not start): a
+  // description of that failure, or "" to go on waiting. It must not use
+  // `store`, which the init itself is using. Empty: init waits to its
+  // deadline.
+  std::function<std::string()> peer_failure;
 };
 
 class Communicator {

@@ -22,6 +22,9 @@ std::unique_ptr<Communicator> make_group_communicator(const CommOptions& world,
   // The device stays the one of this process (local rank), not the group rank.
   if (o.device < 0) o.device = world.local_rank;
   o.store = std::make_shared<PrefixStore>("group/" + name, world.store);
+  // The world's watch for a failed peer is about the world's init: a group
+  // (bisect tests them after that init failed) waits on its own members only.
+  o.peer_failure = nullptr;
   return make_communicator(o);
 }
 

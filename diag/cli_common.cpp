@@ -843,8 +843,49 @@ void create_communicator(Job& job, const CommonOptions& o) {
   co.spans_hosts = std::any_of(job.machines.begin(), job.machines.end(), [&](const std::string& m) {
     return !m.empty() && !job.machines.front().empty() && m != job.machines.front();
   });
+  // Ranks wait in their backend's init for each other: one whose backend
+  // cannot start (a bad interface, no GPU) posts "backend_failed", and the
+  // others, polling it over a connection of their own (the init is using
+  // job.store), stop at once instead of at --timeout.
+  if (job.store_client) {
+    struct Watch {
+      std::shared_ptr<Store> store;
+      bool broken = false;
+    };
+    auto watch = std::make_shared<Watch>();
+    auto own = *job.store_client;
+    own.connect_timeout = std::min(job.timeout, Millis(2000));
+    own.io_timeout = own.connect_timeout;
+    const std::string prefix = std::static_pointer_cast<PrefixStore>(job.store)->prefix();
+    co.peer_failure = [watch, own, prefix]() -> std::string {
+      if (watch->broken) return "";
+      try {
+        if (!watch->store)
+          watch->store = std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStoreClient>(own));
+        if (!watch->store->check({"backend_failed"})) return "";
+        return to_string(watch->store->get("backend_failed", own.io_timeout));
+      } catch (const Error&) {
+        watch->broken = true;  // the init's own deadline still holds
+        return "";
+      }
+    };
+  }
   job.comm_options = co;
-  auto inner = make_communicator(co);
+  std::unique_ptr<Communicator> inner;
+  try {
+    inner = make_communicator(co);
+  } catch (const Error& e) {
+    // Only a rank whose own backend failed posts: one that stopped because
+    // another did (a PeerError) has nothing to add.
+    if (!dynamic_cast<const PeerError*>(&e)) {
+      try {
+        job.store->set("backend_failed",
+                       to_bytes(fmt::format("rank {} failed in backend init: {}", me, e.what())));
+      } catch (const Error&) {
+      }
+    }
+    throw;
+  }
   inner->set_default_timeout(job.timeout);
   // No rank goes on until every rank has its connections up. Otherwise a rank
   // that fails at once (a bad flag, a bad model file) exits while a peer's

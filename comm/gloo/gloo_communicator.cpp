@@ -60,6 +60,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -207,7 +208,7 @@ class StoreAdapter final : public gloo::rendezvous::Store {
   }
 
   std::vector<char> get(const std::string& key) override {
-    const Bytes value = store_->get(key_of(key), timeout_);
+    const Bytes value = sliced(timeout_, [&](Millis slice) { return store_->get(key_of(key), slice); });
     std::vector<char> out(value.begin(), value.end());
     remember_peer_address(key, out);
     return out;
@@ -219,8 +220,16 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     std::vector<std::string> ours;
     ours.reserve(keys.size());
     for (const auto& k : keys) ours.push_back(key_of(k));
-    store_->wait(ours, timeout);
+    sliced(timeout, [&](Millis slice) {
+      store_->wait(ours, slice);
+      return 0;
+    });
   }
+
+  // The init gave up on this connector thread (make_gloo_communicator): its
+  // store waits end within one slice, so that the rank's own store calls,
+  // which share the connection, are not held for a whole timeout.
+  void abandon() { abandoned_.store(true); }
 
   std::map<std::string, int> take_peer_addresses() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -263,10 +272,34 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     }
   }
 
+  // A blocking store call, made in slices of at most kSlice so that an
+  // abandoned connector stops between them; a wait that outlasts `timeout`
+  // fails with the last slice's error.
+  static constexpr Millis kSlice{250};
+  template <typename Call>
+  std::invoke_result_t<Call, Millis> sliced(Millis timeout, Call call) {
+    const auto deadline = deadline_after(timeout);
+    for (;;) {
+      if (abandoned_.load())
+        throw RendezvousError("gloo: rank " + std::to_string(rank_) + "'s init was abandoned",
+                              ErrorContext{"backend.init", rank_, -1, ""});
+      const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+      try {
+        return call(std::max(Millis(1), std::min(left, kSlice)));
+      } catch (const TimeoutError& e) {
+        if (Clock::now() < deadline) continue;
+        throw TimeoutError(std::string(e.what()) + " (after " + std::to_string(timeout.count()) +
+                               " ms in all)",
+                           e.context());
+      }
+    }
+  }
+
   std::shared_ptr<ddpdiag::Store> store_;
   Millis timeout_;
   int rank_;
   int size_;
+  std::atomic<bool> abandoned_{false};
   mutable std::mutex mu_;
   std::map<std::string, int> peer_addresses_;
   std::vector<PeerRead> reads_;
@@ -1370,18 +1403,30 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
   const Millis allowance = opts.timeout > Millis(std::chrono::hours(24 * 365))
                                ? Millis(std::chrono::hours(24 * 365))
                                : opts.timeout + kGrace;
+  // A rank whose own backend failed to start says so (opts.peer_failure):
+  // waiting on for it would only end at the deadline.
+  constexpr auto kPeerPoll = std::chrono::milliseconds(250);
   const auto started = Clock::now();
   for (;;) {
     const auto reads = adapter->reads();
     const auto progress = reads.empty() ? started : std::max(started, reads.back().when);
-    if (result.wait_until(progress + allowance) == std::future_status::ready) break;
-    if (adapter->reads().size() != reads.size()) continue;  // Gloo moved on to the next peer
-    if (reads.empty()) {
-      // Still waiting for the first peer's address: the store's own timeout
-      // ends that wait, and Gloo's error says who never published.
-      result.wait();
+    const auto deadline = progress + allowance;
+    if (result.wait_until(std::min(deadline, Clock::now() + kPeerPoll)) == std::future_status::ready)
       break;
-    }
+    if (opts.peer_failure)
+      if (const std::string why = opts.peer_failure(); !why.empty()) {
+        adapter->abandon();
+        connector.detach();
+        throw PeerError("gloo: rank " + std::to_string(opts.rank) +
+                            " stopped waiting for its peers' connections: " + why,
+                        ErrorContext{"backend.init", opts.rank, -1,
+                                     "that rank's own error, in its log, is the cause"});
+      }
+    // Still waiting for the first peer's address: the store's own timeout
+    // ends that wait, and Gloo's error says who never published.
+    if (Clock::now() < deadline || adapter->reads().size() != reads.size() || reads.empty())
+      continue;
+    adapter->abandon();
     connector.detach();
     throw connect_failed(opts, reads.back(), "");
   }

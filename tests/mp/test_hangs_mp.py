@@ -140,12 +140,13 @@ class InitCheck(unittest.TestCase):
     def test_backend_init_failure_on_rank_1_is_the_jobs_error(self):
         # Rank 1 alone names an interface that does not exist (--gloo-interface
         # may differ per rank): it reaches the store and the rendezvous, then
-        # its Gloo cannot bind. Rank 0 waits for rank 1's address until its
-        # deadline; the job's error is rank 1's failure, not rank 0's timeout.
+        # its Gloo cannot bind. Rank 0, waiting for rank 1's address, sees
+        # rank 1's failure posted at the store and stops at once, well before
+        # its --timeout of 20 s; the job's error is rank 1's failure.
         port = free_port()
         path = tmp_json()
         own = path[:-len(".json")] + ".rank1.json"
-        cmds = rank_cmds(2, ["init-check", "--backend", "gloo", "--timeout", str(TIMEOUT),
+        cmds = rank_cmds(2, ["init-check", "--backend", "gloo", "--timeout", "20",
                              "--json", path], port)
         cmds[1] += ["--gloo-interface", "nosuchif"]
         try:
@@ -156,10 +157,11 @@ class InitCheck(unittest.TestCase):
             # Rank 0 exits with the cause's code (2, a configuration error on
             # rank 1), not its own timeout's (4).
             self.assertEqual(rc0, 2, so0 + se0)
-            self.assertLess(t0, TIMEOUT + MARGIN)
+            self.assertLess(t0, 10)
             self.assertIn("# FAILED on rank 1 in backend_init: gloo: cannot bind to interface "
                           "'nosuchif'", so0)
-            self.assertIn("# also on rank 0 in backend_init: gloo rendezvous timed out", so0)
+            self.assertIn("# also on rank 0 in backend_init: gloo: rank 0 stopped waiting for its "
+                          "peers' connections: rank 1 failed in backend init", so0)
             self.assertNotIn("never reached the store", so0)
             rows = [l.split() for l in so0.splitlines() if not l.startswith("#")]
             rank1 = {r[2]: r[5] for r in rows if len(r) > 5 and r[0] == "1"}
@@ -182,7 +184,7 @@ class InitCheck(unittest.TestCase):
             self.assertEqual(status["backend_init"], "fail")
             self.assertIn("nosuchif", ranks[1]["error"]["message"])
             # Rank 0's own failure stays in its timeline.
-            self.assertEqual(ranks[0]["error"]["kind"], "timeout")
+            self.assertEqual(ranks[0]["error"]["kind"], "peer")
             checks = {c["name"]: c for c in rep["checks"]}
             self.assertEqual(checks["wait_for_ranks"]["status"], "pass")
             self.assertEqual(checks["backend_init"]["status"], "fail")
@@ -199,6 +201,23 @@ class InitCheck(unittest.TestCase):
             for f in (path, own):
                 if os.path.exists(f):
                     os.unlink(f)
+
+    def test_peers_stop_waiting_when_a_rank_cannot_start_its_backend(self):
+        # allreduce-test at 3 ranks, rank 2's interface does not exist: ranks
+        # 0 and 1 stop waiting for it in Gloo's init at once (not at their
+        # --timeout of 20 s), naming rank 2 and its error.
+        port = free_port()
+        cmds = rank_cmds(3, ["allreduce-test", "--timeout", "20", "-b", "1K", "-e", "1K"], port)
+        cmds[2] += ["--gloo-interface", "nosuchif"]
+        res = run_ranks(cmds, [clean_env()] * 3, timeout=60)
+        rc2, _, se2, _ = res[2]
+        self.assertEqual(rc2, 2, se2)
+        for rank in (0, 1):
+            rc, so, se, t = res[rank]
+            self.assertLess(t, 10, se)
+            self.assertNotEqual(rc, 0, se)
+            self.assertIn("rank %d stopped waiting for its peers' connections: rank 2 failed in "
+                          "backend init: gloo: cannot bind to interface 'nosuchif'" % rank, se)
 
     def test_rank_that_registered_then_died_is_not_called_unreachable(self):
         # Rank 1 passes the rendezvous and the backend init, then is killed
