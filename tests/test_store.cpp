@@ -19,6 +19,7 @@
 #include <catch2/catch.hpp>
 
 #include "comm/errors.h"
+#include "comm/store/sliced_wait.h"
 #include "comm/store/store.h"
 #include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_store.h"
@@ -1063,4 +1064,68 @@ TEST_CASE("MemoryStore basics", "[store]") {
   });
   m.wait({"late"}, 2000ms);
   t.join();
+}
+
+TEST_CASE("a wait in slices: given up between slices, the connection still usable", "[store][tcp]") {
+  auto proto = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
+  CAPTURE(store_protocol_name(proto));
+  TcpStoreServer server({});
+  TcpStoreClient c(client_opts(server.port(), proto));
+  int between = 0;
+  const auto count = [&] { ++between; };
+
+  SECTION("a key that is there: one slice, nothing between") {
+    c.set("here", to_bytes("1"));
+    CHECK(to_string(in_slices(2000ms, [&](Millis s) { return c.get("here", s); }, count, 100ms)) == "1");
+    CHECK(between == 0);
+  }
+  SECTION("a key set later: found after a few slices") {
+    TcpStoreClient setter(client_opts(server.port(), proto));
+    std::thread t([&] {
+      std::this_thread::sleep_for(450ms);
+      setter.set("late", to_bytes("v"));
+    });
+    const auto value = in_slices(5000ms, [&](Millis s) { return c.get("late", s); }, count, 100ms);
+    t.join();
+    CHECK(to_string(value) == "v");
+    CHECK(between >= 3);
+    CHECK(between <= 10);
+  }
+  SECTION("between() throws: the wait ends there, long before its timeout") {
+    const auto started = std::chrono::steady_clock::now();
+    std::string caught;
+    try {
+      in_slices(
+          20000ms,
+          [&](Millis s) {
+            c.wait({"never"}, s);
+            return 0;
+          },
+          [&] {
+            if (++between == 3) throw PeerError("rank 1 failed first", {"backend.init", 0, 1});
+          },
+          100ms);
+    } catch (const PeerError& e) {
+      caught = e.what();
+    }
+    CHECK(caught == "rank 1 failed first");
+    CHECK(std::chrono::steady_clock::now() - started < 5000ms);
+  }
+  SECTION("a key never set: TimeoutError after the whole timeout, saying so") {
+    const auto started = std::chrono::steady_clock::now();
+    std::string caught;
+    try {
+      in_slices(450ms, [&](Millis s) { return c.get("never", s); }, count, 100ms);
+    } catch (const TimeoutError& e) {
+      caught = e.what();
+    }
+    CHECK_THAT(caught, Catch::Matchers::Contains("(450 ms in all)"));
+    CHECK(std::chrono::steady_clock::now() - started >= 450ms);
+    CHECK(between >= 3);
+  }
+  // After slices that timed out (cancelled on the server, or a reconnect
+  // under 1.13), the client still talks the protocol in step.
+  c.set("after", to_bytes("ok"));
+  CHECK(to_string(c.get("after", 1000ms)) == "ok");
+  CHECK(c.add("counter", 2) == 2);
 }

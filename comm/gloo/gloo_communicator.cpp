@@ -80,6 +80,8 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include "comm/store/sliced_wait.h"
+
 namespace ddpdiag::gloo_backend {
 namespace {
 
@@ -272,27 +274,15 @@ class StoreAdapter final : public gloo::rendezvous::Store {
     }
   }
 
-  // A blocking store call, made in slices of at most kSlice so that an
-  // abandoned connector stops between them; a wait that outlasts `timeout`
-  // fails with the last slice's error.
-  static constexpr Millis kSlice{250};
+  // A blocking store call in slices (comm/store/sliced_wait.h), so that an
+  // abandoned connector stops between them.
   template <typename Call>
   std::invoke_result_t<Call, Millis> sliced(Millis timeout, Call call) {
-    const auto deadline = deadline_after(timeout);
-    for (;;) {
+    return in_slices(timeout, call, [this] {
       if (abandoned_.load())
         throw RendezvousError("gloo: rank " + std::to_string(rank_) + "'s init was abandoned",
                               ErrorContext{"backend.init", rank_, -1, ""});
-      const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-      try {
-        return call(std::max(Millis(1), std::min(left, kSlice)));
-      } catch (const TimeoutError& e) {
-        if (Clock::now() < deadline) continue;
-        throw TimeoutError(std::string(e.what()) + " (after " + std::to_string(timeout.count()) +
-                               " ms in all)",
-                           e.context());
-      }
-    }
+    });
   }
 
   std::shared_ptr<ddpdiag::Store> store_;

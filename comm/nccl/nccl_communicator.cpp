@@ -30,6 +30,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -38,6 +39,7 @@
 
 #include "comm/nccl/device_kernels.h"
 #include "comm/nccl/nccl_compat.h"
+#include "comm/store/sliced_wait.h"
 
 namespace ddpdiag::nccl_backend {
 namespace {
@@ -248,14 +250,22 @@ class NcclWork final : public Work {
 // Waits for the communicator to leave ncclInProgress (after a non-blocking
 // init, an enqueue that returned ncclInProgress, or ncclCommFinalize).
 // Returns the final state, or ncclInProgress at the deadline.
-ncclResult_t wait_comm_state(ncclComm_t comm, Clock::time_point deadline) {
+// `between`, when given, runs about every kWaitSlice and throws to give up.
+ncclResult_t wait_comm_state(ncclComm_t comm, Clock::time_point deadline,
+                             const std::function<void()>& between = {}) {
   const auto started = Clock::now();
+  auto next_between = started + kWaitSlice;
   for (;;) {
     ncclResult_t st = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comm, &st);
     if (r != ncclSuccess) return r;
     if (st != ncclInProgress) return st;
-    if (Clock::now() >= deadline) return ncclInProgress;
+    const auto now = Clock::now();
+    if (now >= deadline) return ncclInProgress;
+    if (between && now >= next_between) {
+      between();
+      next_between = now + kWaitSlice;
+    }
     poll_pause(started);
   }
 }
@@ -814,8 +824,22 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
   opts.store->set("nccl/device/" + std::to_string(rank), to_bytes(me.encode()));
   std::vector<std::string> keys;
   for (int r = 0; r < opts.world_size; ++r) keys.push_back("nccl/device/" + std::to_string(r));
+  // Another rank whose backend could not start (no GPU, a CUDA error) posts
+  // why (opts.peer_failure): the others stop waiting for it at once.
+  const auto stop_if_peer_failed = [&] {
+    if (!opts.peer_failure) return;
+    if (const std::string why = opts.peer_failure(); !why.empty())
+      throw PeerError("NCCL: rank " + std::to_string(rank) + " stopped waiting for its peers: " + why,
+                      ctx("that rank's own error, in its log, is the cause"));
+  };
   try {
-    opts.store->wait(keys, left_until(deadline));
+    in_slices(
+        left_until(deadline),
+        [&](Millis slice) {
+          opts.store->wait(keys, slice);
+          return 0;
+        },
+        stop_if_peer_failed);
   } catch (const TimeoutError&) {
     std::string missing;
     for (int r = 0; r < opts.world_size; ++r)
@@ -855,7 +879,9 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
   } else {
     Bytes b;
     try {
-      b = opts.store->get(id_key, left_until(deadline));
+      b = in_slices(
+          left_until(deadline), [&](Millis slice) { return opts.store->get(id_key, slice); },
+          stop_if_peer_failed);
     } catch (const TimeoutError&) {
       throw TimeoutError("rank " + std::to_string(rank) +
                              " timed out waiting for NCCL's unique id from rank 0",
@@ -873,7 +899,14 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   ncclResult_t r = ncclCommInitRankConfig(&comm, opts.world_size, id, rank, &config);
-  if ((r == ncclSuccess || r == ncclInProgress) && comm) r = wait_comm_state(comm, deadline);
+  if ((r == ncclSuccess || r == ncclInProgress) && comm) {
+    try {
+      r = wait_comm_state(comm, deadline, stop_if_peer_failed);
+    } catch (const Error&) {
+      ncclCommAbort(comm);
+      throw;
+    }
+  }
   if (r != ncclSuccess) {
     const std::string msg = r == ncclInProgress ? "" : nccl_message(r, comm);
     if (comm) ncclCommAbort(comm);
