@@ -447,6 +447,42 @@ class SamplerTest(unittest.TestCase):
         self.assertEqual(rc, 2)
         self.assertIn("rank 2", err)
 
+    def test_epoch_is_any_python_int(self):
+        # set_epoch takes any Python int; only seed + epoch must fit
+        # manual_seed. An epoch beyond int64 was once clamped by the CLI to
+        # 2^63 - 1 without a word: --epoch 9223372036854775808 gave the
+        # indices of epoch 2^63 - 1, and an epoch torch overflows on gave
+        # indices instead of an error.
+        for seed, epoch in [(0, 2 ** 63), (-(2 ** 63), 2 ** 64 - 1), (2 ** 70, 3 - 2 ** 70),
+                            (2 ** 64 - 1, 0), (5, -(2 ** 63) - 5), (-1, 2 ** 63)]:
+            for n, r, rank, drop_last in [(10, 2, 0, False), (1001, 7, 6, True)]:
+                expected = torch_sampler(n, r, rank, seed, epoch, True, drop_last)
+                rc, got = our_sampler(n, r, rank, seed, epoch, True, drop_last)
+                with self.subTest(seed=seed, epoch=epoch, n=n):
+                    self.assertEqual(rc, 0, got)
+                    self.assertEqual(got["indices"], expected)
+                bump("sampler cases")
+        for seed, epoch in [(0, 99999999999999999999), (0, -(2 ** 63) - 1), (2 ** 63, 2 ** 63)]:
+            with self.assertRaises((OverflowError, RuntimeError, ValueError)):
+                torch_sampler(10, 2, 0, seed, epoch, True, False)
+            rc, err = our_sampler(10, 2, 0, seed, epoch, True, False)
+            with self.subTest(seed=seed, epoch=epoch):
+                self.assertEqual(rc, 2, err)
+                self.assertIn("seed + epoch", err)
+
+    def test_no_shuffle_never_seeds(self):
+        # shuffle=False never calls manual_seed, so torch takes any seed and
+        # epoch there; ddpdiag once refused them (exit 2), in both modes.
+        for seed, epoch in [(2 ** 64 - 1, 1), (-(2 ** 63), -1), (2 ** 64 - 1, 40)]:
+            for n, r, rank, drop_last in [(10, 2, 1, False), (2622, 1024, 403, True), (50, 1000, 215, False)]:
+                expected = torch_sampler(n, r, rank, seed, epoch, False, drop_last)
+                for extra in ([], ["--streaming"]):
+                    rc, got = our_sampler(n, r, rank, seed, epoch, False, drop_last, extra)
+                    with self.subTest(seed=seed, epoch=epoch, n=n, extra=extra):
+                        self.assertEqual(rc, 0, got)
+                        self.assertEqual(got["indices"], expected)
+                    bump("sampler cases")
+
     def test_randperm(self):
         rng = random.Random(99)
         self.assertEqual(torch.randperm(10, generator=torch.Generator().manual_seed(0)).tolist(),
