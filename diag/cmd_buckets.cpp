@@ -48,10 +48,14 @@ struct BucketsOptions {
 
 
 // DDP computes int(bucket_cap_mb * 1024 * 1024) in Python floats; the same
-// double arithmetic gives the same bytes.
+// double arithmetic gives the same bytes. 0 is a value torch takes: 1.13's
+// DDP(bucket_cap_mb=0) closes every bucket after the first at its first
+// tensor (2.x raises there), and dist._DEFAULT_FIRST_BUCKET_BYTES = 0 makes
+// the first bucket one tensor in both. A negative cap only wraps around in
+// torch's C++ (size_t), so it is refused.
 std::uint64_t mb_to_bytes(double mb, const char* flag) {
-  if (!(mb > 0) || mb > 1e12)
-    throw UsageError(fmt::format("{} must be a positive number of MiB, got {}", flag, mb),
+  if (!(mb >= 0) || mb > 1e12)
+    throw UsageError(fmt::format("{} must be a number of MiB from 0 to 1e12, got {}", flag, mb),
                      ErrorContext{"buckets", -1, -1, "DDP's default is 25 (first bucket 1)"});
   return static_cast<std::uint64_t>(mb * kMiB);
 }

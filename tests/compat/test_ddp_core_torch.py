@@ -360,6 +360,145 @@ class PresetTest(unittest.TestCase):
             self.assertIn("line 2", p.stderr)
 
 
+# ------------------------------------------------- DDP as it really runs
+
+
+def ensure_world_of_one():
+    """The default process group: Gloo, one rank (all DDP needs to build and
+    rebuild its buckets)."""
+    if not dist.is_initialized():
+        fd, path = tempfile.mkstemp(prefix="ddpdiag-compat-pg-")
+        os.close(fd)
+        os.unlink(path)
+        dist.init_process_group("gloo", init_method="file://" + path, rank=0, world_size=1)
+
+
+class LayoutModule(nn.Module):
+    """A module whose parameters are a layout's tensors, in order. forward
+    adds each trainable one (as float32) to a running sum, so backward makes
+    their gradients ready in exactly the reverse order, as ddpdiag assumes."""
+
+    def __init__(self, layout):
+        super().__init__()
+        self.ordered = []
+        for i, t in enumerate(layout):
+            p = nn.Parameter(torch.zeros(t["shape"], dtype=DTYPES[t["dtype"].replace("torch.", "")]),
+                             requires_grad=t.get("requires_grad", True))
+            self.register_parameter(f"p{i}", p)  # layout names may hold dots
+            self.ordered.append(p)
+
+    def forward(self, x):
+        for p in self.ordered:
+            if p.requires_grad:
+                x = x + p.float().sum()
+        return x
+
+
+def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None):
+    """The buckets real DDP reduces from its second iteration on (after it
+    rebuilt them from the order gradients arrived in), recorded by a comm
+    hook: layout indices per bucket, in bucket order. bucket_cap_mb None
+    leaves DDP's default; first_bucket_bytes sets
+    dist._DEFAULT_FIRST_BUCKET_BYTES, the knob DDP reads for the first
+    bucket."""
+    ensure_world_of_one()
+    module = LayoutModule(layout)
+    index_of = {id(p): i for i, p in enumerate(module.ordered)}
+    ddp_module = sys.modules[nn.parallel.DistributedDataParallel.__module__]
+    saved = (dist._DEFAULT_FIRST_BUCKET_BYTES, getattr(ddp_module, "_sync_module_states", None))
+    try:
+        if first_bucket_bytes is not None:
+            dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket_bytes
+        if saved[1] is not None:
+            # A world of one has nothing to sync, and 1.13's Gloo cannot
+            # broadcast bfloat16.
+            ddp_module._sync_module_states = lambda *a, **k: None
+        kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        ddp = nn.parallel.DistributedDataParallel(module, **kwargs)
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = saved[0]
+        if saved[1] is not None:
+            ddp_module._sync_module_states = saved[1]
+    seen = []
+
+    def record(state, bucket):
+        seen.append((bucket.index(), [index_of[id(p)] for p in bucket.parameters()]))
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, record)
+    per_iteration = []
+    for _ in range(3):
+        seen.clear()
+        ddp(torch.zeros(1)).sum().backward()
+        per_iteration.append([b for _, b in sorted(seen)])
+    assert per_iteration[1] == per_iteration[2], per_iteration  # rebuilt once, then fixed
+    return per_iteration[1]
+
+
+def our_ddp_buckets(layout, cap_mb, first_mb):
+    """ddpdiag buckets' param_indices per bucket, for a layout in the object form."""
+    with tempfile.TemporaryDirectory() as d:
+        model, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
+        with open(model, "w") as f:
+            json.dump({"name": "case", "tensors": layout}, f)
+        p = run_bin(["buckets", "--model", model, "--bucket-cap-mb", str(cap_mb), "--first-bucket-mb",
+                     str(first_mb), "--json", out])
+        if p.returncode != 0:
+            raise AssertionError(f"ddpdiag buckets exited {p.returncode}: {p.stderr}")
+        with open(out) as f:
+            return [b["param_indices"] for b in json.load(f)["results"]["buckets"]]
+
+
+def float_layout(rng, dtypes):
+    return [{"name": f"layer{i}.weight", "shape": rng.choice([[rng.randint(1, 300)], [rng.randint(1, 40), rng.randint(1, 40)]]),
+             "dtype": "torch." + rng.choice(dtypes)} for i in range(rng.choice([1, 2, 5, 12, 30]))]
+
+
+class DdpAsRunTest(unittest.TestCase):
+    """ddpdiag buckets against the buckets a real DistributedDataParallel
+    reduces (Gloo, one rank, a comm hook recording each bucket)."""
+
+    def test_random_layouts(self):
+        rng = random.Random(31)
+        for k in range(40 * SCALE):
+            dtypes = rng.sample(["float32", "float16", "bfloat16", "float64"], rng.choice([1, 1, 2, 4]))
+            layout = float_layout(rng, dtypes)
+            cap_bytes = rng.choice([64, 1000, 4096, 65536])
+            explicit = rng.random() < 0.6
+            # torch 2.x caps the first bucket with an explicit bucket_cap_mb
+            # too; 1.13 always with 1 MiB (README).
+            first_mb = cap_bytes / MIB if explicit and TORCH_MAJOR >= 2 else 1
+            theirs = ddp_buckets_as_run(layout, cap_bytes / MIB if explicit else None)
+            ours = our_ddp_buckets(layout, repr(cap_bytes / MIB) if explicit else "25", repr(first_mb))
+            with self.subTest(case=k, dtypes=dtypes, cap_bytes=cap_bytes, explicit=explicit):
+                if len(dtypes) == 1:
+                    self.assertEqual(ours, theirs)
+                else:
+                    # Leftover buckets of several dtypes come in torch's
+                    # hash-map order (README): same buckets, order aside.
+                    self.assertEqual(sorted(ours), sorted(theirs))
+            bump("DDP runs compared")
+
+    def test_zero_caps(self):
+        layout = [{"name": f"l{i}", "shape": [n], "dtype": "torch.float32"}
+                  for i, n in enumerate([300000, 10, 20, 400000, 5, 7])]
+        ours = our_ddp_buckets(layout, "0", "1")
+        self.assertEqual(ours, [[5, 4, 3], [2], [1], [0]])
+        if TORCH_MAJOR < 2:
+            # 1.13 takes bucket_cap_mb=0: one tensor a bucket after the first.
+            self.assertEqual(ours, ddp_buckets_as_run(layout, bucket_cap_mb=0))
+        else:
+            # 2.x refuses it ("bucket_cap_mb should be set by now"); what
+            # ddpdiag shows is 1.13's answer (README).
+            with self.assertRaises(AssertionError):
+                ddp_buckets_as_run(layout, bucket_cap_mb=0)
+        # dist._DEFAULT_FIRST_BUCKET_BYTES = 0, both versions.
+        self.assertEqual(our_ddp_buckets(layout, "25", "0"), ddp_buckets_as_run(layout, first_bucket_bytes=0))
+        bump("DDP runs compared", 2)
+
+
 # ---------------------------------------------------------------- sampler
 
 
@@ -529,11 +668,7 @@ def broadcast_tracer():
     tensors itself and calls broadcast() once per group, flattened."""
     global _TRACER
     if _TRACER is None:
-        if not dist.is_initialized():
-            fd, path = tempfile.mkstemp(prefix="ddpdiag-compat-pg-")
-            os.close(fd)
-            os.unlink(path)
-            dist.init_process_group("gloo", init_method="file://" + path, rank=0, world_size=1)
+        ensure_world_of_one()
         inner = dist.distributed_c10d._get_default_group()
 
         class Tracing(dist.ProcessGroup):
