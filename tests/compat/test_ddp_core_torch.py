@@ -601,6 +601,17 @@ class SamplerTest(unittest.TestCase):
                     self.assertEqual(rc, 0, got)
                     self.assertEqual(got["indices"], expected)
                 bump("sampler cases")
+        # Beyond 64 bits, the report holds null for it (as for the seed), and
+        # still validates.
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "s.json")
+            p = run_bin(["sampler", "--dataset-size", "10", "--world-size", "2", "--rank", "0",
+                         f"--seed={2 ** 70}", f"--epoch={3 - 2 ** 70}", "--json", out, "--count-only"])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                self.assertIsNone(json.load(f)["results"]["epoch"])
+            p = run_bin(["report", "validate", out])
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         for seed, epoch in [(0, 99999999999999999999), (0, -(2 ** 63) - 1), (2 ** 63, 2 ** 63)]:
             with self.assertRaises((OverflowError, RuntimeError, ValueError)):
                 torch_sampler(10, 2, 0, seed, epoch, True, False)
