@@ -481,6 +481,59 @@ class DdpAsRunTest(unittest.TestCase):
                     self.assertEqual(sorted(ours), sorted(theirs))
             bump("DDP runs compared")
 
+    def test_frozen_parameters(self):
+        # DDP reduces only parameters that require grad: a frozen one (a
+        # fine-tuned model's backbone) is in no bucket. ddpdiag once bucketed
+        # every tensor of the layout.
+        rng = random.Random(32)
+        for k in range(30 * SCALE):
+            layout = float_layout(rng, rng.sample(["float32", "float16", "float64"], rng.choice([1, 2])))
+            for t in layout:
+                if rng.random() < 0.4:
+                    t["requires_grad"] = False
+            if all(t.get("requires_grad") is False for t in layout):
+                layout[-1].pop("requires_grad")
+            cap_bytes = rng.choice([64, 1000, 4096])
+            theirs = ddp_buckets_as_run(layout, cap_bytes / MIB)
+            ours = our_ddp_buckets(layout, repr(cap_bytes / MIB), repr(cap_bytes / MIB) if TORCH_MAJOR >= 2 else "1")
+            with self.subTest(case=k):
+                if len({t["dtype"] for t in layout if t.get("requires_grad", True)}) == 1:
+                    self.assertEqual(ours, theirs)
+                else:
+                    self.assertEqual(sorted(ours), sorted(theirs))
+            bump("DDP runs compared")
+
+    def test_frozen_parameters_exported_as_the_readme_says(self):
+        # The README's export line, with p.requires_grad as a fourth item.
+        layout = [{"name": "0.weight", "shape": [512, 784], "dtype": "torch.float32", "requires_grad": False},
+                  {"name": "0.bias", "shape": [512], "dtype": "torch.float32", "requires_grad": False},
+                  {"name": "2.weight", "shape": [10, 512], "dtype": "torch.float32"},
+                  {"name": "2.bias", "shape": [10], "dtype": "torch.float32"}]
+        model = LayoutModule(layout)
+        theirs = ddp_buckets_as_run(layout)
+        self.assertEqual(theirs, [[3, 2]])
+        with tempfile.TemporaryDirectory() as d:
+            path, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
+            with open(path, "w") as f:
+                json.dump([(n, list(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()], f)
+            p = run_bin(["buckets", "--model", path, "--json", out])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                results = json.load(f)["results"]
+            self.assertEqual([b["param_indices"] for b in results["buckets"]], theirs)
+            self.assertEqual(results["frozen_tensor_count"], 2)
+            self.assertEqual(results["gradient_bytes"], (10 * 512 + 10) * 4)
+            # Nothing to reduce: torch refuses to wrap such a module.
+            frozen = [dict(t, requires_grad=False) for t in layout]
+            with self.assertRaises(RuntimeError):
+                ddp_buckets_as_run(frozen)
+            with open(path, "w") as f:
+                json.dump({"name": "frozen", "tensors": frozen}, f)
+            p = run_bin(["buckets", "--model", path])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("requires grad", p.stderr)
+        bump("DDP runs compared", 2)
+
     def test_zero_caps(self):
         layout = [{"name": f"l{i}", "shape": [n], "dtype": "torch.float32"}
                   for i, n in enumerate([300000, 10, 20, 400000, 5, 7])]
