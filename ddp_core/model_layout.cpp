@@ -1,9 +1,9 @@
 #include "ddp_core/model_layout.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -316,13 +316,30 @@ ModelLayout parse_model_layout_json(std::string_view text, const std::string& so
 }
 
 ModelLayout load_model_layout_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UsageError(fmt::format("model layout '{}' is a directory, not a JSON file", path),
+                     ErrorContext{"model.load", -1, -1, kFormatHint});
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw UsageError(fmt::format("cannot open model layout file '{}'", path),
                      ErrorContext{"model.load", -1, -1, kFormatHint});
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_model_layout_json(ss.str(), path);
+  // Read at most kMaxLayoutFileBytes (+1 to notice more): a pipe or device
+  // such as /dev/zero would otherwise be read until memory runs out. A
+  // million tensors make about 60 MB of JSON.
+  constexpr std::size_t kMaxLayoutFileBytes = std::size_t{256} << 20;
+  std::string text;
+  char buf[1 << 16];
+  while (in && text.size() <= kMaxLayoutFileBytes) {
+    in.read(buf, sizeof buf);
+    text.append(buf, static_cast<std::size_t>(in.gcount()));
+  }
+  if (text.size() > kMaxLayoutFileBytes)
+    throw UsageError(fmt::format("model layout '{}' is larger than {} MiB, far beyond any model's "
+                                 "list of parameters",
+                                 path, kMaxLayoutFileBytes >> 20),
+                     ErrorContext{"model.load", -1, -1, kFormatHint});
+  return parse_model_layout_json(text, path);
 }
 
 std::string model_layout_to_json(const ModelLayout& layout) {

@@ -129,6 +129,7 @@ int run_buckets(const BucketsOptions& o) {
   if (o.model.empty())
     throw UsageError("buckets needs --model", ErrorContext{"buckets", -1, -1,
                                                            "e.g. --model resnet50, or --model my_model.json"});
+  if (!o.dump_layout) check_report_outputs(o.json_path, o.markdown_path);
   // Made before the work so that started_at and duration_s cover it.
   reports::Report report("buckets", own_command_line());
   const ModelLayout layout = load_model(o.model);

@@ -114,6 +114,8 @@ int run_sampler(const SamplerCliOptions& c) {
                      ErrorContext{"sampler", -1, -1, "the two differ only in randperm for N >= 214748364"});
   o.torch_version = *tv;
   validate_sampler_options(o);
+  // Before the work: a run over 10^9 indices must not end in a path typo.
+  check_report_outputs(c.json_path, c.markdown_path);
   const SamplerShape shape = sampler_shape(o.dataset_size, o.world_size, o.drop_last);
   if (c.start < 0 || c.start > shape.num_samples)
     throw UsageError(fmt::format("--start {} is outside this rank's {} indices", c.start, shape.num_samples),

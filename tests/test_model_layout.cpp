@@ -208,3 +208,10 @@ TEST_CASE("load_model: presets, files, and a helpful error", "[layout]") {
                    Catch::Contains("no-such-model"));
   }
 }
+
+TEST_CASE("load_model: a directory or an endless file is refused, not read forever", "[layout]") {
+  // A directory used to read as an empty file ("invalid JSON at byte 0"),
+  // and /dev/zero was read until memory ran out.
+  CHECK_THROWS_WITH(load_model("/"), Catch::Contains("is a directory"));
+  if (std::ifstream("/dev/zero")) CHECK_THROWS_WITH(load_model("/dev/zero"), Catch::Contains("larger than 256 MiB"));
+}
