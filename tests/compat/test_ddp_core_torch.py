@@ -6,6 +6,9 @@
     flags, explicit indices) vs `ddpdiag buckets --assign-case -`;
   * DDP buckets of the presets vs torch's assignment the way DDP rebuilds
     them (reversed parameters, explicit indices, [1 MiB, cap]);
+  * `ddpdiag buckets` vs the buckets a real DistributedDataParallel (Gloo,
+    one rank) reduces from its second iteration on, recorded by a comm hook:
+    mixed dtypes, default and explicit caps, caps of 0, frozen parameters;
   * the presets' names and shapes vs torch.nn re-creations of the models;
   * DistributedSampler(range(N)) and torch.randperm vs `ddpdiag sampler --json`;
   * broadcast-test's chunks vs the broadcasts torch's _broadcast_coalesced
