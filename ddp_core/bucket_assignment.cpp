@@ -103,9 +103,12 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t buck
   std::vector<std::int64_t> indices;
   tensors.reserve(n);
   indices.reserve(n);
-  // Gradients become ready from the last layer back to the first.
+  // Gradients become ready from the last layer back to the first. A frozen
+  // parameter has none: DDP leaves it out of its reducer, so out of every
+  // bucket (the indices stay those of the layout).
   for (std::size_t k = n; k-- > 0;) {
     const TensorSpec& s = layout.tensors[k];
+    if (!s.requires_grad) continue;
     tensors.push_back(BucketTensor{s.bytes(), s.dtype, 0, s.expects_sparse});
     indices.push_back(static_cast<std::int64_t>(k));
   }

@@ -75,6 +75,8 @@ struct DdpBucket {
 // gradients become ready in reverse parameter order: limits
 // [first_bucket_bytes, bucket_cap_bytes] over the reversed parameters with
 // their indices passed explicitly. Bucket 0 is the first to be reduced.
+// Frozen tensors (requires_grad false) are in no bucket, as in DDP; a layout
+// with no trainable tensor gives no buckets.
 std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout,
                                    std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes,
                                    std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes);

@@ -1,9 +1,9 @@
 #include "ddp_core/model_layout.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -17,9 +17,9 @@ namespace {
 using nlohmann::json;
 
 constexpr const char* kFormatHint =
-    "a layout file is either the list written by json.dump([(n, list(p.shape), str(p.dtype)) "
-    "for n, p in model.named_parameters()], f) or an object {\"name\": ..., \"tensors\": "
-    "[{\"name\", \"shape\", \"dtype\", \"sparse\"}]}";
+    "a layout file is either the list written by json.dump([(n, list(p.shape), str(p.dtype), "
+    "p.requires_grad) for n, p in model.named_parameters()], f) or an object {\"name\": ..., "
+    "\"tensors\": [{\"name\", \"shape\", \"dtype\", \"sparse\", \"requires_grad\"}]}";
 
 [[noreturn]] void fail(const std::string& source, const std::string& what,
                        const std::string& hint = kFormatHint) {
@@ -120,9 +120,9 @@ void check_size(const TensorSpec& t, const std::string& source, const std::strin
 
 TensorSpec parse_triple(const json& e, std::size_t i, const std::string& source) {
   const std::string where0 = entry_label(i, "");
-  if (e.size() < 2 || e.size() > 3)
-    fail(source, fmt::format("{}: expected [name, [shape...], \"torch.dtype\"], got a list of {} "
-                             "items",
+  if (e.size() < 2 || e.size() > 4)
+    fail(source, fmt::format("{}: expected [name, [shape...], \"torch.dtype\", requires_grad], got "
+                             "a list of {} items",
                              where0, e.size()));
   if (!e[0].is_string())
     fail(source, fmt::format("{}: field 'name' (item 0) must be a string, got {}", where0,
@@ -131,7 +131,13 @@ TensorSpec parse_triple(const json& e, std::size_t i, const std::string& source)
   t.name = e[0].get<std::string>();
   const std::string where = entry_label(i, t.name);
   t.shape = parse_shape(e[1], source, where);
-  if (e.size() == 3) t.dtype = parse_dtype_field(e[2], source, where);
+  if (e.size() >= 3) t.dtype = parse_dtype_field(e[2], source, where);
+  if (e.size() == 4) {
+    if (!e[3].is_boolean())
+      fail(source, fmt::format("{}: field 'requires_grad' (item 3) must be true or false, got {}",
+                               where, e[3].dump()));
+    t.requires_grad = e[3].get<bool>();
+  }
   check_size(t, source, where);
   return t;
 }
@@ -154,11 +160,18 @@ TensorSpec parse_object_entry(const json& e, std::size_t i, const std::string& s
            fmt::format("{}: field 'sparse' must be true or false, got {}", where, it->dump()));
     t.expects_sparse = it->get<bool>();
   }
+  if (auto it = e.find("requires_grad"); it != e.end()) {
+    if (!it->is_boolean())
+      fail(source, fmt::format("{}: field 'requires_grad' must be true or false, got {}", where,
+                               it->dump()));
+    t.requires_grad = it->get<bool>();
+  }
   check_size(t, source, where);
   for (const auto& [key, value] : e.items()) {
     (void)value;
-    if (key != "name" && key != "shape" && key != "dtype" && key != "sparse")
-      fail(source, fmt::format("{}: unknown field '{}' (expected name, shape, dtype, sparse)",
+    if (key != "name" && key != "shape" && key != "dtype" && key != "sparse" && key != "requires_grad")
+      fail(source, fmt::format("{}: unknown field '{}' (expected name, shape, dtype, sparse, "
+                               "requires_grad)",
                                where, key));
   }
   return t;
@@ -201,6 +214,33 @@ std::uint64_t ModelLayout::total_bytes() const {
   std::uint64_t n = 0;
   for (const auto& t : tensors) n += t.bytes();
   return n;
+}
+
+std::uint64_t ModelLayout::gradient_bytes() const {
+  std::uint64_t n = 0;
+  for (const auto& t : tensors)
+    if (t.requires_grad) n += t.bytes();
+  return n;
+}
+
+std::size_t ModelLayout::frozen_count() const {
+  return static_cast<std::size_t>(
+      std::count_if(tensors.begin(), tensors.end(), [](const TensorSpec& t) { return !t.requires_grad; }));
+}
+
+ModelLayout trainable_parameters(const ModelLayout& layout) {
+  ModelLayout out;
+  out.name = layout.name;
+  for (const auto& t : layout.tensors)
+    if (t.requires_grad) out.tensors.push_back(t);
+  if (out.tensors.empty())
+    throw UsageError(fmt::format("no parameter of the model layout '{}' requires grad ({} tensors, "
+                                 "all frozen): DDP has no gradient to reduce",
+                                 layout.name, layout.tensors.size()),
+                     ErrorContext{"model.load", -1, -1,
+                                  "torch refuses to wrap such a module in DistributedDataParallel; "
+                                  "check the 'requires_grad' fields of the layout"});
+  return out;
 }
 
 std::optional<DType> parse_torch_dtype(std::string_view s) {
@@ -276,13 +316,30 @@ ModelLayout parse_model_layout_json(std::string_view text, const std::string& so
 }
 
 ModelLayout load_model_layout_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw UsageError(fmt::format("model layout '{}' is a directory, not a JSON file", path),
+                     ErrorContext{"model.load", -1, -1, kFormatHint});
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw UsageError(fmt::format("cannot open model layout file '{}'", path),
                      ErrorContext{"model.load", -1, -1, kFormatHint});
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return parse_model_layout_json(ss.str(), path);
+  // Read at most kMaxLayoutFileBytes (+1 to notice more): a pipe or device
+  // such as /dev/zero would otherwise be read until memory runs out. A
+  // million tensors make about 60 MB of JSON.
+  constexpr std::size_t kMaxLayoutFileBytes = std::size_t{256} << 20;
+  std::string text;
+  char buf[1 << 16];
+  while (in && text.size() <= kMaxLayoutFileBytes) {
+    in.read(buf, sizeof buf);
+    text.append(buf, static_cast<std::size_t>(in.gcount()));
+  }
+  if (text.size() > kMaxLayoutFileBytes)
+    throw UsageError(fmt::format("model layout '{}' is larger than {} MiB, far beyond any model's "
+                                 "list of parameters",
+                                 path, kMaxLayoutFileBytes >> 20),
+                     ErrorContext{"model.load", -1, -1, kFormatHint});
+  return parse_model_layout_json(text, path);
 }
 
 std::string model_layout_to_json(const ModelLayout& layout) {
@@ -291,7 +348,8 @@ std::string model_layout_to_json(const ModelLayout& layout) {
     tensors.push_back({{"name", t.name},
                        {"shape", t.shape},
                        {"dtype", torch_dtype_name(t.dtype)},
-                       {"sparse", t.expects_sparse}});
+                       {"sparse", t.expects_sparse},
+                       {"requires_grad", t.requires_grad}});
   json doc = {{"name", layout.name}, {"tensors", std::move(tensors)}};
   return doc.dump(1);
 }

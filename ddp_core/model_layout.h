@@ -4,12 +4,17 @@
 //
 // JSON file format (either form):
 //   1. what three lines of Python write from any torch.nn.Module:
-//        json.dump([(n, list(p.shape), str(p.dtype))
+//        json.dump([(n, list(p.shape), str(p.dtype), p.requires_grad)
 //                   for n, p in model.named_parameters()], f)
-//      i.e. a list of [name, [shape...], "torch.float32"] triples;
+//      i.e. a list of [name, [shape...], "torch.float32", true] items (the
+//      dtype and the requires_grad flag may be left out);
 //   2. an object {"name": "my-model", "tensors": [{"name": ..., "shape": [...],
-//      "dtype": "torch.float32" | "float32" | ..., "sparse": false}, ...]}
-//      ("dtype" defaults to float32 and "sparse" to false).
+//      "dtype": "torch.float32" | "float32" | ..., "sparse": false,
+//      "requires_grad": true}, ...]} ("dtype" defaults to float32, "sparse"
+//      to false, "requires_grad" to true).
+// A parameter with requires_grad false (frozen) is one DDP broadcasts but
+// never reduces: DDP builds its buckets from the parameters that require
+// grad only.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,7 @@ struct TensorSpec {
   std::vector<std::int64_t> shape;  // empty = a scalar (one element)
   DType dtype = DType::kFloat32;
   bool expects_sparse = false;  // sparse gradient (nn.Embedding(sparse=True)): bucketed alone
+  bool requires_grad = true;    // false: frozen, no gradient, in no DDP bucket
 
   std::int64_t numel() const;
   std::uint64_t bytes() const;
@@ -37,8 +43,16 @@ struct ModelLayout {
   std::vector<TensorSpec> tensors;
 
   std::int64_t total_numel() const;
-  std::uint64_t total_bytes() const;
+  std::uint64_t total_bytes() const;           // every parameter (what DDP broadcasts)
+  std::uint64_t gradient_bytes() const;        // those that require grad (what DDP reduces)
+  std::size_t frozen_count() const;            // tensors with requires_grad false
 };
+
+// DDP's parameters for reduction: the layout without its frozen tensors, in
+// the same order (DistributedDataParallel keeps only parameters that require
+// grad for its reducer). Throws UsageError when none is left, where torch
+// refuses to wrap the module.
+ModelLayout trainable_parameters(const ModelLayout& layout);
 
 // torch's str(dtype) spellings ("torch.float32", "torch.half", ...) and, for
 // convenience, the same without the "torch." prefix.

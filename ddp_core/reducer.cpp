@@ -107,6 +107,15 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   if (layout_.tensors.empty())
     throw UsageError("the model layout '" + layout_.name + "' has no parameters",
                      {"reducer.init", comm_.rank(), -1, "use a layout with at least one tensor"});
+  // DDP's reducer holds only parameters that require grad; a frozen one
+  // here would be in no bucket, and its gradient nowhere.
+  for (std::size_t p = 0; p < layout_.tensors.size(); ++p)
+    if (!layout_.tensors[p].requires_grad)
+      throw UsageError(fmt::format("parameter {} (index {}) does not require grad: DDP reduces no "
+                                   "gradient for it",
+                                   layout_.tensors[p].name, p),
+                       {"reducer.init", comm_.rank(), -1,
+                        "build the reducer from trainable_parameters(layout)"});
   if (device_ || options_.stream_path) {
     ops_ = comm_.stream_ops();
     if (!ops_)

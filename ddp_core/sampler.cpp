@@ -183,7 +183,8 @@ std::uint64_t torch_manual_seed(SeedInt seed) {
   if (seed < lo || seed >= hi)
     throw UsageError(
         fmt::format("seed + epoch = {} is outside the range torch's manual_seed accepts", seed_to_string(seed)),
-        ErrorContext{"sampler", -1, -1, "use a seed in [-2^63, 2^64) (torch raises OverflowError)"});
+        ErrorContext{"sampler", -1, -1,
+                     "keep seed + epoch in [-2^63, 2^64) (torch's manual_seed raises OverflowError outside)"});
   // Two's complement wrap of negative seeds, as torch reinterprets int64 as uint64.
   return static_cast<std::uint64_t>(static_cast<unsigned __int128>(seed));
 }
@@ -277,7 +278,7 @@ void validate_sampler_options(const SamplerOptions& o) {
                     "arithmetic is no longer exact",
                     o.dataset_size),
         "use a smaller dataset size");
-  (void)torch_manual_seed(o.seed + o.epoch);
+  if (o.shuffle) (void)torch_manual_seed(o.seed + o.epoch);
 }
 
 std::vector<std::int64_t> distributed_sampler_indices(const SamplerOptions& o, std::int64_t start,
@@ -353,7 +354,7 @@ StreamingSampler::StreamingSampler(const SamplerOptions& o)
     : opts_(o),
       shape_((validate_sampler_options(o), sampler_shape(o.dataset_size, o.world_size, o.drop_last))),
       perm_(static_cast<std::uint64_t>(std::max<std::int64_t>(o.dataset_size, 1)),
-            torch_manual_seed(o.seed + o.epoch)) {
+            o.shuffle ? torch_manual_seed(o.seed + o.epoch) : 0) {
   if (o.dataset_size > 0) {
     step_ = static_cast<std::uint64_t>(o.world_size) % static_cast<std::uint64_t>(o.dataset_size);
     q_ = padded_position(o, 0);

@@ -81,7 +81,7 @@ struct SamplerOptions {
   std::int64_t world_size = 1;    // num_replicas, R
   std::int64_t rank = 0;
   SeedInt seed = 0;
-  std::int64_t epoch = 0;
+  SeedInt epoch = 0;  // set_epoch takes any Python int; only seed + epoch must suit manual_seed
   bool shuffle = true;
   bool drop_last = false;
   TorchVersion torch_version = TorchVersion::k1_13;
@@ -97,8 +97,10 @@ struct SamplerShape {
 // num_samples = ceil((N - R) / R) if drop_last and N % R != 0, else ceil(N / R)
 // (in integers: floor(N / R) for the first case, which is 0 when N < R).
 SamplerShape sampler_shape(std::int64_t dataset_size, std::int64_t world_size, bool drop_last);
-// UsageError for N < 0, R < 1, rank outside [0, R), a seed + epoch torch
-// would reject, and N >= 2^53 (where torch's float ceil stops being exact).
+// UsageError for N < 0, R < 1, rank outside [0, R), N >= 2^53 (where
+// torch's float ceil stops being exact), and, when shuffling, a seed + epoch
+// torch's manual_seed would reject. With shuffle=False torch never seeds a
+// generator, so any seed and epoch pass, as they do there.
 void validate_sampler_options(const SamplerOptions& o);
 
 // This rank's indices [start, start + count) out of num_samples (count < 0:
@@ -134,7 +136,8 @@ class FeistelPermutation {
 // perm(p mod N), this rank takes positions rank, rank + R, ...), but perm is
 // FeistelPermutation(N, manual_seed(seed + epoch)) instead of torch's
 // randperm, so the indices differ from torch's while every epoch is still a
-// permutation split disjointly across ranks. O(1) memory for any N < 2^63;
+// permutation split disjointly across ranks. O(1) memory for any N the
+// sampler takes (N < 2^53, as above);
 // the torch version option does not apply.
 class StreamingSampler {
  public:

@@ -1058,14 +1058,16 @@ void Job::progress_line(const std::string& line) const {
   if (progress && world.rank == 0) std::fprintf(stderr, "%s\n", line.c_str());
 }
 
-void check_report_outputs(const CommonOptions& o) {
-  if (reports::same_file(o.json_path, o.markdown_path))
+void check_report_outputs(const CommonOptions& o) { check_report_outputs(o.json_path, o.markdown_path); }
+
+void check_report_outputs(const std::string& json_path, const std::string& markdown_path) {
+  if (reports::same_file(json_path, markdown_path))
     throw UsageError(fmt::format("--json and --markdown name the same file ({}): one would "
                                  "overwrite the other",
-                                 o.json_path),
+                                 json_path),
                      {"flags", -1, -1, "give each its own path, e.g. --json out.json --markdown out.md"});
-  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--json", o.json_path},
-                                   {"--markdown", o.markdown_path}})
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--json", json_path},
+                                   {"--markdown", markdown_path}})
     if (auto problem = reports::output_path_problem(path))
       throw UsageError(fmt::format("{} {}: cannot write the report there: {}", flag, path, *problem),
                        {"flags", current_rank(), -1,

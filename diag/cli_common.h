@@ -136,6 +136,8 @@ void record_rank_settings(const CLI::App& subcommand);
 // --json / --markdown: refused (UsageError) when they name the same file, or
 // a path whose directory is missing or not writable, before any work.
 void check_report_outputs(const CommonOptions& o);
+// The same for a command without CommonOptions (sampler, buckets).
+void check_report_outputs(const std::string& json_path, const std::string& markdown_path);
 void wait_for_ranks(Job& job);
 // The device this rank asks its backend for ("cuda:<local rank>" or "cpu"),
 // as registered at the rendezvous.

@@ -170,7 +170,8 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
     throw UsageError(fmt::format("--sweep-maxbytes {} is below --sweep-minbytes {}", o.sweep_max,
                                  o.sweep_min),
                      {"flags", job.rank(), -1, "swap them"});
-  const ModelLayout layout = load_model(o.model);
+  // Frozen parameters have no gradient: DDP reduces the others only.
+  const ModelLayout layout = trainable_parameters(load_model(o.model));
   auto& res = report.results();
   res["model"] = layout.name;
   res["tensor_count"] = layout.tensors.size();

@@ -48,10 +48,14 @@ struct BucketsOptions {
 
 
 // DDP computes int(bucket_cap_mb * 1024 * 1024) in Python floats; the same
-// double arithmetic gives the same bytes.
+// double arithmetic gives the same bytes. 0 is a value torch takes: 1.13's
+// DDP(bucket_cap_mb=0) closes every bucket after the first at its first
+// tensor (2.x raises there), and dist._DEFAULT_FIRST_BUCKET_BYTES = 0 makes
+// the first bucket one tensor in both. A negative cap only wraps around in
+// torch's C++ (size_t), so it is refused.
 std::uint64_t mb_to_bytes(double mb, const char* flag) {
-  if (!(mb > 0) || mb > 1e12)
-    throw UsageError(fmt::format("{} must be a positive number of MiB, got {}", flag, mb),
+  if (!(mb >= 0) || mb > 1e12)
+    throw UsageError(fmt::format("{} must be a number of MiB from 0 to 1e12, got {}", flag, mb),
                      ErrorContext{"buckets", -1, -1, "DDP's default is 25 (first bucket 1)"});
   return static_cast<std::uint64_t>(mb * kMiB);
 }
@@ -125,6 +129,7 @@ int run_buckets(const BucketsOptions& o) {
   if (o.model.empty())
     throw UsageError("buckets needs --model", ErrorContext{"buckets", -1, -1,
                                                            "e.g. --model resnet50, or --model my_model.json"});
+  if (!o.dump_layout) check_report_outputs(o.json_path, o.markdown_path);
   // Made before the work so that started_at and duration_s cover it.
   reports::Report report("buckets", own_command_line());
   const ModelLayout layout = load_model(o.model);
@@ -134,6 +139,9 @@ int run_buckets(const BucketsOptions& o) {
   }
   const std::uint64_t cap = mb_to_bytes(o.bucket_cap_mb, "--bucket-cap-mb");
   const std::uint64_t first = mb_to_bytes(o.first_bucket_mb, "--first-bucket-mb");
+  // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
+  (void)trainable_parameters(layout);
+  // Indices and names stay the layout's; frozen tensors are in no bucket.
   const std::vector<DdpBucket> buckets = ddp_buckets(layout, cap, first);
 
   // Results are data: the table and the JSON report are two views of it.
@@ -157,6 +165,8 @@ int run_buckets(const BucketsOptions& o) {
                   {"tensor_count", layout.tensors.size()},
                   {"param_count", layout.total_numel()},
                   {"total_bytes", layout.total_bytes()},
+                  {"frozen_tensor_count", layout.frozen_count()},
+                  {"gradient_bytes", layout.gradient_bytes()},
                   {"bucket_cap_bytes", cap},
                   {"first_bucket_bytes", first},
                   {"bucket_count", buckets.size()},
@@ -164,10 +174,13 @@ int run_buckets(const BucketsOptions& o) {
                   {"order", "gradient_ready"},
                   {"buckets", std::move(jbuckets)}};
 
-  std::printf("DDP buckets for %s: %s tensors, %s parameters, %s MiB of gradients\n",
-              layout.name.c_str(), thousands(layout.tensors.size()).c_str(),
+  const std::string frozen =
+      layout.frozen_count() ? fmt::format(" ({} frozen: no gradient, in no bucket)", thousands(layout.frozen_count()))
+                            : std::string();
+  std::printf("DDP buckets for %s: %s tensors%s, %s parameters, %s MiB of gradients\n",
+              layout.name.c_str(), thousands(layout.tensors.size()).c_str(), frozen.c_str(),
               thousands(static_cast<std::uint64_t>(layout.total_numel())).c_str(),
-              mib(layout.total_bytes()).c_str());
+              mib(layout.gradient_bytes()).c_str());
   std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in reverse parameter "
               "order; bucket 0 is reduced first\n\n",
               o.bucket_cap_mb, o.first_bucket_mb);
@@ -186,7 +199,7 @@ int run_buckets(const BucketsOptions& o) {
                 jb["tensor_count"].get<std::size_t>(), dtype.c_str(), span.c_str());
   }
   std::printf("\nsummary: %zu buckets, largest %s MiB, %s MiB total, cap %s MiB\n", buckets.size(),
-              mib(largest).c_str(), mib(layout.total_bytes()).c_str(), mib(cap).c_str());
+              mib(largest).c_str(), mib(layout.gradient_bytes()).c_str(), mib(cap).c_str());
 
   if (!o.json_path.empty() || !o.markdown_path.empty()) {
     report.results() = std::move(results);
@@ -203,7 +216,8 @@ Subcommand add_buckets_command(CLI::App& parent) {
       "buckets", "Show the gradient buckets DDP builds for a model (PyTorch's assignment, index for index)");
   app->add_option("--model", opts->model,
                   "resnet50, bert-large, gpt2, mlp, or a JSON layout file: json.dump([(n, "
-                  "list(p.shape), str(p.dtype)) for n, p in model.named_parameters()], f)");
+                  "list(p.shape), str(p.dtype), p.requires_grad) for n, p in "
+                  "model.named_parameters()], f)");
   app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
   app->add_option("--first-bucket-mb", opts->first_bucket_mb,
                   "size of the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES; torch 2.x uses the "

@@ -47,7 +47,8 @@ std::uint64_t mib_to_bytes(double mb, const char* flag, int rank) {
 }
 
 void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
-  const ModelLayout layout = load_model(o.model);
+  // Frozen parameters have no gradient: DDP reduces the others only.
+  const ModelLayout layout = trainable_parameters(load_model(o.model));
   ReducerOptions ro;
   ro.bucket_cap_bytes = mib_to_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
   ro.first_bucket_bytes = mib_to_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());

@@ -151,12 +151,15 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     ro.bucket_cap_bytes = static_cast<std::uint64_t>(o.bucket_cap_mb * kMiB);
     ro.gradient_as_bucket_view = !o.no_gradient_views;
     ro.timeout = job.timeout;
-    Reducer red(ac, layout, ro);
+    // Every parameter is held and broadcast; only those that require grad
+    // have gradients and buckets.
+    const ModelLayout trainable = trainable_parameters(layout);
+    Reducer red(ac, trainable, ro);
     bucket_count = red.buckets().size();
     // Views off: each dense parameter's own gradient buffer (a sparse one has
     // none; its gradient is rows and values, counted as communication).
     if (o.no_gradient_views)
-      for (const auto& t : layout.tensors)
+      for (const auto& t : trainable.tensors)
         if (!t.expects_sparse) own_grad_bytes += t.bytes();
 
     ac.set_category(MemoryCategory::kWorkspace);

@@ -201,7 +201,8 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
     if (o.compute_gbps < 0 || o.backward_ms < 0)
       throw flag_error("--compute-gbps and --backward-ms must be >= 0", "e.g. --compute-gbps 1");
-    model_layout = ddp_core::load_model(o.model);
+    // Frozen parameters have no gradient: DDP reduces the others only.
+    model_layout = ddp_core::trainable_parameters(ddp_core::load_model(o.model));
   } else if (o.caps_opt && o.caps_opt->count()) {
     throw flag_error("--caps needs --model: the best cap is found for a model's buckets",
                      "e.g. --model resnet50 --caps 1,5,25");

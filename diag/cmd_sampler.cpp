@@ -32,7 +32,7 @@ struct SamplerCliOptions {
   std::int64_t world_size = -1;
   std::int64_t rank = -1;
   std::string seed = "0";
-  std::int64_t epoch = 0;
+  std::string epoch = "0";
   bool drop_last = false;
   bool no_shuffle = false;
   std::int64_t start = 0;
@@ -44,29 +44,34 @@ struct SamplerCliOptions {
   bool benchmark = false;
 };
 
-// A Python int literal for the seed: sign and decimal digits. Anything up to
-// 38 digits is held exactly; the range torch accepts is checked later.
-SeedInt parse_seed(const std::string& s) {
-  auto bad = [&] {
-    throw UsageError(fmt::format("--seed '{}' is not an integer", s),
-                     ErrorContext{"sampler", -1, -1, "seeds are integers in [-2^63, 2^64), as torch.manual_seed takes"});
-  };
+// A Python int literal (sign and decimal digits) for --seed and --epoch:
+// DistributedSampler takes any Python int for both and only seed + epoch
+// must suit manual_seed, so neither is cut to 64 bits here (a CLI int64
+// option would clamp 2^63 to 2^63 - 1 without a word). Up to 38 digits are
+// held exactly, far beyond the range the sum is checked against later.
+SeedInt parse_python_int(const char* flag, const std::string& s) {
+  const auto hint = "seed + epoch must lie in [-2^63, 2^64), the range torch.manual_seed takes";
   std::size_t i = 0;
   bool neg = false;
   if (i < s.size() && (s[i] == '-' || s[i] == '+')) neg = s[i++] == '-';
-  if (i == s.size() || s.size() - i > 38) bad();
+  const bool digits = i < s.size() && s.find_first_not_of("0123456789", i) == std::string::npos;
+  if (!digits)
+    throw UsageError(fmt::format("{} '{}' is not an integer", flag, s), ErrorContext{"sampler", -1, -1, hint});
+  const std::size_t first = std::min(s.find_first_not_of('0', i), s.size());
+  if (s.size() - first > 38)
+    throw UsageError(fmt::format("{} {} is far outside the range torch's manual_seed accepts", flag, s),
+                     ErrorContext{"sampler", -1, -1, hint});
   SeedInt v = 0;
-  for (; i < s.size(); ++i) {
-    if (s[i] < '0' || s[i] > '9') bad();
-    v = v * 10 + (s[i] - '0');
-  }
+  for (std::size_t k = first; k < s.size(); ++k) v = v * 10 + (s[k] - '0');
   return neg ? -v : v;
 }
 
-json seed_json(SeedInt v) {
+// A seed or epoch as a JSON number; null beyond 64 bits (possible for one of
+// the two when their sum is in range, and for both without shuffling).
+json python_int_json(SeedInt v) {
   if (v >= 0 && v <= static_cast<SeedInt>(UINT64_MAX)) return static_cast<std::uint64_t>(v);
   if (v < 0 && v >= static_cast<SeedInt>(INT64_MIN)) return static_cast<std::int64_t>(v);
-  return nullptr;  // out of torch's range: validation has already refused it
+  return nullptr;
 }
 
 
@@ -99,8 +104,8 @@ int run_sampler(const SamplerCliOptions& c) {
   o.dataset_size = c.dataset_size;
   o.world_size = c.world_size;
   o.rank = c.rank;
-  o.seed = parse_seed(c.seed);
-  o.epoch = c.epoch;
+  o.seed = parse_python_int("--seed", c.seed);
+  o.epoch = parse_python_int("--epoch", c.epoch);
   o.shuffle = !c.no_shuffle;
   o.drop_last = c.drop_last;
   auto tv = parse_torch_version(c.torch_version);
@@ -109,6 +114,8 @@ int run_sampler(const SamplerCliOptions& c) {
                      ErrorContext{"sampler", -1, -1, "the two differ only in randperm for N >= 214748364"});
   o.torch_version = *tv;
   validate_sampler_options(o);
+  // Before the work: a run over 10^9 indices must not end in a path typo.
+  check_report_outputs(c.json_path, c.markdown_path);
   const SamplerShape shape = sampler_shape(o.dataset_size, o.world_size, o.drop_last);
   if (c.start < 0 || c.start > shape.num_samples)
     throw UsageError(fmt::format("--start {} is outside this rank's {} indices", c.start, shape.num_samples),
@@ -160,8 +167,8 @@ int run_sampler(const SamplerCliOptions& c) {
         {"dataset_size", o.dataset_size},
         {"world_size", o.world_size},
         {"rank", o.rank},
-        {"seed", seed_json(o.seed)},
-        {"epoch", o.epoch},
+        {"seed", python_int_json(o.seed)},
+        {"epoch", python_int_json(o.epoch)},
         {"shuffle", o.shuffle},
         {"drop_last", o.drop_last},
         {"mode", c.streaming ? "streaming" : "torch"},
@@ -197,8 +204,9 @@ Subcommand add_sampler_command(CLI::App& parent) {
   app->add_option("--rank", o->rank, "this rank, 0 <= rank < R")
       ->required()
       ->check(cli::non_negative_number());
-  app->add_option("--seed", o->seed, "sampler seed (any integer torch.manual_seed takes)")->capture_default_str();
-  app->add_option("--epoch", o->epoch, "sampler.set_epoch(e): the permutation uses seed + epoch")
+  app->add_option("--seed", o->seed, "sampler seed (an integer; seed + epoch must be one torch.manual_seed takes)")
+      ->capture_default_str();
+  app->add_option("--epoch", o->epoch, "sampler.set_epoch(e): the permutation uses seed + epoch (any integer)")
       ->capture_default_str();
   app->add_flag("--drop-last", o->drop_last, "drop the tail instead of padding");
   app->add_flag("--no-shuffle", o->no_shuffle, "shuffle=False: indices in order");

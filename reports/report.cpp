@@ -250,8 +250,12 @@ bool same_file(const std::string& a, const std::string& b) {
   if (::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0)
     // A device or pipe (/dev/null) takes both writes; only a file would lose one.
     return S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  // Absolute first: weakly_canonical leaves a relative path none of whose
+  // leading parts exists as it is, so "r.json" and "./r.json" (neither
+  // written yet) would compare unequal.
   std::error_code ec1, ec2;
-  const auto ca = std::filesystem::weakly_canonical(ra, ec1), cb = std::filesystem::weakly_canonical(rb, ec2);
+  const auto ca = std::filesystem::weakly_canonical(std::filesystem::absolute(ra, ec1), ec1);
+  const auto cb = std::filesystem::weakly_canonical(std::filesystem::absolute(rb, ec2), ec2);
   return !ec1 && !ec2 ? ca == cb : ra == rb;
 }
 

@@ -127,6 +127,28 @@ TEST_CASE("ddp_buckets: reverse order, small first bucket, every parameter once"
   CHECK(buckets.back().param_indices.back() == 0);  // conv1.weight arrives last
 }
 
+TEST_CASE("ddp_buckets: frozen parameters are in no bucket", "[buckets]") {
+  // torch 1.13.0 and 2.11.0, DistributedDataParallel (Gloo, one rank) of a
+  // module with parameters [512, 784] and [512] frozen, then [10, 512] and
+  // [10] (float32), default caps: from the second iteration on one bucket
+  // holding parameters [3, 2] (recorded by a comm hook).
+  ModelLayout layout;
+  layout.name = "frozen-first-layer";
+  layout.tensors = {{"0.weight", {512, 784}, DType::kFloat32, false, false},
+                    {"0.bias", {512}, DType::kFloat32, false, false},
+                    {"2.weight", {10, 512}, DType::kFloat32, false, true},
+                    {"2.bias", {10}, DType::kFloat32, false, true}};
+  auto buckets = ddp_buckets(layout, kDefaultBucketCapBytes, kDefaultFirstBucketBytes);
+  REQUIRE(buckets.size() == 1);
+  CHECK(buckets[0].param_indices == std::vector<std::size_t>{3, 2});
+  CHECK(buckets[0].bytes == (10 * 512 + 10) * 4);
+  // The frozen tensors' bytes do not count towards a bucket's cap either:
+  // with a 20 KiB cap the trainable ones fill the first bucket alone.
+  buckets = ddp_buckets(layout, 20 * 1024, 20 * 1024);
+  REQUIRE(buckets.size() == 1);
+  CHECK(buckets[0].param_indices == std::vector<std::size_t>{3, 2});
+}
+
 TEST_CASE("ddp_buckets with a cap larger than the model gives two buckets", "[buckets]") {
   const auto layout = *model_preset("mlp");
   auto buckets = ddp_buckets(layout, 1ull << 40, kDefaultFirstBucketBytes);

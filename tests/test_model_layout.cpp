@@ -102,6 +102,44 @@ TEST_CASE("both JSON forms parse", "[layout]") {
   }
 }
 
+TEST_CASE("requires_grad: a fourth item, or a field; frozen tensors are not DDP's parameters", "[layout]") {
+  // The README's export line on a model whose first layer is frozen.
+  auto a = parse_model_layout_json(
+      R"([["0.weight", [512, 784], "torch.float32", false], ["0.bias", [512], "torch.float32", false],
+          ["2.weight", [10, 512], "torch.float32", true], ["2.bias", [10], "torch.float32"]])",
+      "m.json");
+  REQUIRE(a.tensors.size() == 4);
+  CHECK(!a.tensors[0].requires_grad);
+  CHECK(!a.tensors[1].requires_grad);
+  CHECK(a.tensors[2].requires_grad);
+  CHECK(a.tensors[3].requires_grad);  // three items: requires grad
+  CHECK(a.frozen_count() == 2);
+  CHECK(a.total_bytes() == (512 * 784 + 512 + 10 * 512 + 10) * 4);
+  CHECK(a.gradient_bytes() == (10 * 512 + 10) * 4);
+  const auto t = trainable_parameters(a);
+  REQUIRE(t.tensors.size() == 2);
+  CHECK(t.tensors[0].name == "2.weight");
+  CHECK(t.tensors[1].name == "2.bias");
+
+  auto b = parse_model_layout_json(
+      R"({"tensors": [{"name": "x", "shape": [3], "requires_grad": false}, {"name": "y", "shape": [2]}]})", "o.json");
+  CHECK(!b.tensors[0].requires_grad);
+  CHECK(b.tensors[1].requires_grad);
+  // The object form round-trips the flag.
+  auto back = parse_model_layout_json(model_layout_to_json(b), "x");
+  CHECK(!back.tensors[0].requires_grad);
+  CHECK(back.tensors[1].requires_grad);
+
+  CHECK_THAT(error_of(R"([["a", [1], "torch.float32", "no"]])"),
+             Catch::Contains("tensor 0 ('a')") && Catch::Contains("'requires_grad'"));
+  CHECK_THAT(error_of(R"({"tensors": [{"name": "x", "shape": [1], "requires_grad": 0}]})"),
+             Catch::Contains("'requires_grad'"));
+  CHECK_THAT(error_of(R"([["a", [1], "torch.float32", true, 5]])"), Catch::Contains("5 items"));
+  // Nothing trainable: torch refuses to wrap such a module in DDP.
+  auto frozen = parse_model_layout_json(R"([["a", [1], "torch.float32", false]])", "f.json");
+  CHECK_THROWS_AS(trainable_parameters(frozen), UsageError);
+}
+
 TEST_CASE("bad layout files get errors naming the file, entry and field", "[layout]") {
   auto e = error_of("[[\"a\", [1, 2], \"torch.float32\"],\n [\"b\", [3], \"torch.complex64\"]]");
   CHECK_THAT(e, Catch::Contains("bad.json") && Catch::Contains("tensor 1 ('b')") &&
@@ -169,4 +207,11 @@ TEST_CASE("load_model: presets, files, and a helpful error", "[layout]") {
                    Catch::Contains("gpt2") && Catch::Contains("mlp") &&
                    Catch::Contains("no-such-model"));
   }
+}
+
+TEST_CASE("load_model: a directory or an endless file is refused, not read forever", "[layout]") {
+  // A directory used to read as an empty file ("invalid JSON at byte 0"),
+  // and /dev/zero was read until memory ran out.
+  CHECK_THROWS_WITH(load_model("/"), Catch::Contains("is a directory"));
+  if (std::ifstream("/dev/zero")) CHECK_THROWS_WITH(load_model("/dev/zero"), Catch::Contains("larger than 256 MiB"));
 }

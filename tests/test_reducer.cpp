@@ -90,6 +90,25 @@ TEST_CASE("reducer: buckets follow DDP's assignment, one larger than the cap", "
   CHECK(f.empty());
 }
 
+TEST_CASE("reducer: a frozen parameter is refused; trainable_parameters() drops it", "[reducer]") {
+  ModelLayout frozen = small_layout();
+  frozen.tensors[2].requires_grad = false;
+  const Failures f = run_gloo_ranks(1, [&](Communicator& c, int, Failures& fail) {
+    try {
+      Reducer red(c, frozen, small_options());
+      fail.push_back("a layout with a frozen parameter was taken");
+    } catch (const UsageError& e) {
+      if (std::string(e.what()).find("big.bias") == std::string::npos)
+        fail.push_back(std::string("the error does not name the parameter: ") + e.what());
+    }
+    Reducer red(c, trainable_parameters(frozen), small_options());
+    if (red.buckets().size() != ddp_buckets(frozen, 1024, 256).size())
+      fail.push_back("bucket count differs from ddp_buckets of the full layout");
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
 TEST_CASE("reducer: every gradient is the true mean on every rank", "[reducer]") {
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);

@@ -102,6 +102,15 @@ TEST_CASE("a report written to a link, a pipe or a device goes through it, never
   CHECK(same_file(link, target));
   CHECK_FALSE(same_file("/dev/null", "/dev/null"));
   CHECK(same_file((dir / "new.json").string(), (dir / "." / "new.json").string()));
+  {
+    // Relative names of a file not written yet (--json r.json --markdown ./r.json).
+    const auto cwd = fs::current_path();
+    fs::current_path(dir);
+    CHECK(same_file("r.json", "./r.json"));
+    CHECK(same_file("r.json", "../" + dir.filename().string() + "/r.json"));
+    CHECK_FALSE(same_file("r.json", "r.md"));
+    fs::current_path(cwd);
+  }
   CHECK(output_path_problem((dir / "missing" / "r.json").string()).has_value());
   CHECK(output_path_problem(dir.string()).has_value());
   CHECK_FALSE(output_path_problem((dir / "new.json").string()).has_value());

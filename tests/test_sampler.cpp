@@ -191,6 +191,42 @@ TEST_CASE("negative and huge seeds give torch's wrapped generators", "[sampler]"
   CHECK_THROWS_AS(distributed_sampler_indices(o), UsageError);
 }
 
+TEST_CASE("the epoch is any integer: seed + epoch is what torch seeds with", "[sampler]") {
+  // Values torch 1.13.0 and 2.11.0 both gave:
+  // DistributedSampler(range(10), num_replicas=2, rank=0, seed=S) after
+  // set_epoch(E).
+  auto o = opts(10, 2, 0);
+  o.seed = 0;
+  o.epoch = SeedInt{1} << 63;
+  CHECK(distributed_sampler_indices(o) == Idx{4, 7, 3, 0, 6});
+  o.epoch = (SeedInt{1} << 63) - 1;
+  CHECK(distributed_sampler_indices(o) == Idx{1, 6, 0, 8, 9});
+  o.seed = -(SeedInt{1} << 63);  // + (2^64 - 1) = 2^63 - 1
+  o.epoch = (SeedInt{1} << 64) - 1;
+  CHECK(distributed_sampler_indices(o) == Idx{1, 6, 0, 8, 9});
+  o.seed = SeedInt{1} << 63;  // + 2^63 = 2^64: torch raises
+  o.epoch = SeedInt{1} << 63;
+  CHECK_THROWS_AS(distributed_sampler_indices(o), UsageError);
+}
+
+TEST_CASE("shuffle=False never seeds: any seed and epoch pass, as in torch", "[sampler]") {
+  // torch 1.13.0 and 2.11.0: DistributedSampler(range(10), 2, rank=1,
+  // shuffle=False, seed=2**64 - 1), set_epoch(1) -> [1, 3, 5, 7, 9]; with
+  // shuffle=True the same seed and epoch raise in manual_seed.
+  auto o = opts(10, 2, 1);
+  o.seed = (SeedInt{1} << 64) - 1;
+  o.epoch = 1;
+  o.shuffle = false;
+  CHECK(distributed_sampler_indices(o) == Idx{1, 3, 5, 7, 9});
+  StreamingSampler s(o);
+  Idx streamed;
+  while (auto v = s.next()) streamed.push_back(*v);
+  CHECK(streamed == Idx{1, 3, 5, 7, 9});
+  o.shuffle = true;
+  CHECK_THROWS_AS(distributed_sampler_indices(o), UsageError);
+  CHECK_THROWS_AS(StreamingSampler(o), UsageError);
+}
+
 TEST_CASE("sampler rejects bad options with a usage error", "[sampler]") {
   CHECK_THROWS_AS(distributed_sampler_indices(opts(10, 4, 4)), UsageError);
   CHECK_THROWS_AS(distributed_sampler_indices(opts(10, 4, -1)), UsageError);

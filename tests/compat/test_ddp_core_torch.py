@@ -6,6 +6,9 @@
     flags, explicit indices) vs `ddpdiag buckets --assign-case -`;
   * DDP buckets of the presets vs torch's assignment the way DDP rebuilds
     them (reversed parameters, explicit indices, [1 MiB, cap]);
+  * `ddpdiag buckets` vs the buckets a real DistributedDataParallel (Gloo,
+    one rank) reduces from its second iteration on, recorded by a comm hook:
+    mixed dtypes, default and explicit caps, caps of 0, frozen parameters;
   * the presets' names and shapes vs torch.nn re-creations of the models;
   * DistributedSampler(range(N)) and torch.randperm vs `ddpdiag sampler --json`;
   * broadcast-test's chunks vs the broadcasts torch's _broadcast_coalesced
@@ -360,6 +363,198 @@ class PresetTest(unittest.TestCase):
             self.assertIn("line 2", p.stderr)
 
 
+# ------------------------------------------------- DDP as it really runs
+
+
+def ensure_world_of_one():
+    """The default process group: Gloo, one rank (all DDP needs to build and
+    rebuild its buckets)."""
+    if not dist.is_initialized():
+        fd, path = tempfile.mkstemp(prefix="ddpdiag-compat-pg-")
+        os.close(fd)
+        os.unlink(path)
+        dist.init_process_group("gloo", init_method="file://" + path, rank=0, world_size=1)
+
+
+class LayoutModule(nn.Module):
+    """A module whose parameters are a layout's tensors, in order. forward
+    adds each trainable one (as float32) to a running sum, so backward makes
+    their gradients ready in exactly the reverse order, as ddpdiag assumes."""
+
+    def __init__(self, layout):
+        super().__init__()
+        self.ordered = []
+        for i, t in enumerate(layout):
+            p = nn.Parameter(torch.zeros(t["shape"], dtype=DTYPES[t["dtype"].replace("torch.", "")]),
+                             requires_grad=t.get("requires_grad", True))
+            self.register_parameter(f"p{i}", p)  # layout names may hold dots
+            self.ordered.append(p)
+
+    def forward(self, x):
+        for p in self.ordered:
+            if p.requires_grad:
+                x = x + p.float().sum()
+        return x
+
+
+def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None):
+    """The buckets real DDP reduces from its second iteration on (after it
+    rebuilt them from the order gradients arrived in), recorded by a comm
+    hook: layout indices per bucket, in bucket order. bucket_cap_mb None
+    leaves DDP's default; first_bucket_bytes sets
+    dist._DEFAULT_FIRST_BUCKET_BYTES, the knob DDP reads for the first
+    bucket."""
+    ensure_world_of_one()
+    module = LayoutModule(layout)
+    index_of = {id(p): i for i, p in enumerate(module.ordered)}
+    ddp_module = sys.modules[nn.parallel.DistributedDataParallel.__module__]
+    saved = (dist._DEFAULT_FIRST_BUCKET_BYTES, getattr(ddp_module, "_sync_module_states", None))
+    try:
+        if first_bucket_bytes is not None:
+            dist._DEFAULT_FIRST_BUCKET_BYTES = first_bucket_bytes
+        if saved[1] is not None:
+            # A world of one has nothing to sync, and 1.13's Gloo cannot
+            # broadcast bfloat16.
+            ddp_module._sync_module_states = lambda *a, **k: None
+        kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        ddp = nn.parallel.DistributedDataParallel(module, **kwargs)
+    finally:
+        dist._DEFAULT_FIRST_BUCKET_BYTES = saved[0]
+        if saved[1] is not None:
+            ddp_module._sync_module_states = saved[1]
+    seen = []
+
+    def record(state, bucket):
+        seen.append((bucket.index(), [index_of[id(p)] for p in bucket.parameters()]))
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
+    ddp.register_comm_hook(None, record)
+    per_iteration = []
+    for _ in range(3):
+        seen.clear()
+        ddp(torch.zeros(1)).sum().backward()
+        per_iteration.append([b for _, b in sorted(seen)])
+    assert per_iteration[1] == per_iteration[2], per_iteration  # rebuilt once, then fixed
+    return per_iteration[1]
+
+
+def our_ddp_buckets(layout, cap_mb, first_mb):
+    """ddpdiag buckets' param_indices per bucket, for a layout in the object form."""
+    with tempfile.TemporaryDirectory() as d:
+        model, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
+        with open(model, "w") as f:
+            json.dump({"name": "case", "tensors": layout}, f)
+        p = run_bin(["buckets", "--model", model, "--bucket-cap-mb", str(cap_mb), "--first-bucket-mb",
+                     str(first_mb), "--json", out])
+        if p.returncode != 0:
+            raise AssertionError(f"ddpdiag buckets exited {p.returncode}: {p.stderr}")
+        with open(out) as f:
+            return [b["param_indices"] for b in json.load(f)["results"]["buckets"]]
+
+
+def float_layout(rng, dtypes):
+    return [{"name": f"layer{i}.weight", "shape": rng.choice([[rng.randint(1, 300)], [rng.randint(1, 40), rng.randint(1, 40)]]),
+             "dtype": "torch." + rng.choice(dtypes)} for i in range(rng.choice([1, 2, 5, 12, 30]))]
+
+
+class DdpAsRunTest(unittest.TestCase):
+    """ddpdiag buckets against the buckets a real DistributedDataParallel
+    reduces (Gloo, one rank, a comm hook recording each bucket)."""
+
+    def test_random_layouts(self):
+        rng = random.Random(31)
+        for k in range(40 * SCALE):
+            dtypes = rng.sample(["float32", "float16", "bfloat16", "float64"], rng.choice([1, 1, 2, 4]))
+            layout = float_layout(rng, dtypes)
+            cap_bytes = rng.choice([64, 1000, 4096, 65536])
+            explicit = rng.random() < 0.6
+            # torch 2.x caps the first bucket with an explicit bucket_cap_mb
+            # too; 1.13 always with 1 MiB (README).
+            first_mb = cap_bytes / MIB if explicit and TORCH_MAJOR >= 2 else 1
+            theirs = ddp_buckets_as_run(layout, cap_bytes / MIB if explicit else None)
+            ours = our_ddp_buckets(layout, repr(cap_bytes / MIB) if explicit else "25", repr(first_mb))
+            with self.subTest(case=k, dtypes=dtypes, cap_bytes=cap_bytes, explicit=explicit):
+                if len(dtypes) == 1:
+                    self.assertEqual(ours, theirs)
+                else:
+                    # Leftover buckets of several dtypes come in torch's
+                    # hash-map order (README): same buckets, order aside.
+                    self.assertEqual(sorted(ours), sorted(theirs))
+            bump("DDP runs compared")
+
+    def test_frozen_parameters(self):
+        # DDP reduces only parameters that require grad: a frozen one (a
+        # fine-tuned model's backbone) is in no bucket. ddpdiag once bucketed
+        # every tensor of the layout.
+        rng = random.Random(32)
+        for k in range(30 * SCALE):
+            layout = float_layout(rng, rng.sample(["float32", "float16", "float64"], rng.choice([1, 2])))
+            for t in layout:
+                if rng.random() < 0.4:
+                    t["requires_grad"] = False
+            if all(t.get("requires_grad") is False for t in layout):
+                layout[-1].pop("requires_grad")
+            cap_bytes = rng.choice([64, 1000, 4096])
+            theirs = ddp_buckets_as_run(layout, cap_bytes / MIB)
+            ours = our_ddp_buckets(layout, repr(cap_bytes / MIB), repr(cap_bytes / MIB) if TORCH_MAJOR >= 2 else "1")
+            with self.subTest(case=k):
+                if len({t["dtype"] for t in layout if t.get("requires_grad", True)}) == 1:
+                    self.assertEqual(ours, theirs)
+                else:
+                    self.assertEqual(sorted(ours), sorted(theirs))
+            bump("DDP runs compared")
+
+    def test_frozen_parameters_exported_as_the_readme_says(self):
+        # The README's export line, with p.requires_grad as a fourth item.
+        layout = [{"name": "0.weight", "shape": [512, 784], "dtype": "torch.float32", "requires_grad": False},
+                  {"name": "0.bias", "shape": [512], "dtype": "torch.float32", "requires_grad": False},
+                  {"name": "2.weight", "shape": [10, 512], "dtype": "torch.float32"},
+                  {"name": "2.bias", "shape": [10], "dtype": "torch.float32"}]
+        model = LayoutModule(layout)
+        theirs = ddp_buckets_as_run(layout)
+        self.assertEqual(theirs, [[3, 2]])
+        with tempfile.TemporaryDirectory() as d:
+            path, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
+            with open(path, "w") as f:
+                json.dump([(n, list(p.shape), str(p.dtype), p.requires_grad) for n, p in model.named_parameters()], f)
+            p = run_bin(["buckets", "--model", path, "--json", out])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                results = json.load(f)["results"]
+            self.assertEqual([b["param_indices"] for b in results["buckets"]], theirs)
+            self.assertEqual(results["frozen_tensor_count"], 2)
+            self.assertEqual(results["gradient_bytes"], (10 * 512 + 10) * 4)
+            # Nothing to reduce: torch refuses to wrap such a module.
+            frozen = [dict(t, requires_grad=False) for t in layout]
+            with self.assertRaises(RuntimeError):
+                ddp_buckets_as_run(frozen)
+            with open(path, "w") as f:
+                json.dump({"name": "frozen", "tensors": frozen}, f)
+            p = run_bin(["buckets", "--model", path])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("requires grad", p.stderr)
+        bump("DDP runs compared", 2)
+
+    def test_zero_caps(self):
+        layout = [{"name": f"l{i}", "shape": [n], "dtype": "torch.float32"}
+                  for i, n in enumerate([300000, 10, 20, 400000, 5, 7])]
+        ours = our_ddp_buckets(layout, "0", "1")
+        self.assertEqual(ours, [[5, 4, 3], [2], [1], [0]])
+        if TORCH_MAJOR < 2:
+            # 1.13 takes bucket_cap_mb=0: one tensor a bucket after the first.
+            self.assertEqual(ours, ddp_buckets_as_run(layout, bucket_cap_mb=0))
+        else:
+            # 2.x refuses it ("bucket_cap_mb should be set by now"); what
+            # ddpdiag shows is 1.13's answer (README).
+            with self.assertRaises(AssertionError):
+                ddp_buckets_as_run(layout, bucket_cap_mb=0)
+        # dist._DEFAULT_FIRST_BUCKET_BYTES = 0, both versions.
+        self.assertEqual(our_ddp_buckets(layout, "25", "0"), ddp_buckets_as_run(layout, first_bucket_bytes=0))
+        bump("DDP runs compared", 2)
+
+
 # ---------------------------------------------------------------- sampler
 
 
@@ -447,6 +642,53 @@ class SamplerTest(unittest.TestCase):
         self.assertEqual(rc, 2)
         self.assertIn("rank 2", err)
 
+    def test_epoch_is_any_python_int(self):
+        # set_epoch takes any Python int; only seed + epoch must fit
+        # manual_seed. An epoch beyond int64 was once clamped by the CLI to
+        # 2^63 - 1 without a word: --epoch 9223372036854775808 gave the
+        # indices of epoch 2^63 - 1, and an epoch torch overflows on gave
+        # indices instead of an error.
+        for seed, epoch in [(0, 2 ** 63), (-(2 ** 63), 2 ** 64 - 1), (2 ** 70, 3 - 2 ** 70),
+                            (2 ** 64 - 1, 0), (5, -(2 ** 63) - 5), (-1, 2 ** 63)]:
+            for n, r, rank, drop_last in [(10, 2, 0, False), (1001, 7, 6, True)]:
+                expected = torch_sampler(n, r, rank, seed, epoch, True, drop_last)
+                rc, got = our_sampler(n, r, rank, seed, epoch, True, drop_last)
+                with self.subTest(seed=seed, epoch=epoch, n=n):
+                    self.assertEqual(rc, 0, got)
+                    self.assertEqual(got["indices"], expected)
+                bump("sampler cases")
+        # Beyond 64 bits, the report holds null for it (as for the seed), and
+        # still validates.
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "s.json")
+            p = run_bin(["sampler", "--dataset-size", "10", "--world-size", "2", "--rank", "0",
+                         f"--seed={2 ** 70}", f"--epoch={3 - 2 ** 70}", "--json", out, "--count-only"])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                self.assertIsNone(json.load(f)["results"]["epoch"])
+            p = run_bin(["report", "validate", out])
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for seed, epoch in [(0, 99999999999999999999), (0, -(2 ** 63) - 1), (2 ** 63, 2 ** 63)]:
+            with self.assertRaises((OverflowError, RuntimeError, ValueError)):
+                torch_sampler(10, 2, 0, seed, epoch, True, False)
+            rc, err = our_sampler(10, 2, 0, seed, epoch, True, False)
+            with self.subTest(seed=seed, epoch=epoch):
+                self.assertEqual(rc, 2, err)
+                self.assertIn("seed + epoch", err)
+
+    def test_no_shuffle_never_seeds(self):
+        # shuffle=False never calls manual_seed, so torch takes any seed and
+        # epoch there; ddpdiag once refused them (exit 2), in both modes.
+        for seed, epoch in [(2 ** 64 - 1, 1), (-(2 ** 63), -1), (2 ** 64 - 1, 40)]:
+            for n, r, rank, drop_last in [(10, 2, 1, False), (2622, 1024, 403, True), (50, 1000, 215, False)]:
+                expected = torch_sampler(n, r, rank, seed, epoch, False, drop_last)
+                for extra in ([], ["--streaming"]):
+                    rc, got = our_sampler(n, r, rank, seed, epoch, False, drop_last, extra)
+                    with self.subTest(seed=seed, epoch=epoch, n=n, extra=extra):
+                        self.assertEqual(rc, 0, got)
+                        self.assertEqual(got["indices"], expected)
+                    bump("sampler cases")
+
     def test_randperm(self):
         rng = random.Random(99)
         self.assertEqual(torch.randperm(10, generator=torch.Generator().manual_seed(0)).tolist(),
@@ -493,11 +735,7 @@ def broadcast_tracer():
     tensors itself and calls broadcast() once per group, flattened."""
     global _TRACER
     if _TRACER is None:
-        if not dist.is_initialized():
-            fd, path = tempfile.mkstemp(prefix="ddpdiag-compat-pg-")
-            os.close(fd)
-            os.unlink(path)
-            dist.init_process_group("gloo", init_method="file://" + path, rank=0, world_size=1)
+        ensure_world_of_one()
         inner = dist.distributed_c10d._get_default_group()
 
         class Tracing(dist.ProcessGroup):

@@ -734,11 +734,26 @@ class BadInput(unittest.TestCase):
 
     def test_unwritable_report_path_is_exit_2(self):
         # A single-process command: the path is the user's mistake, not an
-        # internal error, and the message names the path asked for.
-        p = run(["buckets", "--model", "mlp", "--json", "/nonexistent-dir/b.json"])
-        self.assertEqual(p.returncode, 2, p.stderr)
-        self.assertIn("cannot write report /nonexistent-dir/b.json", p.stderr)
-        self.assertIn("check that the directory exists", p.stderr)
+        # internal error, and the message names the path asked for. It is
+        # checked before the work: nothing is printed (sampler printed every
+        # index, buckets its table, before failing), and one file for both
+        # --json and --markdown is refused as the distributed commands do.
+        for cmd in (["buckets", "--model", "mlp"],
+                    ["sampler", "--dataset-size", "1000", "--world-size", "2", "--rank", "0"]):
+            with self.subTest(cmd=cmd[0]):
+                p = run(cmd + ["--json", "/nonexistent-dir/b.json"])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("/nonexistent-dir/b.json", p.stderr)
+                self.assertIn("cannot write the report there", p.stderr)
+                self.assertIn("create the directory first", p.stderr)
+                self.assertEqual(p.stdout, "")
+                with tempfile.TemporaryDirectory() as d:
+                    same = os.path.join(d, "r.json")
+                    p = run(cmd + ["--json", same, "--markdown", same])
+                    self.assertEqual(p.returncode, 2, p.stderr)
+                    self.assertIn("name the same file", p.stderr)
+                    self.assertEqual(p.stdout, "")
+                    self.assertFalse(os.path.exists(same))
 
 
 if __name__ == "__main__":
