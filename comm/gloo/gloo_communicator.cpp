@@ -1284,7 +1284,11 @@ std::vector<sockaddr_storage> unanswered_connects() {
       const auto colon = remote.find(':');
       if (colon == std::string::npos) continue;
       const std::string host = remote.substr(0, colon);
-      const auto port = static_cast<std::uint16_t>(std::stoul(remote.substr(colon + 1), nullptr, 16));
+      const std::string port_hex = remote.substr(colon + 1);
+      if (host.find_first_not_of("0123456789ABCDEFabcdef") != std::string::npos || port_hex.empty() ||
+          port_hex.size() > 4 || port_hex.find_first_not_of("0123456789ABCDEFabcdef") != std::string::npos)
+        continue;
+      const auto port = static_cast<std::uint16_t>(std::stoul(port_hex, nullptr, 16));
       sockaddr_storage ss{};
       // The kernel prints each 32-bit word of the address as it lies in memory.
       if (!v6 && host.size() == 8) {
@@ -1393,15 +1397,15 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
   const Millis allowance = opts.timeout > Millis(std::chrono::hours(24 * 365))
                                ? Millis(std::chrono::hours(24 * 365))
                                : opts.timeout + kGrace;
-  // A rank whose own backend failed to start says so (opts.peer_failure):
-  // waiting on for it would only end at the deadline.
-  constexpr auto kPeerPoll = std::chrono::milliseconds(250);
+  // A rank whose own backend failed to start says so (opts.peer_failure),
+  // looked at every kWaitSlice: waiting on for it would only end at the
+  // deadline.
   const auto started = Clock::now();
   for (;;) {
     const auto reads = adapter->reads();
     const auto progress = reads.empty() ? started : std::max(started, reads.back().when);
     const auto deadline = progress + allowance;
-    if (result.wait_until(std::min(deadline, Clock::now() + kPeerPoll)) == std::future_status::ready)
+    if (result.wait_until(std::min(deadline, Clock::now() + kWaitSlice)) == std::future_status::ready)
       break;
     if (opts.peer_failure)
       if (const std::string why = opts.peer_failure(); !why.empty()) {
