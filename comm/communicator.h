@@ -18,6 +18,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,12 +67,16 @@ struct CommOptions {
   bool spans_hosts = false;
   // NCCL: device ordinal (defaults to local_rank).
   int device = -1;
-  // Gloo: while init waits for its peers, asked about every 250 ms whether
-  // another rank has already failed (its backend would not start): a
-  // description of that failure, or "" to go on waiting. It must not use
+  // While init waits for its peers, asked about every kWaitSlice whether
+  // another rank has already failed (its backend would not start): that
+  // rank and its error, or nothing to go on waiting. It must not use
   // `store`, which the init itself is using. Empty: init waits to its
   // deadline.
-  std::function<std::string()> peer_failure;
+  struct PeerFailure {
+    int rank = -1;
+    std::string message;
+  };
+  std::function<std::optional<PeerFailure>()> peer_failure;
 };
 
 class Communicator {

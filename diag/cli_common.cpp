@@ -857,16 +857,26 @@ void create_communicator(Job& job, const CommonOptions& o) {
     own.connect_timeout = std::min(job.timeout, Millis(2000));
     own.io_timeout = own.connect_timeout;
     const std::string prefix = std::static_pointer_cast<PrefixStore>(job.store)->prefix();
-    co.peer_failure = [watch, own, prefix]() -> std::string {
-      if (watch->broken) return "";
+    co.peer_failure = [watch, own, prefix]() -> std::optional<CommOptions::PeerFailure> {
+      if (watch->broken) return std::nullopt;
       try {
         if (!watch->store)
           watch->store = std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStoreClient>(own));
-        if (!watch->store->check({"backend_failed"})) return "";
-        return to_string(watch->store->get("backend_failed", own.io_timeout));
+        if (!watch->store->check({"backend_failed"})) return std::nullopt;
+        // "<rank>\n<message>", as posted below.
+        const std::string posted = to_string(watch->store->get("backend_failed", own.io_timeout));
+        const auto nl = posted.find('\n');
+        CommOptions::PeerFailure f;
+        f.message = nl == std::string::npos ? posted : posted.substr(nl + 1);
+        try {
+          f.rank = std::stoi(posted.substr(0, nl));
+        } catch (const std::exception&) {
+          f.rank = -1;
+        }
+        return f;
       } catch (const Error&) {
         watch->broken = true;  // the init's own deadline still holds
-        return "";
+        return std::nullopt;
       }
     };
   }
@@ -879,8 +889,7 @@ void create_communicator(Job& job, const CommonOptions& o) {
     // another did (a PeerError) has nothing to add.
     if (!dynamic_cast<const PeerError*>(&e)) {
       try {
-        job.store->set("backend_failed",
-                       to_bytes(fmt::format("rank {} failed in backend init: {}", me, e.what())));
+        job.store->set("backend_failed", to_bytes(fmt::format("{}\n{}", me, e.what())));
       } catch (const Error&) {
       }
     }

@@ -1408,13 +1408,16 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
     if (result.wait_until(std::min(deadline, Clock::now() + kWaitSlice)) == std::future_status::ready)
       break;
     if (opts.peer_failure)
-      if (const std::string why = opts.peer_failure(); !why.empty()) {
+      if (const auto failed = opts.peer_failure()) {
         adapter->abandon();
         connector.detach();
         throw PeerError("gloo: rank " + std::to_string(opts.rank) +
-                            " stopped waiting for its peers' connections: " + why,
-                        ErrorContext{"backend.init", opts.rank, -1,
-                                     "that rank's own error, in its log, is the cause"});
+                            " stopped waiting for its peers' connections: rank " +
+                            std::to_string(failed->rank) + " failed in backend init: " +
+                            failed->message,
+                        ErrorContext{"backend.init", opts.rank, failed->rank,
+                                     "rank " + std::to_string(failed->rank) +
+                                         "'s own error, in its log, is the cause"});
       }
     // Still waiting for the first peer's address: the store's own timeout
     // ends that wait, and Gloo's error says who never published.

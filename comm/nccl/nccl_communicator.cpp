@@ -828,9 +828,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
   // why (opts.peer_failure): the others stop waiting for it at once.
   const auto stop_if_peer_failed = [&] {
     if (!opts.peer_failure) return;
-    if (const std::string why = opts.peer_failure(); !why.empty())
-      throw PeerError("NCCL: rank " + std::to_string(rank) + " stopped waiting for its peers: " + why,
-                      ctx("that rank's own error, in its log, is the cause"));
+    if (const auto failed = opts.peer_failure())
+      throw PeerError("NCCL: rank " + std::to_string(rank) + " stopped waiting for its peers: rank " +
+                          std::to_string(failed->rank) + " failed in backend init: " + failed->message,
+                      ctx("rank " + std::to_string(failed->rank) + "'s own error, in its log, is the cause",
+                          failed->rank));
   };
   try {
     in_slices(

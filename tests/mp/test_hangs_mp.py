@@ -216,8 +216,9 @@ class InitCheck(unittest.TestCase):
             rc, so, se, t = res[rank]
             self.assertLess(t, 10, se)
             self.assertNotEqual(rc, 0, se)
-            self.assertIn("rank %d stopped waiting for its peers' connections: rank 2 failed in "
-                          "backend init: gloo: cannot bind to interface 'nosuchif'" % rank, se)
+            self.assertIn("error on rank %d (peer rank 2) during backend.init: gloo: rank %d "
+                          "stopped waiting for its peers' connections: rank 2 failed in backend "
+                          "init: gloo: cannot bind to interface 'nosuchif'" % (rank, rank), se)
 
     def test_rank_that_registered_then_died_is_not_called_unreachable(self):
         # Rank 1 passes the rendezvous and the backend init, then is killed
