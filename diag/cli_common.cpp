@@ -847,12 +847,20 @@ void create_communicator(Job& job, const CommonOptions& o) {
   // cannot start (a bad interface, no GPU) posts "backend_failed", and the
   // others, polling it over a connection of their own (the init is using
   // job.store), stop at once instead of at --timeout.
+  struct Watch {
+    std::shared_ptr<Store> store;
+    bool broken = false;
+  };
+  auto watch = std::make_shared<Watch>();
+  // The watch's connection is for the init only: closed once it is over.
+  struct CloseWatch {
+    std::shared_ptr<Watch> w;
+    ~CloseWatch() {
+      w->store.reset();
+      w->broken = true;
+    }
+  } close_watch{watch};
   if (job.store_client) {
-    struct Watch {
-      std::shared_ptr<Store> store;
-      bool broken = false;
-    };
-    auto watch = std::make_shared<Watch>();
     auto own = *job.store_client;
     own.connect_timeout = std::min(job.timeout, Millis(2000));
     own.io_timeout = own.connect_timeout;
