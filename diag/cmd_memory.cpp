@@ -106,10 +106,17 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     const auto colon = o.inject_extra.find(':');
     try {
       if (colon == std::string::npos) throw std::invalid_argument("no colon");
-      if (std::stoi(o.inject_extra.substr(0, colon)) == me)
-        inject_bytes = static_cast<std::uint64_t>(std::stod(o.inject_extra.substr(colon + 1)) * kMiB);
+      std::size_t used = 0;
+      const int rank = std::stoi(o.inject_extra.substr(0, colon), &used);
+      if (used != colon) throw std::invalid_argument("rank");
+      const std::string mb_text = o.inject_extra.substr(colon + 1);
+      const double mb = std::stod(mb_text, &used);
+      // Bounded as --workspace-mb: a negative MB would wrap to 16 EiB.
+      if (used != mb_text.size() || !(mb >= 0 && mb <= kMaxWorkspaceMb)) throw std::invalid_argument("MB");
+      if (rank == me) inject_bytes = static_cast<std::uint64_t>(mb * kMiB);
     } catch (const std::exception&) {
-      throw UsageError(fmt::format("--inject-extra '{}' is not RANK:MB", o.inject_extra),
+      throw UsageError(fmt::format("--inject-extra '{}' is not RANK:MB (MB from 0 to {})", o.inject_extra,
+                                   kMaxWorkspaceMb),
                        {"flags", me, -1, "e.g. --inject-extra 0:64"});
     }
   }
