@@ -11,15 +11,20 @@
 // the resident set (Gloo) around the initialisation and first collectives of
 // a second communicator over the same ranks, as nccl-tests -M measures it.
 //
-// Categories. parameters: one flat allocation of the layout; buckets: the
-// reducer's flat bucket buffers; gradients: with --no-gradient-views the
-// reducer's per-parameter gradient buffers (allocated in its constructor
-// right after the buckets, so they are told apart by their known size: the
-// layout's bytes), with views (the default) zero, the gradients being slices
-// of the buckets; communication_buffers: staging of the coalesced parameter
-// broadcast (zero when the parameters are contiguous, as here) and the
-// reducer's used-parameter bitmap; workspace: the metrics buffer. total_bytes
-// is their sum; peak_bytes the peak of that sum over the run.
+// Categories. parameters: one flat allocation of the layout (frozen
+// parameters included); buckets: the reducer's flat buffers of its dense
+// buckets, as DDP's (a sparse bucket has none); gradients: with
+// --no-gradient-views the reducer's per-parameter gradient buffers, with views
+// (the default) zero, the gradients being slices of the buckets. The
+// reducer's constructor allocates all of these under one category, so they
+// are told apart by their known sizes (the dense buckets' bytes, the dense
+// trainable parameters' bytes); the rest of it is communication.
+// communication_buffers: staging of the coalesced parameter broadcast (zero
+// when the parameters are contiguous, as here) and a sparse gradient's
+// communication (its nnz, rows and values and their allgathers), which
+// depends on the rows touched; workspace: the metrics buffer. total_bytes is
+// their sum; peak_bytes the peak of that sum over the run. Checked against
+// torch 1.13 and 2.x DDP (tests/compat/test_ddp_core_torch.py, MemoryTest).
 //
 // Imbalance: a rank whose peak resident set (host) or used device memory
 // (GPU), or whose accounted total, is more than --imbalance-pct above the
@@ -55,6 +60,7 @@ struct MemoryOptions {
   CommonOptions common;
   std::string model = "resnet50";
   double bucket_cap_mb = 25;
+  double first_bucket_mb = 1;
   bool no_gradient_views = false;
   int iters = 2;
   double workspace_mb = 1;
@@ -66,6 +72,17 @@ struct MemoryOptions {
 
 // The largest --workspace-mb (MiB), as --caps' largest bucket cap.
 constexpr double kMaxWorkspaceMb = 1e6;
+// The largest --bucket-cap-mb / --first-bucket-mb, as ddp-step's: beyond it
+// the byte count would leave uint64.
+constexpr double kMaxCapMb = 1e12;
+
+// MiB to bytes as DDP turns bucket_cap_mb into bytes (int(mb * 1024 * 1024)).
+std::uint64_t cap_bytes(double mb, const char* flag, int rank) {
+  if (!(mb > 0) || mb > kMaxCapMb)
+    throw UsageError(fmt::format("{} must be a positive number of MiB up to {}, got {}", flag, kMaxCapMb, mb),
+                     {"flags", rank, -1, "DDP's default is 25 (first bucket 1)"});
+  return static_cast<std::uint64_t>(mb * kMiB);
+}
 
 json device_json(const DeviceMemoryInfo& d) {
   if (!d.available) return nullptr;
@@ -76,8 +93,8 @@ json device_json(const DeviceMemoryInfo& d) {
 
 void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   const int me = job.rank(), n = job.size();
-  if (!(o.bucket_cap_mb > 0))
-    throw UsageError("--bucket-cap-mb must be positive", {"flags", me, -1, "DDP's default is 25"});
+  const std::uint64_t bucket_cap_bytes = cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", me);
+  const std::uint64_t first_bucket_bytes = cap_bytes(o.first_bucket_mb, "--first-bucket-mb", me);
   if (!(o.workspace_mb >= 0 && o.workspace_mb <= kMaxWorkspaceMb))
     throw UsageError(fmt::format("--workspace-mb {} is not between 0 and {}", o.workspace_mb, kMaxWorkspaceMb),
                      {"flags", me, -1, "the default is 1"});
@@ -89,10 +106,17 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     const auto colon = o.inject_extra.find(':');
     try {
       if (colon == std::string::npos) throw std::invalid_argument("no colon");
-      if (std::stoi(o.inject_extra.substr(0, colon)) == me)
-        inject_bytes = static_cast<std::uint64_t>(std::stod(o.inject_extra.substr(colon + 1)) * kMiB);
+      std::size_t used = 0;
+      const int rank = std::stoi(o.inject_extra.substr(0, colon), &used);
+      if (used != colon) throw std::invalid_argument("rank");
+      const std::string mb_text = o.inject_extra.substr(colon + 1);
+      const double mb = std::stod(mb_text, &used);
+      // Bounded as --workspace-mb: a negative MB would wrap to 16 EiB.
+      if (used != mb_text.size() || !(mb >= 0 && mb <= kMaxWorkspaceMb)) throw std::invalid_argument("MB");
+      if (rank == me) inject_bytes = static_cast<std::uint64_t>(mb * kMiB);
     } catch (const std::exception&) {
-      throw UsageError(fmt::format("--inject-extra '{}' is not RANK:MB", o.inject_extra),
+      throw UsageError(fmt::format("--inject-extra '{}' is not RANK:MB (MB from 0 to {})", o.inject_extra,
+                                   kMaxWorkspaceMb),
                        {"flags", me, -1, "e.g. --inject-extra 0:64"});
     }
   }
@@ -132,6 +156,10 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   std::int64_t wrong = 0;
   std::size_t bucket_count = 0;
   std::uint64_t own_grad_bytes = 0;
+  // What the reducer's constructor allocated beyond its dense buckets and
+  // own gradients: a sparse bucket's nnz buffers (communication, not a
+  // bucket: DDP gives a sparse bucket no flat buffer).
+  std::uint64_t reducer_comm_bytes = 0;
   std::optional<ProcessMemory> rss;
   DeviceMemoryInfo dev;
   {
@@ -148,7 +176,8 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
 
     ac.set_category(MemoryCategory::kBuckets);
     ReducerOptions ro;
-    ro.bucket_cap_bytes = static_cast<std::uint64_t>(o.bucket_cap_mb * kMiB);
+    ro.bucket_cap_bytes = bucket_cap_bytes;
+    ro.first_bucket_bytes = first_bucket_bytes;
     ro.gradient_as_bucket_view = !o.no_gradient_views;
     ro.timeout = job.timeout;
     // Every parameter is held and broadcast; only those that require grad
@@ -161,6 +190,14 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     if (o.no_gradient_views)
       for (const auto& t : trainable.tensors)
         if (!t.expects_sparse) own_grad_bytes += t.bytes();
+    // Everything the constructor allocated was counted as buckets; keep there
+    // only the dense buckets' flat buffers, the ones DDP allocates.
+    std::uint64_t dense_bucket_bytes = 0;
+    for (const auto& b : red.buckets())
+      if (!b.spec.sparse) dense_bucket_bytes += b.spec.bytes;
+    const std::uint64_t constructed = account.current_bytes(MemoryCategory::kBuckets);
+    DDPDIAG_ASSERT(constructed >= dense_bucket_bytes + own_grad_bytes);
+    reducer_comm_bytes = constructed - dense_bucket_bytes - own_grad_bytes;
 
     ac.set_category(MemoryCategory::kWorkspace);
     const std::size_t ws_bytes = std::max<std::size_t>(4, static_cast<std::size_t>(o.workspace_mb * kMiB) / 4 * 4);
@@ -176,6 +213,9 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       std::vector<std::uint8_t> zeros(ws_bytes, 0);
       ac.copy_from_host(metrics.get(), zeros.data(), zeros.size());
     }
+    // What the steps allocate through the communicator is communication
+    // staging: a sparse gradient's rows and values and their allgathers.
+    ac.set_category(MemoryCategory::kCommBuffers);
     for (int it = 0; it < o.iters; ++it) {
       ac.barrier()->wait(job.timeout);
       simulate_backward(red, ac, static_cast<std::uint64_t>(it));
@@ -189,13 +229,19 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     if (device) dev = device_memory_info(device_ordinal);
     for (auto c : kAllMemoryCategories) {
       std::uint64_t cur = account.current_bytes(c), peak = account.peak_bytes(c);
+      // The bucket category only grows (in the reducer's constructor), so
+      // its peak is its current size and both split the same way.
       if (c == MemoryCategory::kBuckets) {
-        cur -= own_grad_bytes;
-        peak -= own_grad_bytes;
+        cur -= own_grad_bytes + reducer_comm_bytes;
+        peak -= own_grad_bytes + reducer_comm_bytes;
       }
       if (c == MemoryCategory::kGradients) {
         cur += own_grad_bytes;
         peak += own_grad_bytes;
+      }
+      if (c == MemoryCategory::kCommBuffers) {
+        cur += reducer_comm_bytes;
+        peak += reducer_comm_bytes;
       }
       categories[std::string(memory_category_name(c))] = cur;
       peaks[std::string(memory_category_name(c))] = peak;
@@ -223,6 +269,8 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   res["model"] = layout.name;
   res["model_bytes"] = layout.total_bytes();
   res["bucket_cap_mb"] = o.bucket_cap_mb;
+  res["bucket_cap_bytes"] = bucket_cap_bytes;
+  res["first_bucket_bytes"] = first_bucket_bytes;
   res["bucket_count"] = bucket_count;
   res["gradient_as_bucket_view"] = !o.no_gradient_views;
   res["iters"] = o.iters;
@@ -314,6 +362,12 @@ Subcommand add_memory_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
   app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
+      ->check(cli::positive_number());
+  // torch 2.x caps the first bucket with an explicit bucket_cap_mb too
+  // (DDP(..., bucket_cap_mb=X): pass --first-bucket-mb X); 1.13 always 1 MiB.
+  app->add_option("--first-bucket-mb", opts->first_bucket_mb,
+                  "Size limit of DDP's first bucket (MiB; 1; torch 2.x with an explicit "
+                  "bucket_cap_mb X uses X)")
       ->check(cli::positive_number());
   app->add_flag("--no-gradient-views", opts->no_gradient_views,
                 "Gradients in their own buffers (DDP's gradient_as_bucket_view=False)");

@@ -180,6 +180,29 @@ class Memory(unittest.TestCase):
         self.assertNotIn(0, {r for r, _ in flagged})
         self.assertIn("rank 1", [c for c in rep["checks"] if c["name"] == "imbalance"][0]["detail"])
 
+    def test_balanced_run_names_no_rank(self):
+        # The default --imbalance-pct (10) on ranks doing the same work: the
+        # check passes, nobody is named, and the report validates.
+        path = tmp_json()
+        p = run(["memory", "--model", "mlp", "-n", "1", "--nproc", "2", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        rep = load(path)
+        self.assertEqual(rep["results"]["imbalanced_ranks"], [])
+        self.assertEqual([c["status"] for c in rep["checks"] if c["name"] == "imbalance"], ["pass"])
+        v = run(["report", "validate", path])
+        os.unlink(path)
+        self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+
+    def test_bad_flags_are_usage_errors(self):
+        # A negative --inject-extra MB once wrapped to a 16 EiB allocation
+        # (exit 3, "could not allocate"); a huge cap overflowed to 0 bytes.
+        for args in (["--inject-extra", "0:-5"], ["--inject-extra", "x:1"], ["--inject-extra", "0:1MB"],
+                     ["--bucket-cap-mb", "1e300"], ["--first-bucket-mb", "1e13"]):
+            with self.subTest(args=args):
+                p = run(["memory", "--model", "mlp", "-n", "1", "--nproc", "1", "--no-comm-probe"] + args)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(args[0], p.stderr)
+
     def test_gradients_without_views(self):
         p, rep = tool(self, ["memory", "--model", "mlp", "-n", "1", "--no-gradient-views",
                              "--imbalance-pct", "1000"], 2)
