@@ -118,6 +118,20 @@ void check_size(const TensorSpec& t, const std::string& source, const std::strin
          kSizeHint);
 }
 
+// torch lets only floating-point parameters require grad: an integer one is
+// frozen whatever the file says, and one marked trainable is an error (torch
+// raises "Only Tensors of floating point dtype can require gradients").
+void settle_requires_grad(TensorSpec& t, bool stated, const std::string& source,
+                          const std::string& where) {
+  if (dtype_is_floating(t.dtype)) return;
+  if (stated && t.requires_grad)
+    fail(source, fmt::format("{}: a parameter of dtype {} cannot require grad (torch allows it "
+                             "for floating-point dtypes only)",
+                             where, torch_dtype_name(t.dtype)),
+         "mark it \"requires_grad\": false, or give it a floating-point dtype");
+  t.requires_grad = false;
+}
+
 TensorSpec parse_triple(const json& e, std::size_t i, const std::string& source) {
   const std::string where0 = entry_label(i, "");
   if (e.size() < 2 || e.size() > 4)
@@ -138,6 +152,7 @@ TensorSpec parse_triple(const json& e, std::size_t i, const std::string& source)
                                where, e[3].dump()));
     t.requires_grad = e[3].get<bool>();
   }
+  settle_requires_grad(t, e.size() == 4, source, where);
   check_size(t, source, where);
   return t;
 }
@@ -166,6 +181,7 @@ TensorSpec parse_object_entry(const json& e, std::size_t i, const std::string& s
                                it->dump()));
     t.requires_grad = it->get<bool>();
   }
+  settle_requires_grad(t, e.contains("requires_grad"), source, where);
   check_size(t, source, where);
   for (const auto& [key, value] : e.items()) {
     (void)value;

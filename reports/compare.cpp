@@ -115,7 +115,7 @@ const std::vector<CommandSettings>& command_settings() {
   static const std::vector<CommandSettings> table = {
       {"allreduce-test", {"collective"}},
       {"link-health", {"bandwidth_bytes", "allreduce_bytes"}},
-      {"memory", {"model", "bucket_cap_mb", "gradient_as_bucket_view", "memory_kind"}},
+      {"memory", {"model", "bucket_cap_mb", "first_bucket_bytes", "gradient_as_bucket_view", "memory_kind"}},
       {"ddp-step",
        {"model", "bucket_cap_bytes", "first_bucket_bytes", "hook", "averaging", "gradient_as_bucket_view",
         "find_unused_parameters", "compute_gbps"}},

@@ -102,6 +102,26 @@ TEST_CASE("both JSON forms parse", "[layout]") {
   }
 }
 
+TEST_CASE("requires_grad: an integer parameter is frozen, and cannot be marked trainable", "[layout]") {
+  // torch: nn.Parameter(torch.zeros(3, dtype=torch.int64)) raises "Only
+  // Tensors of floating point dtype can require gradients";
+  // requires_grad=False is the only way to hold one (torch 1.13 and 2.11).
+  auto a = parse_model_layout_json(
+      R"([["steps", [1], "torch.int64"], ["w", [4], "torch.float32"],
+          ["mask", [4], "torch.uint8", false]])",
+      "m.json");
+  CHECK(!a.tensors[0].requires_grad);
+  CHECK(a.tensors[1].requires_grad);
+  CHECK(!a.tensors[2].requires_grad);
+  CHECK(a.frozen_count() == 2);
+  auto b = parse_model_layout_json(R"({"tensors": [{"name": "n", "shape": [2], "dtype": "int32"}]})", "o.json");
+  CHECK(!b.tensors[0].requires_grad);
+  CHECK_THAT(error_of(R"([["steps", [1], "torch.int64", true]])"),
+             Catch::Contains("tensor 0 ('steps')") && Catch::Contains("dtype torch.int64 cannot require grad"));
+  CHECK_THAT(error_of(R"({"tensors": [{"name": "n", "shape": [2], "dtype": "int8", "requires_grad": true}]})"),
+             Catch::Contains("cannot require grad"));
+}
+
 TEST_CASE("requires_grad: a fourth item, or a field; frozen tensors are not DDP's parameters", "[layout]") {
   // The README's export line on a model whose first layer is frozen.
   auto a = parse_model_layout_json(
