@@ -29,6 +29,7 @@
 #include <fmt/core.h>
 
 #include "ddpdiag/config.h"
+#include "comm/ip_text.h"
 #include "ddp_core/param_broadcast.h"
 #include "diag/launcher.h"
 #include "diag/placement.h"
@@ -310,6 +311,14 @@ std::optional<std::string> size_order_problem(const std::string& min_flag, const
   return fmt::format("{} is below {} {} (swap them)", max_value, min_flag, min_value);
 }
 
+std::uint64_t bucket_cap_bytes(double mb, const char* flag, int rank, bool zero_ok) {
+  if (!(zero_ok ? mb >= 0 : mb > 0) || mb > 1e12)
+    throw UsageError(fmt::format("{} must be a {}number of MiB {} 1e12, got {}", flag,
+                                 zero_ok ? "" : "positive ", zero_ok ? "from 0 to" : "up to", mb),
+                     {"flags", rank, -1, "DDP's default is 25 (first bucket 1)"});
+  return static_cast<std::uint64_t>(mb * kMiB);
+}
+
 std::vector<std::string> split_list(const std::string& s, const std::string& flag,
                                     const std::string& example, int rank) {
   std::vector<std::string> out;
@@ -508,12 +517,7 @@ std::string master_addr_problem(const World& w) {
   std::string first;
   bool local = false;
   for (addrinfo* ai = res; ai && !local; ai = ai->ai_next) {
-    char text[INET6_ADDRSTRLEN] = {0};
-    const void* a = ai->ai_family == AF_INET6
-                        ? static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr)
-                        : static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr);
-    ::inet_ntop(ai->ai_family, a, text, sizeof(text));
-    if (first.empty()) first = text;
+    if (first.empty()) first = ip_text(ai->ai_addr);
     // Binding to an address works only where this host has it.
     int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd >= 0) {
@@ -822,6 +826,25 @@ std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o) {
   return base;
 }
 
+namespace {
+
+// The prefix every key of this job lives under (job.store's).
+std::string job_store_prefix(const Job& job) {
+  return std::static_pointer_cast<PrefixStore>(job.store)->prefix();
+}
+
+// A connection of its own to the job's store, under the job's prefix: for a
+// thread (the watchdog, the init's watch for a failed peer) that must not
+// queue behind the main thread's waits on job.store.
+std::shared_ptr<Store> connect_own_store(TcpStoreClientOptions client, const std::string& prefix,
+                                         Millis connect_timeout, Millis io_timeout) {
+  client.connect_timeout = connect_timeout;
+  client.io_timeout = io_timeout;
+  return std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStoreClient>(client));
+}
+
+}  // namespace
+
 void create_communicator(Job& job, const CommonOptions& o) {
   const int me = job.world.rank;
   std::vector<Fault> faults;
@@ -861,18 +884,15 @@ void create_communicator(Job& job, const CommonOptions& o) {
     }
   } close_watch{watch};
   if (job.store_client) {
-    auto own = *job.store_client;
-    own.connect_timeout = std::min(job.timeout, Millis(2000));
-    own.io_timeout = own.connect_timeout;
-    const std::string prefix = std::static_pointer_cast<PrefixStore>(job.store)->prefix();
-    co.peer_failure = [watch, own, prefix]() -> std::optional<CommOptions::PeerFailure> {
+    const Millis io = std::min(job.timeout, Millis(2000));
+    co.peer_failure = [watch, client = *job.store_client, prefix = job_store_prefix(job),
+                       io]() -> std::optional<CommOptions::PeerFailure> {
       if (watch->broken) return std::nullopt;
       try {
-        if (!watch->store)
-          watch->store = std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStoreClient>(own));
+        if (!watch->store) watch->store = connect_own_store(client, prefix, io, io);
         if (!watch->store->check({"backend_failed"})) return std::nullopt;
         // "<rank>\n<message>", as posted below.
-        const std::string posted = to_string(watch->store->get("backend_failed", own.io_timeout));
+        const std::string posted = to_string(watch->store->get("backend_failed", io));
         const auto nl = posted.find('\n');
         CommOptions::PeerFailure f;
         f.message = nl == std::string::npos ? posted : posted.substr(nl + 1);
@@ -923,15 +943,11 @@ void create_communicator(Job& job, const CommonOptions& o) {
       std::clamp(Millis(job.timeout.count() / 4), Millis(1000), Millis(5000));
   std::shared_ptr<Store> monitor_base = job.store;
   if (job.store_client) {
-    auto own = *job.store_client;
-    own.connect_timeout = std::min(job.timeout, Millis(10000));
-    own.io_timeout = monitor_deadline;
     mo.store_address = fmt::format("{}:{}", job.world.hosts_store() ? std::string("127.0.0.1")
                                                                     : job.world.master_addr,
-                                   own.port);
-    monitor_base = std::make_shared<PrefixStore>(
-        std::static_pointer_cast<PrefixStore>(job.store)->prefix(),
-        std::make_shared<TcpStoreClient>(own));
+                                   job.store_client->port);
+    monitor_base = connect_own_store(*job.store_client, job_store_prefix(job),
+                                     std::min(job.timeout, Millis(10000)), monitor_deadline);
   }
   mo.store = std::make_shared<PrefixStore>("monitor", monitor_base);
   mo.timeout = job.timeout;

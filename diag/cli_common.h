@@ -205,6 +205,13 @@ std::string size_too_large(const std::string& s);  // "'1E30' is too large (at m
 std::optional<std::string> size_order_problem(const std::string& min_flag, const std::string& min_value,
                                               const std::string& max_value);
 
+// A bucket cap in MiB (--bucket-cap-mb, --first-bucket-mb) as DDP turns it
+// into bytes: int(mb * 1024 * 1024) in double arithmetic, as Python's floats.
+// Refused (UsageError naming `flag` and `rank`) below 0, above 1e12 MiB
+// (the bytes would leave uint64), and at 0 unless `zero_ok` (torch 1.13's
+// DDP takes a cap of 0; the reducer needs a positive one).
+std::uint64_t bucket_cap_bytes(double mb, const char* flag, int rank, bool zero_ok = false);
+
 // The entries of a comma-separated flag value ("" gives none). Throws
 // UsageError naming `flag` (and `rank`) for an empty entry ("1,,5", "1,5,").
 std::vector<std::string> split_list(const std::string& s, const std::string& flag,

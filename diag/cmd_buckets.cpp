@@ -47,20 +47,6 @@ struct BucketsOptions {
 };
 
 
-// DDP computes int(bucket_cap_mb * 1024 * 1024) in Python floats; the same
-// double arithmetic gives the same bytes. 0 is a value torch takes: 1.13's
-// DDP(bucket_cap_mb=0) closes every bucket after the first at its first
-// tensor (2.x raises there), and dist._DEFAULT_FIRST_BUCKET_BYTES = 0 makes
-// the first bucket one tensor in both. A negative cap only wraps around in
-// torch's C++ (size_t), so it is refused.
-std::uint64_t mb_to_bytes(double mb, const char* flag) {
-  if (!(mb >= 0) || mb > 1e12)
-    throw UsageError(fmt::format("{} must be a number of MiB from 0 to 1e12, got {}", flag, mb),
-                     ErrorContext{"buckets", -1, -1, "DDP's default is 25 (first bucket 1)"});
-  return static_cast<std::uint64_t>(mb * kMiB);
-}
-
-
 json run_case(const json& c) {
   auto fail = [](const std::string& what) -> void {
     throw UsageError("bucket assignment case: " + what, ErrorContext{"buckets", -1, -1, ""});
@@ -137,8 +123,12 @@ int run_buckets(const BucketsOptions& o) {
     std::cout << model_layout_to_json(layout) << "\n";
     return 0;
   }
-  const std::uint64_t cap = mb_to_bytes(o.bucket_cap_mb, "--bucket-cap-mb");
-  const std::uint64_t first = mb_to_bytes(o.first_bucket_mb, "--first-bucket-mb");
+  // 0 is a value torch takes: 1.13's DDP(bucket_cap_mb=0) closes every bucket
+  // after the first at its first tensor (2.x raises there), and
+  // dist._DEFAULT_FIRST_BUCKET_BYTES = 0 makes the first bucket one tensor in
+  // both.
+  const std::uint64_t cap = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", -1, true);
+  const std::uint64_t first = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", -1, true);
   // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
   (void)trainable_parameters(layout);
   // Indices and names stay the layout's; frozen tensors are in no bucket.

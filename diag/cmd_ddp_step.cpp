@@ -39,19 +39,12 @@ struct DdpStepOptions {
   std::optional<std::int64_t> sparse_rows;  // unset: the simulator's default
 };
 
-std::uint64_t mib_to_bytes(double mb, const char* flag, int rank) {
-  if (!(mb > 0) || mb > 1e12)
-    throw UsageError(fmt::format("{} must be a positive number of MiB, got {}", flag, mb),
-                     {"flags", rank, -1, "DDP's default is 25 (first bucket 1)"});
-  return static_cast<std::uint64_t>(mb * 1024 * 1024);
-}
-
 void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   // Frozen parameters have no gradient: DDP reduces the others only.
   const ModelLayout layout = trainable_parameters(load_model(o.model));
   ReducerOptions ro;
-  ro.bucket_cap_bytes = mib_to_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
-  ro.first_bucket_bytes = mib_to_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
+  ro.bucket_cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
+  ro.first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
   ro.gradient_as_bucket_view = !o.no_views;
   ro.find_unused_parameters = o.find_unused;
   ro.averaging = o.avg_op ? Averaging::kAvgOp : Averaging::kDivideThenSum;

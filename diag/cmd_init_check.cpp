@@ -31,6 +31,7 @@
 
 #include <fmt/core.h>
 
+#include "comm/ip_text.h"
 #include "reports/render.h"
 #include "diag/bisect.h"
 #include "diag/cli_common.h"
@@ -136,12 +137,8 @@ std::string resolve(const std::string& host, const std::string& what, Millis tim
           return std::pair{rc, out};
         }
         for (addrinfo* ai = res; ai; ai = ai->ai_next) {
-          char buf[INET6_ADDRSTRLEN] = {0};
-          const void* addr = ai->ai_family == AF_INET
-                                 ? static_cast<const void*>(&reinterpret_cast<sockaddr_in*>(ai->ai_addr)->sin_addr)
-                                 : static_cast<const void*>(&reinterpret_cast<sockaddr_in6*>(ai->ai_addr)->sin6_addr);
-          inet_ntop(ai->ai_family, addr, buf, sizeof buf);
-          std::string s = fmt::format("{} ({})", buf, ai->ai_family == AF_INET ? "IPv4" : "IPv6");
+          std::string s = fmt::format("{} ({})", ip_text(ai->ai_addr),
+                                      ai->ai_family == AF_INET ? "IPv4" : "IPv6");
           if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(s);
         }
         freeaddrinfo(res);

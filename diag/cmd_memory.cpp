@@ -72,18 +72,6 @@ struct MemoryOptions {
 
 // The largest --workspace-mb (MiB), as --caps' largest bucket cap.
 constexpr double kMaxWorkspaceMb = 1e6;
-// The largest --bucket-cap-mb / --first-bucket-mb, as ddp-step's: beyond it
-// the byte count would leave uint64.
-constexpr double kMaxCapMb = 1e12;
-
-// MiB to bytes as DDP turns bucket_cap_mb into bytes (int(mb * 1024 * 1024)).
-std::uint64_t cap_bytes(double mb, const char* flag, int rank) {
-  if (!(mb > 0) || mb > kMaxCapMb)
-    throw UsageError(fmt::format("{} must be a positive number of MiB up to {}, got {}", flag, kMaxCapMb, mb),
-                     {"flags", rank, -1, "DDP's default is 25 (first bucket 1)"});
-  return static_cast<std::uint64_t>(mb * kMiB);
-}
-
 json device_json(const DeviceMemoryInfo& d) {
   if (!d.available) return nullptr;
   return {{"free_bytes", d.free_bytes},
@@ -93,8 +81,8 @@ json device_json(const DeviceMemoryInfo& d) {
 
 void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   const int me = job.rank(), n = job.size();
-  const std::uint64_t bucket_cap_bytes = cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", me);
-  const std::uint64_t first_bucket_bytes = cap_bytes(o.first_bucket_mb, "--first-bucket-mb", me);
+  const std::uint64_t cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", me);
+  const std::uint64_t first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", me);
   if (!(o.workspace_mb >= 0 && o.workspace_mb <= kMaxWorkspaceMb))
     throw UsageError(fmt::format("--workspace-mb {} is not between 0 and {}", o.workspace_mb, kMaxWorkspaceMb),
                      {"flags", me, -1, "the default is 1"});
@@ -176,7 +164,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
 
     ac.set_category(MemoryCategory::kBuckets);
     ReducerOptions ro;
-    ro.bucket_cap_bytes = bucket_cap_bytes;
+    ro.bucket_cap_bytes = cap_bytes;
     ro.first_bucket_bytes = first_bucket_bytes;
     ro.gradient_as_bucket_view = !o.no_gradient_views;
     ro.timeout = job.timeout;
@@ -269,7 +257,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   res["model"] = layout.name;
   res["model_bytes"] = layout.total_bytes();
   res["bucket_cap_mb"] = o.bucket_cap_mb;
-  res["bucket_cap_bytes"] = bucket_cap_bytes;
+  res["bucket_cap_bytes"] = cap_bytes;
   res["first_bucket_bytes"] = first_bucket_bytes;
   res["bucket_count"] = bucket_count;
   res["gradient_as_bucket_view"] = !o.no_gradient_views;

@@ -80,6 +80,7 @@
 #include <gloo/transport/unbound_buffer.h>
 #include <gloo/types.h>
 
+#include "comm/ip_text.h"
 #include "comm/store/sliced_wait.h"
 
 namespace ddpdiag::gloo_backend {
@@ -103,13 +104,6 @@ constexpr std::uint8_t kReduceScatterSlotPrefix = 0x41;
 // Host buffers are aligned for AVX-512 loads and whole cache lines.
 constexpr std::size_t kHostAlignment = 64;
 
-// steady_clock::now() + timeout without overflow for "forever"-like values.
-Clock::time_point deadline_after(Millis timeout) {
-  const auto now = Clock::now();
-  const auto room = std::chrono::duration_cast<Millis>(Clock::time_point::max() - now);
-  return timeout >= room ? Clock::time_point::max() : now + timeout;
-}
-
 std::string local_hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "localhost";
@@ -129,17 +123,12 @@ bool hostname_resolves(const std::string& host) {
 // the port byte-swapped in this version, as "[10.0.0.2]:26386", so messages
 // use ours.)
 std::string endpoint_str(const sockaddr_storage& ss) {
-  char buf[INET6_ADDRSTRLEN] = {0};
-  if (ss.ss_family == AF_INET) {
-    const auto& in = reinterpret_cast<const sockaddr_in&>(ss);
-    ::inet_ntop(AF_INET, &in.sin_addr, buf, sizeof buf);
-    return std::string(buf) + ":" + std::to_string(ntohs(in.sin_port));
-  }
-  if (ss.ss_family == AF_INET6) {
-    const auto& in6 = reinterpret_cast<const sockaddr_in6&>(ss);
-    ::inet_ntop(AF_INET6, &in6.sin6_addr, buf, sizeof buf);
-    return "[" + std::string(buf) + "]:" + std::to_string(ntohs(in6.sin6_port));
-  }
+  const auto* sa = reinterpret_cast<const sockaddr*>(&ss);
+  if (ss.ss_family == AF_INET)
+    return ip_text(sa) + ":" + std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port));
+  if (ss.ss_family == AF_INET6)
+    return "[" + ip_text(sa) + "]:" +
+           std::to_string(ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
   return "(an address of family " + std::to_string(ss.ss_family) + ")";
 }
 

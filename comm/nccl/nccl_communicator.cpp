@@ -52,12 +52,6 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kPollSpin = std::chrono::microseconds(200);
 constexpr auto kPollSleep = std::chrono::microseconds(50);
 
-Clock::time_point deadline_after(Millis timeout) {
-  const auto now = Clock::now();
-  const auto room = std::chrono::duration_cast<Millis>(Clock::time_point::max() - now);
-  return timeout >= room ? Clock::time_point::max() : now + timeout;
-}
-
 void poll_pause(Clock::time_point started) {
   if (Clock::now() - started < kPollSpin)
     std::this_thread::yield();

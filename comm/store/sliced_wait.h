@@ -26,9 +26,7 @@ template <typename Call, typename Between>
 std::invoke_result_t<Call, Millis> in_slices(Millis timeout, Call call, Between between,
                                              Millis slice = kWaitSlice) {
   using Clock = std::chrono::steady_clock;
-  const auto now = Clock::now();
-  const auto room = std::chrono::duration_cast<Millis>(Clock::time_point::max() - now);
-  const auto deadline = timeout >= room ? Clock::time_point::max() : now + timeout;
+  const auto deadline = deadline_after(timeout);
   for (bool first = true;; first = false) {
     if (!first) between();
     const Millis left = time_left(deadline);

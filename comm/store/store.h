@@ -14,6 +14,14 @@ namespace ddpdiag {
 using Bytes = std::vector<std::uint8_t>;
 using Millis = std::chrono::milliseconds;
 
+// steady_clock::now() + timeout without overflow for "forever"-like values.
+inline std::chrono::steady_clock::time_point deadline_after(Millis timeout) {
+  using Clock = std::chrono::steady_clock;
+  const auto now = Clock::now();
+  const auto room = std::chrono::duration_cast<Millis>(Clock::time_point::max() - now);
+  return timeout >= room ? Clock::time_point::max() : now + timeout;
+}
+
 // Time left until a deadline, at least 1 ms: every wait that takes a timeout
 // (ours and Gloo's, which reads 0 as "no timeout") gets a positive one.
 inline Millis time_left(std::chrono::steady_clock::time_point deadline) {
