@@ -3,9 +3,12 @@
 //   store serve            host a store (both protocols) until SIGINT/SIGTERM
 //   store set KEY VALUE    write a key (as torch's store.set does)
 //   store get KEY          wait for a key and print its value
+//   store keys             list a store's keys (torch 2.x protocol, LIST_KEYS)
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
+#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/errors.h"
+#include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_store.h"
 #include "ddpdiag/config.h"
 #include "comm/world.h"
@@ -234,6 +238,18 @@ int run_serve(const ServeOptions& o) {
   TcpStoreServerOptions so;
   so.host = o.host;
   so.port = o.port;
+  // Connections closed for a request the protocol does not allow, each said
+  // on stderr, up to a bound: a client in a loop must not flood the log.
+  constexpr std::uint64_t kShownRefusals = 20;
+  auto refusals = std::make_shared<std::atomic<std::uint64_t>>(0);
+  so.on_refused = [refusals](const std::string& why) {
+    std::uint64_t n = ++*refusals;
+    if (n <= kShownRefusals)
+      fmt::print(stderr, "ddpdiag store: closed the connection of {}\n", why);
+    if (n == kShownRefusals)
+      fmt::print(stderr, "ddpdiag store: {} connections closed so far; further ones are counted, not shown\n",
+                 n);
+  };
   TcpStoreServer server(so);
   Address bound{o.host, server.port()};
   fmt::print("ddpdiag store serving on {} (protocols: {}, {})\n", format_address(bound),
@@ -241,8 +257,10 @@ int run_serve(const ServeOptions& o) {
   std::fflush(stdout);
   int sig = 0;
   sigwait(&set, &sig);
-  fmt::print(stderr, "ddpdiag store: stopping on {} ({} keys, {} open connections)\n",
-             sig == SIGINT ? "SIGINT" : "SIGTERM", server.num_keys(), server.num_connections());
+  const std::uint64_t refused = refusals->load();
+  fmt::print(stderr, "ddpdiag store: stopping on {} ({} keys, {} open connections{})\n",
+             sig == SIGINT ? "SIGINT" : "SIGTERM", server.num_keys(), server.num_connections(),
+             refused ? fmt::format(", {} closed for requests the protocol does not allow", refused) : "");
   return 0;
 }
 
@@ -252,6 +270,7 @@ struct KeyOptions {
   double timeout_s = 10;
   std::string key;
   std::string value;
+  bool values = false;  // store keys --values
 };
 
 TcpStoreClientOptions client_options(const KeyOptions& o) {
@@ -270,6 +289,44 @@ void add_key_flags(CLI::App* app, KeyOptions& o) {
   app->add_option("--addr", o.address, "store address HOST:PORT")->capture_default_str();
   app->add_option("--protocol", o.protocol, "auto | 1.13 | 2.x")->capture_default_str();
   app->add_option("--timeout", o.timeout_s, "seconds for connecting and waiting")->capture_default_str();
+}
+
+// `store keys`: one key per line, as torch's store.get(KEY) names it (the
+// "/" every torch client puts in front taken off). Keys set without that
+// prefix (by a raw client) are listed after them, marked. Bytes that are not
+// printable are shown as \xNN; --values cuts each value after 200 bytes.
+int run_keys(const KeyOptions& o) {
+  if (o.protocol == "1.13")
+    throw UsageError("--protocol 1.13: the torch 1.13 protocol has no way to list keys",
+                     {"cli", -1, -1, "leave --protocol out, or give 2.x"});
+  TcpStoreClientOptions co = client_options(o);
+  co.torch_key_prefix = false;  // keys are read back as listed
+  TcpStoreClient c(co);
+  std::vector<std::string> keys = c.list_keys();
+  std::vector<std::string> torch_keys, raw_keys;
+  for (const auto& k : keys) (!k.empty() && k.front() == '/' ? torch_keys : raw_keys).push_back(k);
+  auto show = [&](const std::string& stored, bool torch_key) {
+    std::string name = torch_key ? stored.substr(1) : stored;
+    std::string line = name.empty() ? "(the empty key)" : tcp_protocol::printable(name, std::string::npos);
+    if (!torch_key) line += "  (set without torch's '/' prefix: torch's clients do not see it)";
+    if (o.values) {
+      // A key deleted since the listing prints as such, not as a wait.
+      if (c.check({stored})) {
+        Bytes v = c.get(stored, co.io_timeout);
+        line += " = " + tcp_protocol::printable(
+                            std::string_view(reinterpret_cast<const char*>(v.data()), v.size()), 200);
+      } else {
+        line += " (deleted since the listing)";
+      }
+    }
+    std::fputs((line + "\n").c_str(), stdout);
+  };
+  for (const auto& k : torch_keys) show(k, true);
+  for (const auto& k : raw_keys) show(k, false);
+  std::fflush(stdout);
+  fmt::print(stderr, "# {} key(s) in the store at {} ({})\n", keys.size(),
+             format_address(parse_address(o.address)), store_protocol_name(c.protocol()));
+  return 0;
 }
 
 }  // namespace
@@ -305,7 +362,14 @@ Subcommand add_store_command(CLI::App& parent) {
   gt->add_option("key", getk->key, "key")->required();
   add_key_flags(gt, *getk);
 
+  auto keysk = std::make_shared<KeyOptions>();
+  CLI::App* ks = store->add_subcommand(
+      "keys", "list a store's keys, sorted (torch 2.x protocol; a store of torch 2.10 or later, or ddpdiag's)");
+  ks->add_flag("--values", keysk->values, "print each key's value beside it");
+  add_key_flags(ks, *keysk);
+
   RunFn run = [=]() -> int {
+    if (ks->parsed()) return run_keys(*keysk);
     if (p->parsed()) return run_ping(*ping);
     if (s->parsed()) return run_serve(*serve);
     if (st->parsed()) {

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -178,7 +179,9 @@ TEST_CASE("query type codes of both versions", "[store][protocol]") {
   CHECK(*tp::op_code(P::kV2, tp::Op::kQueuePush) == 14);
   CHECK(*tp::op_code(P::kV2, tp::Op::kQueueLen) == 16);
   CHECK_FALSE(tp::op_code(P::kV1, tp::Op::kQueuePop));
-  CHECK_FALSE(tp::op_from_code(P::kV2, 17));
+  CHECK(*tp::op_code(P::kV2, tp::Op::kListKeys) == 17);  // torch 2.10's LIST_KEYS
+  CHECK_FALSE(tp::op_code(P::kV1, tp::Op::kListKeys));
+  CHECK_FALSE(tp::op_from_code(P::kV2, 18));
   CHECK_FALSE(tp::op_from_code(P::kV1, 9));
 }
 
@@ -206,6 +209,7 @@ TEST_CASE("every request round-trips through the incremental parser", "[store][p
     reqs.push_back({tp::Op::kQueuePush, {"q"}, {to_bytes("item")}, 0, 0});
     reqs.push_back({tp::Op::kQueuePop, {"q"}, {}, 0, 0});
     reqs.push_back({tp::Op::kQueueLen, {"q"}, {}, 0, 0});
+    reqs.push_back({tp::Op::kListKeys, {}, {}, 0, 0});
   }
   tp::ParseLimits lim;
   for (const auto& q : reqs) {
@@ -245,6 +249,14 @@ TEST_CASE("oversized fields and unknown ops are malformed", "[store][protocol]")
   CHECK(parse(hex({42})) == tp::ParseStatus::kMalformed);
   CHECK(tp::parse_request(StoreProtocol::kV2, hex({0, 1, 2, 3, 4}).data(), 5, lim).status ==
         tp::ParseStatus::kMalformed);  // VALIDATE with a wrong magic
+}
+
+TEST_CASE("keys and values shown in messages stay one short printable line", "[store][protocol]") {
+  CHECK(tp::printable("rank/0") == "rank/0");
+  CHECK(tp::printable(std::string("a\0b\\c\n\xff", 7)) == "a\\x00b\\\\c\\x0a\\xff");
+  CHECK(tp::printable(std::string(100, 'k'), 8) == "kkkkkkkk...");
+  CHECK(tp::printable(std::string(8, 'k'), 8) == "kkkkkkkk");
+  CHECK(tp::printable("") == "");
 }
 
 TEST_CASE("connection sniffing", "[store][protocol]") {
@@ -512,6 +524,26 @@ TEST_CASE("server speaks raw v1 and v2 bytes", "[store][tcp][protocol]") {
     r.send(cat({hex({0x05}), len8(1), len8(1), to_bytes("q")}));
     CHECK(r.recv(1) == hex({1}));
   }
+  SECTION("v2 LIST_KEYS: the count, then every key as stored, sorted; queues are not keys") {
+    RawConn r(server.port());
+    r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+    r.send(hex({0x11}));
+    CHECK(r.recv(8) == len8(0));  // an empty store
+    r.send(cat({hex({0x01}), len8(3), to_bytes("/cd"), len8(1), to_bytes("y")}));
+    r.send(cat({hex({0x01}), len8(3), to_bytes("raw"), len8(1), to_bytes("z")}));
+    r.send(cat({hex({0x01}), len8(2), to_bytes("/a"), len8(1), to_bytes("x")}));
+    r.send(cat({hex({0x0e}), len8(1), to_bytes("q"), len8(1), to_bytes("v")}));
+    r.send(hex({0x11}));
+    // torch 2.11's server answers the same bytes, in its hash map's order.
+    CHECK(r.recv(8 + 10 + 11 + 11) ==
+          cat({len8(3), len8(2), to_bytes("/a"), len8(3), to_bytes("/cd"), len8(3), to_bytes("raw")}));
+    CHECK_FALSE(r.closed_by_peer(50ms));
+  }
+  SECTION("v1 has no LIST_KEYS: its code 17 is an unknown op") {
+    RawConn r(server.port());
+    r.send(hex({0x11}));
+    CHECK(r.closed_by_peer());
+  }
   SECTION("v2 cancel of a parked wait answers WAIT_CANCELED") {
     RawConn r(server.port());
     r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
@@ -580,7 +612,7 @@ TEST_CASE("hostile input closes that connection only", "[store][tcp]") {
     }
     {
       RawConn r(server.port());
-      r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x11}));  // after 2.x's last op (QUEUE_LEN = 16)
+      r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x12}));  // after 2.x's last op (LIST_KEYS = 17)
       CHECK(r.closed_by_peer());
     }
   }
@@ -599,6 +631,104 @@ TEST_CASE("hostile input closes that connection only", "[store][tcp]") {
   CHECK(to_string(good.get("after", 1000ms)) == "2");
   CHECK(eventually([&] { return server.num_connections() == baseline; }));
   CHECK(server.num_keys() == 2);
+}
+
+TEST_CASE("list_keys: sorted keys as stored on 2.x; a clear error on 1.13 and from a server without it",
+          "[store][tcp]") {
+  TcpStoreServer server({});
+  SECTION("2.x") {
+    TcpStoreClient c(client_opts(server.port(), StoreProtocol::kV2));
+    CHECK(c.list_keys().empty());
+    c.set("b", to_bytes("2"));
+    c.add("a", 1);
+    CHECK(c.list_keys() == std::vector<std::string>{"/a", "/b"});
+    CHECK(c.delete_key("b"));
+    CHECK(c.list_keys() == std::vector<std::string>{"/a"});
+    CHECK(to_string(c.get("a", 1000ms)) == "1");  // the connection is still in step
+  }
+  SECTION("1.13") {
+    TcpStoreClient c(client_opts(server.port(), StoreProtocol::kV1));
+    try {
+      c.list_keys();
+      FAIL("list_keys on 1.13 did not throw");
+    } catch (const UsageError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("torch 1.13 protocol, which has no way to list keys"));
+      CHECK(e.context().phase == "store.list_keys");
+    }
+    c.set("still", to_bytes("fine"));  // nothing was sent
+    CHECK(to_string(c.get("still", 1000ms)) == "fine");
+  }
+  SECTION("a 2.x server older than LIST_KEYS closes the connection") {
+    // A stand-in for torch 2.9's server: the handshake, then a close at the
+    // unknown query type.
+    int port = 0;
+    const int lfd = listen_on_loopback(&port);
+    std::thread fake([&] {
+      int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) return;
+      std::uint8_t hs[10];  // VALIDATE + magic, PING + nonce
+      if (::recv(fd, hs, sizeof(hs), MSG_WAITALL) == sizeof(hs)) {
+        ::send(fd, hs + 6, 4, MSG_NOSIGNAL);
+        std::uint8_t op = 0;
+        ::recv(fd, &op, 1, MSG_WAITALL);
+      }
+      ::close(fd);
+    });
+    TcpStoreClient c(client_opts(port, StoreProtocol::kV2));
+    try {
+      c.list_keys();
+      FAIL("list_keys did not throw");
+    } catch (const RendezvousError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("closed the connection when asked to list its keys"));
+      CHECK(e.context().phase == "store.list_keys");
+      CHECK_THAT(e.context().hint, Catch::Contains("older than torch 2.10"));
+    }
+    fake.join();
+    ::close(lfd);
+  }
+}
+
+TEST_CASE("the server says which client it closed and why", "[store][tcp]") {
+  std::mutex mu;
+  std::vector<std::string> said;
+  TcpStoreServerOptions so;
+  so.on_refused = [&](const std::string& m) {
+    std::lock_guard<std::mutex> lock(mu);
+    said.push_back(m);
+  };
+  TcpStoreServer server(so);
+  auto last = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return said.empty() ? std::string() : said.back();
+  };
+  auto count = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return said.size();
+  };
+  {
+    RawConn r(server.port());
+    r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x12}));  // a 2.x op this server does not know
+    CHECK(r.closed_by_peer());
+  }
+  REQUIRE(eventually([&] { return count() == 1; }));
+  CHECK_THAT(last(), Catch::StartsWith("127.0.0.1:"));
+  CHECK_THAT(last(), Catch::Contains("(torch-2.x): unknown query type 18"));
+  CHECK_THAT(last(), Catch::Contains("newer than this ddpdiag"));
+  {
+    RawConn r(server.port());
+    r.send(cat({hex({0x00}), len8(3), to_bytes("/t\x01"), len8(2), to_bytes("hi")}));  // 1.13 SET
+    r.send(cat({hex({0x03}), len8(3), to_bytes("/t\x01"), len8(1)}));                  // ADD to it
+    CHECK(r.closed_by_peer());
+  }
+  REQUIRE(eventually([&] { return count() == 2; }));
+  CHECK_THAT(last(), Catch::Contains("(torch-1.13): ADD to key '/t\\x01', whose value is not an integer"));
+  {
+    RawConn r(server.port());
+    r.send(cat({hex({0x02}), len8(4), to_bytes("none")}));  // 1.13 GET of a missing key: how 1.13 works
+    CHECK(r.closed_by_peer());
+  }
+  std::this_thread::sleep_for(50ms);
+  CHECK(count() == 2);
 }
 
 TEST_CASE("auto-detection falls back to 1.13 against a 1.13-style server", "[store][tcp]") {

@@ -24,15 +24,15 @@ constexpr std::uint8_t kNone = 0xff;
 constexpr std::uint8_t kV1Codes[] = {
     kNone, /*SET*/ 0, /*COMPARE_SET*/ 1, /*GET*/ 2, /*ADD*/ 3, /*CHECK*/ 4, /*WAIT*/ 5,
     /*GETNUMKEYS*/ 6, /*WATCH_KEY*/ 7, /*DELETE_KEY*/ 8, kNone, kNone, kNone, kNone, kNone,
-    kNone, kNone, kNone};
+    kNone, kNone, kNone, kNone};
 constexpr std::uint8_t kV2Codes[] = {
     /*VALIDATE*/ 0, /*SET*/ 1, /*COMPARE_SET*/ 2, /*GET*/ 3, /*ADD*/ 4, /*CHECK*/ 5, /*WAIT*/ 6,
     /*GETNUMKEYS*/ 7, kNone, /*DELETE_KEY*/ 8, /*APPEND*/ 9, /*MULTI_GET*/ 10,
     /*MULTI_SET*/ 11, /*CANCEL_WAIT*/ 12, /*PING*/ 13,
-    /*QUEUE_PUSH*/ 14, /*QUEUE_POP*/ 15, /*QUEUE_LEN*/ 16};
+    /*QUEUE_PUSH*/ 14, /*QUEUE_POP*/ 15, /*QUEUE_LEN*/ 16, /*LIST_KEYS*/ 17};
 constexpr std::size_t kNumOps = sizeof(kV1Codes);
 static_assert(sizeof(kV2Codes) == kNumOps);
-static_assert(static_cast<std::size_t>(Op::kQueueLen) + 1 == kNumOps);
+static_assert(static_cast<std::size_t>(Op::kListKeys) + 1 == kNumOps);
 
 const std::uint8_t* codes(StoreProtocol p) {
   if (p == StoreProtocol::kV1) return kV1Codes;
@@ -134,7 +134,7 @@ std::string_view op_name(Op op) {
   static constexpr std::string_view kNames[] = {
       "VALIDATE",   "SET",    "COMPARE_SET", "GET",       "ADD",       "CHECK",       "WAIT", "GETNUMKEYS",
       "WATCH_KEY",  "DELETE_KEY", "APPEND",  "MULTI_GET", "MULTI_SET", "CANCEL_WAIT", "PING",
-      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN"};
+      "QUEUE_PUSH", "QUEUE_POP", "QUEUE_LEN", "LIST_KEYS"};
   auto i = static_cast<std::size_t>(op);
   return i < kNumOps ? kNames[i] : "UNKNOWN";
 }
@@ -191,6 +191,27 @@ std::optional<std::int64_t> parse_counter(const Bytes& value) {
 
 Bytes format_counter(std::int64_t v) { return to_bytes(std::to_string(v)); }
 
+std::string printable(std::string_view bytes, std::size_t max_bytes) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  std::size_t chars = 0;
+  for (char ch : bytes) {
+    if (chars == max_bytes) return out + "...";
+    const auto c = static_cast<unsigned char>(ch);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c >= 0x20 && c <= 0x7e) {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    }
+    ++chars;
+  }
+  return out;
+}
+
 Bytes encode_request(StoreProtocol p, const Request& req) {
   auto code = op_code(p, req.op);
   if (!code)
@@ -245,7 +266,8 @@ Bytes encode_request(StoreProtocol p, const Request& req) {
       }
       break;
     case Op::kNumKeys:
-    case Op::kCancelWait: break;
+    case Op::kCancelWait:
+    case Op::kListKeys: break;
   }
   return out;
 }
@@ -335,7 +357,8 @@ ParseResult parse_request(StoreProtocol p, const std::uint8_t* data, std::size_t
       break;
     }
     case Op::kNumKeys:
-    case Op::kCancelWait: break;
+    case Op::kCancelWait:
+    case Op::kListKeys: break;
   }
   res.status = ParseStatus::kComplete;
   res.consumed = r.pos();

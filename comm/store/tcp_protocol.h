@@ -52,6 +52,7 @@ enum class Op : std::uint8_t {
   kQueuePush,  // QUEUE_PUSH(key, value), no reply
   kQueuePop,   // QUEUE_POP(key) -> int64 length before the pop, then the value if it was > 0
   kQueueLen,   // QUEUE_LEN(key) -> int64
+  kListKeys,   // LIST_KEYS -> int64 count, then each key (length-prefixed); torch 2.10 and later
 };
 std::string_view op_name(Op op);
 
@@ -70,7 +71,7 @@ inline constexpr std::uint8_t kWatchCallbackRegistered = 3;
 //   SET/APPEND/QUEUE_PUSH: keys[0], values[0]      COMPARE_SET: keys[0], values[0]=expected, values[1]=desired
 //   GET/DELETE_KEY/WATCH_KEY/QUEUE_POP/QUEUE_LEN: keys[0]   ADD: keys[0], delta
 //   CHECK/WAIT/MULTI_GET: keys          MULTI_SET: keys, values (same count)
-//   PING: nonce   VALIDATE: nonce = magic   GETNUMKEYS/CANCEL_WAIT: nothing
+//   PING: nonce   VALIDATE: nonce = magic   GETNUMKEYS/CANCEL_WAIT/LIST_KEYS: nothing
 struct Request {
   Op op = Op::kPing;
   std::vector<std::string> keys;
@@ -129,5 +130,10 @@ std::uint32_t load_u32(const std::uint8_t* p);
 // not an integer (the c10d servers throw and drop the connection then).
 std::optional<std::int64_t> parse_counter(const Bytes& value);
 Bytes format_counter(std::int64_t v);
+
+// Key or value bytes for a message or a listing: printable ASCII as is,
+// backslash and other bytes as \\ and \xNN, cut after max_bytes of input
+// with "..." (so a binary or 8 KiB key stays one short line).
+std::string printable(std::string_view bytes, std::size_t max_bytes = 80);
 
 }  // namespace ddpdiag::tcp_protocol

@@ -29,6 +29,8 @@
 // - GET (and MULTI_GET) of a missing key: a 1.13 server closes the
 //   connection, a 2.x server answers an empty value; each connection gets
 //   the behaviour of its protocol.
+// - LIST_KEYS (2.x, torch 2.10 and later) answers the number of keys, then
+//   each key as stored, queues left out (as torch's server does).
 // - 1.13's WATCH_KEY (the callback connection of its Python client) is
 //   answered by closing the connection: ddpdiag does not implement key-change
 //   notifications, and a close makes torch's watch call fail instead of hang.
@@ -53,6 +55,7 @@
 #include <vector>
 
 #include "comm/errors.h"
+#include "comm/ip_text.h"
 #include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_store.h"
 
@@ -299,6 +302,26 @@ struct TcpStoreServer::Impl {
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   }
 
+  // Closes c for a request its protocol does not allow, and says why.
+  void refuse(Conn& c, const std::string& why) {
+    if (!c.closing && opts.on_refused) {
+      sockaddr_storage ss{};
+      socklen_t len = sizeof(ss);
+      std::string peer = "a client";
+      if (::getpeername(c.fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
+        const auto* sa = reinterpret_cast<const sockaddr*>(&ss);
+        int port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port)
+                                            : ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
+        std::string ip = ip_text(sa);
+        peer = (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + std::to_string(port);
+      }
+      opts.on_refused(peer + " (" +
+                      std::string(c.protocol ? store_protocol_name(*c.protocol) : "unknown protocol") +
+                      "): " + why);
+    }
+    mark_close(c);
+  }
+
   void mark_close(Conn& c) {
     if (c.closing) return;
     c.closing = true;
@@ -366,7 +389,10 @@ struct TcpStoreServer::Impl {
         break;
       }
       if (pr.status == tp::ParseStatus::kMalformed) {
-        mark_close(c);
+        bool unknown_op = pr.error.rfind("unknown query type", 0) == 0;
+        refuse(c, pr.error + (unknown_op && *c.protocol == StoreProtocol::kV2
+                                  ? " (an operation of a torch newer than this ddpdiag knows?)"
+                                  : ""));
         break;
       }
       c.need = 0;
@@ -408,7 +434,8 @@ struct TcpStoreServer::Impl {
       c.out.insert(c.out.end(), bytes.begin(), bytes.end());
     }
     if (c.out.size() - c.out_off > kMaxPendingOutputBytes) {
-      mark_close(c);
+      refuse(c, "it does not read its replies (" + std::to_string(c.out.size() - c.out_off) +
+                    " bytes waiting, over the limit of " + std::to_string(kMaxPendingOutputBytes) + ")");
       return;
     }
     arm_epollout(c, true);
@@ -500,7 +527,9 @@ struct TcpStoreServer::Impl {
       case tp::Op::kAppend: {
         Bytes& v = kv[q.keys[0]];
         if (v.size() + q.values[0].size() > limits.max_value_bytes) {
-          mark_close(c);
+          refuse(c, "APPEND to key '" + tp::printable(q.keys[0]) + "' would make its value " +
+                        std::to_string(v.size() + q.values[0].size()) + " bytes, over the limit of " +
+                        std::to_string(limits.max_value_bytes));
           return;
         }
         v.insert(v.end(), q.values[0].begin(), q.values[0].end());
@@ -559,7 +588,8 @@ struct TcpStoreServer::Impl {
         if (it != kv.end()) {
           auto v = tp::parse_counter(it->second);
           if (!v) {
-            mark_close(c);
+            refuse(c, "ADD to key '" + tp::printable(q.keys[0]) + "', whose value is not an integer (" +
+                          std::to_string(it->second.size()) + " bytes)");
             return;
           }
           current = *v;
@@ -624,6 +654,19 @@ struct TcpStoreServer::Impl {
       case tp::Op::kQueueLen: {
         auto it = queues.find(q.keys[0]);
         tp::append_i64(out, static_cast<std::int64_t>(it == queues.end() ? 0 : it->second.size()));
+        break;
+      }
+      case tp::Op::kListKeys: {
+        // The keys as stored (a torch client's carry its "/" prefix), not the
+        // queues, as torch's server lists them; sorted, so a listing reads
+        // the same every time (torch's order is its hash map's).
+        std::vector<const std::string*> keys;
+        keys.reserve(kv.size());
+        for (const auto& [k, v] : kv) keys.push_back(&k);
+        std::sort(keys.begin(), keys.end(), [](const std::string* a, const std::string* b) { return *a < *b; });
+        tp::append_i64(out, static_cast<std::int64_t>(keys.size()));
+        for (const std::string* k : keys)
+          tp::append_bytes(out, reinterpret_cast<const std::uint8_t*>(k->data()), k->size());
         break;
       }
     }

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,6 +33,13 @@ struct TcpStoreServerOptions {
   std::size_t max_key_bytes = 8 * 1024;          // as the 2.x libuv server
   std::size_t max_value_bytes = 8 * 1024 * 1024; // as the 2.x libuv server
   int max_connections = 65536;
+  // Called on the server's thread when it closes a connection for a request
+  // the protocol does not allow (unknown query type, oversized key or
+  // value, ADD to a value that is not a number, ...), with the client's
+  // address and why: "127.0.0.1:50144 (torch-2.x): unknown query type 18".
+  // GET of a missing key on 1.13, and WATCH_KEY, are how those clients
+  // work and are not reported. Must not block.
+  std::function<void(const std::string&)> on_refused;
 };
 
 class TcpStoreServer {
@@ -102,6 +110,14 @@ class TcpStoreClient : public Store {
   Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override;
   bool delete_key(const std::string& key) override;
   std::int64_t num_keys() override;
+
+  // Every key in the store as its server holds it, sorted (a torch client's
+  // keys, and this client's with torch_key_prefix, start with "/"). Needs
+  // the 2.x protocol and a server with LIST_KEYS (torch 2.10 and later, and
+  // ddpdiag's): UsageError on 1.13; RendezvousError (phase store.list_keys)
+  // when the server closes the connection at the request, as older 2.x
+  // servers do.
+  std::vector<std::string> list_keys();
 
   // The protocol in use (detected when opts.protocol was kAuto).
   StoreProtocol protocol() const;

@@ -5,7 +5,9 @@ interpreter running this file has (Debian's 1.13 or a 2.x):
   `ddpdiag store serve`;
 - `ddpdiag store ping` against a store hosted by torch (is_master=True),
   reporting the protocol of that torch;
-- values set by one side visible to the other (`ddpdiag store set/get`).
+- values set by one side visible to the other (`ddpdiag store set/get`);
+- the same sequence of operations from torch's client, against torch's own
+  server and against ddpdiag's, with the same answers (values, errors).
 
 Run: DDPDIAG_BIN=build/diag/ddpdiag python3 tests/compat/test_store_torch.py
 Exits 77 (ctest: skipped) when this interpreter has no torch.
@@ -150,6 +152,23 @@ class DdpdiagServes(unittest.TestCase):
         s.set("shared/from_torch", "world")
         r = ddpdiag("store", "get", "shared/from_torch", "--addr", f"127.0.0.1:{self.port}")
         self.assertEqual((r.returncode, r.stdout), (0, "world\n"), r.stderr)
+        r = ddpdiag("store", "keys", "--addr", f"127.0.0.1:{self.port}", "--values")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertIn("shared/from_ddpdiag = hello", lines)
+        self.assertIn("shared/from_torch = world", lines)
+        self.assertEqual(lines, sorted(lines))
+
+    @unittest.skipUnless(hasattr(dist.TCPStore, "list_keys"), "list_keys is torch 2.10 and later")
+    def test_list_keys(self):
+        s = torch_client(self.port)
+        s.set("lk/b", "2")
+        s.add("lk/a", 1)
+        s.queue_push("lk/q", "v")  # a queue is not a key
+        keys = s.list_keys()
+        self.assertEqual(len(keys), s.num_keys())
+        self.assertEqual(sorted(k for k in keys if k.startswith("lk/")), ["lk/a", "lk/b"])
+        self.assertEqual(s.get("lk/a"), b"1")  # the connection is still in step
 
     def test_ping_our_server(self):
         r = ddpdiag("store", "ping", f"127.0.0.1:{self.port}", "--count", "5")
@@ -211,12 +230,126 @@ class TorchServes(unittest.TestCase):
         r = ddpdiag("store", "get", "counter", "--addr", self.addr)
         self.assertEqual(r.stdout, "7\n")
 
+    def test_store_keys_lists_what_torch_lists(self):
+        if not TORCH2:
+            r = ddpdiag("store", "keys", "--addr", self.addr)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("torch 1.13 protocol, which has no way to list keys", r.stderr)
+            return
+        self.store.set("run/rank0", "10.0.0.1:1234")
+        self.store.add("run/joined", 2)
+        self.store.set("bin", b"\x00\xff")
+        r = ddpdiag("store", "keys", "--addr", self.addr, "--values")
+        if not hasattr(self.store, "list_keys"):  # a torch 2.x older than 2.10
+            self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+            self.assertIn("older than torch 2.10", r.stderr)
+            return
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertEqual([ln.split(" = ")[0] for ln in lines], sorted(self.store.list_keys()))
+        self.assertIn("run/rank0 = 10.0.0.1:1234", lines)
+        self.assertIn("run/joined = 2", lines)
+        self.assertIn("bin = \\x00\\xff", lines)
+        self.assertIn(f"{len(lines)} key(s) in the store at {self.addr} (torch-2.x)", r.stderr)
+
     def test_get_timeout_names_key(self):
         t0 = time.monotonic()
         r = ddpdiag("store", "get", "never/set", "--addr", self.addr, "--timeout", "0.5")
         self.assertEqual(r.returncode, 4, r.stdout + r.stderr)
         self.assertIn("never/set", r.stderr)
         self.assertLess(time.monotonic() - t0, 10)
+
+
+def outcome(f):
+    """What a store call gave: its value, or the kind of error it raised."""
+    try:
+        return ("ok", f())
+    except Exception as e:  # noqa: BLE001 - the kind is what is compared
+        return ("error", type(e).__name__)
+
+
+class SameAnswersAsTorchServer(unittest.TestCase):
+    """One sequence of operations from torch's own client, run against a
+    server torch hosts and against `ddpdiag store serve`: every answer (value
+    or kind of error) must be the same. The operations this torch has, edge
+    cases included: missing keys, empty keys and values, bytes, counters gone
+    negative, compare_set's three cases, deleting twice, queues, and ADD to a
+    value that is not a number (both servers close that connection)."""
+
+    def scenario(self, port):
+        c = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=2))
+        has = lambda name: hasattr(c, name)  # noqa: E731
+        steps = [
+            ("set", lambda: c.set("k", "v")),
+            ("get", lambda: c.get("k")),
+            ("add new", lambda: c.add("n", 3)),
+            ("add 0", lambda: c.add("n", 0)),
+            ("add negative", lambda: c.add("n", -10)),
+            ("counter text", lambda: c.get("n")),
+            ("num_keys", lambda: c.num_keys()),
+            ("cs missing, expected set", lambda: c.compare_set("cs", "a", "b")),
+            ("cs missing, expected empty", lambda: c.compare_set("cs", "", "b")),
+            ("cs equal", lambda: c.compare_set("cs", "b", "c")),
+            ("cs unequal", lambda: c.compare_set("cs", "x", "d")),
+            ("delete", lambda: c.delete_key("cs")),
+            ("delete again", lambda: c.delete_key("cs")),
+            ("num_keys after delete", lambda: c.num_keys()),
+            ("wait present", lambda: c.wait(["k", "n"])),
+            ("empty key", lambda: c.set("", "e")),
+            ("get empty key", lambda: c.get("")),
+            ("empty value", lambda: c.set("ev", "")),
+            ("get empty value", lambda: c.get("ev")),
+            ("bytes", lambda: c.set("b", b"\x00\xff\n")),
+            ("get bytes", lambda: c.get("b")),
+        ]
+        if has("check"):
+            steps += [("check", lambda: c.check(["k", "n"])),
+                      ("check missing", lambda: c.check(["k", "zz"])),
+                      ("check none", lambda: c.check([]))]
+        if has("append"):
+            steps += [("append new", lambda: c.append("ap", "1")),
+                      ("append", lambda: c.append("ap", "2")),
+                      ("get appended", lambda: c.get("ap"))]
+        if has("multi_get"):
+            steps += [("multi_set", lambda: c.multi_set(["m1", "m2"], ["a", "b"])),
+                      ("multi_get", lambda: c.multi_get(["m1", "m2", "k"])),
+                      ("multi_get none", lambda: c.multi_get([]))]
+        if has("queue_push"):
+            steps += [("queue_push", lambda: c.queue_push("q", "x")),
+                      ("queue_len", lambda: c.queue_len("q")),
+                      ("check queue", lambda: c.check(["q"])),
+                      ("num_keys with a queue", lambda: c.num_keys()),
+                      ("queue_pop", lambda: c.queue_pop("q")),
+                      ("queue_pop empty", lambda: c.queue_pop("q", block=False)),
+                      ("queue_len missing", lambda: c.queue_len("nope"))]
+        if has("list_keys"):
+            steps += [("list_keys", lambda: sorted(c.list_keys()))]
+        steps += [("add to text", lambda: c.add("k", 1))]
+        got = [(name, outcome(f)) for name, f in steps]
+        # A new client after that connection was closed; a missing key times out.
+        d = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=1))
+        got.append(("new client get", outcome(lambda: d.get("k"))))
+        got.append(("get missing", outcome(lambda: d.get("missing"))))
+        got.append(("after the timeout", outcome(lambda: d.get("k"))))
+        return got
+
+    def test_same_answers(self):
+        master = torch_master()  # kept alive: the server goes with it
+        theirs = self.scenario(master.port)
+        proc = subprocess.Popen([BIN, "store", "serve", "--port", "0", "--host", "127.0.0.1"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            line = proc.stdout.readline()
+            port = int(line.split("serving on ")[1].split()[0].rsplit(":", 1)[1])
+            ours = self.scenario(port)
+        finally:
+            proc.terminate()
+            _, err = proc.communicate(timeout=10)
+        self.assertEqual(len(ours), len(theirs))
+        for (name, t), (_, o) in zip(theirs, ours):
+            self.assertEqual(o, t, f"{name}: torch's server gave {t}, ddpdiag's {o}")
+        # The closed connection is said on the server's stderr, with the key.
+        self.assertIn("ADD to key '/k', whose value is not an integer", err)
 
 
 class Unreachable(unittest.TestCase):

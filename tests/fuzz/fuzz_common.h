@@ -49,6 +49,7 @@ inline std::vector<tp::Request> every_request(StoreProtocol p) {
     reqs.push_back({tp::Op::kQueuePush, {"q"}, {to_bytes("item")}, 0, 0});
     reqs.push_back({tp::Op::kQueuePop, {"q"}, {}, 0, 0});
     reqs.push_back({tp::Op::kQueueLen, {"q"}, {}, 0, 0});
+    reqs.push_back({tp::Op::kListKeys, {}, {}, 0, 0});
   }
   return reqs;
 }
