@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,6 +30,7 @@
 #include "diag/cli_common.h"
 #include "diag/commands.h"
 #include "diag/launcher.h"
+#include "diag/placement.h"
 #include "reports/report.h"
 
 namespace ddpdiag::cli {
@@ -271,6 +273,7 @@ struct KeyOptions {
   std::string key;
   std::string value;
   bool values = false;  // store keys --values
+  int world_size = 0;   // store keys --world-size: which ranks' keys are missing
 };
 
 TcpStoreClientOptions client_options(const KeyOptions& o) {
@@ -323,6 +326,45 @@ int run_keys(const KeyOptions& o) {
   };
   for (const auto& k : torch_keys) show(k, true);
   for (const auto& k : raw_keys) show(k, false);
+  if (o.world_size > 0) {
+    // Keys whose last part is a number, grouped by what comes before it:
+    // the per-rank keys of a rendezvous (torch's Gloo writes
+    // default_pg/0//cpu//0/<rank>, ddpdiag rank/<rank>), with the numbers
+    // of 0..world_size-1 that are absent: the ranks that did not get there.
+    // torchrun's own keys (torchelastic/...) count nodes, and are shown so.
+    std::map<std::string, std::vector<int>> by_prefix;
+    for (const auto& k : torch_keys) {
+      std::string name = k.substr(1);
+      auto slash = name.rfind('/');
+      std::string last = slash == std::string::npos ? name : name.substr(slash + 1);
+      if (last.empty() || last.size() > 9 ||
+          !std::all_of(last.begin(), last.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+        continue;
+      by_prefix[slash == std::string::npos ? "" : name.substr(0, slash + 1)].push_back(std::stoi(last));
+    }
+    std::printf("# keys ending in a number, by prefix, against --world-size %d:\n", o.world_size);
+    if (by_prefix.empty()) std::printf("#   none\n");
+    for (auto& [prefix, numbers] : by_prefix) {
+      std::sort(numbers.begin(), numbers.end());
+      std::vector<int> missing;
+      for (int r = 0; r < o.world_size; ++r)
+        if (!std::binary_search(numbers.begin(), numbers.end(), r)) missing.push_back(r);
+      const auto present = static_cast<int>(
+          std::count_if(numbers.begin(), numbers.end(), [&](int n) { return n < o.world_size; }));
+      std::string shown = tcp_protocol::printable(prefix, std::string::npos) + "<N>";
+      if (prefix.find("torchelastic/") != std::string::npos) {
+        // torchrun's agents write these, one per node (N: the node's rank).
+        std::printf("#   %s: written by torchrun's agent of each node, N = node rank: %s\n", shown.c_str(),
+                    format_cpu_list(numbers).c_str());
+        continue;
+      }
+      if (missing.empty())
+        std::printf("#   %s: all %d present\n", shown.c_str(), o.world_size);
+      else
+        std::printf("#   %s: %d of %d present (%s); missing: %s\n", shown.c_str(), present, o.world_size,
+                    format_cpu_list(numbers).c_str(), format_cpu_list(missing).c_str());
+    }
+  }
   std::fflush(stdout);
   fmt::print(stderr, "# {} key(s) in the store at {} ({})\n", keys.size(),
              format_address(parse_address(o.address)), store_protocol_name(c.protocol()));
@@ -366,6 +408,10 @@ Subcommand add_store_command(CLI::App& parent) {
   CLI::App* ks = store->add_subcommand(
       "keys", "list a store's keys, sorted (torch 2.x protocol; a store of torch 2.10 or later, or ddpdiag's)");
   ks->add_flag("--values", keysk->values, "print each key's value beside it");
+  ks->add_option("--world-size", keysk->world_size,
+                 "also group the keys that end in a number (a rank) by prefix and name the numbers of "
+                 "0..N-1 that are missing: which ranks have not registered")
+      ->check(CLI::Range(1, 1 << 24));
   add_key_flags(ks, *keysk);
 
   RunFn run = [=]() -> int {

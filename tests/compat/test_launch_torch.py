@@ -97,6 +97,47 @@ class RealTorchrun(unittest.TestCase):
     def test_torchrun_standalone(self):
         self.run_torchrun(["--standalone"])
 
+    @unittest.skipUnless(hasattr(dist.TCPStore, "list_keys"), "listing keys is torch 2.10 and later")
+    def test_store_keys_names_the_rank_that_has_not_joined(self):
+        """A torch job whose rank 2 has not reached init_process_group yet:
+        `ddpdiag store keys --world-size 3` on torchrun's store names it."""
+        import tempfile
+        import time
+        d = tempfile.mkdtemp(prefix="ddpdiag-keys-")
+        go = os.path.join(d, "go")
+        worker = os.path.join(d, "worker.py")
+        with open(worker, "w") as f:
+            f.write("import os, sys, time\n"
+                    "import torch.distributed as dist\n"
+                    "if os.environ['RANK'] == '2':\n"
+                    "    t0 = time.monotonic()\n"
+                    "    while not os.path.exists(sys.argv[1]) and time.monotonic() - t0 < 120:\n"
+                    "        time.sleep(0.05)\n"
+                    "dist.init_process_group('gloo')\n"
+                    "dist.destroy_process_group()\n")
+        port = free_port()
+        job = subprocess.Popen(self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port",
+                                                      str(port), "--nproc-per-node", "3", worker, go],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=clean_env())
+        try:
+            deadline = time.monotonic() + 90
+            seen = ""
+            while time.monotonic() < deadline:
+                p = subprocess.run([BIN, "store", "keys", "--addr", "127.0.0.1:%d" % port,
+                                    "--world-size", "3", "--timeout", "2"],
+                                   capture_output=True, text=True, timeout=60, env=clean_env())
+                seen = p.stdout + p.stderr
+                if p.returncode == 0 and "2 of 3 present (0-1); missing: 2" in p.stdout:
+                    break
+                time.sleep(0.2)
+            self.assertIn("2 of 3 present (0-1); missing: 2", seen)
+            self.assertIn("written by torchrun's agent of each node, N = node rank: 0", seen)
+        finally:
+            open(go, "w").close()
+            out, _ = job.communicate(timeout=120)
+        self.assertEqual(job.returncode, 0, out[-3000:])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
