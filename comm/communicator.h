@@ -91,6 +91,10 @@ class Communicator {
   virtual std::string library_version() const = 0;
   // A short description of the device this rank uses ("cpu", "cuda:0 NVIDIA H200").
   virtual std::string device_name() const = 0;
+  // The IP address this rank's backend listens on for its peers (Gloo: its
+  // TCP listener, whose interface carries the traffic to other hosts); ""
+  // where the backend does not say (NCCL chooses its own transports).
+  virtual std::string listen_address() const { return ""; }
 
   // send == recv is in-place.
   virtual std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,

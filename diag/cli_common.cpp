@@ -30,6 +30,7 @@
 
 #include "ddpdiag/config.h"
 #include "comm/ip_text.h"
+#include "comm/net_info.h"
 #include "ddp_core/param_broadcast.h"
 #include "diag/launcher.h"
 #include "diag/placement.h"
@@ -1009,6 +1010,29 @@ void discover_job(Job& job, const CommonOptions& o) {
   if (job.world.rank == 0) check_report_outputs(o);
 }
 
+// What this rank tells rank 0 about its network: the interface holding
+// the address its backend listens on, that link's speed, and a faster
+// interface of this host if there is one. null when the backend does not
+// say where it listens (NCCL).
+nlohmann::json network_of(const std::string& listen_ip) {
+  if (listen_ip.empty()) return nullptr;
+  const auto interfaces = host_interfaces();
+  const std::string used = interface_with_address(interfaces, listen_ip);
+  nlohmann::json net = {{"interface", used}, {"address", listen_ip}, {"speed_mbps", nullptr}};
+  const NetInterface* in_use = nullptr;
+  for (const auto& i : interfaces)
+    if (i.name == used) in_use = &i;
+  if (!in_use || in_use->loopback || !in_use->speed_mbps) return net;
+  net["speed_mbps"] = *in_use->speed_mbps;
+  const NetInterface* faster = nullptr;
+  for (const auto& i : interfaces)
+    if (!i.loopback && i.speed_mbps && *i.speed_mbps > *in_use->speed_mbps &&
+        (!faster || *i.speed_mbps > *faster->speed_mbps))
+      faster = &i;
+  if (faster) net["faster"] = {{"interface", faster->name}, {"speed_mbps", *faster->speed_mbps}};
+  return net;
+}
+
 // Sets up store and communicator for this rank, once discover_job has run.
 void start_job(Job& job, const CommonOptions& o) {
   host_store(job);
@@ -1017,10 +1041,30 @@ void start_job(Job& job, const CommonOptions& o) {
   wait_for_ranks(job);
   collect_warnings(job);
   create_communicator(job, o);
-  // Record the device each rank's backend actually chose.
-  auto devices = job.gather_to_root("device", job.comm->device_name());
-  for (std::size_t r = 0; r < devices.size() && r < job.ranks.size(); ++r)
-    job.ranks[r].device = devices[r].get<std::string>();
+  // Record the device each rank's backend actually chose, and the network
+  // interface its traffic to other hosts goes over.
+  auto got = job.gather_to_root(
+      "device", {{"device", job.comm->device_name()}, {"network", network_of(job.comm->listen_address())}});
+  for (std::size_t r = 0; r < got.size() && r < job.ranks.size(); ++r) {
+    auto& info = job.ranks[r];
+    info.device = got[r].value("device", std::string());
+    const auto& net = got[r].contains("network") ? got[r]["network"] : nlohmann::json();
+    if (!net.is_object()) continue;
+    info.net_interface = net.value("interface", std::string());
+    info.net_address = net.value("address", std::string());
+    info.net_speed_mbps = net.contains("speed_mbps") && net["speed_mbps"].is_number_integer()
+                              ? net["speed_mbps"].get<int>()
+                              : -1;
+    if (net.contains("faster") && net["faster"].is_object()) {
+      info.faster_interface = net["faster"].value("interface", std::string());
+      info.faster_speed_mbps = net["faster"].value("speed_mbps", -1);
+    }
+  }
+  if (job.backend == Backend::kGloo && job.rank() == 0)
+    for (auto& w : network_warnings(job.ranks, job.machines)) {
+      std::fprintf(stderr, "ddpdiag: warning: %s\n", w.detail.c_str());
+      job.warnings.push_back(std::move(w));
+    }
 }
 
 }  // namespace
@@ -1207,6 +1251,21 @@ void record_warnings(const Job& job, reports::Report& report) {
       rows.push_back({{"rank", r.rank}, {"host", r.host}, {"cpus", cpus}, {"cpu_count", count}});
     }
     report.results()["rank_cpus"] = rows;
+    // Known once the backend started (the interface its listener holds).
+    if (std::any_of(job.ranks.begin(), job.ranks.end(), [](const auto& r) { return !r.net_address.empty(); })) {
+      nlohmann::json net = nlohmann::json::array();
+      for (const auto& r : job.ranks) {
+        nlohmann::json row = {{"rank", r.rank},
+                              {"host", r.host},
+                              {"interface", r.net_interface},
+                              {"address", r.net_address},
+                              {"speed_mbps", r.net_speed_mbps > 0 ? nlohmann::json(r.net_speed_mbps) : nullptr}};
+        if (!r.faster_interface.empty())
+          row["faster"] = {{"interface", r.faster_interface}, {"speed_mbps", r.faster_speed_mbps}};
+        net.push_back(row);
+      }
+      report.results()["rank_network"] = net;
+    }
   }
   if (job.warnings.empty()) return;
   nlohmann::json jw = nlohmann::json::array();

@@ -7,6 +7,7 @@
 #include <fmt/core.h>
 
 #include "comm/measure.h"
+#include "comm/net_info.h"
 #include "diag/bisect.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
@@ -57,9 +58,14 @@ void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOpt
               std::string(launcher_name(job.world.launcher)).c_str());
   std::printf("# iters %d, warmup %d, check iters %d, dtype %s, op %s\n", so.iters, so.warmup,
               so.check_iters, o.dtype.c_str(), o.op.c_str());
-  for (const auto& r : job.ranks)
-    std::printf("#  Rank %3d Pid %7d on %12s device %s%s\n", r.rank, r.pid, r.host.c_str(),
-                r.device.c_str(), r.cpus.empty() ? "" : (" cpus " + r.cpus).c_str());
+  for (const auto& r : job.ranks) {
+    std::string net;
+    if (!r.net_address.empty())
+      net = fmt::format(" net {} {}{}", r.net_interface.empty() ? "?" : r.net_interface, r.net_address,
+                        r.net_speed_mbps > 0 ? " (" + format_link_speed(r.net_speed_mbps) + ")" : "");
+    std::printf("#  Rank %3d Pid %7d on %12s device %s%s%s\n", r.rank, r.pid, r.host.c_str(),
+                r.device.c_str(), r.cpus.empty() ? "" : (" cpus " + r.cpus).c_str(), net.c_str());
+  }
   std::printf("#\n");
   std::printf("# %10s %12s %8s %6s  %-36s  %-36s  %s\n", "", "", "", "",
               "           out-of-place", "            in-place",

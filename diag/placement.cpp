@@ -11,6 +11,8 @@
 
 #include <fmt/core.h>
 
+#include "comm/net_info.h"
+
 namespace ddpdiag {
 
 std::vector<int> allowed_cpus() {
@@ -153,6 +155,82 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
                                "more CPUs",
                                rank_list(single), single.size() == 1 ? "" : "each ",
                                distinct.size() == 1 ? "" : "s", format_cpu_list(single_cpus))});
+  }
+  return out;
+}
+
+std::vector<reports::Warning> network_warnings(const std::vector<reports::RankInfo>& ranks,
+                                               const std::vector<std::string>& machines) {
+  std::vector<reports::Warning> out;
+  auto machine_of = [&](std::size_t i) -> const std::string& {
+    return i < machines.size() && !machines[i].empty() ? machines[i] : ranks[i].host;
+  };
+  std::set<std::string> distinct;
+  for (std::size_t i = 0; i < ranks.size(); ++i) distinct.insert(machine_of(i));
+  if (distinct.size() < 2) return out;  // the traffic stays on the one machine
+  const auto host_of = [](const std::string& key) { return key.substr(0, key.find('#')); };
+
+  // slower_interface: per (machine, used interface, faster one), the ranks.
+  struct Slow {
+    std::string machine, used, faster;
+    int used_mbps = -1, faster_mbps = -1;
+    std::vector<int> ranks;
+  };
+  std::vector<Slow> slow;
+  for (std::size_t i = 0; i < ranks.size(); ++i) {
+    const auto& r = ranks[i];
+    if (r.net_interface.empty() || r.faster_interface.empty() || r.net_speed_mbps <= 0 ||
+        r.faster_speed_mbps <= r.net_speed_mbps)
+      continue;
+    auto it = std::find_if(slow.begin(), slow.end(), [&](const Slow& s) {
+      return s.machine == machine_of(i) && s.used == r.net_interface && s.faster == r.faster_interface;
+    });
+    if (it == slow.end())
+      it = slow.insert(slow.end(), {machine_of(i), r.net_interface, r.faster_interface,
+                                    r.net_speed_mbps, r.faster_speed_mbps, {}});
+    it->ranks.push_back(r.rank);
+  }
+  if (!slow.empty()) {
+    std::string where;
+    for (std::size_t k = 0; k < slow.size() && k < 4; ++k)
+      where += fmt::format("{}{} on {} send{} over {} ({}), but {} on that host runs at {}", k ? "; " : "",
+                           rank_list(slow[k].ranks), host_of(slow[k].machine),
+                           slow[k].ranks.size() == 1 ? "s" : "", slow[k].used,
+                           format_link_speed(slow[k].used_mbps), slow[k].faster,
+                           format_link_speed(slow[k].faster_mbps));
+    if (slow.size() > 4) where += fmt::format("; and {} more host(s)", slow.size() - 4);
+    out.push_back({"slower_interface",
+                   fmt::format("Gloo traffic goes over a slower interface than the host has: {}. "
+                               "Gloo uses the interface GLOO_SOCKET_IFNAME (or --gloo-interface) "
+                               "names, else the one holding the address of the host's name; if "
+                               "the other hosts reach {}'s network, set GLOO_SOCKET_IFNAME={} (or "
+                               "--gloo-interface {}) on those ranks, as for torch's Gloo backend",
+                               where, slow.front().faster, slow.front().faster, slow.front().faster)});
+  }
+
+  // mixed_link_speeds: the known speed of each machine's interface(s) in use.
+  std::map<int, std::set<std::string>> hosts_by_speed;
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    if (ranks[i].net_speed_mbps > 0) hosts_by_speed[ranks[i].net_speed_mbps].insert(host_of(machine_of(i)));
+  if (hosts_by_speed.size() > 1) {
+    std::string speeds;
+    for (const auto& [mbps, hosts] : hosts_by_speed) {
+      std::string names;
+      std::size_t k = 0;
+      for (const auto& h : hosts) {
+        if (k == 3) {
+          names += fmt::format(" and {} more", hosts.size() - 3);
+          break;
+        }
+        names += (k++ ? ", " : "") + h;
+      }
+      speeds += fmt::format("{}{} ({})", speeds.empty() ? "" : "; ", format_link_speed(mbps), names);
+    }
+    out.push_back({"mixed_link_speeds",
+                   fmt::format("the ranks' network links run at different speeds: {}. A ring "
+                               "all_reduce runs at the pace of its slowest link; check the slower "
+                               "hosts' link (a port that negotiated a lower speed, another NIC)",
+                               speeds)});
   }
   return out;
 }

@@ -43,6 +43,19 @@ std::vector<int> parse_cpu_list(std::string_view s);
 std::vector<reports::Warning> placement_warnings(const std::vector<reports::RankInfo>& ranks,
                                                  const std::vector<std::string>& machines);
 
+// The warnings about the network a Gloo job's ranks use, from each rank's
+// net_* and faster_* fields (placement: machines[i] as above). Only for jobs
+// on more than one machine: on one, the traffic never leaves it. At most one
+// message each:
+//   slower_interface   ranks whose traffic goes over an interface slower
+//                      than another one of their host (Gloo bound to the
+//                      wrong NIC: the hostname's address, a management
+//                      network); names the faster one and GLOO_SOCKET_IFNAME;
+//   mixed_link_speeds  the machines' links run at different known speeds:
+//                      a ring all_reduce runs at the slowest.
+std::vector<reports::Warning> network_warnings(const std::vector<reports::RankInfo>& ranks,
+                                               const std::vector<std::string>& machines);
+
 // Ranks that run different software, one warning per kind, from each rank's
 // ddpdiag build ("0.1.0 (abc1234)") and backend library ("gloo 0.5.0",
 // "nccl 2.28.9"), indexed by rank ("" = unknown, left out):

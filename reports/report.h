@@ -45,6 +45,15 @@ struct RankInfo {
   std::string device;
   std::string cpus;  // the CPUs the rank may run on, "0-3,8" ("" when unknown);
                      // reported in results.rank_cpus, not in world.ranks
+  // Gloo runs: the interface the rank's backend listens on (its traffic to
+  // other hosts), its address and link speed; and, when the rank's host has
+  // an interface with a higher known speed, that one. Reported in
+  // results.rank_network. "" / -1 when unknown.
+  std::string net_interface{};
+  std::string net_address{};
+  int net_speed_mbps = -1;
+  std::string faster_interface{};
+  int faster_speed_mbps = -1;
 };
 
 // Something the user should know that is not a failed check (the verdict

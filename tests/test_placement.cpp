@@ -2,12 +2,18 @@
 // refused with the bad part named, and the warnings fire exactly when a host
 // runs more ranks than the CPUs they may use, or when a rank may use one CPU.
 #include <sched.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
+#include "comm/net_info.h"
 #include "diag/placement.h"
 
 using namespace ddpdiag;
@@ -129,4 +135,99 @@ TEST_CASE("ranks that run different builds or library versions", "[placement]") 
   CHECK_THAT(w[1].detail,
              Contains("different nccl libraries: nccl 2.28.9 on ranks 0,2-3; nccl 2.21.5 on rank 1"));
   CHECK_THAT(w[1].detail, Contains("LD_LIBRARY_PATH"));
+}
+
+namespace {
+
+reports::RankInfo on_net(int r, const std::string& host, const std::string& iface, int mbps,
+                         const std::string& faster = "", int faster_mbps = -1) {
+  reports::RankInfo info = rank(r, host, "0-7");
+  info.net_interface = iface;
+  info.net_address = "10.0.0." + std::to_string(r + 1);
+  info.net_speed_mbps = mbps;
+  info.faster_interface = faster;
+  info.faster_speed_mbps = faster_mbps;
+  return info;
+}
+
+}  // namespace
+
+TEST_CASE("network warnings: a slower interface than the host has, and links of different speeds",
+          "[placement]") {
+  SECTION("one machine: the traffic never leaves it, nothing to say") {
+    auto w = network_warnings({on_net(0, "a", "eno1", 1000, "ens5", 100000),
+                               on_net(1, "a", "eno1", 1000, "ens5", 100000)},
+                              {"a#1", "a#1"});
+    CHECK(w.empty());
+  }
+  SECTION("Gloo on the management NIC of one host") {
+    auto w = network_warnings({on_net(0, "a", "ens5", 100000), on_net(1, "a", "ens5", 100000),
+                               on_net(2, "b", "eno1", 1000, "ens5", 100000),
+                               on_net(3, "b", "eno1", 1000, "ens5", 100000)},
+                              {"a#1", "a#1", "b#2", "b#2"});
+    REQUIRE(w.size() == 2);
+    CHECK(w[0].name == "slower_interface");
+    CHECK_THAT(w[0].detail, Contains("ranks 2-3 on b send over eno1 (1 Gb/s), but ens5 on that host "
+                                     "runs at 100 Gb/s"));
+    CHECK_THAT(w[0].detail, Contains("GLOO_SOCKET_IFNAME=ens5 (or --gloo-interface ens5)"));
+    CHECK(w[1].name == "mixed_link_speeds");
+    CHECK_THAT(w[1].detail, Contains("different speeds: 1 Gb/s (b); 100 Gb/s (a)"));
+  }
+  SECTION("one host's port negotiated a lower speed") {
+    auto w = network_warnings({on_net(0, "a", "eth0", 25000), on_net(1, "b", "eth0", 25000),
+                               on_net(2, "c", "eth0", 10000)},
+                              {"a#1", "b#2", "c#3"});
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].name == "mixed_link_speeds");
+    CHECK_THAT(w[0].detail, Contains("10 Gb/s (c); 25 Gb/s (a, b)"));
+  }
+  SECTION("unknown speeds (virtual NICs) and equal ones say nothing") {
+    CHECK(network_warnings({on_net(0, "a", "eth0", -1), on_net(1, "b", "eth0", -1, "ib0", 100000)},
+                           {"a#1", "b#2"})
+              .empty());
+    CHECK(network_warnings({on_net(0, "a", "eth0", 25000), on_net(1, "b", "eth0", 25000)}, {"a#1", "b#2"})
+              .empty());
+    CHECK(network_warnings({rank(0, "a", "0"), rank(1, "b", "1")}, {"a#1", "b#2"}).empty());
+  }
+  SECTION("a rank with a single-rank verb") {
+    auto w = network_warnings({on_net(0, "a", "eno1", 2500, "ib0", 200000), on_net(1, "b", "eno1", 2500)},
+                              {"a#1", "b#2"});
+    REQUIRE(w.size() == 1);
+    CHECK_THAT(w[0].detail, Contains("rank 0 on a sends over eno1 (2.5 Gb/s), but ib0 on that host runs "
+                                     "at 200 Gb/s"));
+  }
+}
+
+TEST_CASE("interfaces, their addresses and link speeds", "[placement]") {
+  const std::string dir = "/tmp/ddpdiag-sysfs-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir + "/eth9");
+  std::filesystem::create_directories(dir + "/veth0");
+  std::filesystem::create_directories(dir + "/odd");
+  std::ofstream(dir + "/eth9/speed") << "25000\n";
+  std::ofstream(dir + "/veth0/speed") << "-1\n";
+  std::ofstream(dir + "/odd/speed") << "fast\n";
+  ::setenv("DDPDIAG_SYS_CLASS_NET", dir.c_str(), 1);
+  CHECK(link_speed_mbps("eth9") == 25000);
+  CHECK_FALSE(link_speed_mbps("veth0"));   // the driver does not know
+  CHECK_FALSE(link_speed_mbps("odd"));
+  CHECK_FALSE(link_speed_mbps("absent"));
+  CHECK_FALSE(link_speed_mbps("../eth9"));
+  CHECK_FALSE(link_speed_mbps(""));
+  ::unsetenv("DDPDIAG_SYS_CLASS_NET");
+  std::filesystem::remove_all(dir);
+
+  auto ifs = host_interfaces();
+  CHECK(interface_with_address(ifs, "127.0.0.1") == "lo");
+  CHECK(interface_with_address(ifs, "203.0.113.77") == "");
+  for (const auto& i : ifs)
+    if (i.name == "lo") {
+      CHECK(i.loopback);
+      CHECK_FALSE(i.speed_mbps);
+    }
+  CHECK(std::is_sorted(ifs.begin(), ifs.end(), [](const auto& a, const auto& b) { return a.name < b.name; }));
+
+  CHECK(format_link_speed(100) == "100 Mb/s");
+  CHECK(format_link_speed(1000) == "1 Gb/s");
+  CHECK(format_link_speed(2500) == "2.5 Gb/s");
+  CHECK(format_link_speed(400000) == "400 Gb/s");
 }

@@ -1043,8 +1043,9 @@ class GlooStreamOps final : public StreamOps {
 
 class GlooCommunicator final : public Communicator {
  public:
-  GlooCommunicator(const CommOptions& opts, std::shared_ptr<Core> core, std::string device)
-      : core_(std::move(core)), device_(std::move(device)) {
+  GlooCommunicator(const CommOptions& opts, std::shared_ptr<Core> core, std::string device,
+                   std::string listen_address)
+      : core_(std::move(core)), device_(std::move(device)), listen_address_(std::move(listen_address)) {
     timeout_ = opts.timeout;
   }
   ~GlooCommunicator() override { core_->shutdown(); }
@@ -1055,6 +1056,7 @@ class GlooCommunicator final : public Communicator {
   MemoryKind memory_kind() const override { return MemoryKind::kHost; }
   std::string library_version() const override { return gloo_version(); }
   std::string device_name() const override { return device_; }
+  std::string listen_address() const override { return listen_address_; }
 
   std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) override {
@@ -1157,6 +1159,7 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<Core> core_;
   std::unique_ptr<GlooStreamOps> stream_ops_;
   std::string device_;
+  std::string listen_address_;
 };
 
 // Picks where Gloo binds, in order: the interface the caller named, the
@@ -1223,6 +1226,16 @@ std::shared_ptr<gloo::transport::Device> create_device(const CommOptions& opts) 
   } catch (const std::exception& e) {
     throw fail("127.0.0.1", e);
   }
+}
+
+// The IP a Gloo TCP device listens on, from its description ("tcp, pci=,
+// iface=eth0, speed=-1, addr=[10.0.0.2]"); "" when it has none.
+std::string device_ip(const gloo::transport::Device& device) {
+  const std::string s = device.str();
+  const auto at = s.find("addr=[");
+  if (at == std::string::npos) return "";
+  const auto end = s.find(']', at + 6);
+  return end == std::string::npos ? "" : s.substr(at + 6, end - at - 6);
 }
 
 bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
@@ -1450,7 +1463,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
   }
   auto core = std::make_shared<Core>(opts, std::move(context), adapter->take_peer_addresses());
   core->start(opts.gloo_threads);
-  return std::make_unique<GlooCommunicator>(opts, std::move(core), "cpu (" + local_hostname() + ")");
+  return std::make_unique<GlooCommunicator>(opts, std::move(core), "cpu (" + local_hostname() + ")",
+                                            device_ip(*device));
 }
 
 }  // namespace ddpdiag::gloo_backend

@@ -198,6 +198,82 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertEqual(rep["verdict"], "PASS")
 
 
+class NetworkInterfaces(unittest.TestCase):
+    """Host 2's Gloo traffic goes over a 1 Gb/s link while that host also has
+    a 100 Gb/s interface; hosts 0 and 1 use 100 Gb/s links. The link speeds
+    come from a directory laid out as /sys/class/net (DDPDIAG_SYS_CLASS_NET:
+    veth links have none of their own); the interfaces and addresses are
+    real. Every rank's interface is reported, and rank 0 warns of both the
+    slower interface and the mixed speeds."""
+    port = 29811
+
+    def setUp(self):
+        import tempfile
+        teardown()
+        self.sysfs = []
+        try:
+            setup()
+            # A second interface on host 2, with an address of its own.
+            sh("ip", "-n", HOSTS[2], "link", "add", "fast0", "type", "veth", "peer", "name", "fastp0")
+            sh("ip", "-n", HOSTS[2], "addr", "add", "10.233.%d.3/24" % (os.getpid() % 200), "dev",
+               "fast0")
+            for dev in ("fast0", "fastp0"):
+                sh("ip", "-n", HOSTS[2], "link", "set", dev, "up")
+        except Exception:
+            teardown()
+            raise
+        for h, speeds in enumerate([{IFACE: 100000}, {IFACE: 100000},
+                                    {IFACE: 1000, "fast0": 100000}]):
+            d = tempfile.mkdtemp(prefix="ddpdiag-sysfs-h%d-" % h)
+            for name, mbps in speeds.items():
+                os.makedirs(os.path.join(d, name))
+                with open(os.path.join(d, name, "speed"), "w") as f:
+                    f.write("%d\n" % mbps)
+            self.sysfs.append(d)
+
+    def tearDown(self):
+        import shutil
+        teardown()
+        for d in self.sysfs:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def test_slower_interface_and_mixed_speeds_are_named(self):
+        path = tmp_json()
+        args = ["allreduce-test", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1"]
+        procs = []
+        for r in range(3):
+            inner = [BIN] + args[:1] + [
+                "--rank", str(r), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
+                str(self.port), "--gloo-interface", IFACE, "--timeout", "30"] + args[1:] + (
+                ["--json", path] if r == 0 else [])
+            procs.append(subprocess.Popen(NET.command(r, inner),
+                                          env=clean_env(DDPDIAG_SYS_CLASS_NET=self.sysfs[r]),
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        res = [finish(p, 90) for p in procs]
+        for rc, so, se in res:
+            self.assertEqual(rc, 0, se)
+        rep = load(path)
+        v = subprocess.run([BIN, "report", "validate", path], capture_output=True, text=True)
+        self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+        os.unlink(path)
+        out, err = res[0][1], res[0][2]
+        self.assertIn("net %s %s (1 Gb/s)" % (IFACE, ADDR[2]), out)
+        self.assertIn("net %s %s (100 Gb/s)" % (IFACE, ADDR[0]), out)
+        self.assertIn("rank 2 on host2 sends over %s (1 Gb/s), but fast0 on that host runs at "
+                      "100 Gb/s" % IFACE, err)
+        self.assertIn("GLOO_SOCKET_IFNAME=fast0", err)
+        self.assertIn("1 Gb/s (host2); 100 Gb/s (host0, host1)", err)
+        r = rep["results"]
+        self.assertEqual([w["name"] for w in r["warnings"]], ["slower_interface", "mixed_link_speeds"])
+        net = {row["rank"]: row for row in r["rank_network"]}
+        self.assertEqual([net[k]["interface"] for k in range(3)], [IFACE] * 3)
+        self.assertEqual([net[k]["address"] for k in range(3)], ADDR)
+        self.assertEqual([net[k]["speed_mbps"] for k in range(3)], [100000, 100000, 1000])
+        self.assertEqual(net[2]["faster"], {"interface": "fast0", "speed_mbps": 100000})
+        self.assertNotIn("faster", net[0])
+        self.assertEqual(rep["verdict"], "PASS")  # warnings do not change it
+
+
 if __name__ == "__main__":
     why = netns.usable(TAG, ("ip", "tc", "unshare"))
     if why:

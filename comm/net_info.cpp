@@ -1,0 +1,77 @@
+#include "comm/net_info.h"
+
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+
+#include <fmt/core.h>
+
+#include "comm/ip_text.h"
+
+namespace ddpdiag {
+
+namespace {
+
+std::string sys_class_net() {
+  const char* dir = std::getenv("DDPDIAG_SYS_CLASS_NET");
+  return dir && *dir ? dir : "/sys/class/net";
+}
+
+}  // namespace
+
+std::optional<int> link_speed_mbps(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..")
+    return std::nullopt;
+  std::ifstream f(sys_class_net() + "/" + name + "/speed");
+  std::string text;
+  // Reading fails (EINVAL) for a link that is down or has no speed.
+  if (!f || !std::getline(f, text)) return std::nullopt;
+  int mbps = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), mbps);
+  if (ec != std::errc() || (end != text.data() + text.size() && *end != ' ') || mbps <= 0)
+    return std::nullopt;
+  return mbps;
+}
+
+std::vector<NetInterface> host_interfaces() {
+  std::map<std::string, NetInterface> by_name;
+  ifaddrs* list = nullptr;
+  if (::getifaddrs(&list) != 0) return {};
+  for (const ifaddrs* a = list; a; a = a->ifa_next) {
+    if (!a->ifa_addr || !a->ifa_name || !(a->ifa_flags & IFF_UP)) continue;
+    if (a->ifa_addr->sa_family != AF_INET && a->ifa_addr->sa_family != AF_INET6) continue;
+    NetInterface& i = by_name[a->ifa_name];
+    i.name = a->ifa_name;
+    i.loopback = (a->ifa_flags & IFF_LOOPBACK) != 0;
+    std::string ip = ip_text(a->ifa_addr);
+    if (!ip.empty()) i.addresses.push_back(ip);
+  }
+  ::freeifaddrs(list);
+  std::vector<NetInterface> out;
+  for (auto& [name, i] : by_name) {
+    if (!i.loopback) i.speed_mbps = link_speed_mbps(name);
+    out.push_back(std::move(i));
+  }
+  return out;
+}
+
+std::string interface_with_address(const std::vector<NetInterface>& interfaces,
+                                   const std::string& ip) {
+  for (const auto& i : interfaces)
+    if (std::find(i.addresses.begin(), i.addresses.end(), ip) != i.addresses.end()) return i.name;
+  return "";
+}
+
+std::string format_link_speed(int mbps) {
+  if (mbps < 1000) return fmt::format("{} Mb/s", mbps);
+  if (mbps % 1000 == 0) return fmt::format("{} Gb/s", mbps / 1000);
+  return fmt::format("{:g} Gb/s", mbps / 1000.0);
+}
+
+}  // namespace ddpdiag

@@ -1,0 +1,35 @@
+// This host's network interfaces, their addresses and link speeds, and which
+// interface an address belongs to: what a rank's backend traffic goes over.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddpdiag {
+
+struct NetInterface {
+  std::string name;                    // "eth0"
+  std::vector<std::string> addresses;  // IPv4 and IPv6 addresses, as text
+  std::optional<int> speed_mbps;       // the link's speed where the driver says (Mb/s)
+  bool loopback = false;
+};
+
+// The interfaces that are up and have an IP address, sorted by name.
+// Speeds come from <sysfs>/NAME/speed, where <sysfs> is /sys/class/net or
+// the directory DDPDIAG_SYS_CLASS_NET names (tests). Virtual links (veth,
+// virtio, loopback) often have no speed: nullopt.
+std::vector<NetInterface> host_interfaces();
+
+// The link speed of interface `name` in Mb/s, or nullopt when unknown
+// (no such file, -1, 0, not a number).
+std::optional<int> link_speed_mbps(const std::string& name);
+
+// The interface among `interfaces` that holds address `ip` ("" if none).
+std::string interface_with_address(const std::vector<NetInterface>& interfaces,
+                                   const std::string& ip);
+
+// "1 Gb/s", "100 Gb/s", "2.5 Gb/s", "100 Mb/s".
+std::string format_link_speed(int mbps);
+
+}  // namespace ddpdiag
