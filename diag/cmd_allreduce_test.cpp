@@ -1,10 +1,15 @@
 // ddpdiag allreduce-test: the pre-flight check. Can every rank meet, is
 // all_reduce correct on every rank, is bandwidth what it should be. Columns and
 // conventions follow nccl-tests so figures can be compared with it.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <set>
+#include <string>
 
 #include <fmt/core.h>
+#include <nlohmann/json.hpp>
 
 #include "comm/measure.h"
 #include "comm/net_info.h"
@@ -50,6 +55,29 @@ std::string block_cells(const std::optional<TimingBlock>& b) {
   std::string wrong = b->wrong < 0 ? "N/A" : std::to_string(b->wrong);
   return fmt::format("{:>10.1f} {:>8.3f} {:>8.3f} {:>7}", b->time_us, b->algbw_gbps,
                      b->busbw_gbps, wrong);
+}
+
+// Bus bandwidth at the largest size against the slowest link of the ranks,
+// for Gloo runs on several hosts whose every link speed is known: a ring
+// all_reduce's busbw cannot pass the link its traffic crosses, so this
+// says how much of the network the run got. Nothing otherwise (one host:
+// the traffic never leaves it; a speed unknown: no reference).
+std::optional<nlohmann::json> busbw_vs_link(const Job& job, const std::vector<SizeResult>& results) {
+  if (results.empty() || job.ranks.empty()) return std::nullopt;
+  std::set<std::string> machines(job.machines.begin(), job.machines.end());
+  if (machines.size() < 2 || job.machines.size() != job.ranks.size()) return std::nullopt;
+  int slowest = 0;
+  for (const auto& r : job.ranks) {
+    if (r.net_speed_mbps <= 0) return std::nullopt;
+    slowest = slowest ? std::min(slowest, r.net_speed_mbps) : r.net_speed_mbps;
+  }
+  const auto& last = results.back();
+  const auto& b = last.out_of_place ? last.out_of_place : last.in_place;
+  if (!b) return std::nullopt;
+  return nlohmann::json{{"slowest_link_speed_mbps", slowest},
+                        {"bytes", last.bytes},
+                        {"busbw_gbps", b->busbw_gbps},
+                        {"fraction", b->busbw_gbps / (slowest / 8000.0)}};
 }
 
 void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOptions& o) {
@@ -239,6 +267,14 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
                 wrong == 0 ? "OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
+    if (auto link = busbw_vs_link(job, results)) {
+      res["busbw_vs_link"] = *link;
+      std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %s B is %.3f GB/s, %.0f%% of it\n",
+                  format_link_speed((*link)["slowest_link_speed_mbps"].get<int>()).c_str(),
+                  (*link)["slowest_link_speed_mbps"].get<int>() / 8000.0,
+                  std::to_string((*link)["bytes"].get<std::size_t>()).c_str(),
+                  (*link)["busbw_gbps"].get<double>(), 100 * (*link)["fraction"].get<double>());
+    }
     print_checks_and_verdict(report);
   }
 }

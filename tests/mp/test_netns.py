@@ -272,6 +272,12 @@ class NetworkInterfaces(unittest.TestCase):
         self.assertEqual(net[2]["faster"], {"interface": "fast0", "speed_mbps": 100000})
         self.assertNotIn("faster", net[0])
         self.assertEqual(rep["verdict"], "PASS")  # warnings do not change it
+        # The busbw at the largest size against the slowest link (1 Gb/s).
+        link = r["busbw_vs_link"]
+        self.assertEqual((link["slowest_link_speed_mbps"], link["bytes"]), (1000, 4096))
+        self.assertEqual(link["busbw_gbps"], r["sizes"][-1]["out_of_place"]["busbw_gbps"])
+        self.assertAlmostEqual(link["fraction"], link["busbw_gbps"] / 0.125, places=6)
+        self.assertIn("# Slowest link         : 1 Gb/s (0.125 GB/s); busbw at 4096 B is", out)
 
 
 if __name__ == "__main__":
