@@ -221,6 +221,21 @@ CLI::Validator number_in_range(double lo, double hi) {
                       "between " + lo_s + " and " + hi_s, lo_s + " to " + hi_s, "RANGE");
 }
 
+CLI::Validator int64_value() {
+  return CLI::Validator(
+      [](std::string& s) -> std::string {
+        // As CLI11 reads it (strtoll, base 0), so that only what it would
+        // clamp is refused; other mistakes keep CLI11's own message.
+        errno = 0;
+        char* end = nullptr;
+        (void)std::strtoll(s.c_str(), &end, 0);
+        if (errno == ERANGE)
+          return "must be a 64-bit integer (-9223372036854775808 to 9223372036854775807), not " + s;
+        return std::string();
+      },
+      "", "INT64");
+}
+
 void add_common_options(CLI::App* app, CommonOptions& o) {
   auto* g = app;
   g->add_option("--nproc", o.nproc,

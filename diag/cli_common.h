@@ -187,6 +187,10 @@ CLI::Validator number_above(double lo);
 CLI::Validator positive_number();  // number_above(0)
 CLI::Validator non_negative_number();
 CLI::Validator number_in_range(double lo, double hi);
+// For flags held in a 64-bit integer: a value beyond its range is refused
+// with that value ("99999999999999999999 does not fit ..."), where CLI11
+// alone would go on with 2^63 - 1 in its place.
+CLI::Validator int64_value();
 
 // bucket_cap_mb values from "1,5,25" (MiB, each > 0 and <= 1e6): sorted,
 // without repeats. Throws UsageError naming --caps, with `rank` in its context.

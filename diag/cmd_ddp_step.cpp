@@ -222,7 +222,8 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   app->add_flag("--no-check", opts->no_check, "Skip the gradient check");
   app->add_option(
       "--sparse-rows", opts->sparse_rows,
-      "Rows each rank touches per sparse parameter per iteration (default min(rows, 512))");
+      "Rows each rank touches per sparse parameter per iteration (default min(rows, 512))")
+      ->check(cli::int64_value());
   return {app, [opts] {
             return run_distributed(opts->common, "ddp-step", [opts](Job& job, reports::Report& r) {
               run(job, r, *opts);

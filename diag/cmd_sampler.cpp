@@ -197,12 +197,15 @@ Subcommand add_sampler_command(CLI::App& parent) {
       "sampler", "Print one rank's DistributedSampler indices (index for index with torch, or streaming)");
   app->add_option("--dataset-size", o->dataset_size, "len(dataset), N")
       ->required()
+      ->check(cli::int64_value())
       ->check(cli::non_negative_number());
   app->add_option("--world-size", o->world_size, "num_replicas, R")
       ->required()
+      ->check(cli::int64_value())
       ->check(cli::positive_number());
   app->add_option("--rank", o->rank, "this rank, 0 <= rank < R")
       ->required()
+      ->check(cli::int64_value())
       ->check(cli::non_negative_number());
   app->add_option("--seed", o->seed, "sampler seed (an integer; seed + epoch must be one torch.manual_seed takes)")
       ->capture_default_str();
@@ -210,8 +213,11 @@ Subcommand add_sampler_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_flag("--drop-last", o->drop_last, "drop the tail instead of padding");
   app->add_flag("--no-shuffle", o->no_shuffle, "shuffle=False: indices in order");
-  app->add_option("--start", o->start, "first position in this rank's list")->capture_default_str();
+  app->add_option("--start", o->start, "first position in this rank's list")
+      ->capture_default_str()
+      ->check(cli::int64_value());
   app->add_option("--count", o->count, "how many indices from --start (default: to the end)")
+      ->check(cli::int64_value())
       ->check(cli::non_negative_number());
   app->add_flag("--streaming", o->streaming,
                 "O(1)-memory mode with a different (Feistel) permutation: not torch's indices");

@@ -558,7 +558,13 @@ class BadInput(unittest.TestCase):
         for flag, value, message in [("--rank", "-1", "--rank: must be a number >= 0, not -1"),
                                      ("--dataset-size", "-5", "--dataset-size: must be a number >= 0"),
                                      ("--world-size", "0", "--world-size: must be a number > 0"),
-                                     ("--count", "-3", "--count: must be a number >= 0, not -3")]:
+                                     ("--count", "-3", "--count: must be a number >= 0, not -3"),
+                                     # Beyond 64 bits: refused as given, not read as 2^63 - 1.
+                                     ("--dataset-size", "%s" % ("9" * 20),
+                                      "--dataset-size: must be a 64-bit integer (-9223372036854775808 "
+                                      "to 9223372036854775807), not " + "9" * 20),
+                                     ("--start", "-" + "9" * 20, "--start: must be a 64-bit integer"),
+                                     ("--world-size", "9" * 20, "--world-size: must be a 64-bit integer")]:
             with self.subTest(flag=flag):
                 args = dict(base, **{flag: value})
                 p = run(["sampler"] + [x for kv in args.items() for x in kv])
@@ -572,6 +578,7 @@ class BadInput(unittest.TestCase):
                 (["ddp-step", "--bucket-cap-mb", "0"], "--bucket-cap-mb: must be a number > 0"),
                 (["bucket-sweep", "--caps", "0"], "--caps: '0' is not a positive number of MiB"),
                 (["bucket-sweep", "--first-bucket-mb", "-1"], "--first-bucket-mb: must be a number > 0"),
+                (["ddp-step", "--sparse-rows", "9" * 20], "--sparse-rows: must be a 64-bit integer"),
         ]:
             with self.subTest(args=args):
                 p = run(args)
