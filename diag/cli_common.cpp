@@ -1048,6 +1048,20 @@ nlohmann::json network_of(const std::string& listen_ip) {
   return net;
 }
 
+}  // namespace
+
+std::string listen_text(const std::string& listen_ip) {
+  if (listen_ip.empty()) return "";
+  const auto net = network_of(listen_ip);
+  const std::string iface = net.value("interface", std::string());
+  return fmt::format("{} {}{}", iface.empty() ? "(no interface holds it)" : iface, listen_ip,
+                     net["speed_mbps"].is_number_integer()
+                         ? " (" + format_link_speed(net["speed_mbps"].get<int>()) + ")"
+                         : "");
+}
+
+namespace {
+
 // Sets up store and communicator for this rank, once discover_job has run.
 void start_job(Job& job, const CommonOptions& o) {
   host_store(job);

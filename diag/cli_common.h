@@ -180,6 +180,10 @@ std::optional<int> launch_if_asked(const CommonOptions& o);
 
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body);
 
+// Where a backend listening on listen_ip takes its traffic to other hosts:
+// "eth0 10.0.0.1 (25 Gb/s)", "lo 127.0.0.1"; "" for an empty address.
+std::string listen_text(const std::string& listen_ip);
+
 // Flag checks with plain messages ("--iters: must be a number > 0, not '0'"):
 // CLI11's own print the whole double range and call a non-number "out of
 // range".

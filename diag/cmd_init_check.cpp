@@ -344,8 +344,9 @@ int run_init_check(const InitCheckOptions& io) {
         throw;
       }
       if (!nccl_log_path.empty()) nccl_log = nccl_log_lines(nccl_log_path);
-      return fmt::format("{} ({}), device {}", backend_name(job.backend),
-                         job.comm->library_version(), job.comm->device_name());
+      const std::string net = listen_text(job.comm->listen_address());
+      return fmt::format("{} ({}), device {}{}", backend_name(job.backend), job.comm->library_version(),
+                         job.comm->device_name(), net.empty() ? "" : ", listening on " + net);
     });
     phase("first_allreduce", [&] {
       const std::size_t count = 1024;

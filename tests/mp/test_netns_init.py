@@ -71,6 +71,10 @@ class Netns(unittest.TestCase):
         ranks = rep["results"]["ranks"]
         self.assertIn(ADDR[0], ranks[1]["phases"][1]["detail"])
         self.assertTrue(all(ph["status"] == "ok" for r in ranks for ph in r["phases"]))
+        # Where each rank's Gloo listens: the interface it was given, its address.
+        for r in range(2):
+            init = [ph for ph in ranks[r]["phases"] if ph["name"] == "backend_init"][0]
+            self.assertIn("listening on %s %s" % (IFACE, ADDR[r]), init["detail"])
         os.unlink(path)
 
     def test_host_with_its_link_down_is_named(self):
