@@ -217,7 +217,8 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
                        {"latency_above_median_pct", o.thresholds.latency_above_median_pct},
                        {"latency_floor_us", o.thresholds.latency_floor_us},
                        {"min_bandwidth_gbps", o.thresholds.min_bandwidth_gbps},
-                       {"max_latency_us", o.thresholds.max_latency_us}};
+                       {"max_latency_us", o.thresholds.max_latency_us},
+                       {"min_link_pct", o.thresholds.min_link_pct}};
   res["nccl_log"] = nccl_log;
 
   // Pairs, round by round; a barrier keeps the rounds apart.
@@ -281,6 +282,8 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
       m.a = a;
       m.b = b;
       m.same_host = job.ranks.size() == static_cast<std::size_t>(n) ? job.ranks[a].host == job.ranks[b].host : true;
+      if (!m.same_host && job.ranks[a].net_speed_mbps > 0 && job.ranks[b].net_speed_mbps > 0)
+        m.link_speed_mbps = std::min(job.ranks[a].net_speed_mbps, job.ranks[b].net_speed_mbps);
       const double t = std::max(bw_time[a][b], bw_time[b][a]);
       m.bandwidth_gbps = t > 0 ? static_cast<double>(bw_bytes) / t / 1e3 : 0;
       m.latency_us = std::max(lat[a][b], lat[b][a]);
@@ -332,7 +335,11 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
                          {"slow_bandwidth", j.slow_bandwidth},
                          {"slow_latency", j.slow_latency},
                          {"reason", j.reason},
-                         {"transport", transport_of(m.a, m.b)}});
+                         {"transport", transport_of(m.a, m.b)},
+                         {"link_speed_mbps", m.link_speed_mbps > 0 ? json(m.link_speed_mbps) : json()},
+                         {"link_fraction", m.link_speed_mbps > 0
+                                               ? json(m.bandwidth_gbps / (m.link_speed_mbps / 8000.0))
+                                               : json()}});
     ++pair_count[m.a];
     ++pair_count[m.b];
     if (j.slow()) {
@@ -414,18 +421,21 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
       a == b ? std::printf(" %9s", "-") : std::printf(" %9.1f", lat_matrix[a][b].get<double>());
     std::printf("\n");
   }
-  std::printf("# %5s %5s %-10s %10s %10s %12s %-16s %s\n", "src", "dst", "kind", "busbw", "latency",
-              "kind median", "transport", "verdict");
+  std::printf("# %5s %5s %-10s %10s %10s %12s %7s %-16s %s\n", "src", "dst", "kind", "busbw", "latency",
+              "kind median", "of link", "transport", "verdict");
   for (const auto& p : pair_rows) {
     std::string tr = "-";
     if (p["transport"].is_array()) {
       tr.clear();
       for (const auto& t : p["transport"]) tr += (tr.empty() ? "" : ",") + t.get<std::string>();
     }
-    std::printf("  %5d %5d %-10s %10.3f %10.1f %12.3f %-16s %s\n", p["src"].get<int>(),
+    const std::string of_link = p["link_fraction"].is_number()
+                                    ? fmt::format("{:.0f}%", 100 * p["link_fraction"].get<double>())
+                                    : "-";
+    std::printf("  %5d %5d %-10s %10.3f %10.1f %12.3f %7s %-16s %s\n", p["src"].get<int>(),
                 p["dst"].get<int>(), p["same_host"].get<bool>() ? "same-host" : "cross-host",
                 p["busbw_gbps"].get<double>(), p["latency_us"].get<double>(),
-                p["kind_median_busbw_gbps"].get<double>(), tr.c_str(),
+                p["kind_median_busbw_gbps"].get<double>(), of_link.c_str(), tr.c_str(),
                 p["slow"].get<bool>() ? ("SLOW: " + p["reason"].get<std::string>()).c_str() : "ok");
   }
   std::printf("# all_reduce of %s per rank (us):", format_size(ar_bytes).c_str());
@@ -470,6 +480,10 @@ Subcommand add_link_health_command(CLI::App& parent) {
   app->add_option("--max-latency-us", opts->thresholds.max_latency_us,
                   "Slow above this absolute latency (0: off)")
       ->check(cli::non_negative_number());
+  app->add_option("--min-link-pct", opts->thresholds.min_link_pct,
+                  "A cross-host pair is slow under this % of its link's speed, where the kernel "
+                  "knows both ends' speeds (Gloo; 0: off)")
+      ->check(cli::number_in_range(0, 100));
   app->add_flag("--no-nccl-transport", opts->no_nccl_transport,
                 "Do not switch NCCL's INFO log on to learn each pair's transport");
   return {app, [opts] {

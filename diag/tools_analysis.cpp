@@ -7,6 +7,8 @@
 
 #include <fmt/core.h>
 
+#include "comm/net_info.h"
+
 namespace ddpdiag::cli::tools {
 
 namespace {
@@ -73,6 +75,16 @@ std::vector<PairJudgement> judge_pairs(const std::vector<PairMeasurement>& pairs
       j.slow_bandwidth = true;
       why.push_back(fmt::format("bandwidth {:.4g} GB/s is under the minimum {:.4g} GB/s",
                                 p.bandwidth_gbps, t.min_bandwidth_gbps));
+    }
+    if (t.min_link_pct > 0 && !p.same_host && p.link_speed_mbps > 0) {
+      const double link_gbps = p.link_speed_mbps / 8000.0;
+      if (p.bandwidth_gbps < link_gbps * t.min_link_pct / 100) {
+        j.slow_bandwidth = true;
+        why.push_back(fmt::format("bandwidth {:.4g} GB/s is {:.0f}% of its {} link ({:.4g} GB/s), under "
+                                  "{:g}%",
+                                  p.bandwidth_gbps, 100 * p.bandwidth_gbps / link_gbps,
+                                  format_link_speed(p.link_speed_mbps), link_gbps, t.min_link_pct));
+      }
     }
     const double lat_limit = j.kind_median_latency_us * (1 + t.latency_above_median_pct / 100);
     if (j.kind_pairs > 1 && p.latency_us > lat_limit &&

@@ -26,6 +26,9 @@ struct PairMeasurement {
   bool same_host = true;
   double bandwidth_gbps = 0;  // per direction, both directions in flight
   double latency_us = 0;      // one way: half the ping-pong round trip
+  // Cross-host pairs whose two ends' link speeds are known: the slower
+  // end's speed (Mb/s); 0 when unknown or same host.
+  int link_speed_mbps = 0;
 };
 
 struct LinkThresholds {
@@ -40,6 +43,10 @@ struct LinkThresholds {
   // Absolute limits, 0 = off.
   double min_bandwidth_gbps = 0;
   double max_latency_us = 0;
+  // A cross-host pair with a known link speed is slow under this percentage
+  // of that link (one direction, bytes/s = Mb/s x 125000); 0 = off. It finds
+  // links that are all slow alike, which the medians cannot.
+  double min_link_pct = 0;
 };
 
 struct PairJudgement {

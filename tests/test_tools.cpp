@@ -98,6 +98,26 @@ TEST_CASE("judge_pairs: outliers against the median of the same kind", "[tools]"
     const auto j2 = judge_pairs({{0, 1, true, 1, 10}, {0, 2, true, 1, 10}, {1, 2, true, 1, 90}}, t);
     CHECK_FALSE(j2[2].slow());
   }
+  SECTION("links all slow alike: only the share of the link finds them") {
+    // Three cross-host pairs at 0.5 GB/s over 25 Gb/s links (3.125 GB/s):
+    // 16% each, so no median flags them.
+    std::vector<PairMeasurement> alike = {{0, 1, false, 0.5, 20, 25000},
+                                          {0, 2, false, 0.5, 20, 25000},
+                                          {1, 2, false, 0.5, 20, 0},      // a speed unknown
+                                          {2, 3, true, 0.1, 20, 25000}};  // same host: not a link
+    for (const auto& j2 : judge_pairs(alike, t)) CHECK_FALSE(j2.slow());
+    LinkThresholds share = t;
+    share.min_link_pct = 50;
+    const auto j2 = judge_pairs(alike, share);
+    CHECK(j2[0].slow_bandwidth);
+    CHECK(j2[1].slow_bandwidth);
+    CHECK_FALSE(j2[2].slow());
+    CHECK_FALSE(j2[3].slow());
+    CHECK_THAT(j2[0].reason, Catch::Contains("bandwidth 0.5 GB/s is 16% of its 25 Gb/s link (3.125 GB/s), "
+                                             "under 50%"));
+    share.min_link_pct = 10;
+    for (const auto& j3 : judge_pairs(alike, share)) CHECK_FALSE(j3.slow());
+  }
 }
 
 TEST_CASE("parse_nccl_transports: NCCL INFO channel lines", "[tools]") {

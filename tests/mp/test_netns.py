@@ -210,6 +210,7 @@ class NetworkInterfaces(unittest.TestCase):
     def setUp(self):
         import tempfile
         teardown()
+        NetworkInterfaces.port += 2
         self.sysfs = []
         try:
             setup()
@@ -278,6 +279,38 @@ class NetworkInterfaces(unittest.TestCase):
         self.assertEqual(link["busbw_gbps"], r["sizes"][-1]["out_of_place"]["busbw_gbps"])
         self.assertAlmostEqual(link["fraction"], link["busbw_gbps"] / 0.125, places=6)
         self.assertIn("# Slowest link         : 1 Gb/s (0.125 GB/s); busbw at 4096 B is", out)
+
+    def test_links_all_slow_alike_are_found_against_their_speed(self):
+        # Every host's link said to run at 400 Gb/s (50 GB/s each way): the
+        # pairs, alike, are far below that, which no median can show.
+        for d in self.sysfs:
+            with open(os.path.join(d, IFACE, "speed"), "w") as f:
+                f.write("400000\n")
+        path = tmp_json()
+        args = ["link-health", "--bytes", "256K", "-n", "2", "-w", "1", "--latency-iters", "3",
+                "--allreduce-bytes", "64K", "--allreduce-iters", "1", "--bw-threshold-pct", "99",
+                "--latency-threshold-pct", "5000", "--min-link-pct", "50"]
+        procs = []
+        for r in range(3):
+            inner = [BIN] + args[:1] + [
+                "--rank", str(r), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
+                str(self.port + 1), "--gloo-interface", IFACE, "--timeout", "30"] + args[1:] + (
+                ["--json", path] if r == 0 else [])
+            procs.append(subprocess.Popen(NET.command(r, inner),
+                                          env=clean_env(DDPDIAG_SYS_CLASS_NET=self.sysfs[r]),
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        res = [finish(p, 90) for p in procs]
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(res[0][0], 1, res[0][1] + res[0][2])
+        r = rep["results"]
+        self.assertEqual(r["thresholds"]["min_link_pct"], 50)
+        self.assertEqual(sorted(map(tuple, r["slow_pairs"])), [(0, 1), (0, 2), (1, 2)])
+        for p in r["pairs"]:
+            self.assertEqual(p["link_speed_mbps"], 400000)
+            self.assertAlmostEqual(p["link_fraction"], p["busbw_gbps"] / 50.0, places=6)
+            self.assertIn("of its 400 Gb/s link (50 GB/s), under 50%", p["reason"])
+        self.assertRegex(res[0][1], r"cross-host +[0-9.]+ +[0-9.]+ +[0-9.]+ +\d+%")
 
 
 if __name__ == "__main__":
