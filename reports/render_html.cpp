@@ -368,6 +368,8 @@ std::string render_html(const json& report) {
                           html_escape(row[1]), html_escape(row[1]), html_escape(row[2]));
     out += card("Checks", body + "</tbody></table></div>");
   }
+  if (auto warnings = view::warnings_table(report); !warnings.rows.empty())
+    out += card("Warnings", table_html(warnings));
 
   // Charts.
   std::vector<std::string> charts = bandwidth_charts(res);

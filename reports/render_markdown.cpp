@@ -64,6 +64,11 @@ std::string render_markdown(const json& report) {
       row[1] = row[1] == "pass" ? "✅ pass" : row[1] == "fail" ? "❌ fail" : row[1] == "skip" ? "⏭ skip" : row[1];
     out += table_md(checks) + "\n";
   }
+  auto warnings = view::warnings_table(report);
+  if (!warnings.rows.empty()) {
+    for (auto& row : warnings.rows) row[0] = "⚠️ " + row[0];
+    out += "### Warnings\n\n" + table_md(warnings) + "\n";
+  }
 
   auto tables = view::result_tables(report);
   if (!tables.empty()) {

@@ -585,6 +585,17 @@ Table checks_table(const json& r) {
   return t;
 }
 
+Table warnings_table(const json& r) {
+  Table t;
+  t.title = "Warnings";
+  t.header = {"warning", "detail"};
+  t.numeric = {false, false};
+  const json& w = field(field(r, "results"), "warnings");
+  if (w.is_array())
+    for (const auto& x : w) t.rows.push_back({str(x, "name", "?"), str(x, "detail")});
+  return t;
+}
+
 std::vector<std::pair<std::string, std::string>> error_fields(const json& r) {
   std::vector<std::pair<std::string, std::string>> out;
   const json& e = field(r, "error");
@@ -615,7 +626,9 @@ std::vector<Table> result_tables(const json& r) {
       }
   for (auto it = res.begin(); it != res.end(); ++it) {
     const json& v = it.value();
-    if (it.key() == "watchdog" && v.is_object()) {
+    if (it.key() == "warnings" && v.is_array()) {
+      continue;  // warnings_table, beside the checks
+    } else if (it.key() == "watchdog" && v.is_object()) {
       watchdog_tables(v, out);
     } else if (is_matrix(v)) {
       out.push_back(matrix_table(it.key(), v, slow));

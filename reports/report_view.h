@@ -29,6 +29,9 @@ std::vector<std::pair<std::string, std::string>> context(const nlohmann::json& r
 // One row per rank: rank, local rank, host, pid, device.
 Table ranks_table(const nlohmann::json& report);
 Table checks_table(const nlohmann::json& report);
+// results.warnings (name, detail), shown beside the checks rather than among
+// the results; no rows when there are none.
+Table warnings_table(const nlohmann::json& report);
 // Error fields as (label, value); empty when there is no error.
 std::vector<std::pair<std::string, std::string>> error_fields(const nlohmann::json& report);
 // Results: the nccl-tests style size table where rows have out_of_place /

@@ -619,6 +619,24 @@ TEST_CASE("markdown: title with verdict, context, checks and results", "[reports
   CHECK(render_markdown(allreduce_report(baseline_points())).find("rank(s) on 1 host(s)") != std::string::npos);
 }
 
+TEST_CASE("render: warnings stand beside the checks, not among the results", "[reports][render]") {
+  auto j = allreduce_report(baseline_points());
+  CHECK(render_markdown(j).find("### Warnings") == std::string::npos);  // none, no section
+  j["results"]["warnings"] = nlohmann::json::array(
+      {{{"name", "slower_interface"}, {"detail", "rank 2 on b sends over eno1 (1 Gb/s), but ens5 ..."}}});
+  const auto md = render_markdown(j);
+  INFO(md);
+  const auto at = md.find("### Warnings");
+  REQUIRE(at != std::string::npos);
+  CHECK(at > md.find("### Checks"));
+  CHECK(at < md.find("### Results"));
+  CHECK(md.find("| ⚠️ slower_interface | rank 2 on b sends over eno1 (1 Gb/s), but ens5 ... |") != std::string::npos);
+  CHECK(md.find("#### warnings") == std::string::npos);
+  const auto html = render_html(j);
+  CHECK(html.find("<h2>Warnings</h2>") != std::string::npos);
+  CHECK(html.find("slower_interface") != std::string::npos);
+}
+
 TEST_CASE("html: self-contained page with a bandwidth chart", "[reports][render]") {
   auto r = allreduce_report(baseline_points());
   r["argv"].push_back("<script>alert(1)</script>");
