@@ -97,6 +97,26 @@ class RealTorchrun(unittest.TestCase):
     def test_torchrun_standalone(self):
         self.run_torchrun(["--standalone"])
 
+    def test_torchrun_c10d_rendezvous_on_ddpdiag_store_serve(self):
+        """torchrun's c10d rendezvous with its store on `ddpdiag store serve`
+        (is_host=0: no agent hosts it), as the README offers for launches
+        where no rank should host the store."""
+        srv = subprocess.Popen([BIN, "store", "serve", "--port", "0", "--host", "127.0.0.1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=clean_env())
+        try:
+            line = srv.stdout.readline()
+            port = int(line.split("serving on ")[1].split()[0].rsplit(":", 1)[1])
+            rep = self.run_torchrun(["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                     "127.0.0.1:%d" % port, "--rdzv-id", "ddpdiag-c10d",
+                                     "--rdzv-conf", "is_host=0"])
+            self.assertEqual(rep["verdict"], "PASS")
+        finally:
+            srv.terminate()
+            _, err = srv.communicate(timeout=30)
+        # torch's agents and the workers used only what the store serves.
+        self.assertNotIn("closed the connection of", err)
+
     @unittest.skipUnless(hasattr(dist.TCPStore, "list_keys"), "listing keys is torch 2.10 and later")
     def test_store_keys_names_the_rank_that_has_not_joined(self):
         """A torch job whose rank 2 has not reached init_process_group yet:
