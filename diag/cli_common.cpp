@@ -1070,23 +1070,29 @@ void start_job(Job& job, const CommonOptions& o) {
   wait_for_ranks(job);
   collect_warnings(job);
   create_communicator(job, o);
-  // Record the device each rank's backend actually chose, and the network
-  // interface its traffic to other hosts goes over.
-  auto got = job.gather_to_root(
-      "device", {{"device", job.comm->device_name()}, {"network", network_of(job.comm->listen_address())}});
-  for (std::size_t r = 0; r < got.size() && r < job.ranks.size(); ++r) {
-    auto& info = job.ranks[r];
-    info.device = got[r].value("device", std::string());
-    const auto& net = got[r].contains("network") ? got[r]["network"] : nlohmann::json();
+  // Record the device each rank's backend actually chose.
+  auto devices = job.gather_to_root("device", job.comm->device_name());
+  for (std::size_t r = 0; r < devices.size() && r < job.ranks.size(); ++r)
+    if (devices[r].is_string()) job.ranks[r].device = devices[r].get<std::string>();
+  // And the network interface its traffic to other hosts goes over (a key
+  // of its own, so that "device" keeps what every build writes there).
+  const auto nets = job.gather_to_root("network", network_of(job.comm->listen_address()));
+  const auto text = [](const nlohmann::json& j, const char* key) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  const auto mbps = [](const nlohmann::json& j, const char* key) {
+    return j.contains(key) && j[key].is_number_integer() ? j[key].get<int>() : -1;
+  };
+  for (std::size_t r = 0; r < nets.size() && r < job.ranks.size(); ++r) {
+    const auto& net = nets[r];
     if (!net.is_object()) continue;
-    info.net_interface = net.value("interface", std::string());
-    info.net_address = net.value("address", std::string());
-    info.net_speed_mbps = net.contains("speed_mbps") && net["speed_mbps"].is_number_integer()
-                              ? net["speed_mbps"].get<int>()
-                              : -1;
+    auto& info = job.ranks[r];
+    info.net_interface = text(net, "interface");
+    info.net_address = text(net, "address");
+    info.net_speed_mbps = mbps(net, "speed_mbps");
     if (net.contains("faster") && net["faster"].is_object()) {
-      info.faster_interface = net["faster"].value("interface", std::string());
-      info.faster_speed_mbps = net["faster"].value("speed_mbps", -1);
+      info.faster_interface = text(net["faster"], "interface");
+      info.faster_speed_mbps = mbps(net["faster"], "speed_mbps");
     }
   }
   if (job.backend == Backend::kGloo && job.rank() == 0)

@@ -8,11 +8,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <memory>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -329,7 +329,7 @@ int run_keys(const KeyOptions& o) {
   if (o.world_size > 0) {
     // Keys whose last part is a number, grouped by what comes before it:
     // the per-rank keys of a rendezvous (torch's Gloo writes
-    // default_pg/0//cpu//0/<rank>, ddpdiag rank/<rank>), with the numbers
+    // default_pg/0//cpu//0/<rank>, ddpdiag ddpdiag/rank/<rank>), with the numbers
     // of 0..world_size-1 that are absent: the ranks that did not get there.
     // torchrun's own keys (torchelastic/...) count nodes, and are shown so.
     std::map<std::string, std::vector<int>> by_prefix;
