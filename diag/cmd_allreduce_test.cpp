@@ -35,6 +35,7 @@ struct AllreduceTestOptions {
   bool no_in_place = false;
   bool no_out_of_place = false;
   double min_busbw_gbps = 0;
+  double min_link_pct = 0;
   bool bisect = false;
 };
 
@@ -232,6 +233,27 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                                       o.min_busbw_gbps)});
       }
     }
+    const auto link = busbw_vs_link(job, results);
+    if (link) res["busbw_vs_link"] = *link;
+    if (o.min_link_pct > 0) {
+      if (results.empty()) {
+        report.add_check({"min_link_pct", reports::CheckStatus::kSkip, none_measured});
+      } else if (!link) {
+        report.add_check({"min_link_pct", reports::CheckStatus::kSkip,
+                          "no link to compare with: the ranks run on one host, or the kernel does not "
+                          "know every rank's link speed (virtual NICs, NCCL); use --min-busbw"});
+      } else {
+        const double pct = 100 * (*link)["fraction"].get<double>();
+        const int speed = (*link)["slowest_link_speed_mbps"].get<int>();
+        const bool ok = pct >= o.min_link_pct;
+        report.add_check({"min_link_pct", ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                          fmt::format("busbw {:.3f} GB/s at {} B is {:.0f}% of the slowest link ({}, {:.4g} "
+                                      "GB/s), {} the threshold {:g}%",
+                                      (*link)["busbw_gbps"].get<double>(), (*link)["bytes"].get<std::size_t>(),
+                                      pct, format_link_speed(speed), speed / 8000.0,
+                                      ok ? "meeting" : "under", o.min_link_pct)});
+      }
+    }
     return std::pair{wrong, nb ? avg_busbw / nb : 0.0};
   };
 
@@ -268,7 +290,6 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                 wrong == 0 ? "OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
     if (auto link = busbw_vs_link(job, results)) {
-      res["busbw_vs_link"] = *link;
       std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %s B is %.3f GB/s, %.0f%% of it\n",
                   format_link_speed((*link)["slowest_link_speed_mbps"].get<int>()).c_str(),
                   (*link)["slowest_link_speed_mbps"].get<int>() / 8000.0,
@@ -330,6 +351,10 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   app->add_option("--min-busbw", opts->min_busbw_gbps,
                   "FAIL when bus bandwidth at the largest size is under this many GB/s")
       ->check(cli::non_negative_number());
+  app->add_option("--min-link-pct", opts->min_link_pct,
+                  "FAIL when bus bandwidth at the largest size is under this % of the slowest rank's "
+                  "link speed (Gloo across hosts, where the kernel knows every link's speed)")
+      ->check(cli::number_in_range(0, 100));
   app->add_flag("--bisect", opts->bisect,
                 "After the sweep, test sub-groups (each host alone, pairs of hosts, halves) and "
                 "name the smallest failing or slow set and the rank/host it points to");

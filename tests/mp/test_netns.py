@@ -280,6 +280,31 @@ class NetworkInterfaces(unittest.TestCase):
         self.assertAlmostEqual(link["fraction"], link["busbw_gbps"] / 0.125, places=6)
         self.assertIn("# Slowest link         : 1 Gb/s (0.125 GB/s); busbw at 4096 B is", out)
 
+    def test_allreduce_gated_on_its_share_of_the_link(self):
+        # Links said to run at 400 Gb/s (50 GB/s): three ranks on two cores
+        # over veth get a small share of that, and --min-link-pct 50 fails.
+        for d in self.sysfs:
+            with open(os.path.join(d, IFACE, "speed"), "w") as f:
+                f.write("400000\n")
+        path = tmp_json()
+        procs = []
+        for r in range(3):
+            inner = [BIN, "allreduce-test", "--rank", str(r), "--world-size", "3", "--master-addr",
+                     ADDR[0], "--master-port", str(self.port + 1), "--gloo-interface", IFACE,
+                     "--timeout", "30", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
+                     "--min-link-pct", "50"] + (["--json", path] if r == 0 else [])
+            procs.append(subprocess.Popen(NET.command(r, inner),
+                                          env=clean_env(DDPDIAG_SYS_CLASS_NET=self.sysfs[r]),
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        res = [finish(p, 90) for p in procs]
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(res[0][0], 1, res[0][1] + res[0][2])
+        check = [c for c in rep["checks"] if c["name"] == "min_link_pct"][0]
+        self.assertEqual(check["status"], "fail")
+        self.assertIn("of the slowest link (400 Gb/s, 50 GB/s), under the threshold 50%", check["detail"])
+        self.assertEqual(rep["results"]["busbw_vs_link"]["slowest_link_speed_mbps"], 400000)
+
     def test_links_all_slow_alike_are_found_against_their_speed(self):
         # Every host's link said to run at 400 Gb/s (50 GB/s each way): the
         # pairs, alike, are far below that, which no median can show.
