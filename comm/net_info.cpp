@@ -1,7 +1,9 @@
 #include "comm/net_info.h"
 
+#include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -50,7 +52,20 @@ std::vector<NetInterface> host_interfaces() {
     i.name = a->ifa_name;
     i.loopback = (a->ifa_flags & IFF_LOOPBACK) != 0;
     std::string ip = ip_text(a->ifa_addr);
-    if (!ip.empty()) i.addresses.push_back(ip);
+    if (ip.empty()) continue;
+    i.addresses.push_back(ip);
+    // The prefix length: the set bits of the netmask.
+    int prefix = 0;
+    if (a->ifa_netmask && a->ifa_netmask->sa_family == a->ifa_addr->sa_family) {
+      const auto* m = a->ifa_netmask->sa_family == AF_INET
+                          ? reinterpret_cast<const unsigned char*>(
+                                &reinterpret_cast<const sockaddr_in*>(a->ifa_netmask)->sin_addr)
+                          : reinterpret_cast<const unsigned char*>(
+                                &reinterpret_cast<const sockaddr_in6*>(a->ifa_netmask)->sin6_addr);
+      const int bytes = a->ifa_netmask->sa_family == AF_INET ? 4 : 16;
+      for (int b = 0; b < bytes; ++b) prefix += __builtin_popcount(m[b]);
+    }
+    if (!is_link_local(ip)) i.networks.push_back(ip + "/" + std::to_string(prefix));
   }
   ::freeifaddrs(list);
   std::vector<NetInterface> out;
@@ -67,6 +82,30 @@ std::string interface_with_address(const std::vector<NetInterface>& interfaces,
     if (std::find(i.addresses.begin(), i.addresses.end(), ip) != i.addresses.end()) return i.name;
   return "";
 }
+
+bool in_network(const std::string& ip, const std::string& network) {
+  const auto slash = network.find('/');
+  if (slash == std::string::npos) return false;
+  const std::string base = network.substr(0, slash);
+  int prefix = -1;
+  const std::string p = network.substr(slash + 1);
+  auto [end, ec] = std::from_chars(p.data(), p.data() + p.size(), prefix);
+  if (ec != std::errc() || end != p.data() + p.size()) return false;
+  unsigned char a[16] = {}, b[16] = {};
+  int bytes = 0;
+  if (::inet_pton(AF_INET, ip.c_str(), a) == 1 && ::inet_pton(AF_INET, base.c_str(), b) == 1)
+    bytes = 4;
+  else if (::inet_pton(AF_INET6, ip.c_str(), a) == 1 && ::inet_pton(AF_INET6, base.c_str(), b) == 1)
+    bytes = 16;
+  if (bytes == 0 || prefix < 0 || prefix > 8 * bytes) return false;
+  for (int bit = 0; bit < prefix; ++bit) {
+    const int mask = 0x80 >> (bit % 8);
+    if ((a[bit / 8] & mask) != (b[bit / 8] & mask)) return false;
+  }
+  return true;
+}
+
+bool is_link_local(const std::string& ip) { return in_network(ip, "fe80::/10"); }
 
 std::string format_link_speed(int mbps) {
   if (mbps < 1000) return fmt::format("{} Mb/s", mbps);

@@ -11,6 +11,10 @@ namespace ddpdiag {
 struct NetInterface {
   std::string name;                    // "eth0"
   std::vector<std::string> addresses;  // IPv4 and IPv6 addresses, as text
+  // The routable ones with their prefix, "10.0.0.2/24" (IPv6 link-local
+  // fe80::/10 left out: every link has one, so they say nothing of which
+  // hosts share a network).
+  std::vector<std::string> networks;
   std::optional<int> speed_mbps;       // the link's speed where the driver says (Mb/s)
   bool loopback = false;
 };
@@ -28,6 +32,14 @@ std::optional<int> link_speed_mbps(const std::string& name);
 // The interface among `interfaces` that holds address `ip` ("" if none).
 std::string interface_with_address(const std::vector<NetInterface>& interfaces,
                                    const std::string& ip);
+
+// Whether address `ip` lies in `network` ("10.0.0.2/24": 10.0.0.0 to
+// 10.0.0.255; IPv4 or IPv6, each only against its own family). False for
+// text that is not an address or a network.
+bool in_network(const std::string& ip, const std::string& network);
+
+// Whether `ip` is an IPv6 link-local address (fe80::/10).
+bool is_link_local(const std::string& ip);
 
 // "1 Gb/s", "100 Gb/s", "2.5 Gb/s", "100 Mb/s".
 std::string format_link_speed(int mbps);

@@ -1044,7 +1044,17 @@ nlohmann::json network_of(const std::string& listen_ip) {
     if (!i.loopback && i.speed_mbps && *i.speed_mbps > *in_use->speed_mbps &&
         (!faster || *i.speed_mbps > *faster->speed_mbps))
       faster = &i;
-  if (faster) net["faster"] = {{"interface", faster->name}, {"speed_mbps", *faster->speed_mbps}};
+  if (faster)
+    net["faster"] = {{"interface", faster->name},
+                     {"speed_mbps", *faster->speed_mbps},
+                     {"networks", faster->networks}};
+  // So that rank 0 can tell whether the other hosts are on that network.
+  nlohmann::json addresses = nlohmann::json::array();
+  for (const auto& i : interfaces)
+    if (!i.loopback)
+      for (const auto& a : i.addresses)
+        if (!is_link_local(a)) addresses.push_back(a);
+  net["host_addresses"] = addresses;
   return net;
 }
 
@@ -1083,6 +1093,13 @@ void start_job(Job& job, const CommonOptions& o) {
   const auto mbps = [](const nlohmann::json& j, const char* key) {
     return j.contains(key) && j[key].is_number_integer() ? j[key].get<int>() : -1;
   };
+  const auto texts = [](const nlohmann::json& j, const char* key) {
+    std::vector<std::string> out;
+    if (j.contains(key) && j[key].is_array())
+      for (const auto& x : j[key])
+        if (x.is_string()) out.push_back(x.get<std::string>());
+    return out;
+  };
   for (std::size_t r = 0; r < nets.size() && r < job.ranks.size(); ++r) {
     const auto& net = nets[r];
     if (!net.is_object()) continue;
@@ -1090,9 +1107,11 @@ void start_job(Job& job, const CommonOptions& o) {
     info.net_interface = text(net, "interface");
     info.net_address = text(net, "address");
     info.net_speed_mbps = mbps(net, "speed_mbps");
+    info.host_addresses = texts(net, "host_addresses");
     if (net.contains("faster") && net["faster"].is_object()) {
       info.faster_interface = text(net["faster"], "interface");
       info.faster_speed_mbps = mbps(net["faster"], "speed_mbps");
+      info.faster_networks = texts(net["faster"], "networks");
     }
   }
   if (job.backend == Backend::kGloo && job.rank() == 0)
@@ -1296,7 +1315,9 @@ void record_warnings(const Job& job, reports::Report& report) {
                               {"address", r.net_address},
                               {"speed_mbps", r.net_speed_mbps > 0 ? nlohmann::json(r.net_speed_mbps) : nullptr}};
         if (!r.faster_interface.empty())
-          row["faster"] = {{"interface", r.faster_interface}, {"speed_mbps", r.faster_speed_mbps}};
+          row["faster"] = {{"interface", r.faster_interface},
+                           {"speed_mbps", r.faster_speed_mbps},
+                           {"networks", r.faster_networks}};
         net.push_back(row);
       }
       report.results()["rank_network"] = net;

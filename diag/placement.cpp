@@ -177,10 +177,22 @@ std::vector<reports::Warning> network_warnings(const std::vector<reports::RankIn
     std::vector<int> ranks;
   };
   std::vector<Slow> slow;
+  // The faster interface matters only if the other hosts are on its network:
+  // one of their addresses lies in one of its networks (a storage network
+  // of this host alone is no place for Gloo's traffic).
+  const auto peers_on = [&](std::size_t i, const std::vector<std::string>& networks) {
+    for (std::size_t k = 0; k < ranks.size(); ++k) {
+      if (machine_of(k) == machine_of(i)) continue;
+      for (const auto& a : ranks[k].host_addresses)
+        for (const auto& n : networks)
+          if (in_network(a, n)) return true;
+    }
+    return false;
+  };
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& r = ranks[i];
     if (r.net_interface.empty() || r.faster_interface.empty() || r.net_speed_mbps <= 0 ||
-        r.faster_speed_mbps <= r.net_speed_mbps)
+        r.faster_speed_mbps <= r.net_speed_mbps || !peers_on(i, r.faster_networks))
       continue;
     auto it = std::find_if(slow.begin(), slow.end(), [&](const Slow& s) {
       return s.machine == machine_of(i) && s.used == r.net_interface && s.faster == r.faster_interface;
@@ -200,12 +212,12 @@ std::vector<reports::Warning> network_warnings(const std::vector<reports::RankIn
                            format_link_speed(slow[k].faster_mbps));
     if (slow.size() > 4) where += fmt::format("; and {} more host(s)", slow.size() - 4);
     out.push_back({"slower_interface",
-                   fmt::format("Gloo traffic goes over a slower interface than the host has: {}. "
-                               "Gloo uses the interface GLOO_SOCKET_IFNAME (or --gloo-interface) "
-                               "names, else the one holding the address of the host's name; if "
-                               "the other hosts reach {}'s network, set GLOO_SOCKET_IFNAME={} (or "
-                               "--gloo-interface {}) on those ranks, as for torch's Gloo backend",
-                               where, slow.front().faster, slow.front().faster, slow.front().faster)});
+                   fmt::format("Gloo traffic goes over a slower interface than the host has, on "
+                               "a network the other hosts are on too: {}. Gloo uses the interface "
+                               "GLOO_SOCKET_IFNAME (or --gloo-interface) names, else the one "
+                               "holding the address of the host's name; set GLOO_SOCKET_IFNAME={} "
+                               "(or --gloo-interface {}) on those ranks, as for torch's Gloo backend",
+                               where, slow.front().faster, slow.front().faster)});
   }
 
   // mixed_link_speeds: the known speed of each machine's interface(s) in use.

@@ -48,7 +48,8 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
 // on more than one machine: on one, the traffic never leaves it. At most one
 // message each:
 //   slower_interface   ranks whose traffic goes over an interface slower
-//                      than another one of their host (Gloo bound to the
+//                      than another one of their host, on a network where
+//                      another host has an address too (Gloo bound to the
 //                      wrong NIC: the hostname's address, a management
 //                      network); names the faster one and GLOO_SOCKET_IFNAME;
 //   mixed_link_speeds  the machines' links run at different known speeds:

@@ -54,6 +54,8 @@ struct RankInfo {
   int net_speed_mbps = -1;
   std::string faster_interface{};
   int faster_speed_mbps = -1;
+  std::vector<std::string> faster_networks{};  // "10.1.0.3/24": the faster interface's networks
+  std::vector<std::string> host_addresses{};   // every non-loopback address of the rank's host
 };
 
 // Something the user should know that is not a failed check (the verdict

@@ -139,14 +139,20 @@ TEST_CASE("ranks that run different builds or library versions", "[placement]") 
 
 namespace {
 
+// Rank r on `host`, sending over `iface` (10.0.0.r+1); its host also has
+// 10.2.0.r+1 on the fast network 10.2.0.0/24, and, where `faster` is named,
+// that is the faster interface (on `faster_net`, by default the shared one).
 reports::RankInfo on_net(int r, const std::string& host, const std::string& iface, int mbps,
-                         const std::string& faster = "", int faster_mbps = -1) {
+                         const std::string& faster = "", int faster_mbps = -1,
+                         const std::string& faster_net = "10.2.0.0/24") {
   reports::RankInfo info = rank(r, host, "0-7");
   info.net_interface = iface;
   info.net_address = "10.0.0." + std::to_string(r + 1);
   info.net_speed_mbps = mbps;
   info.faster_interface = faster;
   info.faster_speed_mbps = faster_mbps;
+  if (!faster.empty()) info.faster_networks = {faster_net};
+  info.host_addresses = {info.net_address, "10.2.0." + std::to_string(r + 1)};
   return info;
 }
 
@@ -189,6 +195,12 @@ TEST_CASE("network warnings: a slower interface than the host has, and links of 
               .empty());
     CHECK(network_warnings({rank(0, "a", "0"), rank(1, "b", "1")}, {"a#1", "b#2"}).empty());
   }
+  SECTION("a faster interface on a network no other host is on is no place for Gloo") {
+    auto w = network_warnings({on_net(0, "a", "eth0", 1000), on_net(1, "b", "eth0", 1000, "stor0", 100000,
+                                                                     "192.168.50.0/24")},
+                              {"a#1", "b#2"});
+    CHECK(w.empty());
+  }
   SECTION("a rank with a single-rank verb") {
     auto w = network_warnings({on_net(0, "a", "eno1", 2500, "ib0", 200000), on_net(1, "b", "eno1", 2500)},
                               {"a#1", "b#2"});
@@ -225,6 +237,27 @@ TEST_CASE("interfaces, their addresses and link speeds", "[placement]") {
       CHECK_FALSE(i.speed_mbps);
     }
   CHECK(std::is_sorted(ifs.begin(), ifs.end(), [](const auto& a, const auto& b) { return a.name < b.name; }));
+
+  CHECK(in_network("10.2.0.77", "10.2.0.3/24"));
+  CHECK_FALSE(in_network("10.2.1.77", "10.2.0.3/24"));
+  CHECK(in_network("10.2.1.77", "10.2.0.3/16"));
+  CHECK(in_network("192.168.1.1", "0.0.0.0/0"));
+  CHECK(in_network("fd00::5", "fd00::1/64"));
+  CHECK_FALSE(in_network("fd01::5", "fd00::1/64"));
+  CHECK_FALSE(in_network("10.2.0.77", "fd00::1/64"));  // families apart
+  CHECK_FALSE(in_network("10.2.0.77", "10.2.0.3/33"));
+  CHECK_FALSE(in_network("10.2.0.77", "10.2.0.3"));
+  CHECK_FALSE(in_network("not-an-ip", "10.2.0.3/24"));
+  CHECK(is_link_local("fe80::4ca4:1ff:fe2b:3c01"));
+  CHECK_FALSE(is_link_local("fd00::1"));
+  CHECK_FALSE(is_link_local("10.0.0.1"));
+  for (const auto& i : ifs)
+    for (const auto& n : i.networks) CHECK_FALSE(is_link_local(n.substr(0, n.find('/'))));
+  bool lo_network = false;
+  for (const auto& i : ifs)
+    if (i.name == "lo")
+      for (const auto& n : i.networks) lo_network = lo_network || n == "127.0.0.1/8";
+  CHECK(lo_network);
 
   CHECK(format_link_speed(100) == "100 Mb/s");
   CHECK(format_link_speed(1000) == "1 Gb/s");

@@ -22,6 +22,7 @@ TAG = "ddl%d" % (os.getpid() % 100000)
 IFACE = "ddl0"
 NET = BridgedHosts(TAG, 3, "10.232.%d" % (os.getpid() % 200), IFACE)
 HOSTS, ADDR = NET.hosts, NET.addr
+FAST_NET = "10.233.%d" % (os.getpid() % 200)
 setup, teardown = NET.setup, NET.teardown
 
 
@@ -214,12 +215,15 @@ class NetworkInterfaces(unittest.TestCase):
         self.sysfs = []
         try:
             setup()
-            # A second interface on host 2, with an address of its own.
-            sh("ip", "-n", HOSTS[2], "link", "add", "fast0", "type", "veth", "peer", "name", "fastp0")
-            sh("ip", "-n", HOSTS[2], "addr", "add", "10.233.%d.3/24" % (os.getpid() % 200), "dev",
-               "fast0")
-            for dev in ("fast0", "fastp0"):
-                sh("ip", "-n", HOSTS[2], "link", "set", dev, "up")
+            # A second network, 10.233.x.0/24, that hosts 1 and 2 are on
+            # (an interface each, with an address of its own): on host 2 it
+            # is the fast one.
+            for h in (1, 2):
+                sh("ip", "-n", HOSTS[h], "link", "add", "fast0", "type", "veth", "peer", "name",
+                   "fastp0")
+                sh("ip", "-n", HOSTS[h], "addr", "add", "%s.%d/24" % (FAST_NET, h + 1), "dev", "fast0")
+                for dev in ("fast0", "fastp0"):
+                    sh("ip", "-n", HOSTS[h], "link", "set", dev, "up")
         except Exception:
             teardown()
             raise
@@ -270,7 +274,8 @@ class NetworkInterfaces(unittest.TestCase):
         self.assertEqual([net[k]["interface"] for k in range(3)], [IFACE] * 3)
         self.assertEqual([net[k]["address"] for k in range(3)], ADDR)
         self.assertEqual([net[k]["speed_mbps"] for k in range(3)], [100000, 100000, 1000])
-        self.assertEqual(net[2]["faster"], {"interface": "fast0", "speed_mbps": 100000})
+        self.assertEqual(net[2]["faster"], {"interface": "fast0", "speed_mbps": 100000,
+                                            "networks": ["%s.3/24" % FAST_NET]})
         self.assertNotIn("faster", net[0])
         self.assertEqual(rep["verdict"], "PASS")  # warnings do not change it
         # The busbw at the largest size against the slowest link (1 Gb/s).
