@@ -180,14 +180,24 @@ std::vector<reports::Warning> network_warnings(const std::vector<reports::RankIn
   // The faster interface matters only if the other hosts are on its network:
   // one of their addresses lies in one of its networks (a storage network
   // of this host alone is no place for Gloo's traffic).
+  // Addresses per machine, once (ranks of a machine share them), and the
+  // answer per machine and network list: thousands of ranks stay cheap.
+  std::map<std::string, std::set<std::string>> addresses_of;
+  for (std::size_t k = 0; k < ranks.size(); ++k)
+    addresses_of[machine_of(k)].insert(ranks[k].host_addresses.begin(), ranks[k].host_addresses.end());
+  std::map<std::pair<std::string, std::vector<std::string>>, bool> known;
   const auto peers_on = [&](std::size_t i, const std::vector<std::string>& networks) {
-    for (std::size_t k = 0; k < ranks.size(); ++k) {
-      if (machine_of(k) == machine_of(i)) continue;
-      for (const auto& a : ranks[k].host_addresses)
-        for (const auto& n : networks)
-          if (in_network(a, n)) return true;
+    const auto key = std::make_pair(machine_of(i), networks);
+    if (auto it = known.find(key); it != known.end()) return it->second;
+    bool on = false;
+    for (const auto& [machine, addresses] : addresses_of) {
+      if (machine == machine_of(i)) continue;
+      for (const auto& a : addresses)
+        for (const auto& n : networks) on = on || in_network(a, n);
+      if (on) break;
     }
-    return false;
+    known.emplace(key, on);
+    return on;
   };
   for (std::size_t i = 0; i < ranks.size(); ++i) {
     const auto& r = ranks[i];

@@ -201,6 +201,25 @@ TEST_CASE("network warnings: a slower interface than the host has, and links of 
                               {"a#1", "b#2"});
     CHECK(w.empty());
   }
+  SECTION("4096 ranks on 512 hosts, each with a storage network of its own") {
+    std::vector<reports::RankInfo> ranks;
+    std::vector<std::string> machines;
+    for (int r = 0; r < 4096; ++r) {
+      const int h = r / 8;
+      auto info = on_net(r, "n" + std::to_string(h), "eth0", 25000, "stor0", 100000,
+                         "172." + std::to_string(16 + h / 256) + "." + std::to_string(h % 256) + ".0/24");
+      info.host_addresses = {"10.0." + std::to_string(h / 256) + "." + std::to_string(h % 256),
+                             "172." + std::to_string(16 + h / 256) + "." + std::to_string(h % 256) + ".1"};
+      ranks.push_back(info);
+      machines.push_back("n" + std::to_string(h) + "#1");
+    }
+    CHECK(network_warnings(ranks, machines).empty());
+    // One host's storage network reaches another host: then it is said.
+    ranks[4095].host_addresses.push_back("172.16.0.9");  // host 511 is on host 0's network
+    auto w = network_warnings(ranks, machines);
+    REQUIRE(w.size() == 1);
+    CHECK_THAT(w[0].detail, Contains("ranks 0-7 on n0 send over eth0 (25 Gb/s), but stor0"));
+  }
   SECTION("a rank with a single-rank verb") {
     auto w = network_warnings({on_net(0, "a", "eno1", 2500, "ib0", 200000), on_net(1, "b", "eno1", 2500)},
                               {"a#1", "b#2"});
