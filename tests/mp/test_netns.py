@@ -242,25 +242,36 @@ class NetworkInterfaces(unittest.TestCase):
         for d in self.sysfs:
             shutil.rmtree(d, ignore_errors=True)
 
-    def test_slower_interface_and_mixed_speeds_are_named(self):
+    def run_ranks(self, args, port):
+        """args (subcommand first) on the three hosts, rank 0 writing the
+        report, each with its host's link speeds: (rank results, report)."""
         path = tmp_json()
-        args = ["allreduce-test", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1"]
         procs = []
         for r in range(3):
             inner = [BIN] + args[:1] + [
                 "--rank", str(r), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
-                str(self.port), "--gloo-interface", IFACE, "--timeout", "30"] + args[1:] + (
+                str(port), "--gloo-interface", IFACE, "--timeout", "30"] + args[1:] + (
                 ["--json", path] if r == 0 else [])
             procs.append(subprocess.Popen(NET.command(r, inner),
                                           env=clean_env(DDPDIAG_SYS_CLASS_NET=self.sysfs[r]),
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
         res = [finish(p, 90) for p in procs]
-        for rc, so, se in res:
-            self.assertEqual(rc, 0, se)
         rep = load(path)
         v = subprocess.run([BIN, "report", "validate", path], capture_output=True, text=True)
         self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
         os.unlink(path)
+        return res, rep
+
+    def every_link_at(self, mbps):
+        for d in self.sysfs:
+            with open(os.path.join(d, IFACE, "speed"), "w") as f:
+                f.write("%d\n" % mbps)
+
+    def test_slower_interface_and_mixed_speeds_are_named(self):
+        res, rep = self.run_ranks(["allreduce-test", "-b", "1K", "-e", "4K", "-n", "2", "-w", "1"],
+                                  self.port)
+        for rc, so, se in res:
+            self.assertEqual(rc, 0, se)
         out, err = res[0][1], res[0][2]
         self.assertIn("net %s %s (1 Gb/s)" % (IFACE, ADDR[2]), out)
         self.assertIn("net %s %s (100 Gb/s)" % (IFACE, ADDR[0]), out)
@@ -288,22 +299,9 @@ class NetworkInterfaces(unittest.TestCase):
     def test_allreduce_gated_on_its_share_of_the_link(self):
         # Links said to run at 400 Gb/s (50 GB/s): three ranks on two cores
         # over veth get a small share of that, and --min-link-pct 50 fails.
-        for d in self.sysfs:
-            with open(os.path.join(d, IFACE, "speed"), "w") as f:
-                f.write("400000\n")
-        path = tmp_json()
-        procs = []
-        for r in range(3):
-            inner = [BIN, "allreduce-test", "--rank", str(r), "--world-size", "3", "--master-addr",
-                     ADDR[0], "--master-port", str(self.port + 1), "--gloo-interface", IFACE,
-                     "--timeout", "30", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
-                     "--min-link-pct", "50"] + (["--json", path] if r == 0 else [])
-            procs.append(subprocess.Popen(NET.command(r, inner),
-                                          env=clean_env(DDPDIAG_SYS_CLASS_NET=self.sysfs[r]),
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        res = [finish(p, 90) for p in procs]
-        rep = load(path)
-        os.unlink(path)
+        self.every_link_at(400000)
+        res, rep = self.run_ranks(["allreduce-test", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
+                                   "--min-link-pct", "50"], self.port + 1)
         self.assertEqual(res[0][0], 1, res[0][1] + res[0][2])
         check = [c for c in rep["checks"] if c["name"] == "min_link_pct"][0]
         self.assertEqual(check["status"], "fail")
@@ -313,25 +311,11 @@ class NetworkInterfaces(unittest.TestCase):
     def test_links_all_slow_alike_are_found_against_their_speed(self):
         # Every host's link said to run at 400 Gb/s (50 GB/s each way): the
         # pairs, alike, are far below that, which no median can show.
-        for d in self.sysfs:
-            with open(os.path.join(d, IFACE, "speed"), "w") as f:
-                f.write("400000\n")
-        path = tmp_json()
-        args = ["link-health", "--bytes", "256K", "-n", "2", "-w", "1", "--latency-iters", "3",
-                "--allreduce-bytes", "64K", "--allreduce-iters", "1", "--bw-threshold-pct", "99",
-                "--latency-threshold-pct", "5000", "--min-link-pct", "50"]
-        procs = []
-        for r in range(3):
-            inner = [BIN] + args[:1] + [
-                "--rank", str(r), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
-                str(self.port + 1), "--gloo-interface", IFACE, "--timeout", "30"] + args[1:] + (
-                ["--json", path] if r == 0 else [])
-            procs.append(subprocess.Popen(NET.command(r, inner),
-                                          env=clean_env(DDPDIAG_SYS_CLASS_NET=self.sysfs[r]),
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-        res = [finish(p, 90) for p in procs]
-        rep = load(path)
-        os.unlink(path)
+        self.every_link_at(400000)
+        res, rep = self.run_ranks(
+            ["link-health", "--bytes", "256K", "-n", "2", "-w", "1", "--latency-iters", "3",
+             "--allreduce-bytes", "64K", "--allreduce-iters", "1", "--bw-threshold-pct", "99",
+             "--latency-threshold-pct", "5000", "--min-link-pct", "50"], self.port + 1)
         self.assertEqual(res[0][0], 1, res[0][1] + res[0][2])
         r = rep["results"]
         self.assertEqual(r["thresholds"]["min_link_pct"], 50)
