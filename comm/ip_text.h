@@ -20,4 +20,15 @@ inline std::string ip_text(const sockaddr* sa) {
   return buf;
 }
 
+// Address and port of an IPv4 or IPv6 socket address: "10.0.0.2:4711",
+// "[fe80::1]:4711"; for another family, a phrase naming it.
+inline std::string endpoint_text(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET)
+    return ip_text(sa) + ":" + std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port));
+  if (sa->sa_family == AF_INET6)
+    return "[" + ip_text(sa) + "]:" +
+           std::to_string(ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
+  return "(an address of family " + std::to_string(sa->sa_family) + ")";
+}
+
 }  // namespace ddpdiag

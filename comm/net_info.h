@@ -41,6 +41,10 @@ bool in_network(const std::string& ip, const std::string& network);
 // Whether `ip` is an IPv6 link-local address (fe80::/10).
 bool is_link_local(const std::string& ip);
 
+// A link's speed in Mb/s as the GB/s (1e9 bytes/s) that busbw is given in:
+// 25000 Mb/s is 3.125 GB/s each way.
+constexpr double link_gbytes_per_s(int mbps) { return mbps / 8000.0; }
+
 // "1 Gb/s", "100 Gb/s", "2.5 Gb/s", "100 Mb/s".
 std::string format_link_speed(int mbps);
 

@@ -1060,14 +1060,16 @@ nlohmann::json network_of(const std::string& listen_ip) {
 
 }  // namespace
 
+std::string network_text(const std::string& iface, const std::string& ip, int speed_mbps) {
+  return fmt::format("{} {}{}", iface.empty() ? "?" : iface, ip,
+                     speed_mbps > 0 ? " (" + format_link_speed(speed_mbps) + ")" : "");
+}
+
 std::string listen_text(const std::string& listen_ip) {
   if (listen_ip.empty()) return "";
   const auto net = network_of(listen_ip);
-  const std::string iface = net.value("interface", std::string());
-  return fmt::format("{} {}{}", iface.empty() ? "(no interface holds it)" : iface, listen_ip,
-                     net["speed_mbps"].is_number_integer()
-                         ? " (" + format_link_speed(net["speed_mbps"].get<int>()) + ")"
-                         : "");
+  return network_text(net.value("interface", std::string()), listen_ip,
+                      net["speed_mbps"].is_number_integer() ? net["speed_mbps"].get<int>() : -1);
 }
 
 namespace {
@@ -1084,8 +1086,10 @@ void start_job(Job& job, const CommonOptions& o) {
   auto devices = job.gather_to_root("device", job.comm->device_name());
   for (std::size_t r = 0; r < devices.size() && r < job.ranks.size(); ++r)
     if (devices[r].is_string()) job.ranks[r].device = devices[r].get<std::string>();
-  // And the network interface its traffic to other hosts goes over (a key
-  // of its own, so that "device" keeps what every build writes there).
+  // And, on Gloo, the network interface its traffic to other hosts goes
+  // over (a key of its own, so that "device" keeps what every build writes
+  // there; NCCL does not say where it listens, so it skips the round).
+  if (job.backend != Backend::kGloo) return;
   const auto nets = job.gather_to_root("network", network_of(job.comm->listen_address()));
   const auto text = [](const nlohmann::json& j, const char* key) {
     return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
@@ -1114,7 +1118,7 @@ void start_job(Job& job, const CommonOptions& o) {
       info.faster_networks = texts(net["faster"], "networks");
     }
   }
-  if (job.backend == Backend::kGloo && job.rank() == 0)
+  if (job.rank() == 0)
     for (auto& w : network_warnings(job.ranks, job.machines)) {
       std::fprintf(stderr, "ddpdiag: warning: %s\n", w.detail.c_str());
       job.warnings.push_back(std::move(w));

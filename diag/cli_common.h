@@ -180,8 +180,12 @@ std::optional<int> launch_if_asked(const CommonOptions& o);
 
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body);
 
-// Where a backend listening on listen_ip takes its traffic to other hosts:
-// "eth0 10.0.0.1 (25 Gb/s)", "lo 127.0.0.1"; "" for an empty address.
+// An interface, its address and link speed as the tables show them:
+// "eth0 10.0.0.1 (25 Gb/s)", "lo 127.0.0.1" (speed unknown: <= 0), "?" for
+// an interface not known.
+std::string network_text(const std::string& iface, const std::string& ip, int speed_mbps);
+// The same for where a backend listening on listen_ip takes its traffic to
+// other hosts, looked up on this host; "" for an empty address.
 std::string listen_text(const std::string& listen_ip);
 
 // Flag checks with plain messages ("--iters: must be a number > 0, not '0'"):

@@ -63,7 +63,20 @@ std::string block_cells(const std::optional<TimingBlock>& b) {
 // all_reduce's busbw cannot pass the link its traffic crosses, so this
 // says how much of the network the run got. Nothing otherwise (one host:
 // the traffic never leaves it; a speed unknown: no reference).
-std::optional<nlohmann::json> busbw_vs_link(const Job& job, const std::vector<SizeResult>& results) {
+struct LinkShare {
+  int slowest_mbps = 0;
+  std::size_t bytes = 0;  // the largest size
+  double busbw_gbps = 0;  // at that size
+  double fraction() const { return busbw_gbps / link_gbytes_per_s(slowest_mbps); }
+  nlohmann::json to_json() const {
+    return {{"slowest_link_speed_mbps", slowest_mbps},
+            {"bytes", bytes},
+            {"busbw_gbps", busbw_gbps},
+            {"fraction", fraction()}};
+  }
+};
+
+std::optional<LinkShare> busbw_vs_link(const Job& job, const std::vector<SizeResult>& results) {
   if (results.empty() || job.ranks.empty()) return std::nullopt;
   std::set<std::string> machines(job.machines.begin(), job.machines.end());
   if (machines.size() < 2 || job.machines.size() != job.ranks.size()) return std::nullopt;
@@ -75,10 +88,7 @@ std::optional<nlohmann::json> busbw_vs_link(const Job& job, const std::vector<Si
   const auto& last = results.back();
   const auto& b = last.out_of_place ? last.out_of_place : last.in_place;
   if (!b) return std::nullopt;
-  return nlohmann::json{{"slowest_link_speed_mbps", slowest},
-                        {"bytes", last.bytes},
-                        {"busbw_gbps", b->busbw_gbps},
-                        {"fraction", b->busbw_gbps / (slowest / 8000.0)}};
+  return LinkShare{slowest, last.bytes, b->busbw_gbps};
 }
 
 void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOptions& o) {
@@ -88,10 +98,8 @@ void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOpt
   std::printf("# iters %d, warmup %d, check iters %d, dtype %s, op %s\n", so.iters, so.warmup,
               so.check_iters, o.dtype.c_str(), o.op.c_str());
   for (const auto& r : job.ranks) {
-    std::string net;
-    if (!r.net_address.empty())
-      net = fmt::format(" net {} {}{}", r.net_interface.empty() ? "?" : r.net_interface, r.net_address,
-                        r.net_speed_mbps > 0 ? " (" + format_link_speed(r.net_speed_mbps) + ")" : "");
+    const std::string net =
+        r.net_address.empty() ? "" : " net " + network_text(r.net_interface, r.net_address, r.net_speed_mbps);
     std::printf("#  Rank %3d Pid %7d on %12s device %s%s%s\n", r.rank, r.pid, r.host.c_str(),
                 r.device.c_str(), r.cpus.empty() ? "" : (" cpus " + r.cpus).c_str(), net.c_str());
   }
@@ -187,6 +195,8 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
   // Checks are judged from whatever was measured, also when the sweep stops
   // part-way (complete false), so a failed run still reports its findings;
   // but nothing passes, and no average is given, over sizes never measured.
+  // Set by judge: busbw against the slowest link, where that is known.
+  std::optional<LinkShare> link;
   auto judge = [&](bool complete) {
     std::int64_t wrong = 0;
     bool checked = so.check_iters > 0;
@@ -233,8 +243,8 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                                       o.min_busbw_gbps)});
       }
     }
-    const auto link = busbw_vs_link(job, results);
-    if (link) res["busbw_vs_link"] = *link;
+    link = busbw_vs_link(job, results);
+    if (link) res["busbw_vs_link"] = link->to_json();
     if (o.min_link_pct > 0) {
       if (results.empty()) {
         report.add_check({"min_link_pct", reports::CheckStatus::kSkip, none_measured});
@@ -243,15 +253,15 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                           "no link to compare with: the ranks run on one host, or the kernel does not "
                           "know every rank's link speed (virtual NICs, NCCL); use --min-busbw"});
       } else {
-        const double pct = 100 * (*link)["fraction"].get<double>();
-        const int speed = (*link)["slowest_link_speed_mbps"].get<int>();
+        const double pct = 100 * link->fraction();
         const bool ok = pct >= o.min_link_pct;
         report.add_check({"min_link_pct", ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
                           fmt::format("busbw {:.3f} GB/s at {} B is {:.0f}% of the slowest link ({}, {:.4g} "
                                       "GB/s), {} the threshold {:g}%",
-                                      (*link)["busbw_gbps"].get<double>(), (*link)["bytes"].get<std::size_t>(),
-                                      pct, format_link_speed(speed), speed / 8000.0,
-                                      ok ? "meeting" : "under", o.min_link_pct)});
+                                      link->busbw_gbps, link->bytes, pct,
+                                      format_link_speed(link->slowest_mbps),
+                                      link_gbytes_per_s(link->slowest_mbps), ok ? "meeting" : "under",
+                                      o.min_link_pct)});
       }
     }
     return std::pair{wrong, nb ? avg_busbw / nb : 0.0};
@@ -289,13 +299,10 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
                 wrong == 0 ? "OK" : "FAILED");
     std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
-    if (auto link = busbw_vs_link(job, results)) {
-      std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %s B is %.3f GB/s, %.0f%% of it\n",
-                  format_link_speed((*link)["slowest_link_speed_mbps"].get<int>()).c_str(),
-                  (*link)["slowest_link_speed_mbps"].get<int>() / 8000.0,
-                  std::to_string((*link)["bytes"].get<std::size_t>()).c_str(),
-                  (*link)["busbw_gbps"].get<double>(), 100 * (*link)["fraction"].get<double>());
-    }
+    if (link)
+      std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %zu B is %.3f GB/s, %.0f%% of it\n",
+                  format_link_speed(link->slowest_mbps).c_str(), link_gbytes_per_s(link->slowest_mbps),
+                  link->bytes, link->busbw_gbps, 100 * link->fraction());
     print_checks_and_verdict(report);
   }
 }

@@ -38,6 +38,7 @@
 #include <fmt/core.h>
 
 #include "comm/measure.h"
+#include "comm/net_info.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
 #include "diag/tools_analysis.h"
@@ -338,7 +339,7 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
                          {"transport", transport_of(m.a, m.b)},
                          {"link_speed_mbps", m.link_speed_mbps > 0 ? json(m.link_speed_mbps) : json()},
                          {"link_fraction", m.link_speed_mbps > 0
-                                               ? json(m.bandwidth_gbps / (m.link_speed_mbps / 8000.0))
+                                               ? json(m.bandwidth_gbps / link_gbytes_per_s(m.link_speed_mbps))
                                                : json()}});
     ++pair_count[m.a];
     ++pair_count[m.b];

@@ -81,6 +81,9 @@ std::vector<int> parse_cpu_list(std::string_view s) {
 
 namespace {
 
+// A machine key's host name: "node1#<boot id>" -> "node1".
+std::string host_of(const std::string& machine) { return machine.substr(0, machine.find('#')); }
+
 // "rank 3" or "ranks 0-2,5".
 std::string rank_list(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", format_cpu_list(ranks));
@@ -117,7 +120,7 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
   std::set<int> crowded_ranks;
   for (const auto& [key, m] : by_machine) {
     if (m.ranks.size() <= m.cpus.size()) continue;
-    const std::string name = key.substr(0, key.find('#'));  // "node1#<boot id>" -> "node1"
+    const std::string name = host_of(key);
     crowded.push_back(fmt::format("{} runs {} ranks on {} CPU{} ({})", name, m.ranks.size(),
                                   m.cpus.size(), m.cpus.size() == 1 ? "" : "s",
                                   format_cpu_list({m.cpus.begin(), m.cpus.end()})));
@@ -168,7 +171,6 @@ std::vector<reports::Warning> network_warnings(const std::vector<reports::RankIn
   std::set<std::string> distinct;
   for (std::size_t i = 0; i < ranks.size(); ++i) distinct.insert(machine_of(i));
   if (distinct.size() < 2) return out;  // the traffic stays on the one machine
-  const auto host_of = [](const std::string& key) { return key.substr(0, key.find('#')); };
 
   // slower_interface: per (machine, used interface, faster one), the ranks.
   struct Slow {

@@ -77,7 +77,7 @@ std::vector<PairJudgement> judge_pairs(const std::vector<PairMeasurement>& pairs
                                 p.bandwidth_gbps, t.min_bandwidth_gbps));
     }
     if (t.min_link_pct > 0 && !p.same_host && p.link_speed_mbps > 0) {
-      const double link_gbps = p.link_speed_mbps / 8000.0;
+      const double link_gbps = link_gbytes_per_s(p.link_speed_mbps);
       if (p.bandwidth_gbps < link_gbps * t.min_link_pct / 100) {
         j.slow_bandwidth = true;
         why.push_back(fmt::format("bandwidth {:.4g} GB/s is {:.0f}% of its {} link ({:.4g} GB/s), under "

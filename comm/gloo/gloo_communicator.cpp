@@ -123,13 +123,7 @@ bool hostname_resolves(const std::string& host) {
 // the port byte-swapped in this version, as "[10.0.0.2]:26386", so messages
 // use ours.)
 std::string endpoint_str(const sockaddr_storage& ss) {
-  const auto* sa = reinterpret_cast<const sockaddr*>(&ss);
-  if (ss.ss_family == AF_INET)
-    return ip_text(sa) + ":" + std::to_string(ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port));
-  if (ss.ss_family == AF_INET6)
-    return "[" + ip_text(sa) + "]:" +
-           std::to_string(ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port));
-  return "(an address of family " + std::to_string(ss.ss_family) + ")";
+  return endpoint_text(reinterpret_cast<const sockaddr*>(&ss));
 }
 
 // Where `shown` (Gloo's text for an address) occurs in msg at or after

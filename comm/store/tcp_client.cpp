@@ -664,28 +664,27 @@ std::vector<std::string> TcpStoreClient::list_keys() {
                      impl_->ctx("store.list_keys", "list the keys of a torch 2.10 (or later) store or of "
                                                    "`ddpdiag store serve`; on 1.13, get the keys you "
                                                    "expect by name"));
-  std::vector<std::string> keys;
-  try {
-    impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kListKeys, {}, {}, 0, 0}, impl_->io_deadline());
-    const auto deadline = impl_->io_deadline();
-    std::int64_t n = impl_->recv_i64(deadline, tcp_protocol::Op::kListKeys);
-    if (n < 0 || static_cast<std::uint64_t>(n) > kMaxPlausibleKeys)
-      impl_->not_a_store("it answered LIST_KEYS with a count of " + std::to_string(n), "store.list_keys");
-    for (std::int64_t i = 0; i < n; ++i) {
-      Bytes k = impl_->recv_value(deadline, tcp_protocol::Op::kListKeys);
-      keys.emplace_back(k.begin(), k.end());
-    }
-  } catch (const RendezvousError& e) {
-    // Only a close (fail(kClosed)) means "does not know LIST_KEYS"; a reply
-    // that is not a store's keeps its own message.
-    if (e.context().phase != "store.io" ||
-        std::string_view(e.what()).find("closed the connection") == std::string_view::npos)
-      throw;
+  impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kListKeys, {}, {}, 0, 0}, impl_->io_deadline());
+  const auto deadline = impl_->io_deadline();
+  // A 2.x server that predates LIST_KEYS closes the connection at it.
+  std::uint8_t count[8];
+  const IoStatus st = impl_->recv_exact(count, sizeof(count), deadline);
+  if (st == IoStatus::kClosed) {
+    impl_->drop();
     throw RendezvousError("the store at " + impl_->where() + " closed the connection when asked to list "
                           "its keys",
                           impl_->ctx("store.list_keys", "its server is older than torch 2.10, which "
                                                         "added listing keys; get the keys you expect "
                                                         "by name"));
+  }
+  if (st != IoStatus::kOk) impl_->fail(st, "LIST_KEYS", impl_->opts.io_timeout);
+  const auto n = static_cast<std::int64_t>(tcp_protocol::load_u64(count));
+  if (n < 0 || static_cast<std::uint64_t>(n) > kMaxPlausibleKeys)
+    impl_->not_a_store("it answered LIST_KEYS with a count of " + std::to_string(n), "store.list_keys");
+  std::vector<std::string> keys;
+  for (std::int64_t i = 0; i < n; ++i) {
+    Bytes k = impl_->recv_value(deadline, tcp_protocol::Op::kListKeys);
+    keys.emplace_back(k.begin(), k.end());
   }
   std::sort(keys.begin(), keys.end());
   return keys;

@@ -308,13 +308,8 @@ struct TcpStoreServer::Impl {
       sockaddr_storage ss{};
       socklen_t len = sizeof(ss);
       std::string peer = "a client";
-      if (::getpeername(c.fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0) {
-        const auto* sa = reinterpret_cast<const sockaddr*>(&ss);
-        int port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<const sockaddr_in6*>(sa)->sin6_port)
-                                            : ntohs(reinterpret_cast<const sockaddr_in*>(sa)->sin_port);
-        std::string ip = ip_text(sa);
-        peer = (ip.find(':') != std::string::npos ? "[" + ip + "]" : ip) + ":" + std::to_string(port);
-      }
+      if (::getpeername(c.fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0)
+        peer = endpoint_text(reinterpret_cast<const sockaddr*>(&ss));
       opts.on_refused(peer + " (" +
                       std::string(c.protocol ? store_protocol_name(*c.protocol) : "unknown protocol") +
                       "): " + why);
