@@ -1,6 +1,7 @@
 #include "ddp_core/bucket_assignment.h"
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 #include <unordered_map>
 
@@ -20,7 +21,59 @@ struct Group {
   std::size_t limit_pos = 0;  // index into size_limits; never past the last entry
 };
 
+// torch's c10::ScalarType numbers for our dtypes.
+std::int8_t torch_scalar_type(DType d) {
+  switch (d) {
+    case DType::kUInt8: return 0;
+    case DType::kInt8: return 1;
+    case DType::kInt32: return 3;
+    case DType::kInt64: return 4;
+    case DType::kFloat16: return 5;
+    case DType::kFloat32: return 6;
+    case DType::kFloat64: return 7;
+    case DType::kBFloat16: return 15;
+  }
+  return 6;
+}
+
+// torch's group key (reducer.cpp's BucketKey) and its hash,
+// c10::get_hash(type, device): c10::hash_combine(hash(device), hash(type)),
+// where a device hashes as std::hash<uint32_t> of (type << 16 | uint8 index)
+// and a ScalarType as std::hash of its int8 value. torch iterates its
+// std::unordered_map of these keys to emit the leftover buckets; the same
+// map with the same hash, filled in the same order, iterates alike.
+struct GroupKey {
+  std::int8_t scalar_type;
+  TorchDevice device;
+  friend bool operator==(const GroupKey&, const GroupKey&) = default;
+};
+
+struct TorchGroupKeyHash {
+  std::size_t operator()(const GroupKey& k) const {
+    const std::uint32_t bits = static_cast<std::uint32_t>(k.device.type) << 16 |
+                               static_cast<std::uint32_t>(static_cast<std::uint8_t>(k.device.index));
+    const std::size_t seed = std::hash<std::uint32_t>{}(bits);
+    const std::size_t value = std::hash<std::int8_t>{}(k.scalar_type);
+    return seed ^ (value + 0x9e3779b9 + (seed << 6u) + (seed >> 2u));
+  }
+};
+
 }  // namespace
+
+std::optional<TorchDevice> parse_torch_device(std::string_view text) {
+  if (text == "cpu") return kTorchCpu;
+  if (text == "meta") return TorchDevice{14, -1};
+  if (text == "cuda") return TorchDevice{1, -1};
+  if (text.starts_with("cuda:") && text.size() > 5 && text.size() <= 8) {
+    int n = 0;
+    for (char c : text.substr(5)) {
+      if (c < '0' || c > '9') return std::nullopt;
+      n = n * 10 + (c - '0');
+    }
+    if (n < 128) return TorchDevice{1, static_cast<std::int8_t>(n)};
+  }
+  return std::nullopt;
+}
 
 BucketAssignment compute_bucket_assignment_by_size(std::span<const BucketTensor> tensors,
                                                    std::span<const std::uint64_t> size_limits,
@@ -39,10 +92,9 @@ BucketAssignment compute_bucket_assignment_by_size(std::span<const BucketTensor>
                        ErrorContext{"buckets", -1, -1, "indices name parameters: 0, 1, 2, ..."});
 
   BucketAssignment out;
-  // Groups in the order first seen: this is the leftover order with
-  // explicit indices (see the header).
-  std::vector<Group> groups;
-  std::unordered_map<std::uint64_t, std::size_t> group_of;  // (dtype, device) -> groups index
+  // The open bucket of each group, in a map as torch holds it: its
+  // iteration order is the order of the leftovers (see the header).
+  std::unordered_map<GroupKey, Group, TorchGroupKeyHash> groups;
   auto emit = [&](std::vector<std::size_t>&& idx, std::uint64_t limit) {
     out.buckets.push_back(std::move(idx));
     out.size_limits.push_back(limit);
@@ -56,12 +108,7 @@ BucketAssignment compute_bucket_assignment_by_size(std::span<const BucketTensor>
       emit({index}, 0);
       continue;
     }
-    const std::uint64_t key = (static_cast<std::uint64_t>(static_cast<std::uint32_t>(t.device))
-                               << 8) |
-                              static_cast<std::uint64_t>(t.dtype);
-    auto [it, inserted] = group_of.try_emplace(key, groups.size());
-    if (inserted) groups.emplace_back();
-    Group& g = groups[it->second];
+    Group& g = groups[GroupKey{torch_scalar_type(t.dtype), t.device}];
     g.indices.push_back(index);
     g.bytes += t.bytes;
     const std::uint64_t limit = size_limits[g.limit_pos];
@@ -73,7 +120,7 @@ BucketAssignment compute_bucket_assignment_by_size(std::span<const BucketTensor>
       if (g.limit_pos + 1 < size_limits.size()) ++g.limit_pos;
     }
   }
-  for (Group& g : groups)
+  for (auto& [key, g] : groups)
     if (!g.indices.empty()) emit(std::move(g.indices), size_limits[g.limit_pos]);
 
   if (tensor_indices.empty()) {
@@ -109,7 +156,9 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t buck
   for (std::size_t k = n; k-- > 0;) {
     const TensorSpec& s = layout.tensors[k];
     if (!s.requires_grad) continue;
-    tensors.push_back(BucketTensor{s.bytes(), s.dtype, 0, s.expects_sparse});
+    // The device is the same for every parameter; for the floating-point
+    // dtypes that can have gradients, which one does not change the order.
+    tensors.push_back(BucketTensor{s.bytes(), s.dtype, kTorchCpu, s.expects_sparse});
     indices.push_back(static_cast<std::int64_t>(k));
   }
   const std::uint64_t limits[2] = {first_bucket_bytes, bucket_cap_bytes};

@@ -6,7 +6,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "comm/types.h"
@@ -20,10 +22,24 @@ namespace ddpdiag::ddp_core {
 inline constexpr std::uint64_t kDefaultBucketCapBytes = 25ull * 1024 * 1024;
 inline constexpr std::uint64_t kDefaultFirstBucketBytes = 1ull * 1024 * 1024;
 
+// A device as torch keys its bucket groups by: c10::DeviceType's number
+// (CPU 0, CUDA 1, Meta 14) and the index (-1 where the device has none, as
+// "cpu" and "meta").
+struct TorchDevice {
+  std::uint8_t type = 0;
+  std::int8_t index = -1;
+  friend bool operator==(const TorchDevice&, const TorchDevice&) = default;
+};
+
+inline constexpr TorchDevice kTorchCpu{0, -1};
+
+// "cpu", "meta", "cuda" or "cuda:N" (N < 128); nullopt for anything else.
+std::optional<TorchDevice> parse_torch_device(std::string_view text);
+
 struct BucketTensor {
   std::uint64_t bytes = 0;  // numel * element size
   DType dtype = DType::kFloat32;
-  int device = 0;
+  TorchDevice device = kTorchCpu;
   // This tensor's gradient is sparse: it gets a bucket of its own (size
   // limit 0). With explicit indices torch reads the flag of parameter
   // tensor_indices[i]; here the flag travels with the tensor at position i,
@@ -48,10 +64,12 @@ struct BucketAssignment {
 // Open buckets left at the end are emitted. Without tensor_indices the
 // buckets are sorted by their smallest tensor index. With tensor_indices
 // (the gradient-ready order, as DDP's rebuild passes it) there is no sort:
-// closed buckets stay in closing order and the leftovers follow in the order
-// their groups were first seen. (PyTorch emits leftovers of several groups in
-// hash-map order, which is unspecified; with one (dtype, device) group, the
-// common case, both agree.)
+// closed buckets stay in closing order and the leftovers follow in the
+// iteration order of torch's group map: a std::unordered_map keyed by
+// (dtype, device) with c10's hash, which is reproduced here with the same
+// hash and the same standard library. For groups of floating-point dtypes on
+// one device that order is the reverse of the order the groups were first
+// seen.
 // Throws UsageError when size_limits is empty or tensor_indices has the
 // wrong length. Empty input gives no buckets (torch asserts instead).
 BucketAssignment compute_bucket_assignment_by_size(std::span<const BucketTensor> tensors,

@@ -2,8 +2,8 @@
 //
 // Hidden modes for the compatibility tests (tests/compat):
 //   --assign-case FILE|-   runs compute_bucket_assignment_by_size on JSON
-//                          cases ({"tensors": [{"bytes", "dtype", "device",
-//                          "sparse"}], "limits": [...], "tensor_indices":
+//                          cases ({"tensors": [{"bytes", "dtype", "device"
+//                          ("cpu", "meta", "cuda:N"), "sparse"}], "limits": [...], "tensor_indices":
 //                          [...]}, or a list of them) and prints
 //                          {"buckets", "size_limits"} for each;
 //   --dump-layout          prints the model's layout as JSON.
@@ -60,7 +60,10 @@ json run_case(const json& c) {
     const auto dt = parse_torch_dtype(t.value("dtype", std::string("float32")));
     if (!dt) fail("unknown dtype " + t.value("dtype", std::string()));
     bt.dtype = *dt;
-    bt.device = t.value("device", 0);
+    const std::string device = t.value("device", std::string("cpu"));
+    const auto dev = parse_torch_device(device);
+    if (!dev) fail("unknown device '" + device + "' (cpu, meta, cuda or cuda:N)");
+    bt.device = *dev;
     bt.expects_sparse = t.value("sparse", false);
     tensors.push_back(bt);
   }

@@ -68,8 +68,8 @@ TEST_CASE("dtypes form separate groups with their own limit positions", "[bucket
 
 TEST_CASE("devices form separate groups", "[buckets]") {
   std::vector<BucketTensor> t = {f32(25), f32(25), f32(25), f32(25)};
-  t[1].device = 1;
-  t[3].device = 1;
+  t[1].device = *parse_torch_device("meta");
+  t[3].device = *parse_torch_device("meta");
   const std::uint64_t limits[] = {200};
   auto a = compute_bucket_assignment_by_size(t, limits);
   CHECK(a.buckets == Buckets{{0, 2}, {1, 3}});
@@ -84,15 +84,50 @@ TEST_CASE("sparse tensors get a bucket of their own with limit 0", "[buckets]") 
   CHECK(a.size_limits == std::vector<std::uint64_t>{1000, 0});
 }
 
-TEST_CASE("explicit indices: no sort, leftovers in order of first appearance", "[buckets]") {
+TEST_CASE("explicit indices: no sort, leftovers in torch's hash-map order", "[buckets]") {
   // Reverse order as DDP's rebuild passes it.
   std::vector<BucketTensor> t = {f32(25), f64(10), f32(25), f32(25), f64(10)};
   const std::vector<std::int64_t> idx = {4, 3, 2, 1, 0};
   const std::uint64_t limits[] = {200};
   auto a = compute_bucket_assignment_by_size(t, limits, idx);
   // f32: 4,2 close at 200; 1 is left over. f64: 3,0 (160 B) are left over.
-  // Leftovers follow the order the groups were first seen: f32, then f64.
-  CHECK(a.buckets == Buckets{{4, 2}, {1}, {3, 0}});
+  // Leftovers come in the order torch 1.13 and 2.11 emit them (their
+  // _compute_bucket_assignment_by_size on these tensors): f64, then f32,
+  // the reverse of first appearance.
+  CHECK(a.buckets == Buckets{{4, 2}, {3, 0}, {1}});
+}
+
+TEST_CASE("leftovers of many groups follow torch's map, not first appearance", "[buckets]") {
+  // One tensor per group, all left open; the orders torch 1.13 and 2.11 give
+  // (_compute_bucket_assignment_by_size with tensor_indices 0..n-1).
+  auto order = [](std::vector<std::pair<DType, const char*>> groups) {
+    std::vector<BucketTensor> t;
+    std::vector<std::int64_t> idx;
+    for (auto& [dt, dev] : groups) {
+      t.push_back(BucketTensor{8, dt, *parse_torch_device(dev), false});
+      idx.push_back(static_cast<std::int64_t>(idx.size()));
+    }
+    const std::uint64_t limits[] = {1u << 30};
+    std::vector<std::size_t> out;
+    for (auto& b : compute_bucket_assignment_by_size(t, limits, idx).buckets) out.push_back(b.front());
+    return out;
+  };
+  CHECK(order({{DType::kFloat32, "cpu"}, {DType::kFloat16, "cpu"}}) == std::vector<std::size_t>{1, 0});
+  CHECK(order({{DType::kBFloat16, "cpu"}, {DType::kFloat32, "cpu"}, {DType::kFloat64, "cpu"},
+               {DType::kFloat16, "cpu"}}) == std::vector<std::size_t>{3, 2, 1, 0});
+  // Groups on two devices with integer dtypes: neither first appearance nor
+  // its reverse.
+  CHECK(order({{DType::kUInt8, "meta"}, {DType::kFloat64, "meta"}, {DType::kInt64, "cpu"},
+               {DType::kInt32, "cpu"}}) == std::vector<std::size_t>{3, 1, 2, 0});
+}
+
+TEST_CASE("torch device names", "[buckets]") {
+  CHECK(parse_torch_device("cpu") == TorchDevice{0, -1});
+  CHECK(parse_torch_device("meta") == TorchDevice{14, -1});
+  CHECK(parse_torch_device("cuda:3") == TorchDevice{1, 3});
+  CHECK_FALSE(parse_torch_device("cuda:x"));
+  CHECK_FALSE(parse_torch_device("cuda:128"));
+  CHECK_FALSE(parse_torch_device("gpu"));
 }
 
 TEST_CASE("bucket assignment rejects bad arguments", "[buckets]") {

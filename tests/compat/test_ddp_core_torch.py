@@ -137,7 +137,7 @@ def our_cases(cases):
                 {
                     "bytes": t["numel"] * torch.empty(0, dtype=DTYPES[t["dtype"]]).element_size(),
                     "dtype": t["dtype"],
-                    "device": DEVICES.index(t["device"]),
+                    "device": t["device"],
                     "sparse": t["sparse"],
                 }
                 for t in tensors
@@ -164,17 +164,13 @@ class BucketAssignmentTest(unittest.TestCase):
             pairs_t = list(zip(map(tuple, tb), tl if tl is not None else [None] * len(tb)))
             pairs_o = list(zip(map(tuple, mine["buckets"]), mine["size_limits"] if tl is not None else [None] * len(tb)))
             groups = {(t["dtype"], t["device"]) for t in tensors if not t["sparse"]}
+            with self.subTest(case=k):
+                self.assertEqual(pairs_o, pairs_t, f"case {k}: {tensors} {limits} {indices}")
             if indices is not None and len(groups) > 1:
-                # Leftovers of several groups come last, in torch's hash-map
-                # order: compare everything before them exactly, them as a set.
-                tail = len(groups)
-                with self.subTest(case=k):
-                    self.assertEqual(pairs_o[:-tail], pairs_t[:-tail])
-                    self.assertEqual(sorted(pairs_o[-tail:], key=repr), sorted(pairs_t[-tail:], key=repr))
-                bump("bucket cases (leftover order as a set)")
+                # Leftovers of several groups come last, in the iteration
+                # order of torch's hash map.
+                bump("bucket cases with leftovers of several groups (exact)")
             else:
-                with self.subTest(case=k):
-                    self.assertEqual(pairs_o, pairs_t, f"case {k}: {tensors} {limits} {indices}")
                 bump("bucket cases (exact)")
 
     def test_presets_as_ddp_rebuilds_them(self):
@@ -480,13 +476,8 @@ class DdpAsRunTest(unittest.TestCase):
             theirs = ddp_buckets_as_run(layout, cap_bytes / MIB if explicit else None)
             ours = our_ddp_buckets(layout, repr(cap_bytes / MIB) if explicit else "25", repr(first_mb))
             with self.subTest(case=k, dtypes=dtypes, cap_bytes=cap_bytes, explicit=explicit):
-                if len(dtypes) == 1:
-                    self.assertEqual(ours, theirs)
-                else:
-                    # Leftover buckets of several dtypes come in torch's
-                    # hash-map order (README): same buckets, order aside.
-                    self.assertEqual(sorted(ours), sorted(theirs))
-            bump("DDP runs compared")
+                self.assertEqual(ours, theirs)
+            bump("DDP runs compared" if len(dtypes) == 1 else "DDP runs of several dtypes compared")
 
     def test_frozen_parameters(self):
         # DDP reduces only parameters that require grad: a frozen one (a
@@ -504,10 +495,7 @@ class DdpAsRunTest(unittest.TestCase):
             theirs = ddp_buckets_as_run(layout, cap_bytes / MIB)
             ours = our_ddp_buckets(layout, repr(cap_bytes / MIB), repr(cap_bytes / MIB) if TORCH_MAJOR >= 2 else "1")
             with self.subTest(case=k):
-                if len({t["dtype"] for t in layout if t.get("requires_grad", True)}) == 1:
-                    self.assertEqual(ours, theirs)
-                else:
-                    self.assertEqual(sorted(ours), sorted(theirs))
+                self.assertEqual(ours, theirs)
             bump("DDP runs compared")
 
     def test_frozen_parameters_exported_as_the_readme_says(self):
