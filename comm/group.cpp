@@ -2,15 +2,11 @@
 
 #include <algorithm>
 
-#include "comm/gloo/gloo_group.h"
-
 namespace ddpdiag {
 
 std::unique_ptr<Communicator> make_group_communicator(const CommOptions& world,
                                                       const std::vector<int>& ranks,
                                                       const std::string& name) {
-  if (world.backend == Backend::kGloo)
-    return gloo_backend::make_gloo_group_communicator(world, ranks, name);
   auto it = std::find(ranks.begin(), ranks.end(), world.rank);
   if (it == ranks.end())
     throw UsageError("rank " + std::to_string(world.rank) + " is not a member of group " + name,
@@ -19,7 +15,8 @@ std::unique_ptr<Communicator> make_group_communicator(const CommOptions& world,
   CommOptions o = world;
   o.rank = static_cast<int>(it - ranks.begin());
   o.world_size = static_cast<int>(ranks.size());
-  // The device stays the one of this process (local rank), not the group rank.
+  // NCCL: the device stays the one of this process (local rank), not the
+  // group rank.
   if (o.device < 0) o.device = world.local_rank;
   o.store = std::make_shared<PrefixStore>("group/" + name, world.store);
   // The world's watch for a failed peer is about the world's init: a group

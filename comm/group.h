@@ -1,7 +1,8 @@
 // Sub-groups of the world: a communicator among some of the world's ranks,
 // created while the job runs (for bisecting a failure: each host alone, pairs
 // of hosts, halves). Gloo: a new context over the job's store under its own
-// prefix (gloo/gloo_group.h). NCCL: a new communicator whose unique id is
+// prefix "group/<name>", so groups can be formed one after another without
+// restarting the job (Gloo's counterpart of ncclCommSplit). NCCL: a new communicator whose unique id is
 // exchanged through the store under the group's prefix; it does not need a
 // healthy parent, which matters when the parent is the thing that failed.
 // With a healthy NCCL parent, Communicator::split (ncclCommSplit) is the

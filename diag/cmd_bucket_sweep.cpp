@@ -215,13 +215,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
     const auto rec = complete ? tools::recommend_cap(figs, kDefaultCapMb) : std::nullopt;
     res["recommended_cap_mb"] = rec ? json(rec->bucket_cap_mb) : json();
     if (rec) {
-      auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(); };
-      res["recommendation"] = {{"bucket_cap_mb", rec->bucket_cap_mb},
-                               {"exposed_comm_time_us", rec->exposed_comm_time_us},
-                               {"default_bucket_cap_mb", kDefaultCapMb},
-                               {"default_exposed_comm_time_us", opt(rec->default_exposed_comm_time_us)},
-                               {"saving_us", opt(rec->saving_us)},
-                               {"saving_pct", opt(rec->saving_pct)}};
+      res["recommendation"] = tools::recommendation_json(*rec, kDefaultCapMb);
     } else {
       res["recommendation"] = nullptr;
     }

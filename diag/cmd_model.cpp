@@ -29,6 +29,7 @@
 #include "diag/launcher.h"
 #include "diag/scale_model.h"
 #include "diag/tools_analysis.h"
+#include "diag/tools_common.h"
 #include "reports/render.h"
 #include "reports/report.h"
 
@@ -406,13 +407,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       }
       const auto rec = tools::recommend_cap(figs, kDefaultCapMb);
       res["recommended_cap_mb"] = rec->bucket_cap_mb;
-      auto opt = [](const std::optional<double>& v) { return v ? json(*v) : json(); };
-      res["recommendation"] = {{"bucket_cap_mb", rec->bucket_cap_mb},
-                               {"exposed_comm_time_us", rec->exposed_comm_time_us},
-                               {"default_bucket_cap_mb", kDefaultCapMb},
-                               {"default_exposed_comm_time_us", opt(rec->default_exposed_comm_time_us)},
-                               {"saving_us", opt(rec->saving_us)},
-                               {"saving_pct", opt(rec->saving_pct)}};
+      res["recommendation"] = tools::recommendation_json(*rec, kDefaultCapMb);
       if (rec->saving_us)
         std::printf("# Recommendation: bucket_cap_mb=%g (predicted exposed %.3f ms; default 25: %.3f ms, "
                     "saves %.3f ms = %.1f%%)\n",
