@@ -106,7 +106,7 @@ BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::u
   // overshoots do not accumulate over 161 (or 400) tensors.
   double scheduled_s = 0;
   std::vector<std::uint8_t> staging;
-  for (std::size_t k = tensors.size(); k-- > 0;) {
+  for (std::size_t k : reducer.layout().gradient_ready_order()) {
     if (skip[k]) continue;
     const auto& t = tensors[k];
     const auto n = static_cast<std::size_t>(t.numel());

@@ -1,5 +1,6 @@
-// A backward pass without a model: walks the layout's parameters in reverse
-// order (the order autograd produces them), "computes" each gradient (writes
+// A backward pass without a model: walks the layout's parameters in the
+// order autograd makes their gradients ready (ModelLayout::
+// gradient_ready_order: recorded, or the reverse of the parameters), "computes" each gradient (writes
 // its values and, optionally, spends time proportional to its size) and marks
 // it ready on the reducer.
 //
@@ -66,7 +67,7 @@ struct BackwardSimResult {
 double sim_gradient_value(int world_size, int rank, std::size_t param, std::size_t i,
                           std::uint64_t iteration, double scale);
 
-// prepare_for_backward, then every parameter in reverse order: write, spend
+// prepare_for_backward, then every parameter in ready order: write, spend
 // its compute time (sleeping for long waits, spinning for short ones, polling
 // the reducer meanwhile so completions are timestamped when they happen),
 // mark_ready. The caller calls reducer.finalize(). iteration selects the

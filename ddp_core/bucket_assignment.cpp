@@ -150,12 +150,13 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t buck
   std::vector<std::int64_t> indices;
   tensors.reserve(n);
   indices.reserve(n);
-  // Gradients become ready from the last layer back to the first. A frozen
-  // parameter has none: DDP leaves it out of its reducer, so out of every
-  // bucket (the indices stay those of the layout).
-  for (std::size_t k = n; k-- > 0;) {
+  // In the order backward makes the gradients ready (the layout's
+  // ready_order: by default from the last parameter back to the first), as
+  // DDP rebuilds its buckets after its first iteration. A frozen parameter
+  // has none: DDP leaves it out of its reducer, so out of every bucket (the
+  // indices stay those of the layout).
+  for (std::size_t k : layout.gradient_ready_order()) {
     const TensorSpec& s = layout.tensors[k];
-    if (!s.requires_grad) continue;
     // The device is the same for every parameter; for the floating-point
     // dtypes that can have gradients, which one does not change the order.
     tensors.push_back(BucketTensor{s.bytes(), s.dtype, kTorchCpu, s.expects_sparse});

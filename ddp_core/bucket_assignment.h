@@ -78,8 +78,8 @@ BucketAssignment compute_bucket_assignment_by_size(std::span<const BucketTensor>
 
 // One bucket as DDP builds it for a model.
 struct DdpBucket {
-  // Parameter indices into layout.tensors, in gradient-ready order (the
-  // reverse of model order), as DDP's reducer holds them.
+  // Parameter indices into layout.tensors, in gradient-ready order, as DDP's
+  // reducer holds them.
   std::vector<std::size_t> param_indices;
   std::uint64_t bytes = 0;
   std::uint64_t size_limit_bytes = 0;
@@ -89,9 +89,9 @@ struct DdpBucket {
 };
 
 // The buckets DDP ends up with for a layout once it has rebuilt them from
-// the observed gradient order (from the second iteration on), assuming
-// gradients become ready in reverse parameter order: limits
-// [first_bucket_bytes, bucket_cap_bytes] over the reversed parameters with
+// the observed gradient order (from the second iteration on): limits
+// [first_bucket_bytes, bucket_cap_bytes] over the parameters in the
+// layout's gradient ready order (ModelLayout::gradient_ready_order), with
 // their indices passed explicitly. Bucket 0 is the first to be reduced.
 // Frozen tensors (requires_grad false) are in no bucket, as in DDP; a layout
 // with no trainable tensor gives no buckets.

@@ -244,11 +244,62 @@ std::size_t ModelLayout::frozen_count() const {
       std::count_if(tensors.begin(), tensors.end(), [](const TensorSpec& t) { return !t.requires_grad; }));
 }
 
+std::vector<std::size_t> ModelLayout::gradient_ready_order() const {
+  if (!ready_order.empty()) return ready_order;
+  std::vector<std::size_t> order;
+  order.reserve(tensors.size());
+  for (std::size_t k = tensors.size(); k-- > 0;)
+    if (tensors[k].requires_grad) order.push_back(k);
+  return order;
+}
+
+void check_ready_order(const ModelLayout& layout, const std::string& source) {
+  if (layout.ready_order.empty()) return;
+  const std::size_t n = layout.tensors.size();
+  std::vector<std::size_t> seen_at(n, SIZE_MAX);
+  for (std::size_t pos = 0; pos < layout.ready_order.size(); ++pos) {
+    const std::size_t k = layout.ready_order[pos];
+    if (k >= n)
+      fail(source, fmt::format("'ready_order' item {} is {}, but the layout has {} tensors (indices "
+                               "0 to {})", pos, k, n, n - 1));
+    if (!layout.tensors[k].requires_grad)
+      fail(source, fmt::format("'ready_order' item {} is tensor {} ('{}'), which does not require "
+                               "grad: a frozen parameter has no gradient to be ready",
+                               pos, k, layout.tensors[k].name));
+    if (seen_at[k] != SIZE_MAX)
+      fail(source, fmt::format("'ready_order' lists tensor {} ('{}') twice (items {} and {})", k,
+                               layout.tensors[k].name, seen_at[k], pos));
+    seen_at[k] = pos;
+  }
+  std::vector<std::string> missing;
+  std::size_t missing_count = 0;
+  for (std::size_t k = 0; k < n; ++k)
+    if (layout.tensors[k].requires_grad && seen_at[k] == SIZE_MAX) {
+      if (missing.size() < 5) missing.push_back(fmt::format("{} ('{}')", k, layout.tensors[k].name));
+      ++missing_count;
+    }
+  if (missing_count > 0) {
+    std::string list;
+    for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+    if (missing_count > missing.size()) list += fmt::format(" and {} more", missing_count - missing.size());
+    fail(source, fmt::format("'ready_order' leaves out {} tensor(s) that require grad: {}. It "
+                             "lists every parameter that requires grad once: record it from a "
+                             "backward that reaches all of them, or mark an unused one "
+                             "\"requires_grad\": false",
+                             missing_count, list));
+  }
+}
+
 ModelLayout trainable_parameters(const ModelLayout& layout) {
   ModelLayout out;
   out.name = layout.name;
-  for (const auto& t : layout.tensors)
-    if (t.requires_grad) out.tensors.push_back(t);
+  std::vector<std::size_t> renumbered(layout.tensors.size(), 0);
+  for (std::size_t k = 0; k < layout.tensors.size(); ++k)
+    if (layout.tensors[k].requires_grad) {
+      renumbered[k] = out.tensors.size();
+      out.tensors.push_back(layout.tensors[k]);
+    }
+  for (std::size_t k : layout.ready_order) out.ready_order.push_back(renumbered[k]);
   if (out.tensors.empty())
     throw UsageError(fmt::format("no parameter of the model layout '{}' requires grad ({} tensors, "
                                  "all frozen): DDP has no gradient to reduce",
@@ -327,6 +378,23 @@ ModelLayout parse_model_layout_json(std::string_view text, const std::string& so
                                "(at most {} bytes, 2^63 - 1)",
                                entry_label(i, layout.tensors[i].name), kMaxCount),
            kSizeHint);
+  if (doc.is_object())
+    if (auto it = doc.find("ready_order"); it != doc.end()) {
+      if (!it->is_array())
+        fail(source, fmt::format("field 'ready_order' must be a list of tensor indices, got {}",
+                                 it->type_name()));
+      for (std::size_t pos = 0; pos < it->size(); ++pos) {
+        const json& v = (*it)[pos];
+        if (!v.is_number_unsigned())
+          fail(source, fmt::format("'ready_order' item {} must be a tensor index (0, 1, ...), got {}",
+                                   pos, v.dump()));
+        layout.ready_order.push_back(v.get<std::size_t>());
+      }
+      if (layout.ready_order.empty())
+        fail(source, "'ready_order' is empty: leave it out for the reverse order, or list the "
+                     "indices of the tensors that require grad");
+      check_ready_order(layout, source);
+    }
   if (layout.name.empty()) layout.name = source;
   return layout;
 }
@@ -367,6 +435,7 @@ std::string model_layout_to_json(const ModelLayout& layout) {
                        {"sparse", t.expects_sparse},
                        {"requires_grad", t.requires_grad}});
   json doc = {{"name", layout.name}, {"tensors", std::move(tensors)}};
+  if (!layout.ready_order.empty()) doc["ready_order"] = layout.ready_order;
   return doc.dump(1);
 }
 

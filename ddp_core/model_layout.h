@@ -10,8 +10,11 @@
 //      dtype and the requires_grad flag may be left out);
 //   2. an object {"name": "my-model", "tensors": [{"name": ..., "shape": [...],
 //      "dtype": "torch.float32" | "float32" | ..., "sparse": false,
-//      "requires_grad": true}, ...]} ("dtype" defaults to float32, "sparse"
-//      to false, "requires_grad" to true).
+//      "requires_grad": true}, ...], "ready_order": [...]} ("dtype" defaults
+//      to float32, "sparse" to false, "requires_grad" to true; "ready_order",
+//      optional, lists the indices of the tensors that require grad in the
+//      order backward makes their gradients ready, as recorded by a hook on
+//      each parameter; without it, the reverse of the tensors' order).
 // A parameter with requires_grad false (frozen) is one DDP broadcasts but
 // never reduces: DDP builds its buckets from the parameters that require
 // grad only.
@@ -41,6 +44,15 @@ struct TensorSpec {
 struct ModelLayout {
   std::string name;
   std::vector<TensorSpec> tensors;
+  // Indices of the tensors that require grad, in the order backward makes
+  // their gradients ready (the order DDP rebuilds its buckets from). Empty:
+  // the reverse of the tensors' order. Autograd does not always walk
+  // parameters exactly backwards: a normalization layer's weight gradient
+  // is ready before its bias's, as both come out of one node.
+  std::vector<std::size_t> ready_order;
+
+  // ready_order, or the reverse order of the tensors that require grad.
+  std::vector<std::size_t> gradient_ready_order() const;
 
   std::int64_t total_numel() const;
   std::uint64_t total_bytes() const;           // every parameter (what DDP broadcasts)
@@ -50,7 +62,7 @@ struct ModelLayout {
 
 // DDP's parameters for reduction: the layout without its frozen tensors, in
 // the same order (DistributedDataParallel keeps only parameters that require
-// grad for its reducer). Throws UsageError when none is left, where torch
+// grad for its reducer), ready_order renumbered to match. Throws UsageError when none is left, where torch
 // refuses to wrap the module.
 ModelLayout trainable_parameters(const ModelLayout& layout);
 
@@ -59,6 +71,10 @@ ModelLayout trainable_parameters(const ModelLayout& layout);
 std::optional<DType> parse_torch_dtype(std::string_view s);
 // The canonical torch spelling: "torch.float32", "torch.bfloat16", ...
 std::string torch_dtype_name(DType t);
+
+// Throws UsageError unless ready_order is empty or lists every tensor that
+// requires grad exactly once and nothing else. source names the layout.
+void check_ready_order(const ModelLayout& layout, const std::string& source);
 
 // Parses a layout in either JSON form above. source names the file in
 // errors. Throws UsageError naming the source, the tensor entry and the field

@@ -19,23 +19,46 @@ namespace {
 
 using Shape = std::vector<std::int64_t>;
 
+// Builds a layout layer by layer. Besides the tensors in registration
+// order, it records the order backward makes their gradients ready, as
+// torch's autograd does (recorded with a hook on every parameter of the real
+// modules, torch 2.11): layers in the reverse of the order the forward uses
+// them; within nn.Linear (and transformers' Conv1D), the bias's gradient
+// before the weight's (the weight's passes through one more node); within a
+// normalization layer, the weight's before the bias's (both leave its
+// backward node together, in argument order).
 struct Builder {
   ModelLayout layout;
-  void add(std::string name, Shape shape) {
+  // Per layer, in the order the forward uses the layers: its tensors'
+  // indices in the order their gradients become ready.
+  std::vector<std::vector<std::size_t>> used;
+
+  std::size_t add_tensor(std::string name, Shape shape) {
     layout.tensors.push_back(TensorSpec{std::move(name), std::move(shape), DType::kFloat32, false});
+    return layout.tensors.size() - 1;
   }
-  // nn.Linear(in, out): weight [out, in], then bias [out].
+  // A layer whose one tensor is used alone (an embedding, a conv without bias).
+  void add(std::string name, Shape shape) { used.push_back({add_tensor(std::move(name), std::move(shape))}); }
+  // nn.Linear(in, out): weight [out, in], then bias [out]; bias ready first.
   void linear(const std::string& prefix, std::int64_t in, std::int64_t out) {
-    add(prefix + ".weight", {out, in});
-    add(prefix + ".bias", {out});
+    const std::size_t w = add_tensor(prefix + ".weight", {out, in});
+    const std::size_t b = add_tensor(prefix + ".bias", {out});
+    used.push_back({b, w});
   }
-  // nn.LayerNorm / nn.BatchNorm2d affine parameters (running stats are buffers).
+  // nn.LayerNorm / nn.BatchNorm2d affine parameters (running stats are
+  // buffers); weight ready first.
   void norm(const std::string& prefix, std::int64_t n) {
-    add(prefix + ".weight", {n});
-    add(prefix + ".bias", {n});
+    const std::size_t w = add_tensor(prefix + ".weight", {n});
+    const std::size_t b = add_tensor(prefix + ".bias", {n});
+    used.push_back({w, b});
   }
   void conv_nobias(const std::string& prefix, std::int64_t in, std::int64_t out, std::int64_t k) {
     add(prefix + ".weight", {out, in, k, k});
+  }
+  ModelLayout finish() {
+    for (auto layer = used.rbegin(); layer != used.rend(); ++layer)
+      layout.ready_order.insert(layout.ready_order.end(), layer->begin(), layer->end());
+    return std::move(layout);
   }
 };
 
@@ -67,7 +90,7 @@ ModelLayout resnet50() {
     }
   }
   b.linear("fc", 2048, 1000);
-  return b.layout;
+  return b.finish();
 }
 
 // transformers BertModel with bert-large-uncased's config: vocab 30522,
@@ -77,9 +100,15 @@ ModelLayout bert_large() {
   constexpr std::int64_t kVocab = 30522, kHidden = 1024, kLayers = 24, kInter = 4096;
   Builder b;
   b.layout.name = "bert-large";
-  b.add("embeddings.word_embeddings.weight", {kVocab, kHidden});
-  b.add("embeddings.position_embeddings.weight", {512, kHidden});
-  b.add("embeddings.token_type_embeddings.weight", {2, kHidden});
+  // Registered word, position, token type; the forward adds the token type
+  // embeddings to the word embeddings first, then the position embeddings
+  // (transformers 4.46), so backward reaches position before token type.
+  const std::size_t word = b.add_tensor("embeddings.word_embeddings.weight", {kVocab, kHidden});
+  const std::size_t position = b.add_tensor("embeddings.position_embeddings.weight", {512, kHidden});
+  const std::size_t token_type = b.add_tensor("embeddings.token_type_embeddings.weight", {2, kHidden});
+  b.used.push_back({word});
+  b.used.push_back({token_type});
+  b.used.push_back({position});
   b.norm("embeddings.LayerNorm", kHidden);
   for (std::int64_t l = 0; l < kLayers; ++l) {
     const std::string p = fmt::format("encoder.layer.{}", l);
@@ -93,7 +122,7 @@ ModelLayout bert_large() {
     b.norm(p + ".output.LayerNorm", kHidden);
   }
   b.linear("pooler.dense", kHidden, kHidden);
-  return b.layout;
+  return b.finish();
 }
 
 // transformers GPT2Model ("gpt2", 124 M): vocab 50257, 1024 positions,
@@ -105,9 +134,11 @@ ModelLayout gpt2() {
   b.layout.name = "gpt2";
   b.add("wte.weight", {kVocab, kHidden});
   b.add("wpe.weight", {kPositions, kHidden});
+  // addmm(bias, x, weight): the bias's gradient is ready first.
   auto conv1d = [&](const std::string& prefix, std::int64_t in, std::int64_t out) {
-    b.add(prefix + ".weight", {in, out});
-    b.add(prefix + ".bias", {out});
+    const std::size_t w = b.add_tensor(prefix + ".weight", {in, out});
+    const std::size_t bias = b.add_tensor(prefix + ".bias", {out});
+    b.used.push_back({bias, w});
   };
   for (std::int64_t l = 0; l < kLayers; ++l) {
     const std::string p = fmt::format("h.{}", l);
@@ -119,7 +150,7 @@ ModelLayout gpt2() {
     conv1d(p + ".mlp.c_proj", 4 * kHidden, kHidden);
   }
   b.norm("ln_f", kHidden);
-  return b.layout;
+  return b.finish();
 }
 
 // nn.Sequential(Linear(784, 1024), ReLU(), Linear(1024, 1024), ReLU(),
@@ -130,7 +161,7 @@ ModelLayout mlp() {
   b.linear("0", 784, 1024);
   b.linear("2", 1024, 1024);
   b.linear("4", 1024, 10);
-  return b.layout;
+  return b.finish();
 }
 
 }  // namespace

@@ -146,7 +146,7 @@ struct ReducerBucket {
 
 class Reducer {
  public:
-  // Builds DDP's buckets for the layout (reverse parameter order, limits
+  // Builds DDP's buckets for the layout (its gradient ready order, limits
   // [first_bucket_bytes, bucket_cap_bytes]) and allocates them through comm.
   // Throws UsageError for options this communicator cannot run.
   Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options = {});

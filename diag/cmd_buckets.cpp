@@ -165,6 +165,10 @@ int run_buckets(const BucketsOptions& o) {
                   {"bucket_count", buckets.size()},
                   {"largest_bucket_bytes", largest},
                   {"order", "gradient_ready"},
+                  // Where that order comes from: the layout's recorded
+                  // ready_order (presets, or a layout exported with it), or
+                  // the reverse of the parameters.
+                  {"ready_order", layout.ready_order.empty() ? "reverse" : "recorded"},
                   {"buckets", std::move(jbuckets)}};
 
   const std::string frozen =
@@ -174,9 +178,11 @@ int run_buckets(const BucketsOptions& o) {
               layout.name.c_str(), thousands(layout.tensors.size()).c_str(), frozen.c_str(),
               thousands(static_cast<std::uint64_t>(layout.total_numel())).c_str(),
               mib(layout.gradient_bytes()).c_str());
-  std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in reverse parameter "
-              "order; bucket 0 is reduced first\n\n",
-              o.bucket_cap_mb, o.first_bucket_mb);
+  std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in %s; bucket 0 is "
+              "reduced first\n\n",
+              o.bucket_cap_mb, o.first_bucket_mb,
+              layout.ready_order.empty() ? "reverse parameter order"
+                                         : "backward's order (recorded for this model)");
   std::printf("%6s %10s %10s %8s  %-15s %s\n", "bucket", "size(MiB)", "limit(MiB)", "tensors",
               "dtype", "parameters (model order: first .. last)");
   for (const auto& jb : results["buckets"]) {

@@ -1,5 +1,6 @@
 // ddpdiag ddp-step: one DDP training step without a model. A simulated
-// backward pass produces the layout's gradients in reverse order (with a
+// backward pass produces the layout's gradients in backward's order (the
+// layout's ready order: by default the reverse of the parameters; with a
 // compute time proportional to size, or none) while the bucketed reducer
 // all-reduces them; reports the time per iteration, the communication time,
 // the part of it not hidden behind backward, and whether every gradient

@@ -567,9 +567,10 @@ Subcommand add_model_command(CLI::App& parent) {
       "refused with fewer than 3 points, one size only, or beta <= 0.\n"
       "Hosts: ranks host by host; a ring step costs its slowest link (each inter-host link is\n"
       "crossed once per step); a tree round its slowest pair; gather sums the root's exchanges.\n"
-      "Buckets: ddp_buckets() per cap, gradients ready in reverse order at --compute-gbps, each\n"
-      "bucket's all_reduce after its last gradient and the previous bucket's; exposed = comm left\n"
-      "after backward. Exit 1 when a fit or a --check-against comparison is out of tolerance.");
+      "Buckets: ddp_buckets() per cap, gradients ready in the layout's ready order at\n"
+      "--compute-gbps, each bucket's all_reduce after its last gradient and the previous\n"
+      "bucket's; exposed = comm left after backward. Exit 1 when a fit or a --check-against\n"
+      "comparison is out of tolerance.");
   return {app, [opts] {
             reports::Report report("model", own_command_line());
             int rc = 0;

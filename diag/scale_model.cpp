@@ -227,11 +227,11 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
   plan.bucket_cap_mb = bucket_cap_mb;
   plan.bucket_cap_bytes = static_cast<std::uint64_t>(bucket_cap_mb * kMiB);  // as DDP
   const auto& tensors = layout.tensors;
-  // ready_bytes[p]: gradient bytes produced once parameter p's is (backward
-  // walks the parameters from the last to the first).
+  // ready_s[p]: when parameter p's gradient is ready, once the gradients
+  // before it in backward's order (the layout's ready order) are produced.
   std::vector<double> ready_s(tensors.size(), 0);
   double produced = 0;
-  for (std::size_t i = tensors.size(); i-- > 0;) {
+  for (std::size_t i : layout.gradient_ready_order()) {
     produced += static_cast<double>(tensors[i].bytes());
     ready_s[i] = compute_bytes_per_s > 0 ? produced / compute_bytes_per_s : 0;
   }

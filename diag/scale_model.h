@@ -126,7 +126,7 @@ struct BucketPlan {
 };
 
 // The reducer's schedule with a simulated backward: gradients become ready
-// in reverse parameter order, tensor by tensor, at compute_bytes_per_s
+// in the layout's ready order (ModelLayout::gradient_ready_order), tensor by tensor, at compute_bytes_per_s
 // (0: all at once), as ddp_core's backward simulator produces them; a
 // bucket's all_reduce starts when its last gradient is ready and the
 // previous bucket's has ended (buckets are launched in order and share one

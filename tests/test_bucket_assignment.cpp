@@ -192,3 +192,24 @@ TEST_CASE("ddp_buckets with a cap larger than the model gives two buckets", "[bu
   CHECK(buckets[0].param_indices == std::vector<std::size_t>{5, 4, 3, 2});
   CHECK(buckets[1].param_indices == std::vector<std::size_t>{1, 0});
 }
+
+TEST_CASE("ddp_buckets: a recorded ready order is the order buckets fill in", "[buckets]") {
+  // conv (no bias), norm weight, norm bias, linear weight, linear bias; the
+  // order torch's backward gives: linear bias, weight, norm weight, bias, conv.
+  ModelLayout layout;
+  layout.name = "conv-norm-linear";
+  layout.tensors = {{"conv.weight", {100}, DType::kFloat32, false, true},
+                    {"norm.weight", {10}, DType::kFloat32, false, true},
+                    {"norm.bias", {10}, DType::kFloat32, false, true},
+                    {"fc.weight", {50}, DType::kFloat32, false, true},
+                    {"fc.bias", {5}, DType::kFloat32, false, true}};
+  // Caps of 240 bytes: fc (220 B) + norm.weight (40 B) closes the first.
+  auto indices = [&] {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : ddp_buckets(layout, 240, 240)) out.push_back(b.param_indices);
+    return out;
+  };
+  CHECK(indices() == Buckets{{4, 3, 2}, {1, 0}});  // no order given: the exact reverse
+  layout.ready_order = {4, 3, 1, 2, 0};
+  CHECK(indices() == Buckets{{4, 3, 1}, {2, 0}});
+}

@@ -235,3 +235,61 @@ TEST_CASE("load_model: a directory or an endless file is refused, not read forev
   CHECK_THROWS_WITH(load_model("/"), Catch::Contains("is a directory"));
   if (std::ifstream("/dev/zero")) CHECK_THROWS_WITH(load_model("/dev/zero"), Catch::Contains("larger than 256 MiB"));
 }
+
+TEST_CASE("ready_order: parsed, checked, renumbered without frozen tensors", "[layout]") {
+  const std::string base =
+      R"({"name": "m", "tensors": [{"name": "a", "shape": [2]}, {"name": "b", "shape": [3]},
+          {"name": "c", "shape": [4], "requires_grad": false}, {"name": "d", "shape": [5]}]})";
+  auto with = [&](const std::string& order) {
+    return base.substr(0, base.size() - 1) + R"(, "ready_order": )" + order + "}";
+  };
+  const ModelLayout plain = parse_model_layout_json(base, "m.json");
+  CHECK(plain.ready_order.empty());
+  CHECK(plain.gradient_ready_order() == std::vector<std::size_t>{3, 1, 0});
+
+  const ModelLayout l = parse_model_layout_json(with("[1, 3, 0]"), "m.json");
+  CHECK(l.gradient_ready_order() == std::vector<std::size_t>{1, 3, 0});
+  // Without the frozen tensor "c", "d" becomes index 2.
+  CHECK(trainable_parameters(l).gradient_ready_order() == std::vector<std::size_t>{1, 2, 0});
+  // It round-trips through the dump.
+  CHECK(parse_model_layout_json(model_layout_to_json(l), "dump").ready_order == l.ready_order);
+
+  CHECK_THAT(error_of(with("[1, 3, 0, 7]")), Catch::Contains("item 3 is 7") && Catch::Contains("4 tensors"));
+  CHECK_THAT(error_of(with("[1, 3, 0, 2]")), Catch::Contains("tensor 2 ('c')") &&
+                                                 Catch::Contains("does not require grad"));
+  CHECK_THAT(error_of(with("[1, 3, 1, 0]")), Catch::Contains("tensor 1 ('b') twice (items 0 and 2)"));
+  CHECK_THAT(error_of(with("[1, 3]")), Catch::Contains("leaves out 1 tensor(s)") && Catch::Contains("0 ('a')"));
+  CHECK_THAT(error_of(with("[]")), Catch::Contains("'ready_order' is empty"));
+  CHECK_THAT(error_of(with("[1, -3, 0]")), Catch::Contains("item 1 must be a tensor index"));
+  CHECK_THAT(error_of(with("\"reverse\"")), Catch::Contains("must be a list of tensor indices"));
+  CHECK_THAT(error_of(with("[1, 3, 0]"), "x.json"), Catch::Contains("(no error)"));
+}
+
+TEST_CASE("presets carry the gradient ready order torch's autograd gives", "[layout]") {
+  // Recorded with a hook on every parameter, one backward of the real
+  // module (torch 2.11; torchvision 0.26 resnet50, transformers 4.46
+  // BertModel and GPT2Model), and checked against the buckets DDP reduces.
+  auto head = [](const std::string& name, std::size_t n) {
+    auto order = model_preset(name)->gradient_ready_order();
+    return std::vector<std::size_t>(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(n));
+  };
+  auto tail = [](const std::string& name, std::size_t n) {
+    auto order = model_preset(name)->gradient_ready_order();
+    return std::vector<std::size_t>(order.end() - static_cast<std::ptrdiff_t>(n), order.end());
+  };
+  // fc bias, fc weight, then layer4.2's bn3 weight before its bias, conv3, ...
+  CHECK(head("resnet50", 10) == std::vector<std::size_t>{160, 159, 157, 158, 156, 154, 155, 153, 151, 152});
+  CHECK(tail("resnet50", 3) == std::vector<std::size_t>{1, 2, 0});
+  CHECK(head("bert-large", 8) == std::vector<std::size_t>{390, 389, 387, 388, 386, 385, 384, 383});
+  // The embeddings' LayerNorm, then position before token type, then word.
+  CHECK(tail("bert-large", 5) == std::vector<std::size_t>{3, 4, 1, 2, 0});
+  CHECK(head("gpt2", 6) == std::vector<std::size_t>{146, 147, 145, 144, 143, 142});
+  CHECK(tail("gpt2", 4) == std::vector<std::size_t>{2, 3, 1, 0});
+  CHECK(model_preset("mlp")->gradient_ready_order() == std::vector<std::size_t>{5, 4, 3, 2, 1, 0});
+  for (const auto& name : model_preset_names()) {
+    INFO(name);
+    const auto layout = *model_preset(name);
+    CHECK_NOTHROW(check_ready_order(layout, name));
+    CHECK(layout.ready_order.size() == layout.tensors.size());
+  }
+}

@@ -185,12 +185,14 @@ class BucketAssignmentTest(unittest.TestCase):
                         report = json.load(f)
                 self.assertEqual(report["schema"], "ddpdiag.report/1")
                 layout = dump_layout(model)
-                n = len(layout)
-                rev = list(range(n - 1, -1, -1))
+                # torch's assignment over the preset's recorded ready order
+                # (how backward of the real module makes gradients ready).
+                order = dump_layout_doc(model)["ready_order"]
+                self.assertEqual(sorted(order), list(range(len(layout))))
                 tb, tl = torch_assignment(
                     [{"numel": numel_of(layout[i]["shape"]), "dtype": "float32", "device": "cpu", "sparse": False}
-                     for i in rev],
-                    [int(first_mb * MIB), int(cap_mb * MIB)], rev)
+                     for i in order],
+                    [int(first_mb * MIB), int(cap_mb * MIB)], order)
                 ours = report["results"]["buckets"]
                 self.assertEqual([b["param_indices"] for b in ours], tb, f"{model} cap {cap_mb}")
                 if tl is not None:
@@ -211,12 +213,16 @@ def numel_of(shape):
 _LAYOUTS = {}
 
 
-def dump_layout(model):
+def dump_layout_doc(model):
     if model not in _LAYOUTS:
         p = run_bin(["buckets", "--model", model, "--dump-layout"])
         assert p.returncode == 0, p.stderr
-        _LAYOUTS[model] = json.loads(p.stdout)["tensors"]
+        _LAYOUTS[model] = json.loads(p.stdout)
     return _LAYOUTS[model]
+
+
+def dump_layout(model):
+    return dump_layout_doc(model)["tensors"]
 
 
 META = "meta"
@@ -404,9 +410,16 @@ def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None):
     leaves DDP's default; first_bucket_bytes sets
     dist._DEFAULT_FIRST_BUCKET_BYTES, the knob DDP reads for the first
     bucket."""
+    return ddp_buckets_of(LayoutModule(layout), lambda m: m(torch.zeros(1)), bucket_cap_mb,
+                          first_bucket_bytes)
+
+
+def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None):
+    """ddp_buckets_as_run for any module: step(ddp_module) runs a forward and
+    returns a tensor whose sum is the loss. Indices are positions in
+    module.named_parameters()."""
     ensure_world_of_one()
-    module = LayoutModule(layout)
-    index_of = {id(p): i for i, p in enumerate(module.ordered)}
+    index_of = {id(p): i for i, (_, p) in enumerate(module.named_parameters())}
     ddp_module = sys.modules[nn.parallel.DistributedDataParallel.__module__]
     saved = (dist._DEFAULT_FIRST_BUCKET_BYTES, getattr(ddp_module, "_sync_module_states", None))
     try:
@@ -434,10 +447,28 @@ def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None):
     per_iteration = []
     for _ in range(3):
         seen.clear()
-        ddp(torch.zeros(1)).sum().backward()
+        step(ddp).sum().backward()
         per_iteration.append([b for _, b in sorted(seen)])
     assert per_iteration[1] == per_iteration[2], per_iteration  # rebuilt once, then fixed
     return per_iteration[1]
+
+
+def export_layout(model, step, path, name="my-model"):
+    """The README's export, word for word: the parameters and the order one
+    backward makes their gradients ready."""
+    import json
+    params = list(model.named_parameters())
+    ready = []  # the order backward makes the gradients ready
+    hooks = [p.register_hook(lambda g, i=i: ready.append(i))
+             for i, (n, p) in enumerate(params) if p.requires_grad]
+    step(model).sum().backward()  # one backward, as a training step runs it
+    for h in hooks:
+        h.remove()
+    model.zero_grad(set_to_none=True)
+    json.dump({"name": name,
+               "tensors": [{"name": n, "shape": list(p.shape), "dtype": str(p.dtype),
+                            "requires_grad": p.requires_grad} for n, p in params],
+               "ready_order": ready}, open(path, "w"))
 
 
 def our_ddp_buckets(layout, cap_mb, first_mb):
@@ -545,6 +576,77 @@ class DdpAsRunTest(unittest.TestCase):
         # dist._DEFAULT_FIRST_BUCKET_BYTES = 0, both versions.
         self.assertEqual(our_ddp_buckets(layout, "25", "0"), ddp_buckets_as_run(layout, first_bucket_bytes=0))
         bump("DDP runs compared", 2)
+
+
+class ReadyOrderTest(unittest.TestCase):
+    """Real modules, whose backward does not walk the parameters exactly in
+    reverse (a norm layer's weight gradient is ready before its bias's),
+    exported as the README says, against the buckets DDP reduces."""
+
+    @staticmethod
+    def conv_net():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Conv2d(3, 8, 3, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 16, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, bias=False), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+        x = torch.randn(2, 3, 10, 10)
+        return m, lambda mod: mod(x)
+
+    @staticmethod
+    def transformer():
+        torch.manual_seed(0)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.emb = nn.Embedding(50, 32)
+                self.pos = nn.Embedding(8, 32)
+                self.ln0 = nn.LayerNorm(32)
+                self.block = nn.TransformerEncoderLayer(32, 4, dim_feedforward=64, dropout=0.0)
+                self.ln_f = nn.LayerNorm(32)
+                self.head = nn.Linear(32, 7)
+
+            def forward(self, ids):
+                h = self.ln0(self.emb(ids) + self.pos(torch.arange(ids.shape[1])))
+                return self.head(self.ln_f(self.block(h)))
+
+        ids = torch.randint(0, 50, (8, 2))
+        return Net(), lambda mod: mod(ids)
+
+    def test_exported_modules_match_ddp(self):
+        for build in (self.conv_net, self.transformer):
+            for cap_bytes in (1, 600, 2000, 9000, 40000):
+                model, step = build()
+                with tempfile.TemporaryDirectory() as d:
+                    path = os.path.join(d, "m.json")
+                    export_layout(model, step, path)
+                    with open(path) as f:
+                        exported = json.load(f)
+                    theirs = ddp_buckets_of(model, step, cap_bytes / MIB)
+                    first_mb = repr(cap_bytes / MIB) if TORCH_MAJOR >= 2 else "1"
+                    args = ["buckets", "--model", path, "--bucket-cap-mb", repr(cap_bytes / MIB),
+                            "--first-bucket-mb", first_mb, "--json", os.path.join(d, "b.json")]
+                    p = run_bin(args)
+                    self.assertEqual(p.returncode, 0, p.stderr)
+                    with open(os.path.join(d, "b.json")) as f:
+                        results = json.load(f)["results"]
+                    with self.subTest(model=build.__name__, cap_bytes=cap_bytes):
+                        self.assertEqual(results["ready_order"], "recorded")
+                        self.assertEqual([b["param_indices"] for b in results["buckets"]], theirs)
+                    # The same layout without its ready order assumes the
+                    # exact reverse, which is not what backward does here.
+                    del exported["ready_order"]
+                    with open(path, "w") as f:
+                        json.dump(exported, f)
+                    p = run_bin(args)
+                    self.assertEqual(p.returncode, 0, p.stderr)
+                    with open(os.path.join(d, "b.json")) as f:
+                        plain = json.load(f)["results"]
+                    self.assertEqual(plain["ready_order"], "reverse")
+                    reverse_matches = [b["param_indices"] for b in plain["buckets"]] == theirs
+                self.assertFalse(reverse_matches and cap_bytes == 1, (build.__name__, "reverse order matched"))
+                bump("exported modules compared with DDP")
 
 
 # ------------------------------------------------- memory vs DDP's allocations
