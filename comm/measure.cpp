@@ -181,17 +181,28 @@ using Clock = std::chrono::steady_clock;
 // deadline that would start only after the last one was issued).
 constexpr std::size_t kMaxInFlight = 1024;
 
-std::shared_ptr<Work> issue_allreduces(Communicator& comm, const SweepOptions& o, void* send,
-                                       void* recv, std::size_t count, int n,
-                                       std::vector<std::shared_ptr<Work>>& window) {
-  std::shared_ptr<Work> last;
+// Issues n all_reduces; window keeps the last kMaxInFlight of them (slot
+// i % kMaxInFlight). Before reusing a slot it waits for the op there, the
+// oldest one outstanding.
+void issue_allreduces(Communicator& comm, const SweepOptions& o, void* send, void* recv,
+                      std::size_t count, int n, std::vector<std::shared_ptr<Work>>& window) {
   for (int i = 0; i < n; ++i) {
     auto& slot = window[static_cast<std::size_t>(i) % kMaxInFlight];
     if (slot) slot->wait(o.timeout);
     slot = comm.allreduce(send, recv, count, o.dtype, o.op);
-    last = slot;
   }
-  return last;
+}
+
+// Waits for the ops issue_allreduces left outstanding, oldest first, each
+// with the timeout: `--timeout` bounds each op (a collective that does not
+// complete within it of the one before), not the whole queue, so a long
+// `-n` at a large size is not taken for a hang.
+void wait_in_order(std::vector<std::shared_ptr<Work>>& window, int n, Millis timeout) {
+  const int first = std::max(0, n - static_cast<int>(kMaxInFlight));
+  for (int i = first; i < n; ++i) {
+    auto& slot = window[static_cast<std::size_t>(i) % kMaxInFlight];
+    if (slot) slot->wait(timeout);
+  }
 }
 
 // Times one block (in-place or out-of-place) of one size; returns this rank's
@@ -199,13 +210,13 @@ std::shared_ptr<Work> issue_allreduces(Communicator& comm, const SweepOptions& o
 double time_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
                   std::size_t count) {
   std::vector<std::shared_ptr<Work>> window(kMaxInFlight);
-  auto last = issue_allreduces(comm, o, send, recv, count, o.warmup, window);
-  if (last) last->wait(o.timeout);
+  issue_allreduces(comm, o, send, recv, count, o.warmup, window);
+  wait_in_order(window, o.warmup, o.timeout);
   comm.barrier()->wait(o.timeout);
   std::fill(window.begin(), window.end(), nullptr);
   auto t0 = Clock::now();
-  last = issue_allreduces(comm, o, send, recv, count, o.iters, window);
-  if (last) last->wait(o.timeout);
+  issue_allreduces(comm, o, send, recv, count, o.iters, window);
+  wait_in_order(window, o.iters, o.timeout);
   auto t1 = Clock::now();
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, o.iters);
 }

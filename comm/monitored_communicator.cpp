@@ -313,6 +313,7 @@ void MonitoredCommunicator::finish_prefix(Clock::time_point now) {
     }
     completed_.store(o.seq);
     open_.pop_front();
+    prefix_advanced_ = now;
   }
 }
 
@@ -763,7 +764,8 @@ void MonitoredCommunicator::watchdog_loop() {
       finish_prefix(now);
       // A grace of one poll over the deadline: the waiting thread, if any,
       // reports first with its own wording.
-      if (!open_.empty() && now - open_.front().started > timeout_ + 2 * opts_.poll_interval) {
+      if (!open_.empty() &&
+          now - std::max(open_.front().started, prefix_advanced_) > timeout_ + 2 * opts_.poll_interval) {
         const Open& o = open_.front();
         overdue = true;
         overdue_what = fmt::format("collective #{} {} outstanding for more than {} ms", o.seq,

@@ -169,6 +169,11 @@ class MonitoredCommunicator final : public Communicator {
   // Under mutex_: pops the completed prefix of open_ (done, or its Work says
   // so, unless halted_), advancing completed_ and the recorder.
   void finish_prefix(std::chrono::steady_clock::time_point now);
+  // When finish_prefix last popped a collective: the oldest open one has
+  // been first in line since then (or since it started, if later). Its
+  // deadline counts from there, so collectives queued behind a slow but
+  // moving one are not overdue.
+  std::chrono::steady_clock::time_point prefix_advanced_{};
   Entry* recorded(std::int64_t seq);
   Open* open_at(std::int64_t seq);
   // Aborts the backend. From here on a Work that reports completion may

@@ -55,6 +55,22 @@ class LauncherSweeps(unittest.TestCase):
             self.assertAlmostEqual(b["algbw_gbps"], r["bytes"] / (b["time_us"] * 1e3), places=6)
         os.unlink(path)
 
+    def test_timeout_bounds_each_op_not_the_whole_queue(self):
+        # 40 all_reduces of 64 MiB queued back to back take longer than
+        # --timeout 2 together, each far less: a slow sweep that moves is no
+        # hang. (It was reported as one, exit 4, blaming the network.)
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "--json", path, "-b", "64M", "-e", "64M",
+                 "-n", "40", "-w", "0", "-c", "0", "--no-in-place", "--timeout", "2"])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        rep = load(path)
+        self.assertEqual(rep["verdict"], "PASS")
+        op_us = rep["results"]["sizes"][0]["out_of_place"]["time_us"]
+        if 40 * op_us < 2e6:
+            self.skipTest(f"the queue took {40 * op_us / 1e6:.2f} s, under --timeout: nothing shown")
+        self.assertLess(op_us, 2e6)
+        os.unlink(path)
+
     def test_min_busbw_threshold_fails_with_exit_1(self):
         path = tmp_json()
         p = run(["allreduce-test", "--nproc", "2", "--json", path] + SMALL +
