@@ -794,6 +794,9 @@ void host_store(Job& job) {
   if (!job.world.hosts_store()) return;
   TcpStoreServerOptions so;
   so.port = job.world.master_port;
+  so.on_out_of_fds = [rank = job.world.rank](const std::string& what) {
+    fmt::print(stderr, "[rank {}] ddpdiag: the store this rank hosts: {}\n", rank, what);
+  };
   // Every address of this host, IPv6 and IPv4 alike (as torch's server):
   // MASTER_ADDR may name rank 0 by either. Where the kernel has no IPv6,
   // IPv4 only.

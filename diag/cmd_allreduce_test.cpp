@@ -238,9 +238,14 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
         const auto& b = last.out_of_place ? last.out_of_place : last.in_place;
         bool ok = b->busbw_gbps >= o.min_busbw_gbps;
         report.add_check({"min_busbw", ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                          fmt::format("busbw {:.3f} GB/s at {} B {} the threshold {:.3f} GB/s",
+                          fmt::format("busbw {:.3f} GB/s at {} B {} the threshold {:.3f} GB/s{}",
                                       b->busbw_gbps, last.bytes, ok ? "meets" : "is under",
-                                      o.min_busbw_gbps)});
+                                      o.min_busbw_gbps,
+                                      complete ? std::string()
+                                               : fmt::format(" (the largest size measured before "
+                                                             "the run ended with an error; the "
+                                                             "sweep was to go up to -e {})",
+                                                             o.max_bytes))});
       }
     }
     link = busbw_vs_link(job, results);
@@ -320,8 +325,7 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   app->add_option("-e,--maxbytes", opts->max_bytes, "Largest size")
       ->check(cli::size_value());
   app->add_option("-f,--stepfactor", opts->step_factor,
-                  "Multiply the size by this each step (> 1; unused with -i)")
-      ->check(cli::positive_number());
+                  "Multiply the size by this each step (> 1; unused with -i)");
   // Given, -i must step: 0 would never reach -e. Left out, the sweep
   // multiplies by -f.
   app->add_option("-i,--stepbytes", opts->step_bytes,

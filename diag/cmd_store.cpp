@@ -252,6 +252,7 @@ int run_serve(const ServeOptions& o) {
       fmt::print(stderr, "ddpdiag store: {} connections closed so far; further ones are counted, not shown\n",
                  n);
   };
+  so.on_out_of_fds = [](const std::string& what) { fmt::print(stderr, "ddpdiag store: {}\n", what); };
   TcpStoreServer server(so);
   Address bound{o.host, server.port()};
   fmt::print("ddpdiag store serving on {} (protocols: {}, {})\n", format_address(bound),

@@ -120,9 +120,19 @@ int launch_local(const LaunchOptions& o) {
                      {"launcher", -1, -1, "pass the number of ranks to start on this machine"});
   // The launcher hosts the store, as torchrun's agent does; ranks are pure
   // clients. Port 0: the kernel picks a free one, so two jobs never collide.
+  if (o.nproc > kMaxLocalRanks)
+    throw UsageError(fmt::format("--nproc {} is more ranks than ddpdiag starts on one machine "
+                                 "(at most {})",
+                                 o.nproc, kMaxLocalRanks),
+                     {"launcher", -1, -1,
+                      "start fewer ranks, or one launcher per host (torchrun, srun, mpirun) for "
+                      "a larger world"});
   TcpStoreServerOptions so;
   so.host = "127.0.0.1";
   so.port = 0;
+  so.on_out_of_fds = [](const std::string& what) {
+    fmt::print(stderr, "ddpdiag launcher: the job's store: {}\n", what);
+  };
   TcpStoreServer server(so);
   const int port = server.port();
   const std::string run_id = fmt::format("ddpdiag-{}", static_cast<long>(getpid()));

@@ -15,6 +15,11 @@
 
 namespace ddpdiag::cli {
 
+// The most ranks --nproc starts on one machine: beyond it a typo (--nproc
+// 100000) would fork until the machine runs out of processes or file
+// descriptors.
+inline constexpr int kMaxLocalRanks = 1024;
+
 struct LaunchOptions {
   int nproc = 2;
   // argv of the children (argv[0] included), without the --nproc flag.

@@ -952,6 +952,40 @@ TEST_CASE("protocol hints name the flag of the command that connects", "[store][
   }
 }
 
+TEST_CASE("a server that closes every connection unanswered is named as turning clients away", "[store][tcp]") {
+  // What a store out of file descriptors does: it accepts and drops. That
+  // is not a protocol mismatch, and was once reported as one.
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
+  std::atomic<bool> stop{false};
+  std::thread dropper([&] {
+    while (!stop) {
+      pollfd p{lfd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd >= 0) ::close(fd);
+    }
+  });
+  {
+    // Auto-detection: neither protocol's request was answered.
+    auto o = client_opts(port, StoreProtocol::kAuto);
+    o.io_timeout = 2000ms;
+    try {
+      TcpStoreClient c(o);
+      FAIL("the client connected");
+    } catch (const RendezvousError& e) {
+      CHECK(e.context().phase == "store.handshake");
+      CHECK_THAT(std::string(e.what()), Catch::Contains("closed it without answering") &&
+                                            Catch::Contains("out of file descriptors") &&
+                                            !Catch::Contains("speaks neither"));
+      CHECK_THAT(e.context().hint, Catch::Contains("ulimit -n"));
+    }
+  }
+  stop = true;
+  dropper.join();
+  ::close(lfd);
+}
+
 TEST_CASE("a server that answers with text is named as not a store, with what it sent", "[store][tcp]") {
   // Stands in for an HTTP server on MASTER_PORT that answers anything with
   // a 400: its text must not be read as a length or a count.

@@ -1113,8 +1113,13 @@ class GlooCommunicator final : public Communicator {
                                 kHostAlignment * kHostAlignment;
     void* p = std::aligned_alloc(kHostAlignment, rounded);
     if (!p)
-      throw BackendError("gloo: could not allocate " + std::to_string(bytes) + " bytes of host memory",
-                         ErrorContext{"alloc", rank(), -1, "use smaller sizes"});
+      // Sizes that do not fit are a matter of configuration (exit 2), not
+      // of the backend's initialisation.
+      throw UsageError("gloo: could not allocate " + std::to_string(bytes) +
+                           " bytes of host memory on rank " + std::to_string(rank()),
+                       ErrorContext{"alloc", rank(), -1,
+                                    "use smaller sizes (-e / --maxbytes, --bytes, the model), or "
+                                    "fewer ranks on this host"});
     core_->note_alloc(p, rounded);
     return p;
   }

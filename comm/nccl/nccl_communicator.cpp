@@ -484,6 +484,12 @@ class NcclCommunicator final : public Communicator {
     cudaSetDevice(shared_->device);
     void* p = nullptr;
     const cudaError_t e = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+    if (e == cudaErrorMemoryAllocation)
+      throw UsageError("cudaMalloc of " + std::to_string(bytes) + " bytes failed on rank " +
+                           std::to_string(rank()) + ": " + cuda_message(e),
+                       ErrorContext{"alloc", rank(), -1,
+                                    "use smaller sizes (-e / --maxbytes, --bytes, the model), or "
+                                    "free GPU memory (nvidia-smi shows who holds it)"});
     if (e != cudaSuccess)
       throw BackendError("cudaMalloc of " + std::to_string(bytes) + " bytes failed on rank " +
                              std::to_string(rank()) + ": " + cuda_message(e),

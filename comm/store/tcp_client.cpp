@@ -454,9 +454,14 @@ struct TcpStoreClient::Impl {
     Bytes b = tp::encode_request(StoreProtocol::kV2, validate);
     Bytes p = tp::encode_request(StoreProtocol::kV2, ping);
     b.insert(b.end(), p.begin(), p.end());
+    closed_unanswered = false;
     if (send_all(b, deadline) != IoStatus::kOk) return false;
     std::uint8_t r[4];
-    if (recv_exact(r, 4, deadline) != IoStatus::kOk) return false;
+    const IoStatus st = recv_exact(r, 4, deadline);
+    if (st != IoStatus::kOk) {
+      closed_unanswered = st == IoStatus::kClosed && rend == 0;
+      return false;
+    }
     if (tp::load_u32(r) == ping.nonce) return true;
     if (looks_like_text(r, 4)) text_reply = received(r, 4);
     return false;
@@ -464,12 +469,34 @@ struct TcpStoreClient::Impl {
 
   // Text a server sent in place of a handshake or probe reply ("" if none).
   std::string text_reply;
+  // The last handshake or probe ended with the server closing the
+  // connection before a byte of reply.
+  bool closed_unanswered = false;
+
+  // A server that closes every connection at once, before answering: a
+  // store turning clients away (out of file descriptors), or something that
+  // is not a store.
+  [[noreturn]] void closed_without_answer(const std::string& asked) {
+    drop();
+    throw RendezvousError(
+        "the server at " + where() + " accepted the connection and closed it without answering " +
+            asked + ": a store that turns clients away (its process out of file descriptors: its "
+            "log says so), or a service that is not a TCPStore",
+        ctx("store.handshake", "raise the open-file limit where the store runs (ulimit -n 65536), "
+                               "or run fewer ranks per host; else check MASTER_PORT points at "
+                               "the TCPStore"));
+  }
 
   bool v1_probe(Deadline deadline) {
     Bytes b = tp::encode_request(StoreProtocol::kV1, tp::Request{tp::Op::kNumKeys, {}, {}, 0, 0});
+    closed_unanswered = false;
     if (send_all(b, deadline) != IoStatus::kOk) return false;
     std::uint8_t r[8];
-    if (recv_exact(r, 8, deadline) != IoStatus::kOk) return false;
+    const IoStatus st = recv_exact(r, 8, deadline);
+    if (st != IoStatus::kOk) {
+      closed_unanswered = st == IoStatus::kClosed && rend == 0;
+      return false;
+    }
     // Eight bytes came back; a store's are a small count of keys.
     if (tp::load_u64(r) <= kMaxPlausibleKeys) return true;
     text_reply = received(r, 8);
@@ -484,11 +511,16 @@ struct TcpStoreClient::Impl {
       if (v2_handshake(io)) return;
       if (!text_reply.empty())
         not_a_store("it answered the torch 2.x handshake with " + text_reply, "store.handshake");
+      const bool closed = closed_unanswered;
       drop();
       // Phase store.handshake, not store.connect: the host accepted the
       // connection, so it is reachable; only the protocol did not match.
       throw RendezvousError("the server at " + where() + " accepted the connection but did not complete the "
-                            "torch 2.x handshake",
+                            "torch 2.x handshake" +
+                                std::string(closed ? " (it closed the connection unanswered: a torch 1.13 "
+                                                     "store does, and so does a store whose process is out "
+                                                     "of file descriptors)"
+                                                   : ""),
                             ctx("store.handshake", "is it a torch 1.13 store? use " + opts.protocol_flag +
                                                        " 1.13 or auto"));
     }
@@ -499,6 +531,7 @@ struct TcpStoreClient::Impl {
     }
     if (!text_reply.empty())
       not_a_store("it answered the torch 2.x handshake with " + text_reply, "store.handshake");
+    const bool v2_closed = closed_unanswered;
     connect_socket();
     // The reconnect after the probe is part of detection, not a retry: keep
     // connect_attempts() meaning "tries until the server answered".
@@ -507,6 +540,8 @@ struct TcpStoreClient::Impl {
       protocol = StoreProtocol::kV1;
       return;
     }
+    if (v2_closed && closed_unanswered && text_reply.empty())
+      closed_without_answer("the torch 2.x handshake or a torch 1.13 request");
     not_a_store(text_reply.empty() ? "" : "it answered a torch 1.13 request with " + text_reply,
                 "store.handshake");
   }

@@ -46,6 +46,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -53,6 +54,8 @@
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
+
+#include <fmt/core.h>
 
 #include "comm/errors.h"
 #include "comm/ip_text.h"
@@ -112,6 +115,12 @@ struct TcpStoreServer::Impl {
   int epoll_fd = -1;
   int event_fd = -1;
   int spare_fd = -1;  // closed to accept-and-drop when the process runs out of fds
+  // Out of descriptors with no way to drop the pending client (another
+  // thread of the process took the spare's slot): the listening socket is
+  // taken out of epoll until then, so the loop neither spins nor stops
+  // answering the clients it has.
+  std::optional<std::chrono::steady_clock::time_point> listen_paused_until;
+  bool told_out_of_fds = false;
   int bound_port = 0;
   std::thread loop_thread;
   std::atomic<std::size_t> open_connections{0};
@@ -228,10 +237,24 @@ struct TcpStoreServer::Impl {
   void loop() {
     std::vector<epoll_event> events(256);
     for (;;) {
-      int n = ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), -1);
+      int wait_ms = -1;
+      if (listen_paused_until) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            *listen_paused_until - std::chrono::steady_clock::now());
+        wait_ms = static_cast<int>(std::max<std::int64_t>(1, left.count() + 1));
+      }
+      int n = ::epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()), wait_ms);
       if (n < 0) {
         if (errno == EINTR) continue;
         return;
+      }
+      if (listen_paused_until && std::chrono::steady_clock::now() >= *listen_paused_until) {
+        listen_paused_until.reset();
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.u64 = kListenTag;
+        ::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, listen_fd, &ev);
+        accept_all();
       }
       for (int i = 0; i < n; ++i) {
         std::uint64_t tag = events[i].data.u64;
@@ -256,14 +279,27 @@ struct TcpStoreServer::Impl {
       int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
-        if ((errno == EMFILE || errno == ENFILE) && spare_fd >= 0) {
+        if (errno == EMFILE || errno == ENFILE) {
+          out_of_fds(errno);
           // Out of descriptors: accept and drop one pending client so the
-          // listening socket stops being readable instead of spinning.
-          ::close(spare_fd);
-          int drop = ::accept(listen_fd, nullptr, nullptr);
-          if (drop >= 0) ::close(drop);
-          spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-          continue;
+          // listening socket stops being readable, as long as that works.
+          int drop = -1, drop_err = EMFILE;
+          if (spare_fd >= 0) {
+            ::close(spare_fd);
+            drop = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+            drop_err = errno;
+            if (drop >= 0) ::close(drop);
+            spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+          }
+          if (drop >= 0) continue;
+          if (drop_err == EAGAIN || drop_err == EWOULDBLOCK) return;
+          // No descriptor to drop it with: stop listening for a while.
+          listen_paused_until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+          epoll_event ev{};
+          ev.events = 0;
+          ev.data.u64 = kListenTag;
+          ::epoll_ctl(epoll_fd, EPOLL_CTL_MOD, listen_fd, &ev);
+          return;
         }
         return;  // EAGAIN or a transient error: back to epoll
       }
@@ -300,6 +336,19 @@ struct TcpStoreServer::Impl {
     if (*nodelay_inherited) return;
     int one = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+
+  // Says once that the process has run out of file descriptors: clients
+  // beyond that are turned away until some close.
+  void out_of_fds(int err) {
+    if (told_out_of_fds || !opts.on_out_of_fds) return;
+    told_out_of_fds = true;
+    rlimit rl{};
+    const bool known = ::getrlimit(RLIMIT_NOFILE, &rl) == 0;
+    opts.on_out_of_fds(fmt::format(
+        "this process has run out of file descriptors ({}){}: new clients are turned away until "
+        "some close (raise the limit, e.g. ulimit -n 65536, or start fewer ranks per host)",
+        errno_text(err), known ? fmt::format(" (ulimit -n is {})", rl.rlim_cur) : std::string()));
   }
 
   // Closes c for a request its protocol does not allow, and says why.

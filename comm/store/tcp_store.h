@@ -40,6 +40,10 @@ struct TcpStoreServerOptions {
   // GET of a missing key on 1.13, and WATCH_KEY, are how those clients
   // work and are not reported. Must not block.
   std::function<void(const std::string&)> on_refused;
+  // Called on the server's thread, once, when the process runs out of file
+  // descriptors and new clients are turned away until some close, with
+  // what to do about it. Must not block.
+  std::function<void(const std::string&)> on_out_of_fds;
 };
 
 class TcpStoreServer {

@@ -195,6 +195,56 @@ class GetAndServe(unittest.TestCase):
             p = run(["store", "get", "--addr", s.addr, "k", "--timeout", "5"], timeout=30)
             self.assertEqual((p.returncode, p.stdout), (0, "v\n"), p.stderr)
 
+    def test_serve_out_of_file_descriptors_neither_spins_nor_hangs(self):
+        # 40 clients against a store whose process may hold 24 files: it
+        # says so once, does not spin on the listening socket, serves again
+        # once they close, and stops on SIGTERM. (It spun at 100% CPU and
+        # ignored SIGTERM.)
+        import resource
+        port = free_port()
+
+        def low_limit():
+            resource.setrlimit(resource.RLIMIT_NOFILE, (24, 24))
+
+        proc = subprocess.Popen([BIN, "store", "serve", "--port", str(port)], env=clean_env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                preexec_fn=low_limit)
+        try:
+            self.assertIn("serving", readline_within(proc, 10))
+            clients = []
+            for _ in range(40):
+                c = socket.socket()
+                c.settimeout(2)
+                try:
+                    c.connect(("127.0.0.1", port))
+                except OSError:
+                    pass
+                clients.append(c)
+            time.sleep(1)
+
+            def cpu_ticks():
+                with open(f"/proc/{proc.pid}/stat") as f:
+                    return sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13])
+
+            t0 = cpu_ticks()
+            time.sleep(2)
+            # 100 ticks a second is one core spinning.
+            self.assertLess(cpu_ticks() - t0, 40)
+            for c in clients:
+                c.close()
+            time.sleep(0.5)
+            p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "5"], timeout=30)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            proc.terminate()
+            _, err = proc.communicate(timeout=10)
+            self.assertEqual(proc.returncode, 0, err)
+            self.assertIn("run out of file descriptors", err)
+            self.assertIn("ulimit -n is 24", err)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+
     def test_serve_refuses_ports_outside_0_to_65535(self):
         for port in ("70000", "-1", "65536"):
             with self.subTest(port=port):
