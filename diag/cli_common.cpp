@@ -106,6 +106,22 @@ std::string write_armed_report(reports::ErrorInfo error) {
   return json_path.empty() ? md_path : json_path;
 }
 
+// What ddpdiag's launcher wrote about the rank that failed first ("rank 1
+// (pid 123) was killed by signal 9 (SIGKILL) ..."), or "".
+std::string launcher_note() {
+  const char* path = std::getenv("DDPDIAG_LAUNCHER_NOTE");
+  if (!path || !*path) return {};
+  std::ifstream f(path);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return text;
+}
+
+// The rank a note names ("rank 1 (pid ...") or -1.
+int note_rank(const std::string& note) {
+  int r = -1;
+  return std::sscanf(note.c_str(), "rank %d", &r) == 1 ? r : -1;
+}
+
 int g_signal_pipe[2] = {-1, -1};
 
 void on_interrupt(int sig) {
@@ -130,6 +146,25 @@ void write_report_on_interrupt() {
     const char* abbrev = sigabbrev_np(sig);
     const std::string name = abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
     const int rank = current_rank();
+    // ddpdiag's launcher stops the ranks left once one has failed, and says
+    // which and how in its note: that, not an interruption, is the story.
+    const std::string note = sig == SIGTERM ? launcher_note() : std::string();
+    if (!note.empty()) {
+      const std::string written = write_armed_report(
+          {"peer",
+           fmt::format("the launcher stopped this rank, which had not run into the failure "
+                       "within its grace period: {}",
+                       note),
+           "launcher", -1, note_rank(note),
+           "that rank's own output says why it ended; this report has what was known when this "
+           "rank was stopped",
+           static_cast<int>(ExitCode::kPeerFailed)});
+      std::fprintf(stderr, "ddpdiag: %s: stopped by the launcher: %s%s\n",
+                   rank >= 0 ? fmt::format("rank {}", rank).c_str() : "ddpdiag", note.c_str(),
+                   written.empty() ? "" : fmt::format("; report: {}", written).c_str());
+      std::fflush(stderr);
+      std::_Exit(static_cast<int>(ExitCode::kPeerFailed));
+    }
     const std::string written = write_armed_report(
         {"interrupted", fmt::format("interrupted by {} before the command finished", name),
          "signal", -1, -1,

@@ -71,12 +71,26 @@ std::string describe_status(int status) {
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     const char* name = sigabbrev_np(sig);
-    return fmt::format("was killed by signal {} (SIG{})", sig, name ? name : "?");
+    return fmt::format("was killed by signal {} (SIG{}){}", sig, name ? name : "?",
+                       sig == SIGKILL ? "; the kernel's OOM killer ends processes this way when "
+                                        "memory runs out (dmesg says whether it did)"
+                                      : "");
   }
   return "ended in an unknown way";
 }
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+// Replaces the note file as a whole (write, then rename), so a rank never
+// reads half of it.
+void write_note(const std::string& path, const std::string& text) {
+  const std::string part = path + ".part";
+  if (FILE* f = std::fopen(part.c_str(), "w")) {
+    std::fputs(text.c_str(), f);
+    if (std::fclose(f) == 0 && std::rename(part.c_str(), path.c_str()) == 0) return;
+  }
+  ::unlink(part.c_str());
+}
 
 }  // namespace
 
@@ -137,6 +151,16 @@ int launch_local(const LaunchOptions& o) {
   const int port = server.port();
   const std::string run_id = fmt::format("ddpdiag-{}", static_cast<long>(getpid()));
 
+  // Where the launcher tells the ranks why it stops them: a rank it ends
+  // after another failed writes that into its report, not "interrupted".
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string note_path = fmt::format("{}/ddpdiag-launcher-{}.note",
+                                            tmp && *tmp ? tmp : "/tmp", static_cast<long>(getpid()));
+  struct RemoveNote {
+    std::string path;
+    ~RemoveNote() { ::unlink(path.c_str()); }
+  } remove_note{note_path};
+
   std::vector<Child> children(o.nproc);
   std::fflush(stdout);
   std::fflush(stderr);
@@ -176,6 +200,7 @@ int launch_local(const LaunchOptions& o) {
     env["TORCHELASTIC_RUN_ID"] = run_id;
     if (!env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
     env["DDPDIAG_LAUNCHER"] = "1";
+    env["DDPDIAG_LAUNCHER_NOTE"] = note_path;
     // The command the user typed (with --nproc), for the ranks' reports.
     env["DDPDIAG_LAUNCHER_ARGV"] =
         nlohmann::json(o.user_args.empty() ? o.child_args : o.user_args)
@@ -216,7 +241,7 @@ int launch_local(const LaunchOptions& o) {
   std::optional<Clock::time_point> kill_at;
   bool terminated = false;
   bool killed = false;
-  int forwarded = 0;
+  std::optional<Clock::time_point> first_signal_at;
   // The signal (SIGINT / SIGTERM) the launcher itself received and passed
   // on: the job was interrupted, and the ranks it ends are no one's fault.
   int interrupted_by = 0;
@@ -228,12 +253,21 @@ int launch_local(const LaunchOptions& o) {
   char buf[65536];
   while (running()) {
     if (int sig = g_forward_signal.exchange(0); sig != 0) {
-      // Ctrl-C: pass it on once; a second one kills.
-      ++forwarded;
-      if (!interrupted_by) interrupted_by = sig;
-      for (auto& c : children)
-        if (!c.exited) kill(c.pid, forwarded > 1 ? SIGKILL : sig);
-      const auto soon = Clock::now() + std::chrono::seconds(5);
+      // Ctrl-C: pass it on once; a second one, a second or more later,
+      // kills. One that comes sooner is the same interrupt delivered again:
+      // a wrapper (GNU timeout, a CI runner) passes the signal to its child
+      // and to its process group, so it arrives twice within milliseconds.
+      const auto now = Clock::now();
+      if (!first_signal_at) {
+        first_signal_at = now;
+        interrupted_by = sig;
+        for (auto& c : children)
+          if (!c.exited) kill(c.pid, sig);
+      } else if (now - *first_signal_at >= std::chrono::seconds(1)) {
+        for (auto& c : children)
+          if (!c.exited) kill(c.pid, SIGKILL);
+      }
+      const auto soon = now + std::chrono::seconds(5);
       if (!kill_at || *kill_at > soon) kill_at = soon;
     }
     std::vector<pollfd> fds;
@@ -285,6 +319,8 @@ int launch_local(const LaunchOptions& o) {
             g_forward_signal.load() == 0) {
           first_failed = c.rank;
           kill_at = Clock::now() + o.grace;
+          write_note(note_path, fmt::format("rank {} (pid {}) {}", c.rank, static_cast<long>(c.pid),
+                                            describe_status(status)));
         }
       }
     }

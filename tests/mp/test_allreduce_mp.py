@@ -118,17 +118,71 @@ class LauncherSweeps(unittest.TestCase):
         self.assertEqual(rep["verdict"], "ERROR")
         self.assertIn(rep["error"]["exit_code"], (4, 5))
 
+    def test_rank_stopped_by_the_launcher_names_the_rank_that_failed(self):
+        # Rank 1 is SIGKILLed while rank 0 is in a long simulated backward,
+        # in no collective: rank 0 cannot see the failure before the
+        # launcher stops it. Its report (the job's) must name rank 1 and how
+        # it ended, with exit 5, not "interrupted from outside" (143).
+        path = tmp_json()
+        p = subprocess.Popen([BIN, "ddp-step", "--nproc", "2", "--model", "mlp", "--compute-gbps",
+                              "0.0005", "-n", "1", "-w", "0", "--timeout", "3", "--json", path],
+                             env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        rank1 = None
+        deadline = time.monotonic() + 30
+        while rank1 is None and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.2)
+            for child in os.listdir("/proc"):
+                if not child.isdigit():
+                    continue
+                try:
+                    with open(f"/proc/{child}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                    with open(f"/proc/{child}/environ", "rb") as f:
+                        env = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if ppid == p.pid and b"RANK=1" in env:
+                    rank1 = int(child)
+        self.assertIsNotNone(rank1, "rank 1 did not start")
+        time.sleep(1.5)  # past the rendezvous, into the backward
+        os.kill(rank1, signal.SIGKILL)
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            self.fail("the job did not end")
+        self.assertEqual(p.returncode, 5, err)
+        self.assertIn("rank 1 (pid %d) failed first: it was killed by signal 9 (SIGKILL)" % rank1, err)
+        self.assertIn("OOM killer", err)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["verdict"], "ERROR")
+        self.assertEqual(rep["error"]["exit_code"], 5)
+        self.assertEqual(rep["error"]["peer"], 1)
+        if rep["error"]["kind"] == "peer" and rep["error"]["phase"] == "launcher":
+            self.assertIn("rank 1 (pid %d) was killed by signal 9 (SIGKILL)" % rank1, rep["error"]["message"])
+        self.assertNotEqual(rep["error"]["kind"], "interrupted")
+
     def test_interrupted_launcher_exits_128_plus_signal_blaming_no_rank(self):
         # Ctrl-C (SIGINT) or SIGTERM to the launcher: it passes the signal on,
         # says the job was interrupted, names no rank as failed, and exits
         # 128 + the signal as shells and torchrun do.
-        for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
-            with self.subTest(signal=name):
+        for sig, name, twice in ((signal.SIGINT, "SIGINT", False), (signal.SIGTERM, "SIGTERM", False),
+                                 (signal.SIGINT, "SIGINT", True)):
+            with self.subTest(signal=name, twice=twice):
                 path = tmp_json()
                 own = path[:-len(".json")] + ".rank1.json"
-                p = subprocess.Popen([BIN, "allreduce-test", "--nproc", "2", "--timeout", "20",
-                                      "-b", "64K", "-e", "64K", "-n", "10000000", "-w", "1",
-                                      "--json", path],
+                # twice: under GNU timeout, which hands a signal to its child
+                # and then to its process group, so the launcher gets it twice
+                # within milliseconds. That is one interrupt, not a second
+                # Ctrl-C that kills at once (it was, and no report was
+                # written).
+                wrapper = ["timeout", "300"] if twice else []
+                p = subprocess.Popen(wrapper + [BIN, "allreduce-test", "--nproc", "2", "--timeout", "20",
+                                                "-b", "64K", "-e", "64K", "-n", "10000000", "-w", "1",
+                                                "--json", path],
                                      env=clean_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
                 ranks_seen = 0
