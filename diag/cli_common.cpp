@@ -236,6 +236,7 @@ CLI::Validator number_check(std::function<bool(double)> ok, const std::string& w
       [ok = std::move(ok), wanted](std::string& s) -> std::string {
         const auto v = as_number(s);
         if (!v) return "'" + s + "' is not a number";
+        if (!std::isfinite(*v)) return "must be " + wanted + " (a finite number), not " + s;
         return ok(*v) ? "" : "must be " + wanted + ", not " + s;
       },
       desc, name);
@@ -281,7 +282,7 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
       ->check(CLI::IsMember({"auto", "gloo", "nccl"}));
   g->add_option("--timeout", o.timeout_s,
                 "Seconds to wait on any peer (rendezvous, init, each collective)")
-      ->check(cli::positive_number());
+      ->check(timeout_value());
   g->add_option("--json", o.json_path,
                 "Write the job's report (from rank 0) to this file; a rank that loses the "
                 "store writes its own beside it, with .rank<R> before the .json "
@@ -362,12 +363,47 @@ std::optional<std::string> size_order_problem(const std::string& min_flag, const
   return fmt::format("{} is below {} {} (swap them)", max_value, min_flag, min_value);
 }
 
+namespace {
+// Why a bucket cap in MiB is refused, or "".
+std::string bucket_mb_problem(double mb, bool zero_ok) {
+  if (!std::isfinite(mb) || mb < 0 || mb > 1e12 || (!zero_ok && mb == 0))
+    return fmt::format("must be a number of MiB {} 1e12", zero_ok ? "from 0 to" : "above 0 and up to");
+  if (!zero_ok && static_cast<std::uint64_t>(mb * kMiB) == 0)
+    return "must be at least one byte (1/1048576 = 9.5367e-07 MiB)";
+  return "";
+}
+}  // namespace
+
 std::uint64_t bucket_cap_bytes(double mb, const char* flag, int rank, bool zero_ok) {
-  if (!(zero_ok ? mb >= 0 : mb > 0) || mb > 1e12)
-    throw UsageError(fmt::format("{} must be a {}number of MiB {} 1e12, got {}", flag,
-                                 zero_ok ? "" : "positive ", zero_ok ? "from 0 to" : "up to", mb),
+  if (const std::string why = bucket_mb_problem(mb, zero_ok); !why.empty())
+    throw UsageError(fmt::format("{} {}, got {}", flag, why, mb),
                      {"flags", rank, -1, "DDP's default is 25 (first bucket 1)"});
   return static_cast<std::uint64_t>(mb * kMiB);
+}
+
+CLI::Validator bucket_mb_value(bool zero_ok) {
+  return CLI::Validator(
+      [zero_ok](std::string& s) -> std::string {
+        const auto v = as_number(s);
+        if (!v) return "'" + s + "' is not a number";
+        const std::string why = bucket_mb_problem(*v, zero_ok);
+        return why.empty() ? "" : why + ", not " + s + " (DDP's default is 25, first bucket 1)";
+      },
+      zero_ok ? "MiB >= 0" : "MiB > 0", "BUCKET_MB");
+}
+
+CLI::Validator timeout_value() { return number_in_range(kMinTimeoutS, kMaxTimeoutS); }
+
+void check_backward_rate(std::uint64_t gradient_bytes, double gbps, int rank) {
+  if (!(gbps > 0)) return;
+  const double s = static_cast<double>(gradient_bytes) / (gbps * 1e9);
+  if (s > 3600)
+    throw UsageError(fmt::format("--compute-gbps {}: the simulated backward of {:.1f} MiB of "
+                                 "gradients would take {:.0f} s per step",
+                                 gbps, static_cast<double>(gradient_bytes) / kMiB, s),
+                     {"flags", rank, -1,
+                      fmt::format("give at least {:.3g} GB/s (an hour a step), or 0 for no compute time",
+                                  static_cast<double>(gradient_bytes) / 3600e9)});
 }
 
 std::vector<std::string> split_list(const std::string& s, const std::string& flag,
@@ -415,7 +451,8 @@ std::optional<CapsProblem> read_caps(const std::string& s, std::vector<double>& 
       if (used != item.size()) v = -1;
     } catch (const std::exception&) {
     }
-    if (!(v > 0) || v > 1e6) return CapsProblem{CapsProblem::kBadItem, item};
+    if (!(v > 0) || v > 1e6 || static_cast<std::uint64_t>(v * kMiB) == 0)
+      return CapsProblem{CapsProblem::kBadItem, item};
     out.push_back(v);
   }
   if (out.empty()) return CapsProblem{CapsProblem::kEmpty, ""};
@@ -434,7 +471,8 @@ std::pair<std::string, std::string> caps_message(const CapsProblem& p) {
               "1,5,25"};
     case CapsProblem::kBadItem: break;
   }
-  return {fmt::format("'{}' is not a positive number of MiB (at most 1e6)", p.item),
+  return {fmt::format("'{}' is not a number of MiB of at least one byte (9.5367e-07) and at most 1e6",
+                      p.item),
           "e.g. --caps 1,5,10,25,50,100"};
 }
 }  // namespace
@@ -1292,6 +1330,19 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
                        "world started elsewhere",
                        list, o.nproc)});
     }
+  }
+  if (builtin && o.nproc <= 0 && !under_launcher) {
+    // WORLD_SIZE alone, without RANK, is half of a world started by hand
+    // (RANK forgotten, or lost on the way); starting a world of our own
+    // instead, with another size, would hide that.
+    if (const auto ws = env("WORLD_SIZE"))
+      throw UsageError(
+          fmt::format("WORLD_SIZE={} is set but RANK is not: ddpdiag would start a world of its "
+                      "own on this machine instead of joining yours",
+                      *ws),
+          {"flags", -1, -1,
+           "set RANK (and MASTER_ADDR, MASTER_PORT) in each rank's environment, or pass --rank; "
+           "to let ddpdiag start local ranks, unset WORLD_SIZE or give --nproc N"});
   }
   if (builtin) {
     check_report_outputs(o);

@@ -200,7 +200,7 @@ CLI::Validator number_in_range(double lo, double hi);
 // alone would go on with 2^63 - 1 in its place.
 CLI::Validator int64_value();
 
-// bucket_cap_mb values from "1,5,25" (MiB, each > 0 and <= 1e6): sorted,
+// bucket_cap_mb values from "1,5,25" (MiB, each at least a byte and <= 1e6): sorted,
 // without repeats. Throws UsageError naming --caps, with `rank` in its context.
 std::vector<double> parse_caps(const std::string& s, int rank = -1);
 // The flag check of --caps: the same parse, so the launcher refuses a typo
@@ -224,6 +224,21 @@ std::optional<std::string> size_order_problem(const std::string& min_flag, const
 // DDP takes a cap of 0; the reducer needs a positive one).
 std::uint64_t bucket_cap_bytes(double mb, const char* flag, int rank, bool zero_ok = false);
 
+// The flag check of a bucket cap in MiB: what bucket_cap_bytes refuses
+// (a cap under one byte, unless zero_ok and 0), before any rank starts.
+CLI::Validator bucket_mb_value(bool zero_ok);
+
+// --timeout: seconds from kMinTimeoutS to kMaxTimeoutS (about 115 days,
+// far inside what the clocks' deadlines hold; a larger one overflowed them).
+inline constexpr double kMinTimeoutS = 0.001;
+inline constexpr double kMaxTimeoutS = 1e7;
+CLI::Validator timeout_value();
+
+// Refuses (UsageError naming --compute-gbps) a rate at which the simulated
+// backward of gradient_bytes would take over an hour a step; 0 is no
+// compute time.
+void check_backward_rate(std::uint64_t gradient_bytes, double gbps, int rank);
+
 // The entries of a comma-separated flag value ("" gives none). Throws
 // UsageError naming `flag` (and `rank`) for an empty entry ("1,,5", "1,5,").
 std::vector<std::string> split_list(const std::string& s, const std::string& flag,
@@ -242,6 +257,8 @@ CLI::Validator positive_size_value(const std::string& hint);
 inline CLI::Validator report_path_value() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
+        if (s.empty())
+          return "an empty path: give a file path (is the variable that should hold it set?)";
         if (s != "-") return "";
         return "'-' (stdout) is not supported here, the command prints its own output there: give a "
                "file path, e.g. out.json, then ddpdiag report render --markdown - out.json";

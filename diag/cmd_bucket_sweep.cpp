@@ -172,6 +172,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                      {"flags", job.rank(), -1, "swap them"});
   // Frozen parameters have no gradient: DDP reduces the others only.
   const ModelLayout layout = trainable_parameters(load_model(o.model));
+  check_backward_rate(layout.gradient_bytes(), o.compute_gbps, job.rank());
   auto& res = report.results();
   res["model"] = layout.name;
   res["tensor_count"] = layout.tensors.size();
@@ -338,13 +339,14 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
   app->add_option("--caps", opts->caps, "Comma-separated bucket_cap_mb values")
       ->check(cli::caps_value());
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket size (MiB)")
-      ->check(cli::positive_number());
+      ->check(cli::bucket_mb_value(false));
   app->add_option("-n,--iters", opts->iters, "Timed iterations per cap and phase")
       ->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations per cap and phase")
       ->check(cli::non_negative_number());
   app->add_option("--compute-gbps", opts->compute_gbps,
-                  "Gradient bytes the simulated backward produces per second (GB/s); 0: no compute");
+                  "Gradient bytes the simulated backward produces per second (GB/s); 0: no compute")
+      ->check(cli::non_negative_number());
   app->add_flag("--no-size-sweep", opts->no_size_sweep, "Skip the plain all_reduce size sweep");
   app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep")
       ->check(cli::size_value());

@@ -217,7 +217,9 @@ Subcommand add_buckets_command(CLI::App& parent) {
                   "resnet50, bert-large, gpt2, mlp, or a JSON layout file: json.dump([(n, "
                   "list(p.shape), str(p.dtype), p.requires_grad) for n, p in "
                   "model.named_parameters()], f)");
-  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")->capture_default_str();
+  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
+      ->capture_default_str()
+      ->check(cli::bucket_mb_value(true));
   app->add_option("--first-bucket-mb", opts->first_bucket_mb,
                   "size of the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES; torch 2.x uses the "
                   "cap when bucket_cap_mb is given explicitly)")

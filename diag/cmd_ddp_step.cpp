@@ -57,6 +57,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   ro.hook = *hook;
   if (o.compute_gbps < 0)
     throw UsageError("--compute-gbps must be >= 0", {"flags", job.rank(), -1, "0 means no compute time"});
+  check_backward_rate(layout.gradient_bytes(), o.compute_gbps, job.rank());
 
   if (o.sparse_rows && *o.sparse_rows < 0)
     throw UsageError(fmt::format("--sparse-rows must be >= 0, got {}", *o.sparse_rows),
@@ -200,15 +201,17 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
       ->capture_default_str()
-      ->check(cli::positive_number());
+      ->check(cli::bucket_mb_value(false));
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "Size limit of the first bucket")
       ->capture_default_str()
-      ->check(cli::positive_number());
+      ->check(cli::bucket_mb_value(false));
   app->add_option("-n,--iters", opts->iters, "Timed iterations")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations")
       ->check(cli::non_negative_number());
   app->add_option("--compute-gbps", opts->compute_gbps,
-                  "Simulated gradient compute rate in GB/s (0: no compute time)");
+                  "Simulated gradient compute rate in GB/s (0: no compute time)")
+      ->capture_default_str()
+      ->check(cli::non_negative_number());
   app->add_flag("--no-views", opts->no_views,
                 "gradient_as_bucket_view=False: gradients copied into and out of buckets");
   app->add_option("--hook", opts->hook, "Compression hook: none, fp16, bf16")

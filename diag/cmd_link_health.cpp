@@ -196,6 +196,11 @@ json nccl_transports(const Job& job, std::string& why_unknown) {
 
 void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const std::string& nccl_log) {
   const int n = job.size(), me = job.rank();
+  if (n < 2)
+    throw UsageError(fmt::format("link-health measures the links between pairs of ranks, and this "
+                                 "job has {} rank",
+                                 n),
+                     {"flags", me, -1, "run at least 2 ranks, e.g. --nproc 2"});
   const std::size_t bw_bytes = parse_size(o.bandwidth_bytes);
   const std::size_t ar_bytes = std::max<std::size_t>(4, parse_size(o.allreduce_bytes) / 4 * 4);
   if (bw_bytes == 0)

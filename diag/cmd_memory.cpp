@@ -350,13 +350,13 @@ Subcommand add_memory_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
   app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
-      ->check(cli::positive_number());
+      ->check(cli::bucket_mb_value(false));
   // torch 2.x caps the first bucket with an explicit bucket_cap_mb too
   // (DDP(..., bucket_cap_mb=X): pass --first-bucket-mb X); 1.13 always 1 MiB.
   app->add_option("--first-bucket-mb", opts->first_bucket_mb,
                   "Size limit of DDP's first bucket (MiB; 1; torch 2.x with an explicit "
                   "bucket_cap_mb X uses X)")
-      ->check(cli::positive_number());
+      ->check(cli::bucket_mb_value(false));
   app->add_flag("--no-gradient-views", opts->no_gradient_views,
                 "Gradients in their own buffers (DDP's gradient_as_bucket_view=False)");
   app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(cli::positive_number());

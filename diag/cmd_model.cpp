@@ -513,14 +513,18 @@ Subcommand add_model_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(cli::positive_number());
   opts->intra_gbps_opt = app->add_option("--intra-gbps", opts->intra_gbps,
-                                         "Intra-host link bandwidth, GB/s (1e9 B/s); default: the fit");
+                                         "Intra-host link bandwidth, GB/s (1e9 B/s); default: the fit")
+                             ->check(cli::positive_number());
   opts->intra_latency_opt = app->add_option("--intra-latency-us", opts->intra_latency_us,
-                                            "Intra-host per-message latency, us; default: the fit");
+                                            "Intra-host per-message latency, us; default: the fit")
+                                ->check(cli::non_negative_number());
   opts->inter_gbps_opt = app->add_option("--inter-gbps", opts->inter_gbps,
                                          "Inter-host link bandwidth per host, GB/s (100 Gbit/s = 12.5); "
-                                         "default: the fit");
+                                         "default: the fit")
+                             ->check(cli::positive_number());
   opts->inter_latency_opt = app->add_option("--inter-latency-us", opts->inter_latency_us,
-                                            "Inter-host per-message latency, us; default: the fit");
+                                            "Inter-host per-message latency, us; default: the fit")
+                                ->check(cli::non_negative_number());
   app->add_option("-b,--minbytes", opts->min_bytes, "Smallest predicted size")->capture_default_str()
       ->check(cli::size_value());
   app->add_option("-e,--maxbytes", opts->max_bytes, "Largest predicted size")->capture_default_str()
@@ -533,12 +537,15 @@ Subcommand add_model_command(CLI::App& parent) {
   opts->caps_opt = app->add_option("--caps", opts->caps, "Candidate bucket_cap_mb values (with --model)")
                        ->capture_default_str();
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket (MiB)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::bucket_mb_value(false));
   app->add_option("--compute-gbps", opts->compute_gbps,
                   "Gradient bytes backward produces per second (GB/s), as bucket-sweep; 0: all at once")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(cli::non_negative_number());
   app->add_option("--backward-ms", opts->backward_ms,
-                  "Or: the backward pass's duration (ms); sets the rate to model bytes / duration");
+                  "Or: the backward pass's duration (ms); sets the rate to model bytes / duration")
+      ->check(cli::non_negative_number());
   app->add_option("--bucket-algorithm", opts->bucket_algorithm,
                   "The all_reduce the buckets use: ring, tree or gather")
       ->capture_default_str();

@@ -140,6 +140,11 @@ int run_compare(const ReportOptions& o) {
 }
 
 int run_render(const ReportOptions& o) {
+  if (!o.html_out.empty() && o.html_out == o.markdown_out && o.html_out != "-")
+    throw UsageError(fmt::format("--html and --markdown both name {}: the second would replace "
+                                 "the first",
+                                 o.html_out),
+                     {"report", -1, -1, "give each its own file, e.g. --html r.html --markdown r.md"});
   const auto doc = load(o.render_file);
   if (!doc.is_object()) throw UsageError(o.render_file + " is not a report object", {"report", -1, -1, ""});
   for (const auto& e : reports::validate_report(doc))
@@ -169,12 +174,21 @@ Subcommand add_report_command(CLI::App& parent) {
   c->add_option("--max-regression", o->max_regression,
                 "tolerance for busbw, time and exposed time, e.g. 10%")->capture_default_str();
   c->add_flag("--fail-on-missing", o->fail_on_missing, "rows of BASE missing from NEW count as regressions");
-  c->add_option("--markdown", o->compare_markdown, "also write the comparison as Markdown (e.g. $GITHUB_STEP_SUMMARY)");
+  c->add_option("--markdown", o->compare_markdown, "also write the comparison as Markdown (e.g. $GITHUB_STEP_SUMMARY)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("an empty path: give a file path") : std::string(); },
+          "PATH", "NONEMPTY_PATH"));
 
   CLI::App* r = app->add_subcommand("render", "Render a report as one self-contained HTML page and/or Markdown");
   r->add_option("file", o->render_file, "report file")->required();
-  r->add_option("--html", o->html_out, "write the HTML page here");
-  r->add_option("--markdown", o->markdown_out, "write Markdown here ('-': stdout; the default without --html)");
+  r->add_option("--html", o->html_out, "write the HTML page here")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("an empty path: give a file path") : std::string(); },
+          "PATH", "NONEMPTY_PATH"));
+  r->add_option("--markdown", o->markdown_out, "write Markdown here ('-': stdout; the default without --html)")
+      ->check(CLI::Validator(
+          [](std::string& s) { return s.empty() ? std::string("an empty path: give a file path") : std::string(); },
+          "PATH", "NONEMPTY_PATH"));
 
   CLI::App* s = app->add_subcommand("schema", "Print the report schema (JSON Schema 2020-12) built into ddpdiag");
 

@@ -118,6 +118,9 @@ int run_ping(const PingOptions& o) {
   StoreProtocol requested = parse_protocol(o.protocol);
   Millis timeout = seconds_to_ms(o.timeout_s);
   if (o.count < 1) throw UsageError("--count must be at least 1", {"cli", -1, -1, ""});
+  // A report path that cannot be written is refused before the ping, not
+  // after it (where the exit 2 would hide what the ping found).
+  check_report_outputs(o.json_path, o.markdown_path);
 
   // Made before the ping so that started_at and duration_s cover it (an
   // unreachable store takes the whole --timeout).
@@ -292,7 +295,9 @@ TcpStoreClientOptions client_options(const KeyOptions& o) {
 void add_key_flags(CLI::App* app, KeyOptions& o) {
   app->add_option("--addr", o.address, "store address HOST:PORT")->capture_default_str();
   app->add_option("--protocol", o.protocol, "auto | 1.13 | 2.x")->capture_default_str();
-  app->add_option("--timeout", o.timeout_s, "seconds for connecting and waiting")->capture_default_str();
+  app->add_option("--timeout", o.timeout_s, "seconds for connecting and waiting")
+      ->capture_default_str()
+      ->check(cli::timeout_value());
 }
 
 // `store keys`: one key per line, as torch's store.get(KEY) names it (the
@@ -382,7 +387,9 @@ Subcommand add_store_command(CLI::App& parent) {
   CLI::App* p = store->add_subcommand("ping", "is a store reachable, which protocol it speaks, round-trip time, key count (exit 0 reachable, 3 not)");
   p->add_option("address", ping->address, "HOST:PORT (IPv6 as [::1]:29500)")->required();
   p->add_option("--protocol", ping->protocol, "auto | 1.13 | 2.x")->capture_default_str();
-  p->add_option("--timeout", ping->timeout_s, "seconds for connecting and for each reply")->capture_default_str();
+  p->add_option("--timeout", ping->timeout_s, "seconds for connecting and for each reply")
+      ->capture_default_str()
+      ->check(cli::timeout_value());
   p->add_option("--count", ping->count, "pings timed (the median is reported)")->capture_default_str();
   p->add_option("--json", ping->json_path, "write the result as JSON to this file")
       ->check(cli::report_path_value());
