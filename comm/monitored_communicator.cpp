@@ -635,6 +635,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     store_error = store_error_;
   }
   Diagnosis d;
+  long store_host_gone = 0;  // pid of the store's host rank, when its process is gone
   if (store_lost) {
     std::vector<std::string> hosts;
     std::vector<bool> same_machine;
@@ -644,6 +645,20 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     }
     d = diagnose_store_unreachable(*states[rank()], size(), opts_.store_address, store_error,
                                    hosts, same_machine);
+    // The rank that hosted the store runs on this machine and its process
+    // is gone: the store went with it, and no network is to blame.
+    const int host = opts_.store_host_rank;
+    if (host >= 0 && host != rank() && host < static_cast<int>(opts_.peers.size()) &&
+        opts_.peers[host].same_machine && opts_.peers[host].pid > 0) {
+      const char st = process_state(opts_.peers[host].pid);
+      if (st == 0 || st == 'Z' || st == 'X') {
+        store_host_gone = opts_.peers[host].pid;
+        d.lines.insert(d.lines.begin(),
+                       fmt::format("Rank {} (pid {} on this machine), which hosted the store, has "
+                                   "ended: its process is gone, and the store with it.",
+                                   host, opts_.peers[host].pid));
+      }
+    }
   } else {
     std::vector<int> unreachable;
     GoneNotes notes = gone_notes(states, heartbeats, unreachable);
@@ -653,7 +668,12 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
 
   std::string hint;
   int peer = cause.context().peer;
-  if (store_lost) {
+  if (store_lost && store_host_gone > 0) {
+    peer = opts_.store_host_rank;
+    hint = fmt::format("look at rank {}'s log and report: it died or was killed (the OOM "
+                       "killer? dmesg says), and the job's store lived in its process",
+                       opts_.store_host_rank);
+  } else if (store_lost) {
     peer = -1;
     hint = fmt::format("this rank can reach neither the store at {} nor its peers: check this "
                        "host's network link (ip link, cable, switch port) and firewall, and "

@@ -80,6 +80,9 @@ struct MonitorOptions {
   std::vector<Peer> peers;
   std::string host;  // this rank's host name as reported
   std::string store_address;  // "host:port" of the store, for messages
+  // The rank whose process hosts the store (0, as torch's env:// has it), or
+  // -1 when another process does (torchrun's agent, a store of its own).
+  int store_host_rank = -1;
 };
 
 class MonitoredCommunicator final : public Communicator {

@@ -366,8 +366,9 @@ std::optional<std::string> size_order_problem(const std::string& min_flag, const
 namespace {
 // Why a bucket cap in MiB is refused, or "".
 std::string bucket_mb_problem(double mb, bool zero_ok) {
-  if (!std::isfinite(mb) || mb < 0 || mb > 1e12 || (!zero_ok && mb == 0))
-    return fmt::format("must be a number of MiB {} 1e12", zero_ok ? "from 0 to" : "above 0 and up to");
+  if (!std::isfinite(mb) || mb < 0 || (!zero_ok && mb == 0))
+    return zero_ok ? "must be a number >= 0" : "must be a number > 0";
+  if (mb > 1e12) return "must be at most 1e12";
   if (!zero_ok && static_cast<std::uint64_t>(mb * kMiB) == 0)
     return "must be at least one byte (1/1048576 = 9.5367e-07 MiB)";
   return "";
@@ -376,7 +377,7 @@ std::string bucket_mb_problem(double mb, bool zero_ok) {
 
 std::uint64_t bucket_cap_bytes(double mb, const char* flag, int rank, bool zero_ok) {
   if (const std::string why = bucket_mb_problem(mb, zero_ok); !why.empty())
-    throw UsageError(fmt::format("{} {}, got {}", flag, why, mb),
+    throw UsageError(fmt::format("{} {} (MiB), got {}", flag, why, mb),
                      {"flags", rank, -1, "DDP's default is 25 (first bucket 1)"});
   return static_cast<std::uint64_t>(mb * kMiB);
 }
@@ -387,7 +388,7 @@ CLI::Validator bucket_mb_value(bool zero_ok) {
         const auto v = as_number(s);
         if (!v) return "'" + s + "' is not a number";
         const std::string why = bucket_mb_problem(*v, zero_ok);
-        return why.empty() ? "" : why + ", not " + s + " (DDP's default is 25, first bucket 1)";
+        return why.empty() ? "" : why + ", not " + s + " (MiB; DDP's default is 25, first bucket 1)";
       },
       zero_ok ? "MiB >= 0" : "MiB > 0", "BUCKET_MB");
 }
@@ -471,7 +472,8 @@ std::pair<std::string, std::string> caps_message(const CapsProblem& p) {
               "1,5,25"};
     case CapsProblem::kBadItem: break;
   }
-  return {fmt::format("'{}' is not a number of MiB of at least one byte (9.5367e-07) and at most 1e6",
+  return {fmt::format("'{}' is not a positive number of MiB (at least one byte, 9.5367e-07, and "
+                      "at most 1e6)",
                       p.item),
           "e.g. --caps 1,5,10,25,50,100"};
 }
@@ -1042,6 +1044,7 @@ void create_communicator(Job& job, const CommonOptions& o) {
                                      std::min(job.timeout, Millis(10000)), monitor_deadline);
   }
   mo.store = std::make_shared<PrefixStore>("monitor", monitor_base);
+  mo.store_host_rank = job.world.agent_store ? -1 : 0;
   mo.timeout = job.timeout;
   mo.gather_wait = monitor_deadline;
   mo.desync_check = o.desync_check;

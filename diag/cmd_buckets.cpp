@@ -121,90 +121,102 @@ int run_buckets(const BucketsOptions& o) {
   if (!o.dump_layout) check_report_outputs(o.json_path, o.markdown_path);
   // Made before the work so that started_at and duration_s cover it.
   reports::Report report("buckets", own_command_line());
-  const ModelLayout layout = load_model(o.model);
-  if (o.dump_layout) {
-    std::cout << model_layout_to_json(layout) << "\n";
+  try {
+    const ModelLayout layout = load_model(o.model);
+    if (o.dump_layout) {
+      std::cout << model_layout_to_json(layout) << "\n";
+      return 0;
+    }
+    // 0 is a value torch takes: 1.13's DDP(bucket_cap_mb=0) closes every bucket
+    // after the first at its first tensor (2.x raises there), and
+    // dist._DEFAULT_FIRST_BUCKET_BYTES = 0 makes the first bucket one tensor in
+    // both.
+    const std::uint64_t cap = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", -1, true);
+    const std::uint64_t first = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", -1, true);
+    // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
+    (void)trainable_parameters(layout);
+    // Indices and names stay the layout's; frozen tensors are in no bucket.
+    const std::vector<DdpBucket> buckets = ddp_buckets(layout, cap, first);
+
+    // Results are data: the table and the JSON report are two views of it.
+    json jbuckets = json::array();
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      const DdpBucket& d = buckets[b];
+      const auto [lo, hi] = std::minmax_element(d.param_indices.begin(), d.param_indices.end());
+      jbuckets.push_back({{"index", b},
+                          {"bytes", d.bytes},
+                          {"size_limit_bytes", d.size_limit_bytes},
+                          {"tensor_count", d.tensor_count()},
+                          {"dtype", torch_dtype_name(d.dtype)},
+                          {"sparse", d.sparse},
+                          {"param_indices", d.param_indices},
+                          {"first_param", layout.tensors[*lo].name},
+                          {"last_param", layout.tensors[*hi].name}});
+    }
+    std::uint64_t largest = 0;
+    for (const auto& d : buckets) largest = std::max(largest, d.bytes);
+    json results = {{"model", layout.name},
+                    {"tensor_count", layout.tensors.size()},
+                    {"param_count", layout.total_numel()},
+                    {"total_bytes", layout.total_bytes()},
+                    {"frozen_tensor_count", layout.frozen_count()},
+                    {"gradient_bytes", layout.gradient_bytes()},
+                    {"bucket_cap_bytes", cap},
+                    {"first_bucket_bytes", first},
+                    {"bucket_count", buckets.size()},
+                    {"largest_bucket_bytes", largest},
+                    {"order", "gradient_ready"},
+                    // Where that order comes from: the layout's recorded
+                    // ready_order (presets, or a layout exported with it), or
+                    // the reverse of the parameters.
+                    {"ready_order", layout.ready_order.empty() ? "reverse" : "recorded"},
+                    {"buckets", std::move(jbuckets)}};
+
+    const std::string frozen =
+        layout.frozen_count() ? fmt::format(" ({} frozen: no gradient, in no bucket)", thousands(layout.frozen_count()))
+                              : std::string();
+    std::printf("DDP buckets for %s: %s tensors%s, %s parameters, %s MiB of gradients\n",
+                layout.name.c_str(), thousands(layout.tensors.size()).c_str(), frozen.c_str(),
+                thousands(static_cast<std::uint64_t>(layout.total_numel())).c_str(),
+                mib(layout.gradient_bytes()).c_str());
+    std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in %s; bucket 0 is "
+                "reduced first\n\n",
+                o.bucket_cap_mb, o.first_bucket_mb,
+                layout.ready_order.empty() ? "reverse parameter order"
+                                           : "backward's order (recorded for this model)");
+    std::printf("%6s %10s %10s %8s  %-15s %s\n", "bucket", "size(MiB)", "limit(MiB)", "tensors",
+                "dtype", "parameters (model order: first .. last)");
+    for (const auto& jb : results["buckets"]) {
+      const std::string first_name = jb["first_param"].get<std::string>();
+      const std::string last_name = jb["last_param"].get<std::string>();
+      std::string span = jb["tensor_count"].get<std::size_t>() == 1 ? first_name
+                                                                     : first_name + " .. " + last_name;
+      std::string dtype = jb["dtype"].get<std::string>();
+      if (jb["sparse"].get<bool>()) dtype += " sparse";
+      std::printf("%6zu %10s %10s %8zu  %-15s %s\n", jb["index"].get<std::size_t>(),
+                  mib(jb["bytes"].get<std::uint64_t>()).c_str(),
+                  mib(jb["size_limit_bytes"].get<std::uint64_t>()).c_str(),
+                  jb["tensor_count"].get<std::size_t>(), dtype.c_str(), span.c_str());
+    }
+    std::printf("\nsummary: %zu buckets, largest %s MiB, %s MiB total, cap %s MiB\n", buckets.size(),
+                mib(largest).c_str(), mib(layout.gradient_bytes()).c_str(), mib(cap).c_str());
+
+    if (!o.json_path.empty() || !o.markdown_path.empty()) {
+      report.results() = std::move(results);
+      reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
+    }
     return 0;
+  } catch (const Error& e) {
+    // A failed run still writes its report, with the error.
+    if (!o.json_path.empty() || !o.markdown_path.empty()) {
+      report.set_error(to_error_info(e));
+      try {
+        reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
+      } catch (const std::exception&) {
+      }
+    }
+    throw;
   }
-  // 0 is a value torch takes: 1.13's DDP(bucket_cap_mb=0) closes every bucket
-  // after the first at its first tensor (2.x raises there), and
-  // dist._DEFAULT_FIRST_BUCKET_BYTES = 0 makes the first bucket one tensor in
-  // both.
-  const std::uint64_t cap = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", -1, true);
-  const std::uint64_t first = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", -1, true);
-  // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
-  (void)trainable_parameters(layout);
-  // Indices and names stay the layout's; frozen tensors are in no bucket.
-  const std::vector<DdpBucket> buckets = ddp_buckets(layout, cap, first);
-
-  // Results are data: the table and the JSON report are two views of it.
-  json jbuckets = json::array();
-  for (std::size_t b = 0; b < buckets.size(); ++b) {
-    const DdpBucket& d = buckets[b];
-    const auto [lo, hi] = std::minmax_element(d.param_indices.begin(), d.param_indices.end());
-    jbuckets.push_back({{"index", b},
-                        {"bytes", d.bytes},
-                        {"size_limit_bytes", d.size_limit_bytes},
-                        {"tensor_count", d.tensor_count()},
-                        {"dtype", torch_dtype_name(d.dtype)},
-                        {"sparse", d.sparse},
-                        {"param_indices", d.param_indices},
-                        {"first_param", layout.tensors[*lo].name},
-                        {"last_param", layout.tensors[*hi].name}});
-  }
-  std::uint64_t largest = 0;
-  for (const auto& d : buckets) largest = std::max(largest, d.bytes);
-  json results = {{"model", layout.name},
-                  {"tensor_count", layout.tensors.size()},
-                  {"param_count", layout.total_numel()},
-                  {"total_bytes", layout.total_bytes()},
-                  {"frozen_tensor_count", layout.frozen_count()},
-                  {"gradient_bytes", layout.gradient_bytes()},
-                  {"bucket_cap_bytes", cap},
-                  {"first_bucket_bytes", first},
-                  {"bucket_count", buckets.size()},
-                  {"largest_bucket_bytes", largest},
-                  {"order", "gradient_ready"},
-                  // Where that order comes from: the layout's recorded
-                  // ready_order (presets, or a layout exported with it), or
-                  // the reverse of the parameters.
-                  {"ready_order", layout.ready_order.empty() ? "reverse" : "recorded"},
-                  {"buckets", std::move(jbuckets)}};
-
-  const std::string frozen =
-      layout.frozen_count() ? fmt::format(" ({} frozen: no gradient, in no bucket)", thousands(layout.frozen_count()))
-                            : std::string();
-  std::printf("DDP buckets for %s: %s tensors%s, %s parameters, %s MiB of gradients\n",
-              layout.name.c_str(), thousands(layout.tensors.size()).c_str(), frozen.c_str(),
-              thousands(static_cast<std::uint64_t>(layout.total_numel())).c_str(),
-              mib(layout.gradient_bytes()).c_str());
-  std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in %s; bucket 0 is "
-              "reduced first\n\n",
-              o.bucket_cap_mb, o.first_bucket_mb,
-              layout.ready_order.empty() ? "reverse parameter order"
-                                         : "backward's order (recorded for this model)");
-  std::printf("%6s %10s %10s %8s  %-15s %s\n", "bucket", "size(MiB)", "limit(MiB)", "tensors",
-              "dtype", "parameters (model order: first .. last)");
-  for (const auto& jb : results["buckets"]) {
-    const std::string first_name = jb["first_param"].get<std::string>();
-    const std::string last_name = jb["last_param"].get<std::string>();
-    std::string span = jb["tensor_count"].get<std::size_t>() == 1 ? first_name
-                                                                   : first_name + " .. " + last_name;
-    std::string dtype = jb["dtype"].get<std::string>();
-    if (jb["sparse"].get<bool>()) dtype += " sparse";
-    std::printf("%6zu %10s %10s %8zu  %-15s %s\n", jb["index"].get<std::size_t>(),
-                mib(jb["bytes"].get<std::uint64_t>()).c_str(),
-                mib(jb["size_limit_bytes"].get<std::uint64_t>()).c_str(),
-                jb["tensor_count"].get<std::size_t>(), dtype.c_str(), span.c_str());
-  }
-  std::printf("\nsummary: %zu buckets, largest %s MiB, %s MiB total, cap %s MiB\n", buckets.size(),
-              mib(largest).c_str(), mib(layout.gradient_bytes()).c_str(), mib(cap).c_str());
-
-  if (!o.json_path.empty() || !o.markdown_path.empty()) {
-    report.results() = std::move(results);
-    reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
-  }
-  return 0;
 }
 
 }  // namespace

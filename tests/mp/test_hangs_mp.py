@@ -417,6 +417,33 @@ class PeerDeath(unittest.TestCase):
                 if os.path.exists(f):
                     os.unlink(f)
 
+    def test_rank_0_that_hosted_the_store_is_named_when_it_dies(self):
+        # Started by hand (RANK, WORLD_SIZE): rank 0's process hosts the
+        # store. When it dies the store goes with it; rank 1, on the same
+        # machine, must say so, not send the user to cables and firewalls.
+        port = free_port()
+        path = tmp_json()
+        own = path[:-len(".json")] + ".rank1.json"
+        envs = [clean_env(RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r), LOCAL_WORLD_SIZE="2",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)) for r in range(2)]
+        args = ["allreduce-test", "--timeout", str(TIMEOUT), "--inject-fault", "exit@seq=6,rank=0",
+                "--json", path] + SMALL
+        try:
+            out = run_ranks([args, args], envs, timeout=TIMEOUT + 60)
+            rc1, _, se1, _ = out[1]
+            self.assertEqual(rc1, 5, se1)
+            self.assertRegex(se1, r"Rank 0 \(pid \d+ on this machine\), which hosted the store, has "
+                                  r"ended: its process is gone, and the store with it\.")
+            self.assertIn("hint: look at rank 0's log and report", se1)
+            self.assertNotIn("cable", se1)
+            rep = load(own)
+            self.assertEqual(rep["error"]["exit_code"], 5)
+            self.assertEqual(rep["error"]["peer"], 0)
+        finally:
+            for f in (path, own):
+                if os.path.exists(f):
+                    os.unlink(f)
+
     def test_library_thread_failure_still_writes_the_report(self):
         # An exception in a thread ddpdiag does not own (Gloo's network thread
         # on a protocol error) ends the process in std::terminate: it exits 5
