@@ -266,6 +266,9 @@ void write_json_atomic(const std::string& path, const nlohmann::json& doc) {
 }
 
 nlohmann::json read_json(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw std::runtime_error(fmt::format("{} is a directory, not a report file", path));
   std::ifstream in(path);
   if (!in) throw std::runtime_error(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
   std::stringstream ss;
