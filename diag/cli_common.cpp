@@ -122,6 +122,27 @@ int note_rank(const std::string& note) {
   return std::sscanf(note.c_str(), "rank %d", &r) == 1 ? r : -1;
 }
 
+// The other ranks on this machine (rank, pid), known once the rendezvous
+// passed: a rank stopped by SIGTERM (torchrun ends every worker once one
+// has failed) looks for the one whose process is gone.
+std::mutex g_local_peers_mutex;
+std::vector<std::pair<int, long>> g_local_peers;
+
+// The first rank on this machine whose process is gone, as "rank 1 (pid
+// 4889)"; "" when none is known to be.
+std::string gone_local_peer(int* rank_out) {
+  std::unique_lock<std::mutex> lock(g_local_peers_mutex, std::try_to_lock);
+  if (!lock.owns_lock()) return {};
+  for (const auto& [rank, pid] : g_local_peers) {
+    const char st = process_state(pid);
+    if (st == 0 || st == 'Z' || st == 'X') {
+      *rank_out = rank;
+      return fmt::format("rank {} (pid {} on this machine) had ended", rank, pid);
+    }
+  }
+  return {};
+}
+
 int g_signal_pipe[2] = {-1, -1};
 
 void on_interrupt(int sig) {
@@ -132,6 +153,8 @@ void on_interrupt(int sig) {
 }  // namespace
 
 std::string write_report_on_terminate(const std::string& message, const std::string& hint) {
+  write_torchelastic_error_file(fmt::format("ddpdiag error on rank {}: {}{}", current_rank(), message,
+                                            hint.empty() ? "" : " (hint: " + hint + ")"));
   return write_armed_report({"backend", message, "library thread", -1, -1, hint,
                              static_cast<int>(ExitCode::kPeerFailed)});
 }
@@ -148,19 +171,35 @@ void write_report_on_interrupt() {
     const int rank = current_rank();
     // ddpdiag's launcher stops the ranks left once one has failed, and says
     // which and how in its note: that, not an interruption, is the story.
-    const std::string note = sig == SIGTERM ? launcher_note() : std::string();
-    if (!note.empty()) {
+    // Stopped because another rank failed: by ddpdiag's launcher (its note
+    // names the rank), or by torchrun, which ends every worker with SIGTERM
+    // once one has failed (a worker of this machine whose process is gone
+    // is that one). That, not an interruption, is the story.
+    std::string message, peer_text;
+    int peer = -1;
+    if (sig == SIGTERM) {
+      if (const std::string note = launcher_note(); !note.empty()) {
+        peer = note_rank(note);
+        peer_text = note;
+        message = fmt::format("the launcher stopped this rank, which had not run into the failure "
+                              "within its grace period: {}",
+                              note);
+      } else if (std::getenv("TORCHELASTIC_RUN_ID")) {
+        peer_text = gone_local_peer(&peer);
+        if (!peer_text.empty())
+          message = fmt::format("torchrun stopped this rank with SIGTERM, as it ends every worker "
+                                "once one has failed: {}",
+                                peer_text);
+      }
+    }
+    if (!message.empty()) {
       const std::string written = write_armed_report(
-          {"peer",
-           fmt::format("the launcher stopped this rank, which had not run into the failure "
-                       "within its grace period: {}",
-                       note),
-           "launcher", -1, note_rank(note),
+          {"peer", message, "launcher", -1, peer,
            "that rank's own output says why it ended; this report has what was known when this "
            "rank was stopped",
            static_cast<int>(ExitCode::kPeerFailed)});
       std::fprintf(stderr, "ddpdiag: %s: stopped by the launcher: %s%s\n",
-                   rank >= 0 ? fmt::format("rank {}", rank).c_str() : "ddpdiag", note.c_str(),
+                   rank >= 0 ? fmt::format("rank {}", rank).c_str() : "ddpdiag", peer_text.c_str(),
                    written.empty() ? "" : fmt::format("; report: {}", written).c_str());
       std::fflush(stderr);
       std::_Exit(static_cast<int>(ExitCode::kPeerFailed));
@@ -194,6 +233,27 @@ void print_error(const Error& e) {
   if (!c.phase.empty()) where += fmt::format(" during {}", c.phase);
   std::fprintf(stderr, "ddpdiag: error%s: %s\n", where.c_str(), e.what());
   if (!c.hint.empty()) std::fprintf(stderr, "ddpdiag: hint: %s\n", c.hint.c_str());
+  write_torchelastic_error_file(fmt::format("ddpdiag error{}: {}{}", where, e.what(),
+                                            c.hint.empty() ? "" : " (hint: " + c.hint + ")"));
+}
+
+void write_torchelastic_error_file(const std::string& message) {
+  // torchrun gives each worker a file to describe its failure in
+  // (TORCHELASTIC_ERROR_FILE), in the form torch's @record writes, and
+  // shows it in its summary, taking the earliest as the root cause.
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (!path || !*path) return;
+  const auto now = std::chrono::system_clock::now().time_since_epoch();
+  const nlohmann::json doc = {
+      {"message",
+       {{"message", message},
+        {"extraInfo",
+         {{"py_callstack", message},
+          {"timestamp", std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now).count())}}}}}};
+  try {
+    reports::write_file_atomic(path, doc.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  } catch (const std::exception&) {
+  }
 }
 
 void print_checks_and_verdict(const reports::Report& report) {
@@ -1050,13 +1110,19 @@ void create_communicator(Job& job, const CommonOptions& o) {
   mo.desync_check = o.desync_check;
   mo.faults = std::move(faults);
   const std::string here = machine_id();
+  std::vector<std::pair<int, long>> local_peers;
   for (const auto& r : job.ranks) {
     MonitorOptions::Peer p;
     p.host = r.host;
     p.pid = r.pid;
     p.same_machine = r.rank < static_cast<int>(job.machines.size()) &&
                      job.machines[r.rank] == here;
+    if (p.same_machine && r.rank != me && r.pid > 0) local_peers.push_back({r.rank, r.pid});
     mo.peers.push_back(p);
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_local_peers_mutex);
+    g_local_peers = std::move(local_peers);
   }
   mo.host = reported_host_name(o, me);
   auto monitored = std::make_unique<MonitoredCommunicator>(std::move(inner), std::move(mo));

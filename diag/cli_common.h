@@ -32,6 +32,10 @@ double median(std::vector<double> v);
 
 // Prints the error the way every subcommand does.
 void print_error(const Error& e);
+// Under torchrun: the worker's failure as torch's @record writes it into
+// TORCHELASTIC_ERROR_FILE, so torchrun's summary shows it (print_error does
+// this for every error it prints). Nothing without that variable.
+void write_torchelastic_error_file(const std::string& message);
 
 // This process's rank once the world is known, else -1.
 int current_rank();

@@ -5,7 +5,10 @@
 //   report schema             print the schema compiled into this binary
 // The logic lives in reports/; this file only parses flags and maps outcomes
 // to exit codes (0 ok, 1 invalid or regressed, 2 unreadable input or usage).
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -94,6 +97,13 @@ int run_compare(const ReportOptions& o) {
                      {"report", -1, -1, "ddpdiag report compare BASE.json [MORE_BASE.json...] NEW.json"});
   const std::vector<std::string> base_paths(o.compare_files.begin(), o.compare_files.end() - 1);
   const std::string& new_path = o.compare_files.back();
+  if (!o.compare_markdown.empty() && o.compare_markdown != "-")
+    for (const auto& in : o.compare_files)
+      if (reports::same_file(in, o.compare_markdown))
+        throw UsageError(fmt::format("--markdown {} is one of the reports being compared: writing "
+                                     "there would destroy it",
+                                     o.compare_markdown),
+                         {"report", -1, -1, "write the comparison to a file of its own, e.g. compare.md"});
   std::vector<nlohmann::json> bases;
   for (const auto& p : base_paths) bases.push_back(load(p));
   const auto now = load(new_path);
@@ -135,7 +145,20 @@ int run_compare(const ReportOptions& o) {
   auto c = reports::compare_reports(bases, now, co);
   std::fputs(reports::render_comparison_text(c).c_str(), stdout);
   std::fflush(stdout);
-  if (!o.compare_markdown.empty()) write_output(o.compare_markdown, reports::render_comparison_markdown(c));
+  if (!o.compare_markdown.empty()) {
+    const std::string md = reports::render_comparison_markdown(c);
+    const char* summary = std::getenv("GITHUB_STEP_SUMMARY");
+    if (summary && *summary && o.compare_markdown != "-" && reports::same_file(o.compare_markdown, summary)) {
+      // GitHub's step summary is appended to, as other steps' output
+      // already there should stay.
+      std::FILE* f = std::fopen(o.compare_markdown.c_str(), "a");
+      if (!f || std::fwrite(md.data(), 1, md.size(), f) != md.size() || std::fclose(f) != 0)
+        throw UsageError(fmt::format("cannot append to {}: {}", o.compare_markdown, std::strerror(errno)),
+                         {"report", -1, -1, "check that the file is writable"});
+    } else {
+      write_output(o.compare_markdown, md);
+    }
+  }
   return static_cast<int>(c.regressed() ? ExitCode::kCheckFailed : ExitCode::kOk);
 }
 

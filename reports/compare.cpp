@@ -283,6 +283,7 @@ std::string verdict_of(const json& r) { return str_or(r, "verdict", ""); }
 
 std::string percent(double f) {
   if (!std::isfinite(f)) return f > 0 ? "+inf%" : "-inf%";
+  if (std::fabs(f) >= 1e4) return fmt::format("{:+.3g}%", f * 100);
   return fmt::format("{:+.1f}%", f * 100);
 }
 
@@ -331,6 +332,24 @@ int Comparison::rows(ChangeKind k) const {
   return n;
 }
 
+std::string regression_reasons(const Comparison& c) {
+  std::vector<std::string> why;
+  if (verdict_rank(c.new_verdict) > 0) why.push_back("the new run's verdict is " + c.new_verdict);
+  else if (c.verdict_regressed) why.push_back("a worse verdict");
+  int checks = 0, figs = 0, missing = 0;
+  for (const auto& ch : c.checks) checks += ch.regressed;
+  for (const auto& f : c.figures) {
+    figs += f.kind == ChangeKind::kRegressed;
+    missing += c.fail_on_missing && f.kind == ChangeKind::kMissing;
+  }
+  if (checks) why.push_back(fmt::format("{} failing check(s)", checks));
+  if (figs) why.push_back(fmt::format("{} regressed figure(s)", figs));
+  if (missing) why.push_back(fmt::format("{} missing with --fail-on-missing", missing));
+  std::string out;
+  for (const auto& w : why) out += (out.empty() ? "" : "; ") + w;
+  return out;
+}
+
 bool Comparison::regressed() const {
   if (verdict_regressed) return true;
   for (const auto& ch : checks)
@@ -344,9 +363,9 @@ bool Comparison::regressed() const {
 namespace {
 
 // Several baseline runs as one: each figure of a row is the median of the
-// runs that have the row, and its noise is the larger of the runs' own
-// spreads and the range across the runs (largest minus smallest), which is
-// what the same machine's run-to-run noise measured.
+// runs that have the row, and its noise is the larger of the runs' median
+// own spread and twice the median distance of the runs from their median,
+// which is what the same machine's run-to-run noise measured.
 std::vector<Row> merge_baselines(const std::vector<std::vector<Row>>& runs) {
   std::vector<Row> out;
   std::map<std::string, std::size_t> where;
@@ -365,20 +384,28 @@ std::vector<Row> merge_baselines(const std::vector<std::vector<Row>>& runs) {
         list.push_back(f);
       }
     }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+  };
   for (std::size_t i = 0; i < out.size(); ++i)
     for (auto& f : out[i].figures) {
       const auto& list = seen[i][f.name];
       if (list.size() < 2) continue;
-      std::vector<double> v;
-      double noise = 0;
+      std::vector<double> v, own;
       for (const auto& g : list) {
         v.push_back(g.value);
-        noise = std::max(noise, g.noise);
+        own.push_back(g.noise);
       }
-      std::sort(v.begin(), v.end());
-      const std::size_t n = v.size();
-      f.value = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-      f.noise = std::max(noise, v.back() - v.front());
+      f.value = median(v);
+      // Run-to-run noise as twice the median distance from the median: with
+      // two runs that is their range, and one outlier among three or more
+      // runs does not widen it (the full range would let it hide any
+      // regression).
+      std::vector<double> dev;
+      for (double x : v) dev.push_back(std::fabs(x - f.value));
+      f.noise = std::max(median(own), 2 * median(dev));
     }
   return out;
 }
@@ -409,7 +436,16 @@ Comparison compare_reports(const json& base, const json& now, const CompareOptio
 
 Comparison compare_reports(const std::vector<json>& bases, const json& now, const CompareOptions& o) {
   if (bases.empty()) throw std::invalid_argument("compare_reports: no baseline report");
-  const json& base = bases.front();
+  // The baseline that speaks for the settings: the first that measured
+  // something (a run that ended with an error before it recorded its
+  // settings would switch the settings check off).
+  const json* ref = &bases.front();
+  for (const auto& b : bases)
+    if (verdict_of(b) != "ERROR") {
+      ref = &b;
+      break;
+    }
+  const json& base = *ref;
   Comparison c;
   c.max_regression = o.max_regression;
   c.fail_on_missing = o.fail_on_missing;
@@ -443,7 +479,13 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
     for (const auto& bf : b.figures) {
       auto nf = std::find_if(n.figures.begin(), n.figures.end(),
                              [&](const Figure& f) { return f.name == bf.name; });
-      if (nf == n.figures.end()) continue;
+      if (nf == n.figures.end()) {
+        // The row is there but this figure is not a number in NEW (absent,
+        // null, text): missing, not silently unchanged.
+        c.figures.push_back({b.label, bf.name, bf.higher_is_better, bf.value, std::nullopt, 0, 0,
+                             ChangeKind::kMissing});
+        continue;
+      }
       FigureChange fc;
       fc.row = b.label;
       fc.figure = bf.name;
@@ -453,7 +495,9 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
       const double d = nf->value - bf.value;
       const double scale = std::fabs(bf.value);
       fc.change = scale > 0 ? d / scale : (d == 0 ? 0.0 : (d > 0 ? INFINITY : -INFINITY));
-      const double band = std::max(bf.noise, nf->noise);
+      // The baseline's spread only: a wide spread in NEW (one rank slower
+      // than the others) is part of what is judged, not an excuse.
+      const double band = bf.noise;
       fc.noise = scale > 0 ? band / scale : 0;
       const double worse = bf.higher_is_better ? -fc.change : fc.change;
       if (std::fabs(worse) <= o.max_regression)
@@ -492,7 +536,9 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
   };
   for (const auto& [name, st] : bchecks) {
     std::string ns = find(nchecks, name);
-    c.checks.push_back({name, st, ns, ns == "fail" && st != "fail"});
+    // A check failing in NEW never passes the gate, even where a baseline
+    // run failed it too (one bad baseline would switch it off for good).
+    c.checks.push_back({name, st, ns, ns == "fail"});
   }
   for (const auto& [name, st] : nchecks)
     if (find(bchecks, name).empty() &&
@@ -504,8 +550,11 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
   for (const auto& b : bases)
     if (verdict_rank(verdict_of(b)) > verdict_rank(c.base_verdict)) c.base_verdict = verdict_of(b);
   c.new_verdict = verdict_of(now);
-  c.verdict_regressed = verdict_rank(c.new_verdict) > verdict_rank(c.base_verdict) &&
-                        verdict_rank(c.base_verdict) >= 0;
+  // A NEW run that failed or ended with an error does not pass the gate,
+  // whatever the baselines did.
+  c.verdict_regressed = verdict_rank(c.new_verdict) > 0 ||
+                        (verdict_rank(c.new_verdict) > verdict_rank(c.base_verdict) &&
+                         verdict_rank(c.base_verdict) >= 0);
   return c;
 }
 
@@ -557,14 +606,15 @@ std::string render_comparison_text(const Comparison& c) {
                      c.rows(ChangeKind::kImproved), c.rows(ChangeKind::kRegressed),
                      c.rows(ChangeKind::kUnchanged), c.rows(ChangeKind::kNoise),
                      c.rows(ChangeKind::kMissing), c.rows(ChangeKind::kNew));
-  out += fmt::format("result: {}\n", c.regressed() ? "REGRESSION" : "no regression");
+  out += fmt::format("result: {}{}\n", c.regressed() ? "REGRESSION" : "no regression",
+                     c.regressed() ? " (" + regression_reasons(c) + ")" : std::string());
   return out;
 }
 
 std::string render_comparison_markdown(const Comparison& c) {
   std::string out;
   out += fmt::format("## ddpdiag report compare: {}\n\n",
-                     c.regressed() ? "❌ regression" : "✅ no regression");
+                     c.regressed() ? "❌ regression (" + regression_reasons(c) + ")" : "✅ no regression");
   out += fmt::format("- base: {}\n- new: {}\n- tolerance: {:.1f}% (and outside the measured spread)\n\n",
                      markdown_cell(c.base_label), markdown_cell(c.new_label), c.max_regression * 100);
   if (!c.settings_changed.empty()) out += fmt::format("> **Note:** {}\n\n", markdown_cell(settings_note(c)));

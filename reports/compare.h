@@ -10,16 +10,18 @@
 //  - otherwise <figure>_spread, or 2 x <figure>_stddev, when the row has them;
 //  - otherwise spread_us / 2 x stddev_us for the row's *_us figures;
 //  - otherwise "spread" / 2 x "stddev" as a fraction of the value (0.05 = 5%).
-// The noise band of a comparison is the larger of the two reports' spreads;
-// with several baseline runs, also the range of the figure across them.
+// The noise band of a comparison is the baseline's spread (NEW's own spread
+// is part of what is judged); with several baseline runs, also twice the
+// median distance of the runs from their median (robust to one outlier).
 // A change is a regression only when it is worse than the tolerance AND its
 // size is outside the noise band; a change beyond the tolerance but inside
 // the band is reported as "noise", not as a regression. Without any spread
 // the band is zero and the tolerance alone decides.
 //
-// Checks are matched by name: a check that was not failing and now fails is
-// always a regression (PASS->FAIL, SKIP->FAIL, or a new failing check), and
-// so is a worse verdict (PASS < FAIL < ERROR). Rows only in BASE are
+// Checks are matched by name: a check that fails in NEW is always a
+// regression, and so is a NEW verdict of FAIL or ERROR and any worse verdict
+// (PASS < FAIL < ERROR): a run that did not pass never passes the gate.
+// A figure of a matched row that NEW lacks (absent, null, text) is missing. Rows only in BASE are
 // "missing" and rows only in NEW are "new"; neither is a regression unless
 // fail_on_missing is set.
 //
@@ -95,10 +97,11 @@ Comparison compare_reports(const nlohmann::json& base, const nlohmann::json& now
 
 // Several baseline runs of the same command and settings (the same machine,
 // run a few times): each figure of BASE is the median of the runs that have
-// its row, and the range across them (largest minus smallest) joins the noise
-// band, so the gate allows what the machine's own run-to-run noise measured.
-// A check counts as failing in BASE when it failed in any run, and BASE's
-// verdict is the worst of theirs.
+// its row, and twice the median distance from it joins the noise band, so the
+// gate allows what the machine's own run-to-run noise measured. A check
+// counts as failing in BASE when it failed in any run, and BASE's verdict is
+// the worst of theirs (shown; NEW is judged on its own). Settings are taken
+// from the first baseline that did not end with an error.
 Comparison compare_reports(const std::vector<nlohmann::json>& bases, const nlohmann::json& now,
                            const CompareOptions& options = {});
 
@@ -110,6 +113,10 @@ std::string baselines_disagree(const std::vector<nlohmann::json>& bases,
 // One line naming the settings that differ and what compare did about it;
 // the text and Markdown renderings print it when settings_changed is not empty.
 std::string settings_note(const Comparison& c);
+
+// Why c regressed, in a few words ("the new run's verdict is FAIL; 2
+// regressed figure(s)"); "" when it did not.
+std::string regression_reasons(const Comparison& c);
 
 // Plain-text table for a terminal.
 std::string render_comparison_text(const Comparison& c);

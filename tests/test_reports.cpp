@@ -346,6 +346,23 @@ TEST_CASE("compare: a change inside the measured spread is noise, not a regressi
   CHECK(compare_reports(tbase, allreduce_report(tight)).regressed());
 }
 
+TEST_CASE("compare: a figure NEW lacks is missing, and --fail-on-missing fails on it", "[reports][compare]") {
+  auto base = allreduce_report(baseline_points());
+  auto now = base;
+  for (auto& row : now["results"]["sizes"]) row["out_of_place"]["busbw_gbps"] = nullptr;
+  auto c = compare_reports(base, now);
+  bool missing = false;
+  for (const auto& f : c.figures)
+    missing = missing || (f.figure == "busbw_gbps" && f.kind == ChangeKind::kMissing && f.base && !f.now);
+  CHECK(missing);
+  CHECK_FALSE(c.regressed());
+  CompareOptions strict;
+  strict.fail_on_missing = true;
+  auto cs = compare_reports(base, now, strict);
+  CHECK(cs.regressed());
+  CHECK(regression_reasons(cs).find("missing with --fail-on-missing") != std::string::npos);
+}
+
 TEST_CASE("compare: several baseline runs: their median is the base, their range joins the spread",
           "[reports][compare]") {
   // Three runs of the same command on a noisy machine: 1 MiB at 10, 8 and 12
@@ -384,15 +401,24 @@ TEST_CASE("compare: several baseline runs: their median is the base, their range
     auto c = compare_reports(std::vector<json>{run(8), run(12)}, run(10));
     CHECK(*row_of(c, "busbw_gbps").base == Approx(10));
   }
-  SECTION("a check that failed in any baseline run is no regression when it fails now") {
+  SECTION("a NEW run that fails never passes, even where a baseline run failed too") {
+    // One failing baseline once switched the check and verdict gates off.
     const auto failing = allreduce_report(baseline_points(), CheckStatus::kFail);
     auto c = compare_reports(std::vector<json>{allreduce_report(baseline_points()), failing}, failing);
-    CHECK_FALSE(c.regressed());
+    CHECK(c.regressed());
     CHECK(c.base_verdict == "FAIL");
-    CHECK(compare_reports(std::vector<json>{allreduce_report(baseline_points()),
-                                            allreduce_report(baseline_points())},
-                          failing)
-              .regressed());
+    CHECK(c.verdict_regressed);
+    CHECK(regression_reasons(c).find("the new run's verdict is FAIL") != std::string::npos);
+    CHECK(compare_reports(failing, failing).regressed());
+    CHECK_FALSE(compare_reports(failing, allreduce_report(baseline_points())).regressed());
+  }
+  SECTION("one outlier among the runs does not widen the band") {
+    // Runs at 10, 10.2 and 1 GB/s: the range (9.2) would call a drop to 5
+    // noise; twice the median distance from the median (0.4) does not.
+    const std::vector<json> with_outlier = {run(10), run(10.2), run(1)};
+    auto c = compare_reports(with_outlier, run(5));
+    CHECK(c.regressed());
+    CHECK(row_of(c, "busbw_gbps").noise == Approx(0.04));
   }
   SECTION("baseline runs of other settings are named") {
     const std::vector<json> mixed = {run(10), allreduce_report(baseline_points(), CheckStatus::kPass, 4)};

@@ -97,6 +97,59 @@ class RealTorchrun(unittest.TestCase):
     def test_torchrun_standalone(self):
         self.run_torchrun(["--standalone"])
 
+    def test_torchrun_summary_shows_ddpdiag_error(self):
+        # torchrun shows a failed worker's TORCHELASTIC_ERROR_FILE in its
+        # summary; without it the summary said only "error_file: <N/A>".
+        port = free_port()
+        cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port", str(port),
+                                     "--nproc-per-node", "2", "--no-python", BIN, "allreduce-test",
+                                     "--timeout", "4", "--inject-fault", "hang@seq=3,rank=1"] + SMALL
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+        summary = p.stderr[p.stderr.find("Root Cause"):]
+        self.assertIn("ddpdiag error on rank", summary, p.stderr[-3000:])
+        self.assertIn("Rank 1 behind", summary)
+
+    def test_worker_stopped_after_another_died_names_it(self):
+        # torchrun ends the other workers with SIGTERM once one has died;
+        # the survivor's report (the job's) names the one that died.
+        import signal
+        import time
+        port = free_port()
+        path = tmp_json()
+        cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port", str(port),
+                                     "--nproc-per-node", "2", "--no-python", BIN, "allreduce-test",
+                                     "--timeout", "20", "-b", "1K", "-e", "1M", "-n", "100000",
+                                     "--json", path]
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=clean_env())
+        rank1 = None
+        deadline = time.monotonic() + 60
+        while rank1 is None and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.3)
+            for pid in filter(str.isdigit, os.listdir("/proc")):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        argv = f.read().split(b"\0")
+                    with open(f"/proc/{pid}/environ", "rb") as f:
+                        env = f.read().split(b"\0")
+                except OSError:
+                    continue
+                if argv and argv[0].endswith(b"ddpdiag") and b"RANK=1" in env and \
+                        any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env):
+                    rank1 = int(pid)
+        self.assertIsNotNone(rank1, "rank 1 did not start")
+        time.sleep(2)  # into the sweep
+        os.kill(rank1, signal.SIGKILL)
+        out, err = p.communicate(timeout=120)
+        self.assertNotEqual(p.returncode, 0)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["error"]["rank"], 0)
+        self.assertEqual(rep["error"]["peer"], 1, rep["error"])
+        self.assertEqual(rep["error"]["exit_code"], 5)
+        self.assertNotEqual(rep["error"]["kind"], "interrupted")
+
     def test_torchrun_c10d_rendezvous_on_ddpdiag_store_serve(self):
         """torchrun's c10d rendezvous with its store on `ddpdiag store serve`
         (is_host=0: no agent hosts it), as the README offers for launches
