@@ -161,7 +161,14 @@ std::vector<SettingChange> differing_settings(const json& base, const json& now)
   const auto b = settings_of(base), n = settings_of(now);
   for (const auto& [name, bv] : b)
     for (const auto& [nname, nv] : n)
-      if (name == nname && bv != nv) out.push_back({name, setting_text(name, bv), setting_text(name, nv)});
+      if (name == nname && bv != nv) {
+        std::string bt = setting_text(name, bv), nt = setting_text(name, nv);
+        if (bt == nt) {  // rounded alike ("4 MiB"): the exact values
+          bt = bv.dump();
+          nt = nv.dump();
+        }
+        out.push_back({name, bt, nt});
+      }
   return out;
 }
 
@@ -330,6 +337,15 @@ int Comparison::rows(ChangeKind k) const {
   for (const auto& [label, figs] : by_row(*this))
     if (row_kind(figs) == k) ++n;
   return n;
+}
+
+bool nothing_matched(const Comparison& c) {
+  bool rows = false;
+  for (const auto& f : c.figures) {
+    if (f.base && f.now) return false;
+    rows = true;
+  }
+  return rows;
 }
 
 std::string regression_reasons(const Comparison& c) {
@@ -578,6 +594,9 @@ std::string render_comparison_text(const Comparison& c) {
                        c.base_command, c.new_command);
   if (!c.settings_changed.empty())
     out += fmt::format("note: {}\n", settings_note(c));
+  if (nothing_matched(c))
+    out += "note: no row of NEW matched a row of BASE, so no figure was compared (other sizes, dtypes "
+           "or settings?); only the checks and verdicts were\n";
   out += fmt::format(
       "a figure regresses when it is worse by more than {:.1f}% and by more than the measured "
       "spread\n\n",
@@ -618,6 +637,9 @@ std::string render_comparison_markdown(const Comparison& c) {
   out += fmt::format("- base: {}\n- new: {}\n- tolerance: {:.1f}% (and outside the measured spread)\n\n",
                      markdown_cell(c.base_label), markdown_cell(c.new_label), c.max_regression * 100);
   if (!c.settings_changed.empty()) out += fmt::format("> **Note:** {}\n\n", markdown_cell(settings_note(c)));
+  if (nothing_matched(c))
+    out += "> **Note:** no row of NEW matched a row of BASE, so no figure was compared (other sizes, "
+           "dtypes or settings?); only the checks and verdicts were.\n\n";
   out += "| improved | regressed | unchanged | within noise | missing | new |\n|---:|---:|---:|---:|---:|---:|\n";
   out += fmt::format("| {} | {} | {} | {} | {} | {} |\n\n", c.rows(ChangeKind::kImproved),
                      c.rows(ChangeKind::kRegressed), c.rows(ChangeKind::kUnchanged),
@@ -666,6 +688,12 @@ double parse_percentage(const std::string& s) {
   }
   if (t.empty() || used != t.size() || !std::isfinite(v) || v < 0)
     throw std::invalid_argument("'" + s + "' is not a percentage (e.g. 10%)");
+  // A bare fraction is most likely meant as one (0.1 for 10%), which as a
+  // percentage would be 0.1%: make the writer say which.
+  if (v > 0 && v < 1 && s.find('%') == std::string::npos)
+    throw std::invalid_argument(fmt::format("'{}' is ambiguous: write {}% for a fraction of {}, or {}% "
+                                            "for {} percent",
+                                            s, v * 100, s, s, s));
   return v / 100.0;
 }
 

@@ -118,12 +118,16 @@ std::string settings_note(const Comparison& c);
 // regressed figure(s)"); "" when it did not.
 std::string regression_reasons(const Comparison& c);
 
+// Rows were there to compare, but none of NEW matched one of BASE.
+bool nothing_matched(const Comparison& c);
+
 // Plain-text table for a terminal.
 std::string render_comparison_text(const Comparison& c);
 // Markdown for a CI summary ($GITHUB_STEP_SUMMARY).
 std::string render_comparison_markdown(const Comparison& c);
 
-// "10%", "10" (percent) or "0.5%" -> a fraction; throws std::invalid_argument.
+// "10%", "10" (percent) or "0.5%" -> a fraction; throws std::invalid_argument,
+// also for a bare number between 0 and 1 ("0.1": 10% or 0.1%?).
 double parse_percentage(const std::string& s);
 
 }  // namespace ddpdiag::reports

@@ -602,6 +602,10 @@ TEST_CASE("compare: tolerance parsing and the Markdown summary", "[reports][comp
   CHECK(parse_percentage("2.5") == Approx(0.025));
   CHECK_THROWS_AS(parse_percentage("ten"), std::invalid_argument);
   CHECK_THROWS_AS(parse_percentage("-5%"), std::invalid_argument);
+  // A bare fraction: 10% or 0.1%? The writer says which.
+  CHECK_THROWS_AS(parse_percentage("0.1"), std::invalid_argument);
+  CHECK(parse_percentage("0.1%") == Approx(0.001));
+  CHECK(parse_percentage("0") == 0);
   auto pts = baseline_points();
   pts[1].busbw_gbps = 2;
   auto md = render_comparison_markdown(compare_reports(allreduce_report(baseline_points()), allreduce_report(pts)));

@@ -119,29 +119,37 @@ class RealTorchrun(unittest.TestCase):
         path = tmp_json()
         cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port", str(port),
                                      "--nproc-per-node", "2", "--no-python", BIN, "allreduce-test",
-                                     "--timeout", "20", "-b", "1K", "-e", "1M", "-n", "100000",
+                                     "--timeout", "20", "-b", "1K", "-e", "1M", "-n", "3000",
                                      "--json", path]
+        # A session of its own, so that whatever happens the whole job
+        # (torchrun and its workers) is ended below.
         p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=clean_env())
+                             env=clean_env(), start_new_session=True)
         rank1 = None
         deadline = time.monotonic() + 60
         while rank1 is None and time.monotonic() < deadline and p.poll() is None:
             time.sleep(0.3)
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        argv = f.read().split(b"\0")
+                    with open(f"/proc/{pid}/stat") as f:
+                        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
                     with open(f"/proc/{pid}/environ", "rb") as f:
                         env = f.read().split(b"\0")
-                except OSError:
+                except (OSError, ValueError, IndexError):
                     continue
-                if argv and argv[0].endswith(b"ddpdiag") and b"RANK=1" in env and \
-                        any(e.startswith(b"TORCHELASTIC_RUN_ID=") for e in env):
+                # This torchrun's own worker (other tests may run torchrun
+                # beside this one).
+                if ppid == p.pid and b"RANK=1" in env:
                     rank1 = int(pid)
-        self.assertIsNotNone(rank1, "rank 1 did not start")
-        time.sleep(2)  # into the sweep
-        os.kill(rank1, signal.SIGKILL)
-        out, err = p.communicate(timeout=120)
+        try:
+            self.assertIsNotNone(rank1, "rank 1 did not start")
+            time.sleep(2)  # into the sweep
+            os.kill(rank1, signal.SIGKILL)
+            out, err = p.communicate(timeout=120)
+        finally:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.communicate()
         self.assertNotEqual(p.returncode, 0)
         rep = load(path)
         os.unlink(path)
