@@ -169,8 +169,6 @@ void write_report_on_interrupt() {
     const char* abbrev = sigabbrev_np(sig);
     const std::string name = abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
     const int rank = current_rank();
-    // ddpdiag's launcher stops the ranks left once one has failed, and says
-    // which and how in its note: that, not an interruption, is the story.
     // Stopped because another rank failed: by ddpdiag's launcher (its note
     // names the rank), or by torchrun, which ends every worker with SIGTERM
     // once one has failed (a worker of this machine whose process is gone

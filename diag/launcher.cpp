@@ -160,6 +160,7 @@ int launch_local(const LaunchOptions& o) {
     std::string path;
     ~RemoveNote() { ::unlink(path.c_str()); }
   } remove_note{note_path};
+  ::unlink(note_path.c_str());  // one left by an earlier launcher of this pid, killed
 
   std::vector<Child> children(o.nproc);
   std::fflush(stdout);

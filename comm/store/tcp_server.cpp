@@ -55,8 +55,6 @@
 #include <unordered_set>
 #include <vector>
 
-#include <fmt/core.h>
-
 #include "comm/errors.h"
 #include "comm/ip_text.h"
 #include "comm/store/tcp_protocol.h"
@@ -345,10 +343,11 @@ struct TcpStoreServer::Impl {
     told_out_of_fds = true;
     rlimit rl{};
     const bool known = ::getrlimit(RLIMIT_NOFILE, &rl) == 0;
-    opts.on_out_of_fds(fmt::format(
-        "this process has run out of file descriptors ({}){}: new clients are turned away until "
-        "some close (raise the limit, e.g. ulimit -n 65536, or start fewer ranks per host)",
-        errno_text(err), known ? fmt::format(" (ulimit -n is {})", rl.rlim_cur) : std::string()));
+    // Plain concatenation: this file is also built alone, for the fuzzers.
+    opts.on_out_of_fds("this process has run out of file descriptors (" + errno_text(err) + ")" +
+                       (known ? " (ulimit -n is " + std::to_string(rl.rlim_cur) + ")" : std::string()) +
+                       ": new clients are turned away until some close (raise the limit, e.g. "
+                       "ulimit -n 65536, or start fewer ranks per host)");
   }
 
   // Closes c for a request its protocol does not allow, and says why.
