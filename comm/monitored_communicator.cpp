@@ -483,8 +483,8 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
                              silent, p.host, p.pid);
       continue;
     }
-    char st = process_state(p.pid);
-    if (st == 0 || st == 'Z' || st == 'X')
+    const char st = process_state(p.pid);
+    if (gone_state(st))
       notes[r] = fmt::format("is dead: its process {} on this machine has exited or was killed",
                              p.pid);
     else if (st == 'T' || st == 't')
@@ -650,8 +650,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     const int host = opts_.store_host_rank;
     if (host >= 0 && host != rank() && host < static_cast<int>(opts_.peers.size()) &&
         opts_.peers[host].same_machine && opts_.peers[host].pid > 0) {
-      const char st = process_state(opts_.peers[host].pid);
-      if (st == 0 || st == 'Z' || st == 'X') {
+      if (process_gone(opts_.peers[host].pid)) {
         store_host_gone = opts_.peers[host].pid;
         d.lines.insert(d.lines.begin(),
                        fmt::format("Rank {} (pid {} on this machine), which hosted the store, has "

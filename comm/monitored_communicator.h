@@ -55,6 +55,9 @@ namespace ddpdiag {
 // Linux: the state letter of /proc/<pid>/stat ('R', 'S', 'T' for stopped,
 // 'Z', ...), or 0 when the process does not exist.
 char process_state(long pid);
+// A state of a process that has exited (no such pid, a zombie, or dead).
+inline bool gone_state(char st) { return st == 0 || st == 'Z' || st == 'X'; }
+inline bool process_gone(long pid) { return gone_state(process_state(pid)); }
 
 struct MonitorOptions {
   int rank = 0;       // in this communicator

@@ -134,8 +134,7 @@ std::string gone_local_peer(int* rank_out) {
   std::unique_lock<std::mutex> lock(g_local_peers_mutex, std::try_to_lock);
   if (!lock.owns_lock()) return {};
   for (const auto& [rank, pid] : g_local_peers) {
-    const char st = process_state(pid);
-    if (st == 0 || st == 'Z' || st == 'X') {
+    if (process_gone(pid)) {
       *rank_out = rank;
       return fmt::format("rank {} (pid {} on this machine) had ended", rank, pid);
     }

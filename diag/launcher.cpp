@@ -22,6 +22,7 @@
 #include "comm/errors.h"
 #include "comm/monitored_communicator.h"
 #include "comm/store/tcp_store.h"
+#include "reports/report.h"
 
 extern char** environ;
 
@@ -81,16 +82,6 @@ std::string describe_status(int status) {
 
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
-// Replaces the note file as a whole (write, then rename), so a rank never
-// reads half of it.
-void write_note(const std::string& path, const std::string& text) {
-  const std::string part = path + ".part";
-  if (FILE* f = std::fopen(part.c_str(), "w")) {
-    std::fputs(text.c_str(), f);
-    if (std::fclose(f) == 0 && std::rename(part.c_str(), path.c_str()) == 0) return;
-  }
-  ::unlink(part.c_str());
-}
 
 }  // namespace
 
@@ -320,8 +311,15 @@ int launch_local(const LaunchOptions& o) {
             g_forward_signal.load() == 0) {
           first_failed = c.rank;
           kill_at = Clock::now() + o.grace;
-          write_note(note_path, fmt::format("rank {} (pid {}) {}", c.rank, static_cast<long>(c.pid),
-                                            describe_status(status)));
+          // As a whole (write, then rename), so a rank never reads half.
+          try {
+            reports::write_file_atomic(note_path, fmt::format("rank {} (pid {}) {}", c.rank,
+                                                              static_cast<long>(c.pid),
+                                                              describe_status(status)));
+          } catch (const std::exception&) {
+            // The ranks then say they were interrupted; the launcher's own
+            // lines still name the rank.
+          }
         }
       }
     }
