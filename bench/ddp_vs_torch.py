@@ -91,8 +91,7 @@ def run_ours(binary, model, cap_mb, views, iters, warmup, nproc):
     cmd = [binary, "ddp-step", "--model", model, "--bucket-cap-mb", str(cap_mb),
            "--compute-gbps", "0", "--nproc", str(nproc), "--backend", "gloo", "--json", path,
            "--iters", str(iters), "--warmup-iters", str(warmup)]
-    if not views:
-        cmd.append("--no-views")
+    cmd.append("--gradient-as-bucket-view" if views else "--no-views")
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if p.returncode != 0:
         raise SystemExit("ddpdiag failed (%d): %s\n%s" % (p.returncode, " ".join(cmd), p.stderr))

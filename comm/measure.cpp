@@ -60,27 +60,62 @@ double exact_limit(DType t) {
 
 bool is_integer_type(DType t) { return !dtype_is_floating(t); }
 
-// The value a rank contributes to element i.
+// A value whose sum over 2 ranks or more leaves the dtype's range, so that
+// the check sees integers wrap (two's complement, as torch and the backends
+// do); 0 for types whose wrap the check cannot compute exactly (int64).
+double wrapping_value(DType t) {
+  switch (t) {
+    case DType::kInt8: return 100;
+    case DType::kUInt8: return 200;
+    case DType::kInt32: return 1073741824.0 + 7;
+    default: return 0;
+  }
+}
+
+// The value a rank contributes to element i. Each op's inputs differ from
+// rank to rank, so that an all_reduce that leaves a rank's buffer alone, or
+// computes another op, is caught (sum, prod and max give different results).
 double input_value(DType t, ReduceOp op, int n, int r, std::size_t i) {
   const double limit = exact_limit(t);
   switch (op) {
     case ReduceOp::kSum:
-      // Integers wrap exactly, so any world size is fine for them.
-      if (is_integer_type(t) || 2.0 * n <= limit) return static_cast<double>((i + r) % 3);
+      // Integers wrap exactly, so any world size is fine for them; every
+      // fifth element is large, so that its sum wraps.
+      if (is_integer_type(t)) {
+        if (i % 5 == 4 && wrapping_value(t) > 0) return wrapping_value(t);
+        return static_cast<double>((i + r) % 3);
+      }
+      if (2.0 * n <= limit) return static_cast<double>((i + r) % 3);
       // Too many ranks for the small-integer range: one rank per element
       // contributes, so each sum is a single value 1..3.
       return (i % static_cast<std::size_t>(n) == static_cast<std::size_t>(r))
                  ? 1.0 + static_cast<double>((i / n) % 3)
                  : 0.0;
-    case ReduceOp::kAvg:
-      // Every rank contributes the same value, so the average is that value
-      // as long as the sum n*x stays exact (no wrapping for integers either).
+    case ReduceOp::kAvg: {
+      // One rank contributes base + (n - 1), the others base - 1: the sum is
+      // n * base in any order (no partial sum passes 4n), so the average is
+      // base exactly, and no rank's own input equals it.
+      const double base = 1.0 + static_cast<double>(i % 3);
+      if (n >= 2 && 4.0 * n <= limit)
+        return i % static_cast<std::size_t>(n) == static_cast<std::size_t>(r) ? base + (n - 1)
+                                                                               : base - 1;
+      // More ranks than that: every rank the same value, so the average is
+      // that value as long as the sum n*x stays exact.
       if (2.0 * n <= limit) return static_cast<double>(i % 3);
       if (1.0 * n <= limit) return static_cast<double>(i % 2);
       return 0.0;
-    case ReduceOp::kProd:
-      // Exactly one rank contributes a factor 2 to each element.
-      return ((i + r) % static_cast<std::size_t>(n) == 0) ? 2.0 : 1.0;
+    }
+    case ReduceOp::kProd: {
+      // Two ranks contribute factors (3 and 2 on even elements, 2 and 2 on
+      // odd ones), the others 1: products 6 and 4, never the max, and at
+      // every world size one of them differs from the sum.
+      if (n == 1) return 2.0;
+      const auto first = i % static_cast<std::size_t>(n);
+      const auto second = (i + 1) % static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(r) == first) return i % 2 == 0 ? 3.0 : 2.0;
+      if (static_cast<std::size_t>(r) == second) return 2.0;
+      return 1.0;
+    }
     case ReduceOp::kMin:
     case ReduceOp::kMax:
       return static_cast<double>((i * 13 + static_cast<std::size_t>(r) * 7) % 17);
@@ -226,7 +261,8 @@ double time_block(Communicator& comm, const SweepOptions& o, void* send, void* r
 }
 
 // Runs check_iters correct-input all_reduces and returns this rank's number
-// of wrong elements (summed over the check iterations).
+// of wrong elements (the most any one of them had: an element wrong in every
+// iteration counts once).
 std::int64_t check_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
                          bool in_place, std::size_t count, std::vector<std::uint8_t>& host) {
   const std::size_t bytes = count * dtype_size(o.dtype);
@@ -241,7 +277,7 @@ std::int64_t check_block(Communicator& comm, const SweepOptions& o, void* send, 
     }
     comm.allreduce(in_place ? recv : send, recv, count, o.dtype, o.op)->wait(o.timeout);
     comm.copy_to_host(host.data(), recv, bytes);
-    wrong += count_wrong_allreduce(o.dtype, o.op, comm.size(), host.data(), count);
+    wrong = std::max(wrong, count_wrong_allreduce(o.dtype, o.op, comm.size(), host.data(), count));
   }
   return wrong;
 }
@@ -299,6 +335,8 @@ void run_allreduce_sweep(Communicator& comm, const SweepOptions& o, std::vector<
         double t = all[r * 4 + t_index];
         sum_t += t;
         wrong += all[r * 4 + w_index];
+        if (o.check_iters > 0)
+          b.wrong_by_rank.push_back(static_cast<std::int64_t>(all[r * 4 + w_index]));
         if (t < b.min_rank_time_us) {
           b.min_rank_time_us = t;
           b.fastest_rank = r;

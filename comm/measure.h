@@ -44,6 +44,9 @@ struct TimingBlock {
   double algbw_gbps = 0;        // bytes / time_us, G = 1e9
   double busbw_gbps = 0;
   std::int64_t wrong = 0;       // summed over ranks; -1 when not checked
+  // Each rank's wrong elements (empty when not checked): which rank's
+  // result was wrong, for the bad-rank hunt.
+  std::vector<std::int64_t> wrong_by_rank;
 };
 
 struct SizeResult {

@@ -65,8 +65,7 @@ class MonitoredWork final : public Work {
       const auto deadline = Clock::now() + timeout;
       while (Clock::now() < deadline && !owner_->alarm_seen())
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      owner_->fail(seq_, TimeoutError(fmt::format("no result within {} ms", timeout.count()),
-                                      ErrorContext{fp_.op, owner_->rank(), -1, ""}),
+      owner_->fail(seq_, TimeoutError(no_result(timeout), ErrorContext{fp_.op, owner_->rank(), -1, ""}),
                    &fp_);
     }
     try {
@@ -76,8 +75,7 @@ class MonitoredWork final : public Work {
       // collective number users see (it also counts barriers, the watchdog's
       // own ops, ...): say it in the monitor's terms.
       if (seq_ > 0)
-        owner_->fail(seq_, TimeoutError(fmt::format("no result within {} ms", timeout.count()),
-                                        e.context()),
+        owner_->fail(seq_, TimeoutError(no_result(timeout), e.context()),
                      &fp_);
       owner_->fail(seq_, e, &fp_);
     } catch (const Error& e) {
@@ -92,6 +90,13 @@ class MonitoredWork final : public Work {
 
   void abort() override {
     if (inner_) inner_->abort();
+  }
+
+  // A caller may wait for a whole queue of collectives at once (its timeout
+  // covers them all); the watchdog still ends each that makes no progress
+  // within --timeout. The message quotes the shorter.
+  std::string no_result(Millis waited) const {
+    return fmt::format("no result within {} ms", std::min(waited, owner_->op_timeout()).count());
   }
 
  private:

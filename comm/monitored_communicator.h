@@ -151,6 +151,9 @@ class MonitoredCommunicator final : public Communicator {
   void mark_completed(std::int64_t seq);
   void corrupt_result(void* recv, DType dtype, std::size_t count);
   bool alarm_seen() const { return alarm_seen_.load(); }
+  // The deadline of one collective (--timeout): what a message about a
+  // collective that never completed quotes, whatever its caller waited.
+  Millis op_timeout() const { return opts_.timeout; }
   // True once a store call of the monitor failed (timed out, connection lost):
   // the store is out of reach from this rank, and callers should not wait on
   // it either.

@@ -375,13 +375,10 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
     w.master_port = *port;
   }
 
-  // torchrun: the agent hosts the store; workers are clients under the
-  // attempt's prefix.
-  if (auto v = r.str("TORCHELASTIC_USE_AGENT_STORE"); v && truthy(*v)) {
-    w.agent_store = true;
-    int attempt = r.integer("TORCHELASTIC_RESTART_COUNT").value_or(0);
-    w.store_prefix = fmt::format("/worker/attempt_{}", attempt);
-  }
+  // torchrun: the agent hosts the store; workers are clients.
+  if (auto v = r.str("TORCHELASTIC_USE_AGENT_STORE"); v && truthy(*v)) w.agent_store = true;
+  if (w.launcher == Launcher::kTorchrun)
+    w.restart_count = r.integer("TORCHELASTIC_RESTART_COUNT").value_or(0);
   for (const char* extra : {"TORCHELASTIC_RUN_ID", "GROUP_RANK", "GROUP_WORLD_SIZE",
                             "ROLE_RANK", "ROLE_WORLD_SIZE", "TORCHELASTIC_MAX_RESTARTS"})
     r.str(extra);

@@ -46,12 +46,14 @@ struct World {
   int master_port = 29500;
   Launcher launcher = Launcher::kNone;
   // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True):
-  // every rank is a client, keys live under store_prefix.
+  // every rank is a client. The agent's store outlives the workers of a
+  // restart, and under torch 2.x each node counts its own restarts, so
+  // ddpdiag's keys do not go under an attempt prefix: the ranks agree on a
+  // run of their own through the store (register_rank in cli_common.cpp).
   bool agent_store = false;
-  // Prefix of the keys of this job in the store: torchrun's
-  // "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" under its agent store,
-  // empty otherwise. ddpdiag's own keys go under "<store_prefix>/ddpdiag".
-  std::string store_prefix;
+  // TORCHELASTIC_RESTART_COUNT under torchrun (this node's restarts so far),
+  // -1 elsewhere.
+  int restart_count = -1;
   // Every variable that was read, with its value, for the report.
   std::map<std::string, std::string> env_read;
 

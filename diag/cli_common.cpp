@@ -181,7 +181,10 @@ void write_report_on_interrupt() {
         message = fmt::format("the launcher stopped this rank, which had not run into the failure "
                               "within its grace period: {}",
                               note);
-      } else if (std::getenv("TORCHELASTIC_RUN_ID")) {
+      } else if (std::getenv("TORCHELASTIC_RUN_ID") && !std::getenv("DDPDIAG_LAUNCHER")) {
+        // (ddpdiag's launcher sets torchrun's variables too, but says in its
+        // note when it stops a rank for another's failure: without a note,
+        // the signal came from outside, to every rank at once.)
         peer_text = gone_local_peer(&peer);
         if (!peer_text.empty())
           message = fmt::format("torchrun stopped this rank with SIGTERM, as it ends every worker "
@@ -778,6 +781,144 @@ void record_rank_settings(const CLI::App& subcommand) {
   g_rank_settings = std::move(settings);
 }
 
+namespace {
+
+// Under an agent's store (torchrun's) the store outlives the workers. A
+// restart's workers find the keys of the run before: torch 2.x keeps one
+// store across restarts and each node counts its own restarts, so
+// TORCHELASTIC_RESTART_COUNT does not tell runs apart, and a rank cannot tell
+// a dead process's keys from a live one's. So the ranks first agree on a run
+// of their own, in which no key can be stale (under ddpdiag's prefix):
+//   runs         counter: rank 0 takes the next number as its run N
+//   hello/last   counter: every other rank takes the next number k, which no
+//                process took before it
+//   hello/<k>    "<rank> <pid> <host>", set by that rank
+//   welcome/<k>  "<N> <pid> <host>", set (compare_set) by rank 0 for every
+//                hello it finds while it waits for the others
+//   hello/done   the last hello the rank 0 of a run that met had looked at:
+//                the next rank 0 starts after it
+// A rank waits for the answer to its own hello, a key no earlier process can
+// have set, and keeps every key of the job under run/<N> from then on.
+// ddpdiag's own launcher starts a fresh store for every job: no need there.
+bool agrees_on_run(const Job& job) {
+  return job.world.agent_store && job.world.launcher != Launcher::kDdpdiag &&
+         job.store_client.has_value();
+}
+
+void join_store_run(Job& job, const std::string& host) {
+  const int me = job.rank();
+  job.rendezvous_deadline = std::chrono::steady_clock::now() + job.timeout;
+  auto* root = static_cast<PrefixStore*>(job.store.get());
+  job.store_root = job.store;
+  Store& store = *job.store_root;
+  std::int64_t run = 0;
+  if (me == 0) {
+    run = store.add("runs", 1);
+    if (store.check({"hello/done"})) {
+      try {
+        job.hellos_scanned = std::stoll(to_string(store.get("hello/done", job.timeout)));
+      } catch (const std::exception&) {
+        job.hellos_scanned = 0;  // not ours to trust: look at every hello
+      }
+    }
+  } else {
+    const std::int64_t k = store.add("hello/last", 1);
+    store.set(fmt::format("hello/{}", k), to_bytes(fmt::format("{} {} {}", me,
+                                                               static_cast<long>(getpid()), host)));
+    const std::string key = fmt::format("welcome/{}", k);
+    try {
+      store.wait({key}, job.timeout);
+    } catch (const TimeoutError& e) {
+      if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
+      throw RendezvousError(
+          fmt::format("rendezvous timed out after {:.0f} s: rank 0 never took this rank into its "
+                      "run (hello {} in the agent's store at {}:{} was not answered); rank(s) "
+                      "that never arrived: 0",
+                      job.timeout.count() / 1000.0, k, job.world.master_addr,
+                      job.world.master_port),
+          {"rendezvous", me, 0,
+           "check that rank 0 was started (its log says why it is missing) and that it uses "
+           "the same store (MASTER_ADDR:MASTER_PORT)"});
+    }
+    const std::string answer = to_string(store.get(key, job.timeout));
+    std::istringstream in(answer);
+    in >> run;
+    if (!in || run <= 0)
+      throw RendezvousError(
+          fmt::format("rank 0's answer in the store ({}) is not a run number: '{}'", key, answer),
+          {"rendezvous", me, 0,
+           "every rank must run the same ddpdiag build; something else writes ddpdiag's keys"});
+  }
+  job.store_run = run;
+  job.store = std::make_shared<PrefixStore>(fmt::format("{}/run/{}", root->prefix(), run),
+                                            root->base());
+}
+
+// Rank 0, while it waits for the others: answers every hello it has not
+// answered. A hello already answered by a rank 0 that started after this one
+// (a higher run number) means two live processes hold rank 0.
+void answer_hellos(Job& job) {
+  if (job.rank() != 0 || !job.store_root) return;
+  Store& store = *job.store_root;
+  const std::int64_t last = store.add("hello/last", 0);
+  for (std::int64_t k = job.hellos_scanned + 1; k <= last; ++k) job.hellos_pending.push_back(k);
+  job.hellos_scanned = std::max(job.hellos_scanned, last);
+  if (job.hellos_pending.empty()) return;
+  const std::string mine =
+      fmt::format("{} {} {}", job.store_run, static_cast<long>(getpid()), machine_name());
+  std::vector<std::int64_t> unset;
+  for (std::int64_t k : job.hellos_pending) {
+    if (!store.check({fmt::format("hello/{}", k)})) {
+      unset.push_back(k);  // taken, not yet set (or by a process that died)
+      continue;
+    }
+    const std::string key = fmt::format("welcome/{}", k);
+    const std::string current = to_string(store.compare_set(key, {}, to_bytes(mine)));
+    if (current == mine) {
+      // The same value again: a compare_set does not wake the rank waiting
+      // for the key on every server (torch's wakes waiters only on set/add).
+      store.set(key, to_bytes(mine));
+      continue;
+    }
+    std::istringstream in(current);
+    std::int64_t other_run = 0;
+    long pid = 0;
+    std::string other_host;
+    in >> other_run >> pid >> other_host;
+    if (other_run > job.store_run) {
+      const std::string msg = fmt::format(
+          "rank 0 is claimed twice: by pid {} on host {} and by pid {} on host {}", pid,
+          other_host.empty() ? "?" : other_host, static_cast<long>(getpid()), machine_name());
+      job.store->set("abort", to_bytes(msg));
+      throw RendezvousError(msg, {"rendezvous", 0, -1,
+                                  "two processes were given rank 0; check RANK / --rank / the "
+                                  "launcher's node ranks and task counts"});
+    }
+    // Answered by a rank 0 of an earlier run: that rank's process is gone.
+  }
+  job.hellos_pending = std::move(unset);
+}
+
+}  // namespace
+
+namespace {
+
+// What names the job this rank was launched in, where a launcher says:
+// ranks of two jobs that share a store address (a node, a port) must not
+// meet. "" when no launcher names it.
+std::string job_identity() {
+  for (const char* var : {"SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid",
+                          "PMIX_NAMESPACE"}) {
+    const char* v = std::getenv(var);
+    if (!v || !*v) continue;
+    // Not the Slurm step: one job's nodes may be started by several steps.
+    return fmt::format("{}={}", var, v);
+  }
+  return "";
+}
+
+}  // namespace
+
 // Rendezvous protocol, under the job's ddpdiag prefix:
 //   rank/<r>   JSON {rank, world_size, local_rank, host, machine, pid, device,
 //              cpus, ddpdiag (build), library (backend library version),
@@ -800,8 +941,10 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                          {"cpus", format_cpu_list(allowed_cpus())},
                          {"ddpdiag", fmt::format("{} ({})", config::kVersion, config::kGitRevision)},
                          {"library", reported_library_version(job.backend)},
+                         {"job", job_identity()},
                          {"settings", g_rank_settings}};
   const std::string mine = info.dump();
+  if (agrees_on_run(job) && !job.store_run) join_store_run(job, host);
   Bytes current = job.store->compare_set("rank/" + std::to_string(me), {}, to_bytes(mine));
   if (to_string(current) != mine) {
     auto other = nlohmann::json::parse(to_string(current), nullptr, false);
@@ -832,8 +975,10 @@ reports::RankInfo rank_info_of(int r, const nlohmann::json& j) {
 void wait_for_ranks(Job& job) {
   const int n = job.size();
   const int me = job.rank();
-  const auto deadline = std::chrono::steady_clock::now() + job.timeout;
+  const auto deadline =
+      job.rendezvous_deadline.value_or(std::chrono::steady_clock::now() + job.timeout);
   for (;;) {
+    answer_hellos(job);
     if (job.store->check({"abort"})) {
       std::string why = to_string(job.store->get("abort", job.timeout));
       throw RendezvousError(why, {"rendezvous", me, -1,
@@ -879,6 +1024,11 @@ void wait_for_ranks(Job& job) {
     std::this_thread::sleep_for(std::chrono::milliseconds(joined + 1 >= n ? 2 : 20));
   }
 
+  // Every hello up to here was answered: the next run's rank 0 starts after
+  // them.
+  if (job.rank() == 0 && job.store_root)
+    job.store_root->set("hello/done", to_bytes(std::to_string(job.hellos_scanned)));
+
   // Everyone registered: check that they agree on the world.
   job.ranks.clear();
   job.machines.assign(n, std::string());
@@ -901,6 +1051,30 @@ void wait_for_ranks(Job& job) {
   }
   if (std::int64_t joined = job.store->add("joined", 0); joined > n)
     disagree.push_back(fmt::format("{} processes joined a world of {}", joined, n));
+  // Ranks of another job that uses the same store address.
+  if (infos[0].is_object()) {
+    const std::string job0 = infos[0].value("job", std::string());
+    std::vector<std::string> strangers;
+    for (int r = 1; r < n; ++r) {
+      if (!infos[r].is_object()) continue;
+      const std::string jr = infos[r].value("job", std::string());
+      if (!job0.empty() && !jr.empty() && jr != job0)
+        strangers.push_back(fmt::format("rank {} (pid {} on {}) is from {}", r,
+                                        infos[r].value("pid", 0L),
+                                        infos[r].value("host", std::string()), jr));
+    }
+    if (!strangers.empty()) {
+      std::string msg = fmt::format("ranks of different jobs met at the store {}:{} (rank 0 is from {}): ",
+                                    job.world.master_addr, job.world.master_port, job0);
+      for (std::size_t i = 0; i < strangers.size() && i < 8; ++i)
+        msg += (i ? "; " : "") + strangers[i];
+      job.store->set("abort", to_bytes(msg));
+      throw RendezvousError(msg, {"rendezvous", me, -1,
+                                  "two jobs use the same MASTER_ADDR:MASTER_PORT: give each job a "
+                                  "port of its own (e.g. MASTER_PORT=$((20000 + SLURM_JOB_ID % "
+                                  "20000)))"});
+    }
+  }
   if (!disagree.empty()) {
     std::string msg = fmt::format("ranks disagree on the world size (rank {} has {}): ", me, n);
     for (std::size_t i = 0; i < disagree.size(); ++i) msg += (i ? "; " : "") + disagree[i];
@@ -969,11 +1143,10 @@ std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o) {
     }
     job.store_client = co;
   }
-  // Our keys live under our own prefix, inside torchrun's attempt prefix when
-  // its agent hosts the store, so we never collide with other store users.
-  std::string prefix = job.world.store_prefix.empty() ? std::string("ddpdiag")
-                                                      : job.world.store_prefix + "/ddpdiag";
-  job.store = std::make_shared<PrefixStore>(prefix, base);
+  // Our keys live under our own prefix, so we never collide with other store
+  // users (under an agent's store, under the run the ranks agree on too:
+  // register_rank).
+  job.store = std::make_shared<PrefixStore>("ddpdiag", base);
   return base;
 }
 
@@ -1151,6 +1324,10 @@ void record_known_world(const Job& job, const CommonOptions& o, reports::Report&
   report.set_world(job.size(), std::string(backend_name(job.backend)),
                    std::string(launcher_name(job.world.launcher)), ranks, libs);
   if (job.backend == Backend::kGloo) report.set_gloo_threads(o.gloo_threads);
+  // Under torchrun: which of this node's restarts the report comes from, and
+  // the run its ranks met in (the keys' run/<N> in the agent's store).
+  if (job.world.restart_count >= 0) report.set_world_field("restart_count", job.world.restart_count);
+  if (job.store_run > 0) report.set_world_field("store_run", job.store_run);
 }
 
 namespace {

@@ -100,6 +100,17 @@ struct Job {
   std::vector<std::string> machines;       // every rank's real host name (ranks[].host may be
                                            // a --test-hosts name)
   std::optional<TcpStoreClientOptions> store_client;  // how this rank reached the store
+  // Under an agent's store that outlives a run (torchrun): the run this
+  // job's ranks agreed on (register_rank), whose keys job.store holds; 0
+  // elsewhere. store_root is the store above it (ddpdiag's prefix).
+  std::int64_t store_run = 0;
+  std::shared_ptr<Store> store_root;
+  // Rank 0's side of that agreement while it waits for the others: the
+  // hellos it has answered up to, those still to answer, and the deadline
+  // the rendezvous started with.
+  std::int64_t hellos_scanned = 0;
+  std::vector<std::int64_t> hellos_pending;
+  std::optional<std::chrono::steady_clock::time_point> rendezvous_deadline;
   bool progress = false;                   // rank 0 shows progress on stderr
 
   int rank() const { return world.rank; }
@@ -170,6 +181,9 @@ void record_warnings(const Job& job, reports::Report& report);
 // The hint for a loopback MASTER_ADDR in a job that spans hosts ("" when
 // that is not the case): ranks on other hosts reach their own loopback.
 std::string loopback_hint(const World& w);
+// On the rank that hosts the store: why MASTER_ADDR, where the other ranks
+// look for it, does not lead here ("" when it does, or was not given).
+std::string master_addr_problem(const World& w);
 
 using JobBody = std::function<void(Job&, reports::Report&)>;
 

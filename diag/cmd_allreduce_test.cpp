@@ -3,6 +3,7 @@
 // conventions follow nccl-tests so figures can be compared with it.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -39,12 +40,22 @@ struct AllreduceTestOptions {
   bool bisect = false;
 };
 
+// The ranks whose result had wrong elements (null when not checked).
+nlohmann::json wrong_ranks_json(const TimingBlock& b) {
+  if (b.wrong < 0) return nullptr;
+  nlohmann::json out = nlohmann::json::array();
+  for (std::size_t r = 0; r < b.wrong_by_rank.size(); ++r)
+    if (b.wrong_by_rank[r] > 0) out.push_back(static_cast<int>(r));
+  return out;
+}
+
 nlohmann::json block_json(const std::optional<TimingBlock>& b) {
   if (!b) return nullptr;
   return {{"time_us", b->time_us},
           {"algbw_gbps", b->algbw_gbps},
           {"busbw_gbps", b->busbw_gbps},
           {"wrong", b->wrong >= 0 ? nlohmann::json(b->wrong) : nlohmann::json()},
+          {"wrong_ranks", wrong_ranks_json(*b)},
           {"min_rank_time_us", b->min_rank_time_us},
           {"max_rank_time_us", b->max_rank_time_us},
           {"fastest_rank", b->fastest_rank},
@@ -216,6 +227,41 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     else
       res.erase("avg_busbw_gbps");
     res["wrong_total"] = wrong;
+    // Which ranks had wrong results, each with its count and the first
+    // place it went wrong: the bad rank (GPU, host) to look at.
+    struct RankWrong {
+      std::int64_t wrong = 0;
+      std::string first;
+    };
+    std::map<int, RankWrong> by_rank;
+    for (const auto& r : results)
+      for (const auto& [b, placement] : {std::pair{&r.out_of_place, "out-of-place"},
+                                         std::pair{&r.in_place, "in-place"}}) {
+        if (!*b) continue;
+        for (std::size_t k = 0; k < (*b)->wrong_by_rank.size(); ++k) {
+          if ((*b)->wrong_by_rank[k] <= 0) continue;
+          auto& w = by_rank[static_cast<int>(k)];
+          if (w.first.empty())
+            w.first = fmt::format("{} B {} {} {}", r.bytes, dtype_name(r.dtype),
+                                  reduce_op_name(r.op), placement);
+          w.wrong += (*b)->wrong_by_rank[k];
+        }
+      }
+    std::string wrong_where;
+    nlohmann::json wrong_ranks = nlohmann::json::array();
+    for (const auto& [rank, w] : by_rank) {
+      std::string host;
+      for (const auto& info : job.ranks)
+        if (info.rank == rank) host = info.host;
+      wrong_ranks.push_back({{"rank", rank}, {"host", host}, {"wrong", w.wrong}, {"first", w.first}});
+      if (by_rank.size() <= 8)
+        wrong_where += fmt::format("{}rank {}{}: {} (first at {})", wrong_where.empty() ? "" : "; ",
+                                   rank, host.empty() ? "" : " on " + host, w.wrong, w.first);
+    }
+    if (by_rank.size() > 8)
+      wrong_where = fmt::format("{} of {} ranks (results.wrong_ranks lists them)", by_rank.size(),
+                                job.size());
+    res["wrong_ranks"] = wrong_ranks;
     const char* none_measured = "the run ended with an error before any size was measured";
     const std::string partial =
         complete ? "" : " before the run ended with an error";
@@ -226,21 +272,39 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     else
       report.add_check({"correctness", wrong == 0 ? reports::CheckStatus::kPass
                                                   : reports::CheckStatus::kFail,
-                        fmt::format("{} wrong element(s) summed over {} rank(s) and {} size(s){}",
-                                    wrong, job.size(), results.size(), partial)});
+                        fmt::format("{} wrong element(s) summed over {} rank(s) and {} size(s){}{}",
+                                    wrong, job.size(), results.size(), partial,
+                                    wrong_where.empty() ? "" : "; wrong on " + wrong_where)});
     if (o.min_busbw_gbps > 0) {
       if (results.empty() && !complete) {
         report.add_check({"min_busbw", reports::CheckStatus::kSkip, none_measured});
       } else if (results.empty()) {
         report.add_check({"min_busbw", reports::CheckStatus::kFail, "no size was measured"});
       } else {
-        const auto& last = results.back();
-        const auto& b = last.out_of_place ? last.out_of_place : last.in_place;
-        bool ok = b->busbw_gbps >= o.min_busbw_gbps;
+        // The largest size of each dtype/op swept (-d all -o all sweeps
+        // several): every one must meet the threshold.
+        std::vector<const SizeResult*> lasts;
+        for (const auto& r : results) {
+          if (!lasts.empty() && lasts.back()->dtype == r.dtype && lasts.back()->op == r.op)
+            lasts.back() = &r;
+          else
+            lasts.push_back(&r);
+        }
+        bool ok = true;
+        std::string detail;
+        for (const auto* last : lasts) {
+          const auto& b = last->out_of_place ? last->out_of_place : last->in_place;
+          const bool meets = b->busbw_gbps >= o.min_busbw_gbps;
+          ok = ok && meets;
+          detail += fmt::format("{}busbw {:.3f} GB/s at {} B{} {} the threshold", detail.empty() ? "" : "; ",
+                                b->busbw_gbps, last->bytes,
+                                lasts.size() > 1 ? fmt::format(" ({} {})", dtype_name(last->dtype),
+                                                               reduce_op_name(last->op))
+                                                 : std::string(),
+                                meets ? "meets" : "is under");
+        }
         report.add_check({"min_busbw", ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                          fmt::format("busbw {:.3f} GB/s at {} B {} the threshold {:.3f} GB/s{}",
-                                      b->busbw_gbps, last.bytes, ok ? "meets" : "is under",
-                                      o.min_busbw_gbps,
+                          fmt::format("{} {:.3f} GB/s{}", detail, o.min_busbw_gbps,
                                       complete ? std::string()
                                                : fmt::format(" (the largest size measured before "
                                                              "the run ended with an error; the "
@@ -301,8 +365,19 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     }
   }
   if (job.rank() == 0) {
-    std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
-                wrong == 0 ? "OK" : "FAILED");
+    if (so.check_iters > 0)
+      std::printf("# Out of bounds values : %lld %s\n", static_cast<long long>(wrong),
+                  wrong == 0 ? "OK" : "FAILED");
+    else
+      std::printf("# Out of bounds values : N/A (-c 0: not checked)\n");
+    if (res.contains("wrong_ranks"))
+      for (const auto& w : res["wrong_ranks"])
+        std::printf("# Wrong on rank %d%s : %lld element(s), first at %s\n", w["rank"].get<int>(),
+                    w["host"].get<std::string>().empty()
+                        ? ""
+                        : (" (" + w["host"].get<std::string>() + ")").c_str(),
+                    static_cast<long long>(w["wrong"].get<std::int64_t>()),
+                    w["first"].get<std::string>().c_str());
     std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
     if (link)
       std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %zu B is %.3f GB/s, %.0f%% of it\n",

@@ -32,7 +32,7 @@ struct DdpStepOptions {
   int iters = 10;
   int warmup = 2;
   double compute_gbps = 0;
-  bool no_views = false;
+  bool views = false;  // DDP's gradient_as_bucket_view, False by default as in torch
   std::string hook = "none";
   bool find_unused = false;
   bool avg_op = false;
@@ -46,7 +46,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   ReducerOptions ro;
   ro.bucket_cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
   ro.first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
-  ro.gradient_as_bucket_view = !o.no_views;
+  ro.gradient_as_bucket_view = o.views;
   ro.find_unused_parameters = o.find_unused;
   ro.averaging = o.avg_op ? Averaging::kAvgOp : Averaging::kDivideThenSum;
   ro.timeout = job.timeout;
@@ -212,8 +212,13 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
                   "Simulated gradient compute rate in GB/s (0: no compute time)")
       ->capture_default_str()
       ->check(cli::non_negative_number());
-  app->add_flag("--no-views", opts->no_views,
-                "gradient_as_bucket_view=False: gradients copied into and out of buckets");
+  auto* views = app->add_flag("--gradient-as-bucket-view,--gradient-views", opts->views,
+                              "gradient_as_bucket_view=True: gradients are slices of the buckets "
+                              "(default: False, as DDP)");
+  app->add_flag_callback("--no-views,--no-gradient-views", [opts] { opts->views = false; },
+                         "gradient_as_bucket_view=False (the default, as DDP): gradients copied "
+                         "into and out of buckets")
+      ->excludes(views);
   app->add_option("--hook", opts->hook, "Compression hook: none, fp16, bf16")
       ->capture_default_str()
       ->check(CLI::Validator(

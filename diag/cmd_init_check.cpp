@@ -313,7 +313,10 @@ int run_init_check(const InitCheckOptions& io) {
       } catch (Error& e) {
         e.context().phase = "wait_for_ranks";
         const std::string loopback = loopback_hint(job.world);
-        if (std::string(e.what()).find("never arrived") != std::string::npos)
+        const std::string not_here = job.server ? master_addr_problem(job.world) : std::string();
+        if (!not_here.empty())
+          e.context().hint = not_here;  // the others look for the store elsewhere
+        else if (std::string(e.what()).find("never arrived") != std::string::npos)
           e.context().hint = !loopback.empty()
                                  ? loopback
                                  : "a rank that never started, or one that cannot reach the "

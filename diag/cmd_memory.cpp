@@ -61,7 +61,8 @@ struct MemoryOptions {
   std::string model = "resnet50";
   double bucket_cap_mb = 25;
   double first_bucket_mb = 1;
-  bool no_gradient_views = false;
+  // DDP's gradient_as_bucket_view, False by default as in torch.
+  bool gradient_views = false;
   int iters = 2;
   double workspace_mb = 1;
   double imbalance_pct = 10;
@@ -166,7 +167,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     ReducerOptions ro;
     ro.bucket_cap_bytes = cap_bytes;
     ro.first_bucket_bytes = first_bucket_bytes;
-    ro.gradient_as_bucket_view = !o.no_gradient_views;
+    ro.gradient_as_bucket_view = o.gradient_views;
     ro.timeout = job.timeout;
     // Every parameter is held and broadcast; only those that require grad
     // have gradients and buckets.
@@ -175,7 +176,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     bucket_count = red.buckets().size();
     // Views off: each dense parameter's own gradient buffer (a sparse one has
     // none; its gradient is rows and values, counted as communication).
-    if (o.no_gradient_views)
+    if (!o.gradient_views)
       for (const auto& t : trainable.tensors)
         if (!t.expects_sparse) own_grad_bytes += t.bytes();
     // Everything the constructor allocated was counted as buckets; keep there
@@ -260,7 +261,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   res["bucket_cap_bytes"] = cap_bytes;
   res["first_bucket_bytes"] = first_bucket_bytes;
   res["bucket_count"] = bucket_count;
-  res["gradient_as_bucket_view"] = !o.no_gradient_views;
+  res["gradient_as_bucket_view"] = o.gradient_views;
   res["iters"] = o.iters;
   res["memory_kind"] = device ? "device" : "host";
   res["categories"] = json::array();
@@ -311,7 +312,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
               "bucket(s) of cap %g MiB, gradient views %s, %d DDP step(s)\n",
               n, std::string(backend_name(job.backend)).c_str(), device ? "device" : "host",
               layout.name.c_str(), static_cast<double>(layout.total_bytes()) / kMiB, bucket_count,
-              o.bucket_cap_mb, o.no_gradient_views ? "off" : "on", o.iters);
+              o.bucket_cap_mb, o.gradient_views ? "on" : "off", o.iters);
   std::printf("# %4s %10s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "rank", "params",
               "grads", "buckets", "comm", "workspace", "total", "peak", "rss", "peak rss",
               device ? "dev used" : "comm init");
@@ -357,8 +358,15 @@ Subcommand add_memory_command(CLI::App& parent) {
                   "Size limit of DDP's first bucket (MiB; 1; torch 2.x with an explicit "
                   "bucket_cap_mb X uses X)")
       ->check(cli::bucket_mb_value(false));
-  app->add_flag("--no-gradient-views", opts->no_gradient_views,
-                "Gradients in their own buffers (DDP's gradient_as_bucket_view=False)");
+  // DDP's default (gradient_as_bucket_view=False) unless asked; the names
+  // of ddp-step's flags are taken too.
+  auto* views = app->add_flag("--gradient-as-bucket-view,--gradient-views", opts->gradient_views,
+                              "Gradients as slices of the buckets (DDP's "
+                              "gradient_as_bucket_view=True; default: False, as DDP)");
+  app->add_flag_callback("--no-gradient-views,--no-views", [opts] { opts->gradient_views = false; },
+                         "Gradients in their own buffers (DDP's gradient_as_bucket_view=False, "
+                         "the default)")
+      ->excludes(views);
   app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(cli::positive_number());
   // Bounded as --caps: a value beyond it is a typo, not a buffer to allocate
   // (and a negative one would wrap around to 16 EiB).

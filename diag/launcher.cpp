@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -378,6 +379,21 @@ int launch_local(const LaunchOptions& o) {
   }
   if (!first_failed) return 0;
   const Child& f = children[*first_failed];
+  // Exit 1 is a failed check (the verdict FAIL), which the ranks reach
+  // together: no rank failed first, and rank 0's output says what failed.
+  const bool check_failed = std::all_of(children.begin(), children.end(), [](const Child& c) {
+    return !failed(c.status) || (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 1);
+  });
+  if (check_failed) {
+    std::string ranks;
+    for (const auto& c : children)
+      if (failed(c.status)) ranks += (ranks.empty() ? "" : ", ") + std::to_string(c.rank);
+    std::fprintf(stderr,
+                 "ddpdiag launcher: a check failed (verdict FAIL): rank(s) %s exited with code 1; "
+                 "rank 0's output and report say which check\n",
+                 ranks.c_str());
+    return 1;
+  }
   std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) failed first: it %s\n", f.rank,
                static_cast<long>(f.pid), describe_status(f.status).c_str());
   for (const auto& c : children)

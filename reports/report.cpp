@@ -81,6 +81,10 @@ void Report::set_world(int world_size, const std::string& backend, const std::st
 
 void Report::set_gloo_threads(int threads) { doc_["world"]["gloo_threads"] = threads; }
 
+void Report::set_world_field(const std::string& key, const nlohmann::json& value) {
+  doc_["world"][key] = value;
+}
+
 void Report::set_environment(const std::map<std::string, std::string>& env) {
   doc_["environment"] = env;
 }

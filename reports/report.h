@@ -74,6 +74,8 @@ class Report {
                  const std::vector<RankInfo>& ranks,
                  const std::map<std::string, std::string>& library_versions);
   // Gloo runs only: how many collectives may be in flight at once.
+  // One more field of world (set after set_world).
+  void set_world_field(const std::string& key, const nlohmann::json& value);
   void set_gloo_threads(int threads);
   void set_environment(const std::map<std::string, std::string>& env);
   // Command-specific results; merged into "results".

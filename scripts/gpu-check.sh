@@ -263,7 +263,7 @@ step allreduce_nccl_all_types 120 "$bin" allreduce-test --backend nccl --nproc 1
 step bench_device 120 "$bench_device" --json "$out/bench_device.json"
 cp "$out/bench_device.log" "$out/bench_device_tables.txt" 2>/dev/null
 for views in views no-views; do
-  flag=""; [ "$views" = no-views ] && flag="--no-views"
+  flag="--no-views"; [ "$views" = views ] && flag="--gradient-as-bucket-view"
   step "ddp_step_nccl_$views" 90 "$bin" ddp-step --backend nccl --nproc 1 --model resnet50 \
     --bucket-cap-mb 25 -n 20 --compute-gbps 200 $flag --json "$out/ddp_step_nccl_$views.json"
 done

@@ -4,7 +4,9 @@
 // exact results, bytes equal to theory, scratch peak equal to theory.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <set>
 #include <string>
@@ -231,6 +233,81 @@ std::vector<std::string> on_ranks(int n, const std::function<void(Communicator&,
 }
 
 }  // namespace
+
+namespace {
+
+// Every rank's exact inputs, as doubles (float64) for n ranks.
+std::vector<std::vector<double>> inputs_of(ReduceOp op, int n, std::size_t count) {
+  std::vector<std::vector<double>> in(n, std::vector<double>(count));
+  for (int r = 0; r < n; ++r) fill_exact_inputs(DType::kFloat64, op, n, r, in[r].data(), count);
+  return in;
+}
+
+// What op computes over the ranks' inputs, elementwise.
+std::vector<double> reduce_as(ReduceOp op, const std::vector<std::vector<double>>& in) {
+  const int n = static_cast<int>(in.size());
+  std::vector<double> out = in[0];
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    for (int r = 1; r < n; ++r) {
+      switch (op) {
+        case ReduceOp::kSum:
+        case ReduceOp::kAvg: out[i] += in[r][i]; break;
+        case ReduceOp::kProd: out[i] *= in[r][i]; break;
+        case ReduceOp::kMin: out[i] = std::min(out[i], in[r][i]); break;
+        case ReduceOp::kMax: out[i] = std::max(out[i], in[r][i]); break;
+      }
+    }
+    if (op == ReduceOp::kAvg) out[i] /= n;
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("exact inputs: the check tells every op from the others and from doing nothing",
+          "[tools][measure]") {
+  // An all_reduce that leaves a rank's buffer as it was, or computes another
+  // op (a backend that maps prod to max, an avg that does not divide), must
+  // give wrong elements on every rank: the inputs differ from rank to rank.
+  const int n = GENERATE(2, 3, 4, 5, 8, 16);
+  const std::size_t count = 60;
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin,
+                          ReduceOp::kMax};
+  for (ReduceOp op : ops) {
+    INFO("n=" << n << " op=" << reduce_op_name(op));
+    const auto in = inputs_of(op, n, count);
+    const auto right = reduce_as(op, in);
+    CHECK(count_wrong_allreduce(DType::kFloat64, op, n, right.data(), count) == 0);
+    for (int r = 0; r < n; ++r)
+      CHECK(count_wrong_allreduce(DType::kFloat64, op, n, in[r].data(), count) > 0);
+    for (ReduceOp other : ops) {
+      if (other == op) continue;
+      INFO("computed as " << reduce_op_name(other));
+      const auto wrong = reduce_as(other, in);
+      CHECK(count_wrong_allreduce(DType::kFloat64, op, n, wrong.data(), count) > 0);
+    }
+  }
+}
+
+TEST_CASE("exact inputs: integer sums wrap, and a saturating sum is caught", "[tools][measure]") {
+  const int n = GENERATE(2, 3, 7);
+  const std::size_t count = 20;
+  std::vector<std::vector<std::int8_t>> in(n, std::vector<std::int8_t>(count));
+  for (int r = 0; r < n; ++r) fill_exact_inputs(DType::kInt8, ReduceOp::kSum, n, r, in[r].data(), count);
+  std::vector<std::int8_t> wrapped(count), saturated(count);
+  bool any_wrap = false;
+  for (std::size_t i = 0; i < count; ++i) {
+    int sum = 0;
+    for (int r = 0; r < n; ++r) sum += in[r][i];
+    wrapped[i] = static_cast<std::int8_t>(static_cast<std::uint8_t>(sum & 0xff));
+    saturated[i] = static_cast<std::int8_t>(std::clamp(sum, -128, 127));
+    any_wrap = any_wrap || sum > 127;
+  }
+  INFO("n=" << n);
+  CHECK(any_wrap);
+  CHECK(count_wrong_allreduce(DType::kInt8, ReduceOp::kSum, n, wrapped.data(), count) == 0);
+  CHECK(count_wrong_allreduce(DType::kInt8, ReduceOp::kSum, n, saturated.data(), count) > 0);
+}
 
 TEST_CASE("gather and ring all_reduce on send/recv: exact, bytes and scratch equal theory", "[tools][gloo]") {
   const int n = GENERATE(2, 3, 4);

@@ -1161,6 +1161,8 @@ class GlooCommunicator final : public Communicator {
   std::string listen_address_;
 };
 
+std::string device_ip(const gloo::transport::Device& device);
+
 // Picks where Gloo binds, in order: the interface the caller named, the
 // GLOO_SOCKET_IFNAME variable (first entry of a comma-separated list, as
 // PyTorch reads it), the hostname/address the caller named, this host's
@@ -1197,28 +1199,42 @@ std::shared_ptr<gloo::transport::Device> create_device(const CommOptions& opts) 
     }
   }
   const std::string host = local_hostname();
+  const auto no_reachable_address = [&](const std::string& why) {
+    return RendezvousError(
+        "gloo: rank " + std::to_string(opts.rank) + " has no address its peers on other hosts "
+            "can reach: this host's name '" + host + "' " + why +
+            ", so Gloo would listen on loopback only, while the ranks run on several hosts",
+        ErrorContext{"backend.init", opts.rank, -1,
+                     "set GLOO_SOCKET_IFNAME (or --gloo-interface) to the network interface the "
+                     "hosts share, e.g. eth0, on every rank; or make each host's name resolve to "
+                     "its address (/etc/hosts, DNS)"});
+  };
   if (hostname_resolves(host)) {
     attr.hostname = host;
+    std::shared_ptr<gloo::transport::Device> device;
     try {
-      return gloo::transport::tcp::CreateDevice(attr);
+      device = gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception&) {
       // The hostname resolves to an address this host cannot bind: loopback.
+    }
+    if (device) {
+      // Debian's installer maps the host's name to 127.0.1.1 in /etc/hosts:
+      // any 127.x.y.z (or ::1) is loopback, no address for other hosts.
+      const std::string ip = device_ip(*device);
+      const bool loopback = ip.rfind("127.", 0) == 0 || ip == "::1" || ip.rfind("::ffff:127.", 0) == 0;
+      if (loopback && opts.spans_hosts)
+        throw no_reachable_address("resolves to the loopback address " + ip +
+                                   " (a line '" + ip + " " + host + "' in /etc/hosts?)");
+      return device;
     }
   }
   if (opts.spans_hosts)
     // Gloo would listen on 127.0.0.1 and every peer on another host would
     // try to connect there until its deadline (several of them, in Gloo's
     // own retries): say so now.
-    throw RendezvousError(
-        "gloo: rank " + std::to_string(opts.rank) + " has no address its peers on other hosts "
-            "can reach: this host's name '" + host + "' " +
-            (hostname_resolves(host) ? "resolves to an address this host cannot listen on"
-                                     : "does not resolve") +
-            ", so Gloo would listen on 127.0.0.1 only, while the ranks run on several hosts",
-        ErrorContext{"backend.init", opts.rank, -1,
-                     "set GLOO_SOCKET_IFNAME (or --gloo-interface) to the network interface the "
-                     "hosts share, e.g. eth0, on every rank; or make each host's name resolve to "
-                     "its address (/etc/hosts, DNS)"});
+    throw no_reachable_address(hostname_resolves(host)
+                                   ? "resolves to an address this host cannot listen on"
+                                   : "does not resolve");
   attr = gloo::transport::tcp::attr("127.0.0.1");
   try {
     return gloo::transport::tcp::CreateDevice(attr);

@@ -723,8 +723,8 @@ def our_memory(model, bucket_cap_mb, views, nproc=1):
         if bucket_cap_mb is not None:
             args += ["--bucket-cap-mb", repr(bucket_cap_mb),
                      "--first-bucket-mb", repr(bucket_cap_mb if TORCH_MAJOR >= 2 else 1.0)]
-        if not views:
-            args.append("--no-gradient-views")
+        # DDP's default is gradient_as_bucket_view=False, as ddpdiag's.
+        args.append("--gradient-as-bucket-view" if views else "--no-gradient-views")
         p = run_bin(args)
         if p.returncode != 0:
             raise AssertionError(f"ddpdiag {' '.join(args)} exited {p.returncode}: {p.stderr}")

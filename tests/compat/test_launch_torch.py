@@ -51,13 +51,75 @@ class TorchHostedStore(unittest.TestCase):
         rep = load(paths[0])
         check_report(self, rep, n)
         self.assertEqual(rep["world"]["launcher"], "torchrun")
-        # ddpdiag's keys are under the attempt prefix and its own prefix, as
-        # torch names them, and it left torch's own key alone.
+        # ddpdiag's keys are under its own prefix, in the run its ranks
+        # agreed on (the report names it), and it left torch's own key alone.
+        self.assertEqual(rep["world"]["restart_count"], 1)
+        run = rep["world"]["store_run"]
         store.set_timeout(timedelta(seconds=5))
-        info = json.loads(store.get("/worker/attempt_1/ddpdiag/rank/0"))
+        info = json.loads(store.get("ddpdiag/run/%d/rank/0" % run))
         self.assertEqual(info["rank"], 0)
         self.assertEqual(info["world_size"], n)
         self.assertEqual(store.get("/worker/attempt_1/user_key"), b"torch")
+
+    def test_restarts_on_one_store_meet_whatever_each_node_counts(self):
+        """torch 2.x keeps torchrun's agent store across restarts, and each
+        node counts its own restarts: the workers of a restart find the keys
+        of the runs before (from ranks that completed, ranks that died before
+        they met, and a rank that took a hello and died), and their
+        TORCHELASTIC_RESTART_COUNT differ. Each run still meets, in a run of
+        its own."""
+        port = free_port()
+        store = dist.TCPStore("127.0.0.1", port, is_master=True,
+                              timeout=timedelta(seconds=60))
+        n = 2
+        # A run that completes: its keys stay.
+        paths = [tmp_json() for _ in range(n)]
+        res = run_ranks([["allreduce-test", "--json", paths[r]] + SMALL for r in range(n)],
+                        [agent_env(r, n, port) for r in range(n)])
+        for rc, so, se, _ in res:
+            self.assertEqual(rc, 0, se)
+        first = load(paths[0])["world"]["store_run"]
+        # A run whose rank 1 died before it met: alone, rank 0 times out.
+        p = run_ranks([["allreduce-test", "--timeout", "3"] + SMALL],
+                      [agent_env(0, n, port, restart_count=1)])
+        self.assertEqual(p[0][0], 3, p[0][2])
+        self.assertIn("never arrived: 1", p[0][2])
+        # A process that took a hello and died before setting it, and one
+        # that said hello as rank 1 and died: no rank 0 ever answered them.
+        store.add("ddpdiag/hello/last", 1)
+        k = store.add("ddpdiag/hello/last", 1)
+        store.set("ddpdiag/hello/%d" % k, "1 999999 gone")
+        # The restart: node 0 counts 1 restart, node 1 counts 2.
+        res = run_ranks([["allreduce-test", "--json", paths[r]] + SMALL for r in range(n)],
+                        [agent_env(r, n, port, restart_count=1 + r) for r in range(n)])
+        for rc, so, se, _ in res:
+            self.assertEqual(rc, 0, se)
+        rep = load(paths[0])
+        check_report(self, rep, n)
+        self.assertGreater(rep["world"]["store_run"], first)
+        self.assertEqual(rep["world"]["restart_count"], 1)
+        # And the same command again on the same store (a script that runs
+        # ddpdiag twice in one worker): a run of its own again.
+        res = run_ranks([["allreduce-test", "--json", paths[r]] + SMALL for r in range(n)],
+                        [agent_env(r, n, port, restart_count=1 + r) for r in range(n)])
+        for rc, so, se, _ in res:
+            self.assertEqual(rc, 0, se)
+        self.assertGreater(load(paths[0])["world"]["store_run"], rep["world"]["store_run"])
+        for path in paths:
+            if os.path.exists(path):
+                os.unlink(path)
+
+    def test_a_rank_whose_rank_0_never_comes_says_so(self):
+        port = free_port()
+        store = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=timedelta(seconds=60))
+        res = run_ranks([["allreduce-test", "--timeout", "3"] + SMALL],
+                        [agent_env(1, 2, port)])
+        rc, _, se, elapsed = res[0]
+        self.assertEqual(rc, 3, se)
+        self.assertIn("rank 0 never took this rank into its run", se)
+        self.assertIn("never arrived: 0", se)
+        self.assertLess(elapsed, 30)
+        self.assertEqual(store.get("ddpdiag/hello/1").split()[0], b"1")
 
     def test_store_ping_reports_the_protocol(self):
         port = free_port()
@@ -157,6 +219,64 @@ class RealTorchrun(unittest.TestCase):
         self.assertEqual(rep["error"]["peer"], 1, rep["error"])
         self.assertEqual(rep["error"]["exit_code"], 5)
         self.assertNotEqual(rep["error"]["kind"], "interrupted")
+
+    def two_nodes_with_a_restart(self, rdzv):
+        """Two torchrun agents (two "nodes" on this machine), one worker
+        each; node 1's worker fails at once in its first attempt, so node 1
+        restarts and counts 1 restart while node 0 counts 0 (or restarts too,
+        with c10d, still counting 0 on its side)."""
+        import tempfile
+        d = tempfile.mkdtemp(prefix="ddpdiag-restart-")
+        wrap = os.path.join(d, "wrap.sh")
+        with open(wrap, "w") as f:
+            f.write('#!/bin/sh\n'
+                    'if [ "$GROUP_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 1; fi\n'
+                    'exec "$@"\n')
+        os.chmod(wrap, 0o755)
+        paths = [os.path.join(d, "node%d.json" % n) for n in range(2)]
+        procs = []
+        for n in range(2):
+            cmd = self.torchrun_cmd() + rdzv(n) + [
+                "--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "1", "--no-python",
+                wrap, BIN, "allreduce-test", "--timeout", "20", "--json", paths[n]] + SMALL
+            procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                          text=True, env=clean_env()))
+        outs = []
+        for p in procs:
+            try:
+                outs.append(p.communicate(timeout=240)[0])
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise
+        for p, out in zip(procs, outs):
+            self.assertEqual(p.returncode, 0, out[-3000:])
+        # Rank 0 (node 0) writes the job's report; rank 1 writes one of its
+        # own only when it fails, and its first attempt never started ddpdiag.
+        self.assertFalse(os.path.exists(paths[1]))
+        rep = load(paths[0])
+        check_report(self, rep, 2)
+        self.assertEqual(rep["verdict"], "PASS")
+        self.assertEqual(rep["world"]["restart_count"], 0)
+        return rep
+
+    def test_two_nodes_restart_static_rendezvous(self):
+        port = free_port()
+        self.two_nodes_with_a_restart(lambda n: ["--node-rank", str(n), "--master-addr",
+                                                 "127.0.0.1", "--master-port", str(port)])
+
+    @unittest.skipUnless(TORCH2, "torch 2.x: the agents share one store across restarts")
+    def test_two_nodes_restart_c10d_rendezvous(self):
+        # torch 2.x keeps the agent's store across the restart, with node 0's
+        # restart count at 0 and node 1's at 1: the workers of the restart
+        # still meet.
+        port = free_port()
+        rep = self.two_nodes_with_a_restart(
+            lambda n: ["--rdzv-backend", "c10d", "--rdzv-id", "restart%d" % port,
+                       "--rdzv-endpoint", "127.0.0.1:%d" % port])
+        # Node 0's worker of the first round met nobody (its peer exited
+        # before ddpdiag started); the restart's workers met in a later run.
+        self.assertGreaterEqual(rep["world"]["store_run"], 2)
 
     def test_torchrun_c10d_rendezvous_on_ddpdiag_store_serve(self):
         """torchrun's c10d rendezvous with its store on `ddpdiag store serve`

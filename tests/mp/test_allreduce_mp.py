@@ -286,6 +286,28 @@ class LauncherEnvironments(unittest.TestCase):
         check_report(self, rep, n)
         self.assertEqual(rep["world"]["launcher"], "slurm")
 
+    def test_ranks_of_another_job_on_the_same_port_are_refused(self):
+        # Two Slurm jobs that share a node and MASTER_PORT: job 2002's rank 1
+        # reaches job 1001's store. Both ranks stop, naming both jobs, rather
+        # than run a world made of two jobs.
+        port = free_port()
+        n = 2
+        envs = [clean_env(SLURM_PROCID=r, SLURM_NTASKS=n, SLURM_LOCALID=r,
+                          SLURM_NTASKS_PER_NODE=n, SLURM_JOB_ID=1001 + 1001 * r,
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=port) for r in range(n)]
+        paths = [tmp_json() for _ in envs]
+        res = run_ranks([["allreduce-test", "--timeout", "20", "--json", p] + SMALL
+                         for p in paths], envs)
+        for rc, so, se, _ in res:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("ranks of different jobs met at the store", se)
+            self.assertIn("rank 1 (pid", se)
+            self.assertIn("is from SLURM_JOB_ID=2002", se)
+            self.assertIn("rank 0 is from SLURM_JOB_ID=1001", se)
+        for p in paths + [paths[1][:-len(".json")] + ".rank1.json"]:
+            if os.path.exists(p):
+                os.unlink(p)
+
     def test_open_mpi_variables(self):
         port = free_port()
         n = 2

@@ -39,7 +39,7 @@ class DdpStep(unittest.TestCase):
 
     def test_mlp_2_3_4_ranks_every_option(self):
         for n in (2, 3, 4):
-            for extra in ([], ["--no-views"], ["--hook", "fp16"], ["--hook", "bf16"],
+            for extra in ([], ["--gradient-as-bucket-view"], ["--hook", "fp16"], ["--hook", "bf16"],
                           ["--find-unused-parameters", "--avg-op"]):
                 with self.subTest(ranks=n, extra=extra):
                     res = self.run_step(n, "mlp", ["--bucket-cap-mb", "0.05",
@@ -75,7 +75,7 @@ class DdpStep(unittest.TestCase):
                     ' {"name": "out.bias", "shape": [8]}]}')
         try:
             for n in (2, 3, 4):
-                for extra in ([], ["--no-views", "--sparse-rows", "100"],
+                for extra in ([], ["--gradient-as-bucket-view", "--sparse-rows", "100"],
                               ["--find-unused-parameters", "--avg-op"]):
                     with self.subTest(ranks=n, extra=extra):
                         res = self.run_step(n, layout, extra)

@@ -554,6 +554,33 @@ class Bisect(unittest.TestCase):
         self.assertIn("points to rank 2 on host z", p.stdout)
         os.unlink(path)
 
+    def test_wrong_result_names_the_rank_without_bisect(self):
+        # The check itself says whose result was wrong (the sweep gathers
+        # every rank's count), in the table's footer, the check and the JSON;
+        # the launcher calls it a failed check, not a rank that failed first.
+        for bad in (0, 2):
+            with self.subTest(rank=bad):
+                path = tmp_json()
+                p = run(["allreduce-test", "--nproc", "3", "--test-hosts", "x,y,z",
+                         "--inject-fault", "corrupt@rank=%d" % bad, "--json", path, "-b", "8",
+                         "-e", "64", "-n", "2", "-w", "0", "-c", "3"])
+                self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+                host = "xyz"[bad]
+                self.assertIn("# Wrong on rank %d (%s) :" % (bad, host), p.stdout)
+                self.assertIn("wrong on rank %d on %s:" % (bad, host), p.stdout)
+                self.assertIn("a check failed (verdict FAIL)", p.stderr)
+                self.assertNotIn("failed first", p.stderr)
+                rep = load(path)
+                os.unlink(path)
+                r = rep["results"]
+                self.assertEqual([w["rank"] for w in r["wrong_ranks"]], [bad])
+                self.assertEqual(r["wrong_ranks"][0]["host"], host)
+                self.assertEqual(r["wrong_ranks"][0]["first"], "8 B float sum out-of-place")
+                for row in r["sizes"]:
+                    self.assertEqual(row["out_of_place"]["wrong_ranks"], [bad])
+                # -c 3 checks three times: an element wrong each time counts once.
+                self.assertEqual(r["sizes"][0]["out_of_place"]["wrong"], 1)
+
     def test_init_check_bisect(self):
         path = tmp_json()
         p = run(["init-check", "--nproc", "3", "--test-hosts", "x,y,z", "--bisect",

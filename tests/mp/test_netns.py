@@ -136,8 +136,41 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 15)
         for rc, so, se in res:
             self.assertEqual(rc, 3, se)
-            self.assertIn("Gloo would listen on 127.0.0.1 only, while the ranks run on several "
+            self.assertIn("Gloo would listen on loopback only, while the ranks run on several "
                           "hosts", se)
+            self.assertIn("does not resolve", se)
+            self.assertIn("GLOO_SOCKET_IFNAME", se)
+
+    def test_host_name_on_127_0_1_1_is_named_at_once(self):
+        # Debian's installer writes "127.0.1.1 <hostname>" into /etc/hosts:
+        # the name resolves, to loopback, and Gloo would listen there. Every
+        # rank says so at once instead of blaming a firewall later.
+        import shutil
+        import time
+        dirs = []
+        try:
+            for r in range(3):
+                d = os.path.join("/etc/netns", HOSTS[r])
+                os.makedirs(d, exist_ok=True)
+                dirs.append(d)
+                with open(os.path.join(d, "hosts"), "w") as f:
+                    f.write("127.0.0.1 localhost\n127.0.1.1 host%d\n" % r)
+            args = ["allreduce-test", "--rank", "R", "--world-size", "3", "--master-addr",
+                    ADDR[0], "--master-port", str(self.port), "--timeout", "20", "-b", "1K",
+                    "-e", "1K"]
+            t0 = time.monotonic()
+            procs = [subprocess.Popen(NET.command(r, [BIN] + [str(r) if a == "R" else a
+                                                              for a in args]),
+                                      env=clean_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True) for r in range(3)]
+            res = [finish(p, 60) for p in procs]
+        finally:
+            for d in dirs:
+                shutil.rmtree(d, ignore_errors=True)
+        self.assertLess(time.monotonic() - t0, 15)
+        for rc, so, se in res:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("resolves to the loopback address 127.0.1.1", se)
             self.assertIn("GLOO_SOCKET_IFNAME", se)
 
     def test_firewall_open_only_for_the_store_is_named_within_the_timeout(self):

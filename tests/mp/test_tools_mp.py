@@ -204,11 +204,21 @@ class Memory(unittest.TestCase):
                 self.assertIn(args[0], p.stderr)
 
     def test_gradients_without_views(self):
-        p, rep = tool(self, ["memory", "--model", "mlp", "-n", "1", "--no-gradient-views",
+        # DDP's default (gradient_as_bucket_view=False) is memory's too.
+        for extra in ([], ["--no-gradient-views"]):
+            p, rep = tool(self, ["memory", "--model", "mlp", "-n", "1", "--imbalance-pct", "1000"]
+                          + extra, 2)
+            self.assertFalse(rep["results"]["gradient_as_bucket_view"])
+            for r in rep["results"]["ranks"]:
+                self.assertEqual(r["categories"]["gradients"], rep["results"]["model_bytes"])
+                self.assertGreaterEqual(r["categories"]["buckets"], rep["results"]["model_bytes"])
+
+    def test_gradients_as_bucket_views(self):
+        p, rep = tool(self, ["memory", "--model", "mlp", "-n", "1", "--gradient-as-bucket-view",
                              "--imbalance-pct", "1000"], 2)
+        self.assertTrue(rep["results"]["gradient_as_bucket_view"])
         for r in rep["results"]["ranks"]:
-            self.assertEqual(r["categories"]["gradients"], rep["results"]["model_bytes"])
-            self.assertGreaterEqual(r["categories"]["buckets"], rep["results"]["model_bytes"])
+            self.assertEqual(r["categories"]["gradients"], 0)
 
 
 class LinkHealth(unittest.TestCase):
