@@ -2,6 +2,7 @@
 // all_reduce correct on every rank, is bandwidth what it should be. Columns and
 // conventions follow nccl-tests so figures can be compared with it.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -457,6 +458,9 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
     };
     // A factor of 1 or less never reaches -e; it is fine only when -i steps
     // instead (nccl-tests' linear sweep: -f is then unused).
+    if (!std::isfinite(opts->step_factor))
+      throw CLI::ValidationError("--stepfactor",
+                                 fmt::format("must be a finite number > 1, not {}", opts->step_factor));
     if (opts->step_factor <= 1 && size_or(opts->step_bytes, 0) == 0)
       throw CLI::ValidationError(
           "--stepfactor", fmt::format("must be a number > 1, not {} (or step by bytes with -i)",

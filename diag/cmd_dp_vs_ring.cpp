@@ -312,6 +312,11 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
     if (!complete && rows.empty())
       report.add_check({"correctness", reports::CheckStatus::kSkip,
                         "the run ended with an error before any size was measured"});
+    else if (rows.empty() && job.rank() >= *ks.rbegin())
+      // A rank beyond the largest of --world-sizes measures nothing itself.
+      report.add_check({"correctness", reports::CheckStatus::kSkip,
+                        fmt::format("rank {} takes part in none of the world sizes measured",
+                                    job.rank())});
     else
       report.add_check({"correctness", tools::pass_if(wrong == 0 && !rows.empty()),
                         fmt::format("{} wrong element(s) over {} row(s), every rank checked{}", wrong,

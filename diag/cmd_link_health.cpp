@@ -384,6 +384,15 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   std::string detail;
   if (slow_names.empty()) {
     detail = fmt::format("all {} pair(s) within the thresholds", pairs.size());
+    // A kind with a single pair has nothing to be compared with.
+    for (const bool kind : {false, true}) {
+      const auto k = std::count_if(pairs.begin(), pairs.end(),
+                                   [&](const auto& p) { return p.same_host == kind; });
+      if (k == 1 && o.thresholds.min_bandwidth_gbps <= 0 && o.thresholds.min_link_pct <= 0)
+        detail += fmt::format("; the one {} pair had no other to be compared with: "
+                              "--min-link-pct or --min-bw-gbps judge it against a figure",
+                              kind ? "same-host" : "cross-host");
+    }
   } else {
     detail = fmt::format("{} slow pair(s): ", slow_names.size());
     for (std::size_t i = 0; i < slow_names.size(); ++i) detail += (i ? "; " : "") + slow_names[i];
@@ -399,7 +408,12 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   report.add_check({"links", tools::pass_if(slow_names.empty()), detail});
   if (!slow_ranks.empty()) {
     std::string names;
-    for (std::size_t i = 0; i < slow_ranks.size(); ++i) names += (i ? ", " : "") + std::to_string(slow_ranks[i]);
+    for (std::size_t i = 0; i < slow_ranks.size(); ++i) {
+      const int r = slow_ranks[i];
+      names += (i ? ", " : "") + std::to_string(r);
+      if (job.ranks.size() > static_cast<std::size_t>(r) && !job.ranks[r].host.empty())
+        names += " (host " + job.ranks[r].host + ")";
+    }
     report.add_check({"slow_ranks", reports::CheckStatus::kFail,
                       fmt::format("every link of rank(s) {} is slow", names)});
   }

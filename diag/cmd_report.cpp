@@ -168,6 +168,13 @@ int run_render(const ReportOptions& o) {
                                  "the first",
                                  o.html_out),
                      {"report", -1, -1, "give each its own file, e.g. --html r.html --markdown r.md"});
+  for (const auto* out : {&o.html_out, &o.markdown_out})
+    if (!out->empty() && *out != "-" && reports::same_file(*out, o.render_file))
+      throw UsageError(fmt::format("{} is the report to render: writing the page there would "
+                                   "destroy the report",
+                                   *out),
+                       {"report", -1, -1, "write the page to a file of its own, e.g. --html "
+                                          "report.html"});
   const auto doc = load(o.render_file);
   if (!doc.is_object()) throw UsageError(o.render_file + " is not a report object", {"report", -1, -1, ""});
   for (const auto& e : reports::validate_report(doc))

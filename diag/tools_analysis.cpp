@@ -103,6 +103,40 @@ std::vector<PairJudgement> judge_pairs(const std::vector<PairMeasurement>& pairs
     for (std::size_t i = 0; i < why.size(); ++i) j.reason += (i ? "; " : "") + why[i];
     out.push_back(std::move(j));
   }
+
+  // A rank whose every link is slow makes most pairs slow when there are few
+  // hosts (one slow host of three: two of the three pairs), and then the
+  // median is the slow value. So also: a rank whose best pair of a kind is
+  // below the threshold against the median of the pairs of that kind
+  // without it has a slow link itself; all its pairs of that kind are slow.
+  std::map<int, bool> ranks;
+  for (const auto& p : pairs) ranks[p.a] = ranks[p.b] = true;
+  for (const auto& [r, _] : ranks) {
+    for (const bool kind : {true, false}) {
+      double best = -1;
+      std::vector<double> without;
+      for (const auto& p : pairs) {
+        if (p.same_host != kind) continue;
+        if (p.a == r || p.b == r)
+          best = std::max(best, p.bandwidth_gbps);
+        else
+          without.push_back(p.bandwidth_gbps);
+      }
+      if (best < 0 || without.empty()) continue;
+      const double others = median_of(without);
+      if (best >= others * (1 - t.bandwidth_below_median_pct / 100)) continue;
+      for (std::size_t i = 0; i < pairs.size(); ++i) {
+        const auto& p = pairs[i];
+        if (p.same_host != kind || (p.a != r && p.b != r)) continue;
+        auto& j = out[i];
+        j.slow_bandwidth = true;
+        j.reason += fmt::format("{}every {} link of rank {} is slow: its best, {:.4g} GB/s, is {:.0f}% "
+                                "below the median {:.4g} GB/s of the {} pair(s) without it",
+                                j.reason.empty() ? "" : "; ", kind ? "same-host" : "cross-host", r,
+                                best, 100 * (1 - best / others), others, without.size());
+      }
+    }
+  }
   return out;
 }
 

@@ -986,6 +986,36 @@ TEST_CASE("a server that closes every connection unanswered is named as turning 
   ::close(lfd);
 }
 
+TEST_CASE("a server that accepts and never answers is a timeout, not a wrong protocol", "[store][tcp]") {
+  // A store too slow for the deadline (--timeout 0.001), or a stalled one:
+  // silence says nothing about the protocol.
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
+  std::atomic<bool> stop{false};
+  std::thread mute([&] {
+    std::vector<int> fds;
+    while (!stop) {
+      pollfd p{lfd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      if (int fd = ::accept(lfd, nullptr, nullptr); fd >= 0) fds.push_back(fd);  // read nothing
+    }
+    for (int fd : fds) ::close(fd);
+  });
+  auto o = client_opts(port, StoreProtocol::kAuto);
+  o.io_timeout = 300ms;
+  try {
+    TcpStoreClient c(o);
+    FAIL("the client took a mute server for a store");
+  } catch (const TimeoutError& e) {
+    CHECK(e.context().phase == "store.handshake");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("within 300 ms") && !Catch::Contains("speaks neither"));
+    CHECK_THAT(e.context().hint, Catch::Contains("raise --timeout"));
+  }
+  stop = true;
+  mute.join();
+  ::close(lfd);
+}
+
 TEST_CASE("a server that answers with text is named as not a store, with what it sent", "[store][tcp]") {
   // Stands in for an HTTP server on MASTER_PORT that answers anything with
   // a 400: its text must not be read as a length or a count.

@@ -88,6 +88,25 @@ TEST_CASE("judge_pairs: outliers against the median of the same kind", "[tools]"
     const auto one = judge_pairs({{0, 1, true, 0.001, 1e6}}, t);
     CHECK_FALSE(one[0].slow());
   }
+  SECTION("one slow host of three: its two pairs are the median, its own best names it") {
+    // Host 1's link is ~100x slower: pairs 0-1 and 1-2 are slow, 0-2 is
+    // fast, so the median of the three is a slow pair's.
+    const auto j3 = judge_pairs({{0, 1, false, 0.006, 99}, {0, 2, false, 0.666, 97},
+                                 {1, 2, false, 0.005, 57}}, t);
+    CHECK(j3[0].slow_bandwidth);
+    CHECK(j3[2].slow_bandwidth);
+    CHECK_FALSE(j3[1].slow());
+    CHECK(j3[0].reason.find("every cross-host link of rank 1 is slow") != std::string::npos);
+  }
+  SECTION("one slow pair of three hosts flags that pair alone") {
+    // Only 0-2 is slow: ranks 0 and 2 each have a fast pair, so neither is
+    // taken for a slow host.
+    const auto j3 = judge_pairs({{0, 1, false, 1.0, 50}, {0, 2, false, 0.1, 50},
+                                 {1, 2, false, 0.95, 50}}, t);
+    CHECK_FALSE(j3[0].slow());
+    CHECK(j3[1].slow_bandwidth);
+    CHECK_FALSE(j3[2].slow());
+  }
   SECTION("absolute limits") {
     LinkThresholds abs;
     abs.min_bandwidth_gbps = 5;

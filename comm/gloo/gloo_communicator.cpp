@@ -45,6 +45,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 #include <array>
 #include <atomic>
 #include <cctype>
@@ -1109,9 +1110,12 @@ class GlooCommunicator final : public Communicator {
   }
 
   void* alloc(std::size_t bytes) override {
-    const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + kHostAlignment - 1) /
-                                kHostAlignment * kHostAlignment;
-    void* p = std::aligned_alloc(kHostAlignment, rounded);
+    // (A size within an alignment of 2^64 would wrap to a tiny one.)
+    const std::size_t rounded =
+        bytes > std::numeric_limits<std::size_t>::max() - kHostAlignment
+            ? 0
+            : (std::max<std::size_t>(bytes, 1) + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+    void* p = rounded ? std::aligned_alloc(kHostAlignment, rounded) : nullptr;
     if (!p)
       // Sizes that do not fit are a matter of configuration (exit 2), not
       // of the backend's initialisation.

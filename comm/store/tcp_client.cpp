@@ -455,11 +455,16 @@ struct TcpStoreClient::Impl {
     Bytes p = tp::encode_request(StoreProtocol::kV2, ping);
     b.insert(b.end(), p.begin(), p.end());
     closed_unanswered = false;
-    if (send_all(b, deadline) != IoStatus::kOk) return false;
+    timed_out = false;
+    if (const IoStatus sent = send_all(b, deadline); sent != IoStatus::kOk) {
+      timed_out = sent == IoStatus::kTimeout;
+      return false;
+    }
     std::uint8_t r[4];
     const IoStatus st = recv_exact(r, 4, deadline);
     if (st != IoStatus::kOk) {
       closed_unanswered = st == IoStatus::kClosed && rend == 0;
+      timed_out = st == IoStatus::kTimeout;
       return false;
     }
     if (tp::load_u32(r) == ping.nonce) return true;
@@ -472,6 +477,8 @@ struct TcpStoreClient::Impl {
   // The last handshake or probe ended with the server closing the
   // connection before a byte of reply.
   bool closed_unanswered = false;
+  // ...or with its deadline passing before the reply.
+  bool timed_out = false;
 
   // A server that closes every connection at once, before answering: a
   // store turning clients away (out of file descriptors), or something that
@@ -490,11 +497,16 @@ struct TcpStoreClient::Impl {
   bool v1_probe(Deadline deadline) {
     Bytes b = tp::encode_request(StoreProtocol::kV1, tp::Request{tp::Op::kNumKeys, {}, {}, 0, 0});
     closed_unanswered = false;
-    if (send_all(b, deadline) != IoStatus::kOk) return false;
+    timed_out = false;
+    if (const IoStatus sent = send_all(b, deadline); sent != IoStatus::kOk) {
+      timed_out = sent == IoStatus::kTimeout;
+      return false;
+    }
     std::uint8_t r[8];
     const IoStatus st = recv_exact(r, 8, deadline);
     if (st != IoStatus::kOk) {
       closed_unanswered = st == IoStatus::kClosed && rend == 0;
+      timed_out = st == IoStatus::kTimeout;
       return false;
     }
     // Eight bytes came back; a store's are a small count of keys.
@@ -542,6 +554,16 @@ struct TcpStoreClient::Impl {
     }
     if (v2_closed && closed_unanswered && text_reply.empty())
       closed_without_answer("the torch 2.x handshake or a torch 1.13 request");
+    if (timed_out && text_reply.empty()) {
+      // Silence, not a wrong answer: too short a deadline, or a server too
+      // busy to answer in time; the protocol is not known to be wrong.
+      drop();
+      throw TimeoutError("the server at " + where() + " accepted the connection but answered "
+                             "neither the torch 2.x handshake nor a torch 1.13 request within " +
+                             std::to_string(opts.io_timeout.count()) + " ms",
+                         ctx("store.handshake", "raise --timeout (a store answers in well under a "
+                                                "second), or check that the store is not stalled"));
+    }
     not_a_store(text_reply.empty() ? "" : "it answered a torch 1.13 request with " + text_reply,
                 "store.handshake");
   }

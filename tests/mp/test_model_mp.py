@@ -219,6 +219,12 @@ class ModelVsMeasured(unittest.TestCase):
             page = f.read()
         self.assertIn("ddpdiag model", page)
         self.assertIn("Bucket sweep", page)  # the caps chart
+        # The page over the report it renders is refused; the report stays.
+        for flag in ("--html", "--markdown"):
+            r = run(["report", "render", path, flag, path])
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn("is the report to render", r.stderr)
+            load(path)
         os.unlink(path)
         os.unlink(html)
 
