@@ -463,7 +463,7 @@ std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states(
 
 GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<RankState>>& states,
                                             const std::vector<Heartbeat>& heartbeats,
-                                            std::vector<int>& unreachable) const {
+                                            std::vector<int>& unreachable, bool peer_reset) const {
   GoneNotes notes(states.size());
   for (std::size_t r = 0; r < states.size() && r < opts_.peers.size(); ++r) {
     if (states[r]) continue;
@@ -475,6 +475,16 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
                                "others waited) but did not publish its state in time: its "
                                "watchdog is stuck or very slow (host {}, pid {})",
                                p.host, p.pid);
+        continue;
+      }
+      if (peer_reset && !hb.advanced) {
+        // Its host's kernel answered for it: the host and the network are
+        // up, and the process is gone (crashed, or killed: the OOM killer).
+        notes[r] = fmt::format("is dead: no state and no heartbeat (host {}, pid {}), and its "
+                               "host closed or reset the connection to it, so that host and the "
+                               "network are up and the process ended: it crashed or was killed "
+                               "(the OOM killer? dmesg on {})",
+                               p.host, p.pid, p.host);
         continue;
       }
       unreachable.push_back(static_cast<int>(r));
@@ -641,6 +651,12 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   }
   Diagnosis d;
   long store_host_gone = 0;  // pid of the store's host rank, when its process is gone
+  // The backend says a peer's host closed or reset the connection: that
+  // host answered, so its network is up.
+  const std::string said = cause.what();
+  const bool peer_reset = said.find("reset by peer") != std::string::npos ||
+                          said.find("closed by peer") != std::string::npos ||
+                          said.find("Connection closed") != std::string::npos;
   if (store_lost) {
     std::vector<std::string> hosts;
     std::vector<bool> same_machine;
@@ -665,7 +681,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     }
   } else {
     std::vector<int> unreachable;
-    GoneNotes notes = gone_notes(states, heartbeats, unreachable);
+    GoneNotes notes = gone_notes(states, heartbeats, unreachable, peer_reset);
     d = diagnose(states, notes);
     d.unreachable = std::move(unreachable);
   }
@@ -700,6 +716,11 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
                                                  : "ranks " + rank_list(d.unreachable),
                        d.unreachable.size() == 1 ? "is" : "are",
                        on.empty() ? std::string() : " (host " + on + ")");
+  } else if (!d.gone.empty() && peer_reset) {
+    peer = d.gone.front();
+    hint = fmt::format("look at the log of {}{} and at its host's kernel log (dmesg): its process "
+                       "ended, by a crash or a kill (the OOM killer?), while its host stayed up",
+                       d.gone.size() == 1 ? "rank " : "ranks ", rank_list(d.gone));
   } else if (!d.gone.empty()) {
     peer = d.gone.front();
     hint = fmt::format("look at the log and host of {}{}: it died, was killed (OOM killer?), was "

@@ -205,9 +205,12 @@ class MonitoredCommunicator final : public Communicator {
     double age_s = -1;  // by the writer's wall clock; -1 when never seen
   };
   std::vector<std::optional<RankState>> gather_states(std::vector<Heartbeat>& heartbeats);
+  // peer_reset: the backend's error says a peer's host answered by closing
+  // or resetting the connection, so a silent rank on another host is a
+  // process that ended, not a host cut off.
   GoneNotes gone_notes(const std::vector<std::optional<RankState>>& states,
-                       const std::vector<Heartbeat>& heartbeats,
-                       std::vector<int>& unreachable) const;
+                       const std::vector<Heartbeat>& heartbeats, std::vector<int>& unreachable,
+                       bool peer_reset = false) const;
   void note_store_lost(const Error& e);
   void write_heartbeat();
   void watchdog_loop();

@@ -42,6 +42,13 @@ def slow_link(src, dst):
        "dst", ADDR[dst] + "/32", "flowid", "1:30")
 
 
+def slow_host(host):
+    """Shapes everything host `host` sends to 100 Mbit/s: its link is the
+    slow one, so every pair it is in is slow."""
+    sh("ip", "netns", "exec", HOSTS[host], "tc", "qdisc", "add", "dev", IFACE, "root", "tbf",
+       "rate", "100mbit", "burst", "32kbit", "latency", "50ms")
+
+
 def firewall(host, port):
     """Host `host` lets TCP through only to and from the store's port, as a
     firewall open for MASTER_PORT alone: every other TCP segment it sends goes
@@ -120,6 +127,20 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         links = [c for c in rep["checks"] if c["name"] == "links"][0]
         self.assertIn("0-2", links["detail"])
         self.assertIn("SLOW", res[0][1])
+
+    def test_slow_host_of_three_is_named(self):
+        # Host 1's link is slow: two of the three pairs are slow, so the
+        # median of the pairs is a slow pair's and no pair stood out. The
+        # rank whose best pair is slow against the pair without it is named.
+        slow_host(1)
+        res, rep = self.run_link_health(70)
+        self.assertEqual(res[0][0], 1, res[0][1] + res[0][2])
+        r = rep["results"]
+        self.assertEqual(r["slow_pairs"], [[0, 1], [1, 2]], res[0][1])
+        self.assertEqual(r["slow_ranks"], [1])
+        slow = [c for c in rep["checks"] if c["name"] == "slow_ranks"][0]
+        self.assertIn("1 (host host1)", slow["detail"])
+        self.assertIn("every cross-host link of rank 1 is slow", res[0][1] + str(r["pairs"]))
 
     def test_gloo_without_an_address_for_other_hosts_fails_at_once(self):
         # Each host's name (host0..2) resolves nowhere, and no interface is

@@ -183,7 +183,7 @@ class LinkDown(unittest.TestCase):
             self.all_running(procs, files)
             time.sleep(1.0)
             self.all_running(procs, files)
-            cut()
+            cut(procs) if getattr(cut, "takes_procs", False) else cut()
             t_cut = time.monotonic()
             # Poll all three, so each exit time is its own.
             while len(ended) < n and time.monotonic() - t_cut < TIMEOUT + 60:
@@ -269,6 +269,27 @@ class LinkDown(unittest.TestCase):
             self.assertEqual(wd["store"], {"address": store, "reachable": False,
                                            "error": wd["store"]["error"]})
             self.assertIn("did not answer", wd["store"]["error"])
+
+    def test_rank_killed_on_another_host_is_dead_not_unreachable(self):
+        # Rank 2's process is killed on host 2 (the OOM killer's way): its
+        # host's kernel resets the connections, so the network is up and the
+        # process is gone; the others must not send the user to the cables.
+        hosts = [0, 1, 2]
+
+        def kill2(procs):
+            procs[2].send_signal(signal.SIGKILL)
+        kill2.takes_procs = True
+        out = self.run_and_cut(hosts, kill2)
+        for r in (0, 1):
+            rc, se, elapsed = out[r]
+            self.assertEqual(rc, 5, "rank %d: %s" % (r, se))
+            self.assertIn("Rank 2 did not publish its state: it is dead", se)
+            self.assertIn("closed or reset the connection to it", se)
+            self.assertNotIn("lost its network", se)
+            self.assertNotIn("network link", se.split("hint:")[-1])
+        rep = load(self.json)
+        self.assertEqual(rep["error"]["peer"], 2)
+        self.assertEqual(rep["results"]["watchdog"]["diagnosis"]["unreachable_ranks"], [])
 
     def test_host2_link_down_names_it_unreachable(self):
         self.host2_link_down([0, 1, 2])
