@@ -345,6 +345,10 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                   link_text(t.intra).c_str(), link_text(t.inter).c_str());
     }
     res["prediction"] = {{"world_size", w}, {"ranks_per_host", k}, {"hosts", w / k}, {"links", links}};
+    // As settings report compare reads (scalars at the top of results):
+    // predictions for other worlds are not compared with each other.
+    res["predicted_world_size"] = w;
+    res["predicted_ranks_per_host"] = k;
     const auto sizes = sweep_sizes(min_bytes, max_bytes, o.step_factor, 0, kPredictedElementBytes);
     res["sizes"] = json::array();
     std::printf("# %12s %12s %9s %12s %9s %12s %9s\n", "size (B)", "ring (us)", "busbw", "tree (us)",

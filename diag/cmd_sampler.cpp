@@ -96,7 +96,42 @@ class IndexPrinter {
   std::size_t used_ = 0;
 };
 
+// A report of this many indices takes about 65 bytes an index at its peak
+// (the list, its JSON value and its text): 10^7 indices, 650 MB.
+constexpr std::int64_t kMaxReportIndices = 10'000'000;
+
+int run_sampler_checked(const SamplerCliOptions& c, reports::Report& report);
+
 int run_sampler(const SamplerCliOptions& c) {
+  // The report paths first: an error after this point is written into the
+  // report too, as every command does.
+  check_report_outputs(c.json_path, c.markdown_path);
+  // Made before the work so that started_at and duration_s cover it.
+  reports::Report report("sampler", own_command_line());
+  const auto write_error = [&](const Error& e) {
+    if (c.json_path.empty() && c.markdown_path.empty()) return;
+    report.set_error(to_error_info(e));
+    try {
+      reports::write_report_outputs(report.finish(), c.json_path, c.markdown_path);
+    } catch (const std::exception&) {
+    }
+  };
+  try {
+    return run_sampler_checked(c, report);
+  } catch (const Error& e) {
+    write_error(e);
+    throw;
+  } catch (const std::bad_alloc&) {
+    UsageError e("out of memory for this rank's indices",
+                 ErrorContext{"sampler", -1, -1,
+                              "use --streaming (constant memory), a window (--start, --count), "
+                              "or leave out --json and --markdown, which hold every index"});
+    write_error(e);
+    throw e;
+  }
+}
+
+int run_sampler_checked(const SamplerCliOptions& c, reports::Report& report) {
   if (c.dataset_size < 0 || c.world_size < 0 || c.rank < 0)
     throw UsageError("sampler needs --dataset-size, --world-size and --rank",
                      ErrorContext{"sampler", -1, -1, "e.g. --dataset-size 50000 --world-size 4 --rank 0"});
@@ -114,8 +149,6 @@ int run_sampler(const SamplerCliOptions& c) {
                      ErrorContext{"sampler", -1, -1, "the two differ only in randperm for N >= 214748364"});
   o.torch_version = *tv;
   validate_sampler_options(o);
-  // Before the work: a run over 10^9 indices must not end in a path typo.
-  check_report_outputs(c.json_path, c.markdown_path);
   const SamplerShape shape = sampler_shape(o.dataset_size, o.world_size, o.drop_last);
   if (c.start < 0 || c.start > shape.num_samples)
     throw UsageError(fmt::format("--start {} is outside this rank's {} indices", c.start, shape.num_samples),
@@ -124,8 +157,14 @@ int run_sampler(const SamplerCliOptions& c) {
       (c.count < 0 || c.count > shape.num_samples - c.start) ? shape.num_samples - c.start : c.count;
 
   const bool keep = !c.json_path.empty() || !c.markdown_path.empty();  // reports list the indices
-  // Made before the work so that started_at and duration_s cover it.
-  reports::Report report("sampler", own_command_line());
+  if (keep && count > kMaxReportIndices)
+    throw UsageError(fmt::format("a report would hold all {} indices of this rank (about {} MB "
+                                 "of memory); reports hold at most {}",
+                                 count, count * 65 / 1'000'000, kMaxReportIndices),
+                     ErrorContext{"sampler", -1, -1,
+                                  "report a window of them (--start, --count), or print them "
+                                  "without --json / --markdown (--streaming runs in constant "
+                                  "memory)"});
   std::vector<std::int64_t> indices;
   std::uint64_t checksum = 0;              // sum of the indices mod 2^64, to compare runs cheaply
   const auto t0 = std::chrono::steady_clock::now();

@@ -278,10 +278,23 @@ ReportRows extract_rows(const json& report, const std::string& source) {
   const json& results = member(report, "results");
   const json& sizes = member(results, "sizes");
   const json& default_collective = member(results, "collective");
+  // The fit is of float sum all_reduces: rows of other dtypes (-d all) move
+  // other element sizes at other reduce speeds, and would blur it.
+  const auto text_or = [](const json& j, const std::string& fallback) {
+    return j.is_string() ? j.get<std::string>() : fallback;
+  };
+  const std::string default_dtype = text_or(member(results, "dtype"), "float");
+  const std::string default_op = text_or(member(results, "op"), "sum");
+  std::size_t other_dtype_rows = 0, wrong_rows = 0;
   if (sizes.is_array()) {
     for (const auto& row : sizes) {
       const json& coll = member(row, "collective").is_string() ? member(row, "collective") : default_collective;
       if (coll.is_string() && coll.get<std::string>() != "all_reduce") continue;
+      if (text_or(member(row, "dtype"), default_dtype) != "float" ||
+          text_or(member(row, "op"), default_op) != "sum") {
+        ++other_dtype_rows;
+        continue;
+      }
       const json& bytes = member(row, "bytes");
       if (!bytes.is_number() || !(bytes.get<double>() > 0)) continue;
       std::string series = "backend";
@@ -290,18 +303,32 @@ ReportRows extract_rows(const json& report, const std::string& source) {
       int world_size = out.world_size;
       if (member(row, "world_size").is_number_integer()) world_size = member(row, "world_size").get<int>();
       double fastest = INFINITY;
+      bool wrong = false;
       for (const char* block : {"out_of_place", "in_place"}) {
         const json& b = member(row, block);
         const json& t = member(b, "time_us");
         if (!t.is_number() || !(t.get<double>() > 0)) continue;
         // A block with wrong results timed something else than an all_reduce.
-        if (member(b, "wrong").is_number() && member(b, "wrong").get<double>() > 0) continue;
+        if (member(b, "wrong").is_number() && member(b, "wrong").get<double>() > 0) {
+          wrong = true;
+          continue;
+        }
         fastest = std::min(fastest, t.get<double>());
       }
       if (std::isfinite(fastest))
         out.rows.push_back({series, {world_size, bytes.get<double>(), fastest * 1e-6}});
+      else if (wrong)
+        ++wrong_rows;
     }
   }
+  if (out.rows.empty() && wrong_rows > 0)
+    throw bad(fmt::format("every all_reduce row ({}) had wrong results, and timings of wrong "
+                          "results are left out",
+                          wrong_rows));
+  if (out.rows.empty() && other_dtype_rows > 0)
+    throw bad(fmt::format("no float sum all_reduce rows (its {} row(s) are of other dtypes or "
+                          "ops): the model fits float sums; rerun allreduce-test with -d float -o sum",
+                          other_dtype_rows));
   if (out.rows.empty()) throw bad("no all_reduce timing rows (results.sizes is empty or missing)");
   return out;
 }

@@ -122,7 +122,8 @@ const std::vector<CommandSettings>& command_settings() {
       {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps"}},
       {"broadcast-test", {"model", "bytes"}},
       {"dp-vs-ring", {"collective", "dtype", "op"}},
-      {"model", {"model", "first_bucket_bytes", "compute_gbps", "backend_as"}},
+      {"model", {"model", "first_bucket_bytes", "compute_gbps", "backend_as", "predicted_world_size",
+                 "predicted_ranks_per_host"}},
   };
   return table;
 }

@@ -207,6 +207,44 @@ class ModelVsMeasured(unittest.TestCase):
         os.unlink(path)
         self.assertEqual([c for c in caps if c["bucket_cap_mb"] == 25][0]["bucket_bytes"], expect)
 
+    def test_predictions_for_other_worlds_are_not_compared(self):
+        # The world a model run predicts for is a setting: a run for 512
+        # ranks is not a regression of a run for 8.
+        a, b = tmp_json(), tmp_json()
+        for path, extra in ((a, ["--world-size", "8"]),
+                            (b, ["--world-size", "512", "--ranks-per-host", "8"])):
+            p = run(["model", self.sweeps[2], "--model", "mlp", "--max-fit-error", "1000",
+                     "--json", path] + extra)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        r = run(["report", "compare", a, b])
+        self.assertIn("predicted_world_size 8 (base) vs 512 (new)", r.stdout)
+        self.assertIn("0 regressed", r.stdout)
+        self.assertEqual(r.returncode, 0, r.stdout)
+        os.unlink(a)
+        os.unlink(b)
+
+    def test_fits_float_sums_only(self):
+        # allreduce-test -d all: the other dtypes move other element sizes at
+        # other speeds; the fit keeps the float sums, and a report without
+        # them is refused by name.
+        every, ints = tmp_json(), tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "-b", "4K", "-e", "256K", "-f", "4", "-n", "3",
+                 "-w", "1", "-d", "all", "--json", every])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = run(["allreduce-test", "--nproc", "2", "-b", "4K", "-e", "256K", "-f", "4", "-n", "3",
+                 "-w", "1", "-d", "int8", "--json", ints])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        path = tmp_json()
+        p = run(["model", every, "--world-size", "8", "--max-fit-error", "1000", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        fits = load(path)["results"]["fits"]
+        self.assertEqual(fits[0]["points"], 4)  # 4K, 16K, 64K, 256K of float, no other dtype
+        p = run(["model", ints, "--world-size", "8"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("no float sum all_reduce rows", p.stderr)
+        for f in (every, ints, path):
+            os.unlink(f)
+
     def test_report_renders(self):
         path, html = tmp_json(), tmp_json() + ".html"
         p = run(["model", self.sweeps[2], "--world-size", "16", "--model", "mlp",

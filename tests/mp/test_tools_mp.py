@@ -26,6 +26,26 @@ def tool(testcase, args, n, expect_rc=(0,)):
     return p, rep
 
 
+class ErrorReports(unittest.TestCase):
+    def test_single_process_commands_write_a_valid_report_when_they_fail(self):
+        # buckets and sampler, like the distributed commands, write the error
+        # into --json, and that report passes ddpdiag's own schema.
+        for args in (["buckets", "--model", "no-such-layout.json"],
+                     ["sampler", "--dataset-size", "10", "--world-size", "2", "--rank", "5"],
+                     ["sampler", "--dataset-size", "100000000", "--world-size", "1", "--rank", "0"]):
+            with self.subTest(args=args):
+                path = tmp_json()
+                p = run(args + ["--json", path])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                rep = load(path)  # validates against the schema
+                os.unlink(path)
+                self.assertEqual(rep["verdict"], "ERROR")
+                self.assertEqual(rep["error"]["kind"], "usage")
+                self.assertEqual(rep["error"]["exit_code"], 2)
+        self.assertIn("reports hold at most 10000000", p.stderr)
+        self.assertIn("--count", p.stderr)
+
+
 class BucketSweep(unittest.TestCase):
     CAPS = [1, 5, 25]
 
