@@ -678,6 +678,13 @@ std::string master_addr_problem(const World& w) {
   }
   ::freeaddrinfo(res);
   if (local) return {};
+  if (w.master_addr_source.rfind("SLURM_", 0) == 0)
+    // Taken from Slurm's node list, which the user does not set.
+    return fmt::format("MASTER_ADDR is unset, so the first host of {}, '{}' ({}), was taken for "
+                       "rank 0's, but rank 0 runs on this host ({}): export MASTER_ADDR=<this "
+                       "host> on every rank (task 0 is not on the list's first node, e.g. under "
+                       "srun --distribution=arbitrary)",
+                       w.master_addr_source, w.master_addr, first, machine_name());
   return fmt::format("{}='{}' ({}) is not an address of this host, where rank 0 hosts the store: "
                      "the other ranks look for it there (unless a NAT or service address leads "
                      "here); set it to this host's name or address",

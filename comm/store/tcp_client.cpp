@@ -287,7 +287,9 @@ struct TcpStoreClient::Impl {
         detail.clear();
         hint = "the store is not up yet, or it listens on another port: start rank 0 (or the "
                "launcher whose agent hosts it) first, or start one with `ddpdiag store serve`; "
-               "check that MASTER_ADDR/MASTER_PORT name the store's host and port";
+               "check that MASTER_ADDR/MASTER_PORT name the store's host and port; if the "
+               "store is up there, a firewall rejects the port (firewalld/ufw REJECT answers "
+               "as a closed port does)";
         break;
       case ConnectFailure::kTimedOut:
         what = "connection timed out";
@@ -296,7 +298,9 @@ struct TcpStoreClient::Impl {
         break;
       case ConnectFailure::kUnreachable:
         what = "host unreachable";
-        hint = "no route to " + opts.host + ": check the address and the network interface";
+        hint = "no route to " + opts.host + ": check the address and the network interface, "
+               "and whether a firewall there rejects the port (firewalld's default REJECT "
+               "answers 'host prohibited', which reads as no route)";
         break;
       case ConnectFailure::kDns:
         what = "cannot resolve host name";
