@@ -198,6 +198,27 @@ std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
 
 std::string ChecksumVerdict::describe() const {
   if (identical) return "every rank holds identical parameters";
+  // The tensors a rank's copy differs in, named (the first five).
+  const auto tensors_of = [&](int r) {
+    std::vector<const ParamMismatch*> mine;
+    for (const auto& m : mismatches)
+      if (m.rank == r) mine.push_back(&m);
+    std::string t = fmt::format("{} tensor(s):", mine.size());
+    for (std::size_t i = 0; i < mine.size() && i < 5; ++i)
+      t += fmt::format(" {} (index {})", mine[i]->name, mine[i]->tensor);
+    if (mine.size() > 5) t += fmt::format(" and {} more", mine.size() - 5);
+    return t;
+  };
+  if (root_is_odd) {
+    const int other = root == 0 ? 1 : 0;
+    return fmt::format("rank {} (the root) differs from all {} other ranks, which agree with each "
+                       "other, in {}",
+                       root, world - 1, tensors_of(other));
+  }
+  if (world == 2 && differing_ranks.size() == 1)
+    return fmt::format("ranks 0 and 1 hold different values in {}; with two ranks, which copy "
+                       "went bad cannot be told (a third rank would tell)",
+                       tensors_of(differing_ranks.front()));
   std::string s;
   for (int r : differing_ranks) {
     std::vector<const ParamMismatch*> mine;
@@ -246,6 +267,21 @@ ChecksumVerdict verify_identical(Communicator& comm, std::span<const ParamTensor
     if (differs) v.differing_ranks.push_back(static_cast<int>(r));
   }
   v.identical = v.mismatches.empty();
+  v.world = static_cast<int>(world);
+  v.root = root;
+  if (world >= 3 && v.differing_ranks.size() == world - 1) {
+    // Do the others agree among themselves? Then the root is the odd one.
+    const std::size_t other = root == 0 ? 1 : 0;
+    bool agree = true;
+    for (std::size_t r = 0; r < world && agree; ++r) {
+      if (static_cast<int>(r) == root) continue;
+      for (std::size_t i = 0; i < n && agree; ++i) agree = all[r * n + i] == all[other * n + i];
+    }
+    if (agree) {
+      v.root_is_odd = true;
+      v.differing_ranks = {root};
+    }
+  }
   v.time_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   return v;
 }

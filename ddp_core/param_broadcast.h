@@ -103,6 +103,12 @@ struct ChecksumVerdict {
   std::vector<std::uint64_t> checksums;  // this rank's, one per tensor
   std::vector<ParamMismatch> mismatches;  // the same list on every rank
   std::vector<int> differing_ranks;       // sorted, unique
+  int world = 0;
+  int root = 0;
+  // Every other rank differs from the root, and they all agree with each
+  // other (3 ranks or more): the root's copy is the odd one, and
+  // differing_ranks is {root}.
+  bool root_is_odd = false;
   double time_us = 0;
   std::string describe() const;  // "rank 2 differs in 1 tensor(s): fc.weight ..."
 };

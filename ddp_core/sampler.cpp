@@ -184,7 +184,7 @@ std::uint64_t torch_manual_seed(SeedInt seed) {
     throw UsageError(
         fmt::format("seed + epoch = {} is outside the range torch's manual_seed accepts", seed_to_string(seed)),
         ErrorContext{"sampler", -1, -1,
-                     "keep seed + epoch in [-2^63, 2^64) (torch's manual_seed raises OverflowError outside)"});
+                     "keep seed + epoch in [-2^63, 2^64) (outside, torch's manual_seed refuses it: \"Overflow when unpacking long\")"});
   // Two's complement wrap of negative seeds, as torch reinterprets int64 as uint64.
   return static_cast<std::uint64_t>(static_cast<unsigned __int128>(seed));
 }
@@ -274,7 +274,7 @@ void validate_sampler_options(const SamplerOptions& o) {
     bad(fmt::format("world size {} is larger than any real job (limit 2^40)", o.world_size), "");
   if (o.dataset_size < 0) bad(fmt::format("dataset size must be >= 0, got {}", o.dataset_size), "");
   if (o.dataset_size >= (std::int64_t{1} << 53))
-    bad(fmt::format("dataset size {} is beyond 2^53, where DistributedSampler's float "
+    bad(fmt::format("dataset size {} is not below 2^53, where DistributedSampler's float "
                     "arithmetic is no longer exact",
                     o.dataset_size),
         "use a smaller dataset size");

@@ -1408,6 +1408,12 @@ void start_job(Job& job, const CommonOptions& o) {
   wait_for_ranks(job);
   collect_warnings(job);
   create_communicator(job, o);
+  gather_rank_devices(job);
+}
+
+}  // namespace
+
+void gather_rank_devices(Job& job) {
   // Record the device each rank's backend actually chose.
   auto devices = job.gather_to_root("device", job.comm->device_name());
   for (std::size_t r = 0; r < devices.size() && r < job.ranks.size(); ++r)
@@ -1450,8 +1456,6 @@ void start_job(Job& job, const CommonOptions& o) {
       job.warnings.push_back(std::move(w));
     }
 }
-
-}  // namespace
 
 // Rank 0 hosts the store in-process; it must outlive every other rank's last
 // use of it. Each rank counts itself out; rank 0 waits (bounded) for all.

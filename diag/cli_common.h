@@ -154,6 +154,10 @@ void check_report_outputs(const CommonOptions& o);
 // The same for a command without CommonOptions (sampler, buckets).
 void check_report_outputs(const std::string& json_path, const std::string& markdown_path);
 void wait_for_ranks(Job& job);
+// Once the communicator is up: every rank's device as its backend chose it
+// and, on Gloo, the interface, address and link speed it listens on
+// (job.ranks; results.rank_network), with rank 0's warnings about them.
+void gather_rank_devices(Job& job);
 // The device this rank asks its backend for ("cuda:<local rank>" or "cpu"),
 // as registered at the rendezvous.
 std::string requested_device(const Job& job);

@@ -76,6 +76,9 @@ void fill_rank_values(const LayoutParams& lp, int rank) {
 
 void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
   const ModelLayout layout = load_model(o.model);
+  // DDP broadcasts every parameter, frozen ones too, but torch refuses to
+  // wrap a module without a trainable one, so no broadcast ever happens.
+  (void)trainable_parameters(layout);
   const auto chunk_sizes = parse_chunks(o.chunk_mb, job.rank());
   if (o.corrupt_rank >= job.size())
     throw UsageError(fmt::format("--corrupt-rank {} is outside the world of {}", o.corrupt_rank,

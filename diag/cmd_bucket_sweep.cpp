@@ -208,11 +208,31 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
     std::vector<tools::CapFigure> figs;
     std::int64_t wrong = 0;
     bool counts_ok = true;
-    for (const auto& r : rows) {
-      figs.push_back({r.cap_mb, r.exposed_us});
-      wrong += r.wrong;
-      counts_ok = counts_ok && r.bucket_bytes.size() == r.expected_buckets;
+    // Caps that build the same buckets are one DDP configuration: whatever
+    // their times differ by is noise. Each such group is one candidate, the
+    // default cap if it is in the group, else the smallest, at the group's
+    // least exposed time.
+    json equivalent = json::array();
+    std::vector<bool> taken(rows.size(), false);
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      wrong += rows[i].wrong;
+      counts_ok = counts_ok && rows[i].bucket_bytes.size() == rows[i].expected_buckets;
+      if (taken[i]) continue;
+      tools::CapFigure f{rows[i].cap_mb, rows[i].exposed_us};
+      std::vector<double> group{rows[i].cap_mb};
+      for (std::size_t j = i + 1; j < rows.size(); ++j) {
+        if (taken[j] || rows[j].bucket_bytes != rows[i].bucket_bytes) continue;
+        taken[j] = true;
+        group.push_back(rows[j].cap_mb);
+        f.exposed_comm_time_us = std::min(f.exposed_comm_time_us, rows[j].exposed_us);
+        if (f.bucket_cap_mb != kDefaultCapMb &&
+            (rows[j].cap_mb == kDefaultCapMb || rows[j].cap_mb < f.bucket_cap_mb))
+          f.bucket_cap_mb = rows[j].cap_mb;
+      }
+      if (group.size() > 1) equivalent.push_back(group);
+      figs.push_back(f);
     }
+    res["equivalent_caps"] = equivalent;
     const auto rec = complete ? tools::recommend_cap(figs, kDefaultCapMb) : std::nullopt;
     res["recommended_cap_mb"] = rec ? json(rec->bucket_cap_mb) : json();
     if (rec) {
@@ -272,6 +292,13 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
         std::printf("# Recommendation: bucket_cap_mb=%g (exposed %.2f ms; the default 25 was not in "
                     "--caps)\n",
                     rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3);
+      for (const auto& g : res["equivalent_caps"]) {
+        std::string caps_text;
+        for (const auto& c : g) caps_text += (caps_text.empty() ? "" : ", ") + fmt::format("{:g}", c.get<double>());
+        std::printf("# caps %s build the same buckets: one configuration, whose times differ by "
+                    "noise only\n",
+                    caps_text.c_str());
+      }
       std::fflush(stdout);
     }
 

@@ -347,6 +347,9 @@ int run_init_check(const InitCheckOptions& io) {
         throw;
       }
       if (!nccl_log_path.empty()) nccl_log = nccl_log_lines(nccl_log_path);
+      // Every rank's device and, on Gloo, where it listens: the report's
+      // rank_network, for the "wrong interface" questions init-check is for.
+      gather_rank_devices(job);
       const std::string net = listen_text(job.comm->listen_address());
       return fmt::format("{} ({}), device {}{}", backend_name(job.backend), job.comm->library_version(),
                          job.comm->device_name(), net.empty() ? "" : ", listening on " + net);

@@ -202,8 +202,16 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
     if (o.compute_gbps < 0 || o.backward_ms < 0)
       throw flag_error("--compute-gbps and --backward-ms must be >= 0", "e.g. --compute-gbps 1");
+    if (o.compute_gbps > 0 && o.backward_ms > 0)
+      throw flag_error("--compute-gbps and --backward-ms both set the backward's pace",
+                       "give one of them");
+    if (o.backward_ms > 3600e3)
+      throw flag_error(fmt::format("--backward-ms {}: a backward of over an hour a step",
+                                   o.backward_ms),
+                       "give the backward's duration in milliseconds (at most 3,600,000)");
     // Frozen parameters have no gradient: DDP reduces the others only.
     model_layout = ddp_core::trainable_parameters(ddp_core::load_model(o.model));
+    cli::check_backward_rate(model_layout->gradient_bytes(), o.compute_gbps, -1);
   } else if (o.caps_opt && o.caps_opt->count()) {
     throw flag_error("--caps needs --model: the best cap is found for a model's buckets",
                      "e.g. --model resnet50 --caps 1,5,25");
@@ -434,6 +442,26 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     std::size_t compared = 0, outside = 0;
     double worst = 1;
     for (const auto& path : o.check_against) {
+      // Checking the fit against its own points can only pass.
+      for (const auto& [input, input_doc] : read_inputs) {
+        std::error_code ec;
+        const bool same_file = std::filesystem::equivalent(input, path, ec) && !ec;
+        bool same_content = false;
+        if (!same_file) {
+          try {
+            same_content = reports::read_json(path) == input_doc;
+          } catch (const std::exception&) {
+          }
+        }
+        if (same_file || same_content)
+          throw UsageError(fmt::format("--check-against {} is {} the model was fitted from ({}): "
+                                       "a prediction checked against its own points can only pass",
+                                       path, same_file ? "the report" : "a copy of the report",
+                                       input),
+                           ErrorContext{"model.check", -1, -1,
+                                        "check against a run the fit did not use (another world "
+                                        "size, or another run)"});
+      }
       json doc;
       try {
         doc = reports::read_json(path);

@@ -223,6 +223,20 @@ class ModelVsMeasured(unittest.TestCase):
         os.unlink(a)
         os.unlink(b)
 
+    def test_checked_against_its_own_input_or_two_paces_is_refused(self):
+        import shutil
+        copy = tmp_json()
+        shutil.copy(self.sweeps[2], copy)
+        for other in (self.sweeps[2], copy):
+            p = run(["model", self.sweeps[2], "--world-size", "8", "--check-against", other])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("can only pass", p.stderr)
+        os.unlink(copy)
+        for extra in (["--compute-gbps", "5", "--backward-ms", "100"], ["--backward-ms", "1e30"],
+                      ["--compute-gbps", "1e-12"]):
+            p = run(["model", self.sweeps[2], "--world-size", "8", "--model", "mlp"] + extra)
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+
     def test_fits_float_sums_only(self):
         # allreduce-test -d all: the other dtypes move other element sizes at
         # other speeds; the fit keeps the float sums, and a report without
