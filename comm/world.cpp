@@ -357,8 +357,11 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
         fmt::format("MASTER_ADDR is not set and the job spans several hosts ({} ranks, {} on "
                     "this host)",
                     w.world_size, w.local_world_size),
-        "export MASTER_ADDR=<host of rank 0> (e.g. the first host of $SLURM_JOB_NODELIST) or "
-        "pass --master-addr");
+        w.launcher == Launcher::kOpenMpi
+            ? "pass MASTER_ADDR to every rank: mpirun -x MASTER_ADDR=<host of rank 0> ..., or "
+              "pass --master-addr"
+            : "export MASTER_ADDR=<host of rank 0> (e.g. the first host of $SLURM_JOB_NODELIST) "
+              "or pass --master-addr");
   }
   std::optional<int> port;
   std::string port_var = "MASTER_PORT";

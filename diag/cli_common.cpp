@@ -1042,6 +1042,7 @@ void wait_for_ranks(Job& job) {
   job.rank_builds.assign(n, std::string());
   job.rank_libraries.assign(n, std::string());
   std::vector<std::string> disagree;
+  int disagreeing = -1;  // the first other rank with another world size
   std::vector<nlohmann::json> infos(n);
   for (int r = 0; r < n; ++r) {
     auto j = nlohmann::json::parse(
@@ -1049,8 +1050,11 @@ void wait_for_ranks(Job& job) {
     if (!j.is_object()) continue;
     infos[r] = j;
     int ws = j.value("world_size", -1);
-    if (ws != n) disagree.push_back(fmt::format("rank {} (pid {} on {}) has world size {}", r,
-                                                j.value("pid", 0L), j.value("host", ""), ws));
+    if (ws != n) {
+      disagree.push_back(fmt::format("rank {} (pid {} on {}) has world size {}", r,
+                                     j.value("pid", 0L), j.value("host", ""), ws));
+      if (disagreeing < 0 && r != me) disagreeing = r;
+    }
     job.ranks.push_back(rank_info_of(r, j));
     job.machines[r] = j.value("machine", j.value("host", std::string()));
     job.rank_builds[r] = j.value("ddpdiag", std::string());
@@ -1086,7 +1090,7 @@ void wait_for_ranks(Job& job) {
     std::string msg = fmt::format("ranks disagree on the world size (rank {} has {}): ", me, n);
     for (std::size_t i = 0; i < disagree.size(); ++i) msg += (i ? "; " : "") + disagree[i];
     job.store->set("abort", to_bytes(msg));
-    throw RendezvousError(msg, {"rendezvous", me, -1,
+    throw RendezvousError(msg, {"rendezvous", me, disagreeing,
                                 "start every rank with the same WORLD_SIZE / --world-size"});
   }
   if (auto diff = settings_differences(infos); !diff.empty()) {
@@ -1730,7 +1734,18 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   // Rank 0 gone (killed, crashed) cannot write the job's report either.
   const auto gone = gone_ranks(job);
   const bool rank0_gone = std::find(gone.begin(), gone.end(), 0) != gone.end();
-  const bool own_report = job.world.rank > 0 && (store_unreachable || rank0_gone ||
+  // A rank whose world was refused (RANK=2 in a world of 2) is not rank 0:
+  // its report goes beside the job's, under the rank it was given, rather
+  // than over the job's.
+  if (!job.world_known)
+    for (const char* var : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
+      if (const char* v = std::getenv(var); v && *v) {
+        char* end = nullptr;
+        const long r = std::strtol(v, &end, 10);
+        if (end && *end == '\0' && r > 0 && r < (1L << 30)) job.world.rank = static_cast<int>(r);
+        break;
+      }
+  const bool own_report = job.world.rank > 0 && (store_unreachable || rank0_gone || !job.world_known ||
                                                  (job.monitor && job.monitor->store_lost()));
   if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {
     auto path_of = [&](const std::string& path, const std::string& ext) {
@@ -1741,7 +1756,8 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       reports::write_report_outputs(report.finish(), json_path, path_of(o.markdown_path, ".md"));
       if (own_report && !json_path.empty())
         std::fprintf(stderr, "ddpdiag: rank %d %s; its own report: %s\n", job.world.rank,
-                     store_unreachable || (job.monitor && job.monitor->store_lost())
+                     !job.world_known ? "was refused its place in the world"
+                     : store_unreachable || (job.monitor && job.monitor->store_lost())
                          ? "could not reach the store"
                          : "saw rank 0, which writes the job's report, gone",
                      json_path.c_str());

@@ -326,9 +326,9 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
         const double pct = 100 * link->fraction();
         const bool ok = pct >= o.min_link_pct;
         report.add_check({"min_link_pct", ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                          fmt::format("busbw {:.3f} GB/s at {} B is {:.0f}% of the slowest link ({}, {:.4g} "
+                          fmt::format("busbw {:.3f} GB/s at {} B is {:.{}f}% of the slowest link ({}, {:.4g} "
                                       "GB/s), {} the threshold {:g}%",
-                                      link->busbw_gbps, link->bytes, pct,
+                                      link->busbw_gbps, link->bytes, pct, pct < 10 ? 1 : 0,
                                       format_link_speed(link->slowest_mbps),
                                       link_gbytes_per_s(link->slowest_mbps), ok ? "meeting" : "under",
                                       o.min_link_pct)});
@@ -381,9 +381,10 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                     w["first"].get<std::string>().c_str());
     std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
     if (link)
-      std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %zu B is %.3f GB/s, %.0f%% of it\n",
+      std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %zu B is %.3f GB/s, %.*f%% of it\n",
                   format_link_speed(link->slowest_mbps).c_str(), link_gbytes_per_s(link->slowest_mbps),
-                  link->bytes, link->busbw_gbps, 100 * link->fraction());
+                  link->bytes, link->busbw_gbps, 100 * link->fraction() < 10 ? 1 : 0,
+                  100 * link->fraction());
     print_checks_and_verdict(report);
   }
 }

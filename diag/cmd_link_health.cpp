@@ -450,7 +450,8 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
       for (const auto& t : p["transport"]) tr += (tr.empty() ? "" : ",") + t.get<std::string>();
     }
     const std::string of_link = p["link_fraction"].is_number()
-                                    ? fmt::format("{:.0f}%", 100 * p["link_fraction"].get<double>())
+                                    ? fmt::format("{:.{}f}%", 100 * p["link_fraction"].get<double>(),
+                                                  p["link_fraction"].get<double>() < 0.1 ? 1 : 0)
                                     : "-";
     std::printf("  %5d %5d %-10s %10.3f %10.1f %12.3f %7s %-16s %s\n", p["src"].get<int>(),
                 p["dst"].get<int>(), p["same_host"].get<bool>() ? "same-host" : "cross-host",

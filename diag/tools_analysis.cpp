@@ -80,9 +80,10 @@ std::vector<PairJudgement> judge_pairs(const std::vector<PairMeasurement>& pairs
       const double link_gbps = link_gbytes_per_s(p.link_speed_mbps);
       if (p.bandwidth_gbps < link_gbps * t.min_link_pct / 100) {
         j.slow_bandwidth = true;
-        why.push_back(fmt::format("bandwidth {:.4g} GB/s is {:.0f}% of its {} link ({:.4g} GB/s), under "
+        const double share = 100 * p.bandwidth_gbps / link_gbps;
+        why.push_back(fmt::format("bandwidth {:.4g} GB/s is {:.{}f}% of its {} link ({:.4g} GB/s), under "
                                   "{:g}%",
-                                  p.bandwidth_gbps, 100 * p.bandwidth_gbps / link_gbps,
+                                  p.bandwidth_gbps, share, share < 10 ? 1 : 0,
                                   format_link_speed(p.link_speed_mbps), link_gbps, t.min_link_pct));
       }
     }

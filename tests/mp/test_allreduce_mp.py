@@ -592,9 +592,17 @@ class BadInput(unittest.TestCase):
         p = run(["allreduce-test"] + SMALL, env=clean_env(RANK="one", WORLD_SIZE=2))
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("RANK='one'", p.stderr)
-        p = run(["allreduce-test"] + SMALL, env=clean_env(RANK=2, WORLD_SIZE=2))
+        path = tmp_json()
+        own = path[:-len(".json")] + ".rank2.json"
+        p = run(["allreduce-test", "--json", path] + SMALL, env=clean_env(RANK=2, WORLD_SIZE=2))
         self.assertEqual(p.returncode, 2)
         self.assertIn("RANK=2 is out of range", p.stderr)
+        # Not rank 0: its report goes beside the job's, not over it.
+        self.assertFalse(os.path.exists(path))
+        rep = load(own)
+        os.unlink(own)
+        self.assertEqual(rep["error"]["exit_code"], 2)
+        self.assertIn("rank 2 was refused its place in the world", p.stderr)
 
     def test_bad_flags_are_exit_2(self):
         p = run(["allreduce-test", "--nproc", "2", "-d", "complex"])
