@@ -354,7 +354,10 @@ std::string regression_reasons(const Comparison& c) {
   if (verdict_rank(c.new_verdict) > 0) why.push_back("the new run's verdict is " + c.new_verdict);
   else if (c.verdict_regressed) why.push_back("a worse verdict");
   int checks = 0, figs = 0, missing = 0;
-  for (const auto& ch : c.checks) checks += ch.regressed;
+  for (const auto& ch : c.checks) {
+    checks += ch.regressed;
+    missing += c.fail_on_missing && ch.missing;
+  }
   for (const auto& f : c.figures) {
     figs += f.kind == ChangeKind::kRegressed;
     missing += c.fail_on_missing && f.kind == ChangeKind::kMissing;
@@ -370,7 +373,7 @@ std::string regression_reasons(const Comparison& c) {
 bool Comparison::regressed() const {
   if (verdict_regressed) return true;
   for (const auto& ch : checks)
-    if (ch.regressed) return true;
+    if (ch.regressed || (fail_on_missing && ch.missing)) return true;
   for (const auto& f : figures)
     if (f.kind == ChangeKind::kRegressed || (fail_on_missing && f.kind == ChangeKind::kMissing))
       return true;
@@ -544,8 +547,17 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
         else if (st == "fail")
           it->second = st;
       }
+  // Two checks of one name in NEW (a command that judges several rows by
+  // one rule): one entry, failing when either fails.
   if (now.is_object() && now.contains("checks") && now["checks"].is_array())
-    for (const auto& ch : now["checks"]) nchecks.push_back({str_or(ch, "name", "?"), check_status(ch)});
+    for (const auto& ch : now["checks"]) {
+      const std::string name = str_or(ch, "name", "?"), st = check_status(ch);
+      auto it = std::find_if(nchecks.begin(), nchecks.end(), [&](const auto& x) { return x.first == name; });
+      if (it == nchecks.end())
+        nchecks.push_back({name, st});
+      else if (st == "fail" || (st == "pass" && it->second == "skip"))
+        it->second = st;
+    }
   auto find = [](const auto& v, const std::string& name) -> std::string {
     for (const auto& [n, s] : v)
       if (n == name) return s;
@@ -555,7 +567,9 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
     std::string ns = find(nchecks, name);
     // A check failing in NEW never passes the gate, even where a baseline
     // run failed it too (one bad baseline would switch it off for good).
-    c.checks.push_back({name, st, ns, ns == "fail"});
+    CheckChange ch{name, st, ns, ns == "fail"};
+    ch.missing = st == "pass" && (ns.empty() || ns == "skip");
+    c.checks.push_back(ch);
   }
   for (const auto& [name, st] : nchecks)
     if (find(bchecks, name).empty() &&
@@ -618,7 +632,11 @@ std::string render_comparison_text(const Comparison& c) {
     out += "\nchecks:\n";
     for (const auto& ch : c.checks)
       out += fmt::format("  {:<20} {:>6} -> {:<6}{}\n", ch.name, ch.base.empty() ? "(none)" : ch.base,
-                         ch.now.empty() ? "(none)" : ch.now, ch.regressed ? "  REGRESSED" : "");
+                         ch.now.empty() ? "(none)" : ch.now,
+                         ch.regressed                          ? "  REGRESSED"
+                         : ch.missing && c.fail_on_missing     ? "  NO LONGER CHECKED (--fail-on-missing)"
+                         : ch.missing                          ? "  no longer checked"
+                                                               : "");
   }
   out += fmt::format("verdict: {} -> {}{}\n", c.base_verdict.empty() ? "?" : c.base_verdict,
                      c.new_verdict.empty() ? "?" : c.new_verdict, c.verdict_regressed ? "  REGRESSED" : "");
@@ -651,7 +669,10 @@ std::string render_comparison_markdown(const Comparison& c) {
     out += "| check | base | new | |\n|---|---|---|---|\n";
     for (const auto& ch : c.checks)
       out += fmt::format("| {} | {} | {} | {} |\n", markdown_cell(ch.name), ch.base.empty() ? "–" : ch.base,
-                         ch.now.empty() ? "–" : ch.now, ch.regressed ? "❌ regressed" : "");
+                         ch.now.empty() ? "–" : ch.now,
+                         ch.regressed ? "❌ regressed"
+                         : ch.missing ? (c.fail_on_missing ? "❌ no longer checked" : "no longer checked")
+                                      : "");
     out += "\n";
   }
   auto table = [&](bool notable) {

@@ -63,6 +63,9 @@ struct CheckChange {
   std::string base;  // "pass", "fail", "skip", or "" when absent
   std::string now;
   bool regressed = false;
+  // Passed in BASE, skipped or absent in NEW: no longer checked (a
+  // regression with --fail-on-missing).
+  bool missing = false;
 };
 
 // A run setting that changes what rows measure (world size, backend, and per

@@ -363,6 +363,39 @@ TEST_CASE("compare: a figure NEW lacks is missing, and --fail-on-missing fails o
   CHECK(regression_reasons(cs).find("missing with --fail-on-missing") != std::string::npos);
 }
 
+TEST_CASE("compare: a check that passed and is skipped or gone in NEW is no longer checked",
+          "[reports][compare]") {
+  auto base = allreduce_report(baseline_points());
+  base["checks"] = nlohmann::json::array({{{"name", "correctness"}, {"status", "pass"}, {"detail", "0 wrong"}},
+                                          {{"name", "min_busbw"}, {"status", "pass"}, {"detail", "ok"}}});
+  auto now = base;
+  now["checks"] = nlohmann::json::array({{{"name", "correctness"}, {"status", "skip"}, {"detail", "-c 0"}}});
+  auto c = compare_reports(base, now);
+  REQUIRE(c.checks.size() == 2);
+  CHECK(c.checks[0].missing);
+  CHECK(c.checks[1].missing);
+  CHECK_FALSE(c.regressed());
+  CHECK(render_comparison_text(c).find("no longer checked") != std::string::npos);
+  CompareOptions strict;
+  strict.fail_on_missing = true;
+  auto cs = compare_reports(base, now, strict);
+  CHECK(cs.regressed());
+  CHECK(regression_reasons(cs).find("2 missing with --fail-on-missing") != std::string::npos);
+}
+
+TEST_CASE("compare: two checks of one name in NEW: failing when either fails", "[reports][compare]") {
+  auto base = allreduce_report(baseline_points());
+  base["checks"] = nlohmann::json::array({{{"name", "links"}, {"status", "pass"}, {"detail", "ok"}}});
+  auto now = base;
+  now["checks"] = nlohmann::json::array({{{"name", "links"}, {"status", "pass"}, {"detail", "ok"}},
+                                         {{"name", "links"}, {"status", "fail"}, {"detail", "slow"}}});
+  now["verdict"] = "FAIL";
+  auto c = compare_reports(base, now);
+  REQUIRE(c.checks.size() == 1);
+  CHECK(c.checks[0].now == "fail");
+  CHECK(c.checks[0].regressed);
+}
+
 TEST_CASE("compare: several baseline runs: their median is the base, their range joins the spread",
           "[reports][compare]") {
   // Three runs of the same command on a noisy machine: 1 MiB at 10, 8 and 12
