@@ -1540,8 +1540,8 @@ void check_report_outputs(const std::string& json_path, const std::string& markd
     if (auto problem = reports::output_path_problem(path))
       throw UsageError(fmt::format("{} {}: cannot write the report there: {}", flag, path, *problem),
                        {"flags", current_rank(), -1,
-                        "create the directory first, or give a path in a writable directory "
-                        "(checked before anything is measured)"});
+                        "give a path that can be written: an existing, writable directory, "
+                        "and not a read-only file (checked before anything is measured)"});
 }
 
 std::optional<int> launch_if_asked(const CommonOptions& o) {

@@ -231,6 +231,10 @@ std::optional<std::string> output_path_problem(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) == 0) {
     if (S_ISDIR(st.st_mode)) return fmt::format("{} is a directory", path);
+    // A report made read-only (a kept baseline) is not replaced, even by
+    // root, whom access() would let write anything.
+    if (S_ISREG(st.st_mode) && !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)))
+      return fmt::format("{} is read-only (a kept report?); it is not replaced", path);
     if (!S_ISREG(st.st_mode)) return ::access(path.c_str(), W_OK) == 0
                                          ? std::nullopt
                                          : std::optional<std::string>(fmt::format(

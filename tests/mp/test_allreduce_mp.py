@@ -852,7 +852,7 @@ class BadInput(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stderr)
                 self.assertIn("/nonexistent-dir/b.json", p.stderr)
                 self.assertIn("cannot write the report there", p.stderr)
-                self.assertIn("create the directory first", p.stderr)
+                self.assertIn("an existing, writable directory", p.stderr)
                 self.assertEqual(p.stdout, "")
                 with tempfile.TemporaryDirectory() as d:
                     same = os.path.join(d, "r.json")

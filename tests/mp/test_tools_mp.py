@@ -45,6 +45,21 @@ class ErrorReports(unittest.TestCase):
         self.assertIn("reports hold at most 10000000", p.stderr)
         self.assertIn("--count", p.stderr)
 
+    def test_a_read_only_report_is_not_replaced(self):
+        path = tmp_json()
+        with open(path, "w") as f:
+            f.write("{}")
+        os.chmod(path, 0o444)
+        try:
+            p = run(["buckets", "--model", "mlp", "--json", path])
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("is read-only", p.stderr)
+            with open(path) as f:
+                self.assertEqual(f.read(), "{}")
+        finally:
+            os.chmod(path, 0o644)
+            os.unlink(path)
+
 
 class BucketSweep(unittest.TestCase):
     CAPS = [1, 5, 25]
