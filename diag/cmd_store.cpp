@@ -403,13 +403,23 @@ Subcommand add_store_command(CLI::App& parent) {
 
   auto setk = std::make_shared<KeyOptions>();
   CLI::App* st = store->add_subcommand("set", "set KEY to VALUE in a store (key as torch's store.set(KEY) sees it)");
-  st->add_option("key", setk->key, "key")->required();
+  // torch 2.x's server (and ddpdiag's) close the connection on a key over
+  // 8 KiB: refused here, by name, instead of failing at the next operation.
+  const auto key_size = CLI::Validator(
+      [](std::string& k) -> std::string {
+        if (k.size() > 8 * 1024)
+          return "the key is " + std::to_string(k.size()) +
+                 " bytes; stores of torch 2.x take at most 8192";
+        return {};
+      },
+      "at most 8192 bytes");
+  st->add_option("key", setk->key, "key")->required()->check(key_size);
   st->add_option("value", setk->value, "value")->required();
   add_key_flags(st, *setk);
 
   auto getk = std::make_shared<KeyOptions>();
   CLI::App* gt = store->add_subcommand("get", "wait up to --timeout for KEY and print its value");
-  gt->add_option("key", getk->key, "key")->required();
+  gt->add_option("key", getk->key, "key")->required()->check(key_size);
   add_key_flags(gt, *getk);
 
   auto keysk = std::make_shared<KeyOptions>();

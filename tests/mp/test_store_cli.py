@@ -194,6 +194,10 @@ class GetAndServe(unittest.TestCase):
             self.assertEqual(run(["store", "set", "--addr", s.addr, "k", "v"], timeout=30).returncode, 0)
             p = run(["store", "get", "--addr", s.addr, "k", "--timeout", "5"], timeout=30)
             self.assertEqual((p.returncode, p.stdout), (0, "v\n"), p.stderr)
+            # A key over 8 KiB (torch 2.x's limit) is refused by name, up front.
+            p = run(["store", "set", "--addr", s.addr, "k" * 9000, "v"], timeout=30)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("the key is 9000 bytes", p.stderr)
 
     def test_serve_out_of_file_descriptors_neither_spins_nor_hangs(self):
         # 40 clients against a store whose process may hold 24 files: it
