@@ -455,6 +455,16 @@ CLI::Validator bucket_mb_value(bool zero_ok) {
 
 CLI::Validator timeout_value() { return number_in_range(kMinTimeoutS, kMaxTimeoutS); }
 
+void add_gradient_view_flags(CLI::App* app, bool& views) {
+  auto* on = app->add_flag("--gradient-as-bucket-view,--gradient-views", views,
+                           "gradient_as_bucket_view=True: gradients are slices of the buckets "
+                           "(default: False, as DDP)");
+  app->add_flag_callback("--no-views,--no-gradient-views", [&views] { views = false; },
+                         "gradient_as_bucket_view=False (the default, as DDP): each gradient in "
+                         "a buffer of its own, copied into and out of the buckets")
+      ->excludes(on);
+}
+
 void check_backward_rate(std::uint64_t gradient_bytes, double gbps, int rank) {
   if (!(gbps > 0)) return;
   const double s = static_cast<double>(gradient_bytes) / (gbps * 1e9);

@@ -260,6 +260,9 @@ CLI::Validator timeout_value();
 // backward of gradient_bytes would take over an hour a step; 0 is no
 // compute time.
 void check_backward_rate(std::uint64_t gradient_bytes, double gbps, int rank);
+// --gradient-as-bucket-view (and --gradient-views) sets views; --no-views
+// and --no-gradient-views say DDP's default (False) explicitly.
+void add_gradient_view_flags(CLI::App* app, bool& views);
 
 // The entries of a comma-separated flag value ("" gives none). Throws
 // UsageError naming `flag` (and `rank`) for an empty entry ("1,,5", "1,5,").

@@ -212,13 +212,7 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
                   "Simulated gradient compute rate in GB/s (0: no compute time)")
       ->capture_default_str()
       ->check(cli::non_negative_number());
-  auto* views = app->add_flag("--gradient-as-bucket-view,--gradient-views", opts->views,
-                              "gradient_as_bucket_view=True: gradients are slices of the buckets "
-                              "(default: False, as DDP)");
-  app->add_flag_callback("--no-views,--no-gradient-views", [opts] { opts->views = false; },
-                         "gradient_as_bucket_view=False (the default, as DDP): gradients copied "
-                         "into and out of buckets")
-      ->excludes(views);
+  cli::add_gradient_view_flags(app, opts->views);
   app->add_option("--hook", opts->hook, "Compression hook: none, fp16, bf16")
       ->capture_default_str()
       ->check(CLI::Validator(

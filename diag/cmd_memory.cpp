@@ -358,15 +358,7 @@ Subcommand add_memory_command(CLI::App& parent) {
                   "Size limit of DDP's first bucket (MiB; 1; torch 2.x with an explicit "
                   "bucket_cap_mb X uses X)")
       ->check(cli::bucket_mb_value(false));
-  // DDP's default (gradient_as_bucket_view=False) unless asked; the names
-  // of ddp-step's flags are taken too.
-  auto* views = app->add_flag("--gradient-as-bucket-view,--gradient-views", opts->gradient_views,
-                              "Gradients as slices of the buckets (DDP's "
-                              "gradient_as_bucket_view=True; default: False, as DDP)");
-  app->add_flag_callback("--no-gradient-views,--no-views", [opts] { opts->gradient_views = false; },
-                         "Gradients in their own buffers (DDP's gradient_as_bucket_view=False, "
-                         "the default)")
-      ->excludes(views);
+  cli::add_gradient_view_flags(app, opts->gradient_views);
   app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(cli::positive_number());
   // Bounded as --caps: a value beyond it is a typo, not a buffer to allocate
   // (and a negative one would wrap around to 16 EiB).

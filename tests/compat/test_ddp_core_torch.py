@@ -1086,6 +1086,10 @@ class BroadcastChunksTest(unittest.TestCase):
         rng = random.Random(8)
         for k in range(40 * SCALE):
             layout = random_layout(rng)
+            # DDP (and broadcast-test) refuse a module without a trainable
+            # parameter: an integer-only layout gets one float tensor.
+            if not any(DTYPES[t["dtype"][len("torch."):]].is_floating_point for t in layout):
+                layout[-1]["dtype"] = "torch.float32"
             caps = sorted({rng.choice([16, 64, 400, 1024, 4096, 65536]) for _ in range(3)})
             with self.subTest(case=k):
                 self.compare(layout, caps, None)
