@@ -431,7 +431,19 @@ std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states(
     if (!opts_.store->check(keys))
       for (int r = 0; r < n; ++r)
         if (r != rank() && !opts_.store->check({keys[r]})) before[r] = read_heartbeat(r);
-    while (Clock::now() < deadline && !opts_.store->check(keys))
+    // A rank on this machine whose process is gone will publish nothing:
+    // not waited for.
+    const auto awaited = [&] {
+      std::vector<std::string> k;
+      for (int r = 0; r < n; ++r) {
+        const bool gone = r != rank() && r < static_cast<int>(opts_.peers.size()) &&
+                          opts_.peers[r].same_machine && opts_.peers[r].pid > 0 &&
+                          process_gone(opts_.peers[r].pid);
+        if (!gone) k.push_back(keys[r]);
+      }
+      return k;
+    };
+    while (Clock::now() < deadline && !opts_.store->check(awaited()))
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     const double wall_now =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -815,6 +827,21 @@ void MonitoredCommunicator::watchdog_loop() {
         overdue = true;
         overdue_what = fmt::format("collective #{} {} outstanding for more than {} ms", o.seq,
                                    o.fp.describe(), timeout_.count());
+      } else if (!open_.empty() && now - open_.front().started > 2 * opts_.poll_interval) {
+        // A peer on this machine whose process is gone (killed: the OOM
+        // killer's SIGKILL) ends the collective now: its backend may only
+        // notice at the deadline (a connection closed rather than reset).
+        const Open& o = open_.front();
+        for (std::size_t r = 0; r < opts_.peers.size(); ++r) {
+          const auto& p = opts_.peers[r];
+          if (static_cast<int>(r) == rank() || !p.same_machine || p.pid <= 0 || !process_gone(p.pid))
+            continue;
+          overdue = true;
+          overdue_what = fmt::format("collective #{} {} cannot complete: rank {} (pid {} on this "
+                                     "machine) has ended",
+                                     o.seq, o.fp.describe(), r, p.pid);
+          break;
+        }
       }
     }
     if (store_lost_) continue;  // nothing more to learn from a store that is gone

@@ -66,6 +66,8 @@ struct ArmedReport {
 std::mutex g_armed_mutex;
 std::optional<ArmedReport> g_armed;
 
+}  // namespace
+
 void arm_report(const reports::Report& report, const CommonOptions& o) {
   if (o.json_path.empty() && o.markdown_path.empty()) return;
   std::lock_guard<std::mutex> lock(g_armed_mutex);
@@ -75,6 +77,17 @@ void arm_report(const reports::Report& report, const CommonOptions& o) {
 void disarm_report() {
   std::lock_guard<std::mutex> lock(g_armed_mutex);
   g_armed.reset();
+}
+
+void note_current_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
+
+namespace {
+
+// A field of world learnt after the report was armed (the run the ranks
+// met in), for a report written on a signal.
+void note_armed_world_field(const std::string& key, const nlohmann::json& value) {
+  std::lock_guard<std::mutex> lock(g_armed_mutex);
+  if (g_armed) g_armed->report.set_world_field(key, value);
 }
 }  // namespace
 
@@ -158,12 +171,22 @@ std::string write_report_on_terminate(const std::string& message, const std::str
                              static_cast<int>(ExitCode::kPeerFailed)});
 }
 
+// Held by the signal's thread while it writes the report, and taken for
+// good once the process exits normally: the exit's destructors must not run
+// under a report being written, nor a report be written from destroyed
+// globals (the signal came as the command finished).
+std::mutex g_interrupt_mutex;
+
 void write_report_on_interrupt() {
   if (g_signal_pipe[0] >= 0 || ::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return;
+  // Runs before the destructors of every global built before this call.
+  std::atexit([] { g_interrupt_mutex.lock(); });
   std::thread([] {
     char c = 0;
     while (::read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
     }
+    // Never released: this thread ends the process.
+    if (!g_interrupt_mutex.try_lock()) return;  // the process is exiting on its own
     const int sig = static_cast<unsigned char>(c);
     const char* abbrev = sigabbrev_np(sig);
     const std::string name = abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
@@ -198,8 +221,8 @@ void write_report_on_interrupt() {
            "that rank's own output says why it ended; this report has what was known when this "
            "rank was stopped",
            static_cast<int>(ExitCode::kPeerFailed)});
-      std::fprintf(stderr, "ddpdiag: %s: stopped by the launcher: %s%s\n",
-                   rank >= 0 ? fmt::format("rank {}", rank).c_str() : "ddpdiag", peer_text.c_str(),
+      std::fprintf(stderr, "ddpdiag: %sstopped by the launcher: %s%s\n",
+                   rank >= 0 ? fmt::format("rank {}: ", rank).c_str() : "", peer_text.c_str(),
                    written.empty() ? "" : fmt::format("; report: {}", written).c_str());
       std::fflush(stderr);
       std::_Exit(static_cast<int>(ExitCode::kPeerFailed));
@@ -210,8 +233,8 @@ void write_report_on_interrupt() {
          "the run was stopped from outside (Ctrl-C, the launcher, the scheduler's time limit); "
          "this report has what was known when it stopped",
          128 + sig});
-    std::fprintf(stderr, "ddpdiag: %s: interrupted by %s%s\n",
-                 rank >= 0 ? fmt::format("rank {}", rank).c_str() : "ddpdiag", name.c_str(),
+    std::fprintf(stderr, "ddpdiag: %sinterrupted by %s%s\n",
+                 rank >= 0 ? fmt::format("rank {}: ", rank).c_str() : "", name.c_str(),
                  written.empty() ? "" : fmt::format("; report: {}", written).c_str());
     std::fflush(stderr);
     std::_Exit(128 + sig);
@@ -728,6 +751,7 @@ namespace {
 // Option name -> {"value": what is compared, "shown": what a message says},
 // for the options that must agree across ranks.
 nlohmann::json g_rank_settings = nlohmann::json::object();
+std::string g_rank_command;  // the subcommand this rank runs
 
 // A file named on the command line (a model layout) may sit at different
 // paths on different hosts: its contents are compared, not its path.
@@ -796,6 +820,7 @@ void record_rank_settings(const CLI::App& subcommand) {
     settings[name] = {{"value", value}, {"shown", shown}};
   }
   g_rank_settings = std::move(settings);
+  g_rank_command = subcommand.get_name();
 }
 
 namespace {
@@ -831,6 +856,9 @@ void join_store_run(Job& job, const std::string& host) {
   std::int64_t run = 0;
   if (me == 0) {
     run = store.add("runs", 1);
+    // Who took it, for a second rank 0 to name.
+    store.set(fmt::format("runs/{}", run),
+              to_bytes(fmt::format("pid {} on host {}", static_cast<long>(getpid()), host)));
     if (store.check({"hello/done"})) {
       try {
         job.hellos_scanned = std::stoll(to_string(store.get("hello/done", job.timeout)));
@@ -869,6 +897,7 @@ void join_store_run(Job& job, const std::string& host) {
   job.store_run = run;
   job.store = std::make_shared<PrefixStore>(fmt::format("{}/run/{}", root->prefix(), run),
                                             root->base());
+  note_armed_world_field("store_run", run);
 }
 
 // Rank 0, while it waits for the others: answers every hello it has not
@@ -877,6 +906,29 @@ void join_store_run(Job& job, const std::string& host) {
 void answer_hellos(Job& job) {
   if (job.rank() != 0 || !job.store_root) return;
   Store& store = *job.store_root;
+  // Two live processes given rank 0: each took a run. No rank 0 of a later
+  // run starts while this job's ranks still wait (a restart stops the old
+  // workers first; a script's next command waits for this one), so a newer
+  // run is another rank 0, now. The older names the newer, and tells it.
+  const auto other_run = [&](std::int64_t r) {
+    const std::string key = fmt::format("runs/{}", r);
+    return store.check({key}) ? to_string(store.get(key, job.timeout)) : std::string("another process");
+  };
+  const auto duplicate = [&](const std::string& msg) {
+    job.store->set("abort", to_bytes(msg));
+    throw RendezvousError(msg, {"rendezvous", 0, -1,
+                                "two processes were given rank 0; check RANK / --rank / the "
+                                "launcher's node ranks and task counts"});
+  };
+  const std::string dup_key = fmt::format("duplicate/{}", job.store_run);
+  if (store.check({dup_key})) duplicate(to_string(store.get(dup_key, job.timeout)));
+  if (const std::int64_t latest = store.add("runs", 0); latest > job.store_run) {
+    const std::string msg = fmt::format(
+        "rank 0 is claimed twice: by {} (run {}) and by {} (run {}), while the ranks met",
+        other_run(job.store_run), job.store_run, other_run(latest), latest);
+    store.set(fmt::format("duplicate/{}", latest), to_bytes(msg));
+    duplicate(msg);
+  }
   const std::int64_t last = store.add("hello/last", 0);
   for (std::int64_t k = job.hellos_scanned + 1; k <= last; ++k) job.hellos_pending.push_back(k);
   job.hellos_scanned = std::max(job.hellos_scanned, last);
@@ -959,6 +1011,7 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                          {"ddpdiag", fmt::format("{} ({})", config::kVersion, config::kGitRevision)},
                          {"library", reported_library_version(job.backend)},
                          {"job", job_identity()},
+                         {"command", g_rank_command},
                          {"settings", g_rank_settings}};
   const std::string mine = info.dump();
   if (agrees_on_run(job) && !job.store_run) join_store_run(job, host);
@@ -1102,6 +1155,28 @@ void wait_for_ranks(Job& job) {
     job.store->set("abort", to_bytes(msg));
     throw RendezvousError(msg, {"rendezvous", me, disagreeing,
                                 "start every rank with the same WORLD_SIZE / --world-size"});
+  }
+  // Ranks of different subcommands (a worker script whose command on one
+  // node failed at once and went on to its next): say that, not every
+  // option one has and the other lacks.
+  if (infos[0].is_object()) {
+    const std::string cmd0 = infos[0].value("command", std::string());
+    std::vector<std::string> others;
+    for (int r = 1; r < n; ++r) {
+      const std::string c = infos[r].is_object() ? infos[r].value("command", std::string()) : "";
+      if (!cmd0.empty() && !c.empty() && c != cmd0)
+        others.push_back(fmt::format("rank {} (pid {} on {}) runs {}", r, infos[r].value("pid", 0L),
+                                     infos[r].value("host", std::string()), c));
+    }
+    if (!others.empty()) {
+      std::string msg = fmt::format("ranks run different subcommands: rank 0 runs {}, ", cmd0);
+      for (std::size_t i = 0; i < others.size() && i < 8; ++i) msg += (i ? "; " : "") + others[i];
+      job.store->set("abort", to_bytes(msg));
+      throw RendezvousError(msg, {"rendezvous", me, -1,
+                                  "every rank must run the same ddpdiag command; under a launcher, "
+                                  "an earlier command that failed on one node lets that node go on "
+                                  "to the next one: check each node's earlier output"});
+    }
   }
   if (auto diff = settings_differences(infos); !diff.empty()) {
     std::string msg = "ranks were started with different settings: ";

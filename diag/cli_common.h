@@ -168,6 +168,12 @@ std::string requested_device(const Job& job);
 // registered when it failed, and at least this rank itself. Called again as
 // the job gets further, it replaces what was recorded before.
 void record_known_world(const Job& job, const CommonOptions& o, reports::Report& report);
+// The report a SIGINT/SIGTERM writes (with the error "interrupted"), as it
+// stands now (a copy): rank 0's to --json, another rank's beside it.
+void arm_report(const reports::Report& report, const CommonOptions& o);
+void disarm_report();
+// This process's rank, once known, for messages and the armed report.
+void note_current_rank(int rank);
 // Creates the backend's communicator, wrapped in a MonitoredCommunicator.
 void create_communicator(Job& job, const CommonOptions& o);
 // Rank 0 keeps the store up until every rank has left (bounded).

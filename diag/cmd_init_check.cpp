@@ -230,7 +230,23 @@ int run_init_check(const InitCheckOptions& io) {
   std::string nccl_log_path;
   nlohmann::json nccl_log;
 
-  auto phase = [&](const std::string& name, auto&& f) { tl.run(name, f); };
+  // After each phase the report a signal would write (torchrun stops a
+  // worker with SIGTERM on every restart) holds the timeline so far.
+  const auto rearm = [&] {
+    if (!job.world_known) return;
+    note_current_rank(job.world.rank);
+    reports::Report now = report;
+    record_known_world(job, o, now);
+    now.results()["ranks"] = nlohmann::json::array(
+        {{{"rank", job.world.rank}, {"host", host}, {"phases", tl.to_json()},
+          {"started_unix_s", t0_unix_s}}});
+    now.results()["timeout_s"] = o.timeout_s;
+    arm_report(now, o);
+  };
+  auto phase = [&](const std::string& name, auto&& f) {
+    tl.run(name, f);
+    rearm();
+  };
   try {
     phase("environment", [&] {
       try {
@@ -460,6 +476,7 @@ int run_init_check(const InitCheckOptions& io) {
     }
     if (failure) report.set_error(*failure);
     const std::string json_path = rank_report_path(o.json_path, ".json", job.world.rank);
+    disarm_report();  // this one replaces what a signal would have written
     try {
       reports::write_report_outputs(report.finish(), json_path,
                                     rank_report_path(o.markdown_path, ".md", job.world.rank));
@@ -705,6 +722,7 @@ int run_init_check(const InitCheckOptions& io) {
     }
     std::printf("# Verdict: %s\n", report.verdict().c_str());
     std::fflush(stdout);
+    disarm_report();
     if (!o.json_path.empty() || !o.markdown_path.empty()) {
       try {
         reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
@@ -714,6 +732,7 @@ int run_init_check(const InitCheckOptions& io) {
       }
     }
   }
+  disarm_report();
   leave_job(job, rc != 0);
   return rc;
 }

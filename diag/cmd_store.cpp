@@ -346,6 +346,11 @@ int run_keys(const KeyOptions& o) {
       if (last.empty() || last.size() > 9 ||
           !std::all_of(last.begin(), last.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
         continue;
+      // ddpdiag's agreement on a run under torchrun numbers hellos and
+      // runs, not ranks (its per-rank keys are ddpdiag/run/<N>/rank/<r>).
+      const std::string before = slash == std::string::npos ? "" : name.substr(0, slash + 1);
+      const bool rank_key = before.size() >= 5 && before.compare(before.size() - 5, 5, "rank/") == 0;
+      if (name.rfind("ddpdiag/", 0) == 0 && !rank_key) continue;
       by_prefix[slash == std::string::npos ? "" : name.substr(0, slash + 1)].push_back(std::stoi(last));
     }
     std::printf("# keys ending in a number, by prefix, against --world-size %d:\n", o.world_size);

@@ -82,6 +82,7 @@ void Report::set_world(int world_size, const std::string& backend, const std::st
 void Report::set_gloo_threads(int threads) { doc_["world"]["gloo_threads"] = threads; }
 
 void Report::set_world_field(const std::string& key, const nlohmann::json& value) {
+  if (!doc_["world"].is_object()) return;  // no world yet: nothing to add to
   doc_["world"][key] = value;
 }
 

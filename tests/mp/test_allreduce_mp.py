@@ -271,6 +271,41 @@ class LauncherEnvironments(unittest.TestCase):
             server.terminate()
             server.wait(10)
 
+    def agent_store(self):
+        """`ddpdiag store serve` as torchrun's agent store: (port, process)."""
+        port = free_port()
+        server = subprocess.Popen([BIN, "store", "serve", "--port", str(port)],
+                                  stdout=subprocess.PIPE, text=True, env=clean_env())
+        server.stdout.readline()
+        self.addCleanup(lambda: (server.terminate(), server.wait(10), server.stdout.close()))
+        return port
+
+    def test_two_rank_0s_on_an_agent_store_are_named(self):
+        # Each process given RANK=0 takes a run of its own in the agent's
+        # store; the one that started first sees the later run and names both.
+        port = self.agent_store()
+        envs = [agent_env(0, 2, port, True), agent_env(0, 2, port, True), agent_env(1, 2, port, True)]
+        res = run_ranks([["allreduce-test", "--timeout", "20"] + SMALL] * 3, envs)
+        errs = "".join(se for _, _, se, _ in res)
+        self.assertIn("rank 0 is claimed twice: by pid", errs)
+        self.assertTrue(any(rc == 3 for rc, _, _, _ in res), errs)
+        # Both rank 0s stop (neither waits out --timeout for a rank 1 the
+        # other took).
+        for rc, _, se, elapsed in res[:2]:
+            self.assertEqual(rc, 3, se)
+            self.assertLess(elapsed, 15, se)
+
+    def test_ranks_of_different_subcommands_are_named(self):
+        port = self.agent_store()
+        res = run_ranks([["allreduce-test", "--timeout", "20"] + SMALL,
+                         ["ddp-step", "--model", "mlp", "--timeout", "20"]],
+                        [agent_env(r, 2, port, True) for r in range(2)])
+        for rc, _, se, _ in res:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("ranks run different subcommands: rank 0 runs allreduce-test, "
+                          "rank 1 (pid", se)
+            self.assertIn("runs ddp-step", se)
+
     def test_rank0_hosts_the_store(self):
         port = free_port()
         rep, _ = self.run_world([agent_env(r, 2, port, False) for r in range(2)])

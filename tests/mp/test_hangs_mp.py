@@ -33,6 +33,44 @@ def rank_cmds(n, args, port):
                         "--master-port", str(port)] + args[1:] for r in range(n)]
 
 
+
+class KilledPeerOnThisMachine(unittest.TestCase):
+    def test_a_killed_peer_ends_the_collective_long_before_the_timeout(self):
+        # Rank 1 SIGKILLed mid-sweep (the OOM killer's way), no launcher to
+        # stop the others. Gloo reports a connection closed (rather than
+        # reset) only at the collective's deadline; the watchdog sees the
+        # peer's process gone on this machine and ends the collective now.
+        # Several runs: which error Gloo raises varies.
+        for attempt in range(3):
+            with self.subTest(attempt=attempt):
+                port = free_port()
+                env = [clean_env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                       for r in range(2)]
+                args = [BIN, "allreduce-test", "-b", "64K", "-e", "64K", "-n", "200000",
+                        "--timeout", "30"]
+                procs = [subprocess.Popen(args, env=e, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True) for e in env]
+                try:
+                    deadline = time.monotonic() + 60
+                    while time.monotonic() < deadline:
+                        line = procs[0].stdout.readline()
+                        if not line or line.startswith("#   "):
+                            break
+                    time.sleep(0.5 + 0.3 * attempt)
+                    procs[1].send_signal(signal.SIGKILL)
+                    t0 = time.monotonic()
+                    _, err = procs[0].communicate(timeout=60)
+                    elapsed = time.monotonic() - t0
+                finally:
+                    for p in procs:
+                        if p.poll() is None:
+                            p.kill()
+                        p.communicate()
+                self.assertEqual(procs[0].returncode, 5, err)
+                self.assertIn("Rank 1", err)
+                self.assertIn("is dead", err)
+                self.assertLess(elapsed, 10, err)
+
 class InitCheck(unittest.TestCase):
     def test_full_timeline_at_2_and_3_ranks(self):
         for n in (2, 3):
