@@ -136,6 +136,25 @@ class InitCheck(unittest.TestCase):
         self.assertEqual(rep["error"]["phase"], "store_connect")
         os.unlink(path)
 
+    def test_sigterm_writes_the_timeline_so_far(self):
+        # torchrun stops its workers with SIGTERM on every restart: the
+        # report of an init-check so stopped holds its timeline up to there.
+        path = tmp_json()
+        env = clean_env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+        p = subprocess.Popen([BIN, "init-check", "--timeout", "20", "--json", path], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(2)  # waiting for rank 1 at the rendezvous
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+        self.assertEqual(p.returncode, 143, err)
+        self.assertIn("ddpdiag: rank 0: interrupted by SIGTERM; report: " + path, err)
+        self.assertNotIn("ddpdiag: ddpdiag:", err)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["error"]["kind"], "interrupted")
+        phases = [ph["name"] for ph in rep["results"]["ranks"][0]["phases"] if ph["status"] == "ok"]
+        self.assertIn("store_connect", phases)
+
     def test_rejected_environment_claims_no_rank(self):
         # RANK=4 in a world of 4: the rank is unknown and the store was never
         # tried, so the output claims neither rank 0 nor an unreachable store.
