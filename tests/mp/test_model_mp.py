@@ -242,7 +242,8 @@ class ModelVsMeasured(unittest.TestCase):
         # other speeds; the fit keeps the float sums, and a report without
         # them is refused by name.
         every, ints = tmp_json(), tmp_json()
-        p = run(["allreduce-test", "--nproc", "2", "-b", "4K", "-e", "256K", "-f", "4", "-n", "3",
+        # Sizes where time grows with the size even on a loaded machine.
+        p = run(["allreduce-test", "--nproc", "2", "-b", "256K", "-e", "16M", "-f", "4", "-n", "3",
                  "-w", "1", "-d", "all", "--json", every])
         self.assertEqual(p.returncode, 0, p.stderr)
         p = run(["allreduce-test", "--nproc", "2", "-b", "4K", "-e", "256K", "-f", "4", "-n", "3",
@@ -252,7 +253,7 @@ class ModelVsMeasured(unittest.TestCase):
         p = run(["model", every, "--world-size", "8", "--max-fit-error", "1000", "--json", path])
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         fits = load(path)["results"]["fits"]
-        self.assertEqual(fits[0]["points"], 4)  # 4K, 16K, 64K, 256K of float, no other dtype
+        self.assertEqual(fits[0]["points"], 4)  # 256K, 1M, 4M, 16M of float, no other dtype
         p = run(["model", ints, "--world-size", "8"])
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertIn("no float sum all_reduce rows", p.stderr)
