@@ -842,6 +842,23 @@ namespace {
 // A rank waits for the answer to its own hello, a key no earlier process can
 // have set, and keeps every key of the job under run/<N> from then on.
 // ddpdiag's own launcher starts a fresh store for every job: no need there.
+// The start time of a process (clock ticks since boot, field 22 of
+// /proc/<pid>/stat) as text: with the pid, it names one process even after
+// the pid is reused. "0" when there is no such process.
+std::string process_start_ticks(long pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  if (!in) return "0";
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = all.rfind(')');
+  if (close == std::string::npos) return "0";
+  std::istringstream fields(all.substr(close + 1));
+  std::string f;
+  // After the name: state is field 3, start time field 22.
+  for (int i = 3; i <= 22; ++i)
+    if (!(fields >> f)) return "0";
+  return f;
+}
+
 bool agrees_on_run(const Job& job) {
   return job.world.agent_store && job.world.launcher != Launcher::kDdpdiag &&
          job.store_client.has_value();
@@ -859,6 +876,35 @@ void join_store_run(Job& job, const std::string& host) {
     // Who took it, for a second rank 0 to name.
     store.set(fmt::format("runs/{}", run),
               to_bytes(fmt::format("pid {} on host {}", static_cast<long>(getpid()), host)));
+    // Which process holds this run, for a later rank 0 on this machine to
+    // tell whether it still runs (pid, its start time, the machine's boot).
+    store.set(fmt::format("runs/{}/proc", run),
+              to_bytes(fmt::format("{} {} {}", static_cast<long>(getpid()),
+                                   process_start_ticks(getpid()), machine_id())));
+    // The rank 0 of the run before: its ranks may have met already, and then
+    // it no longer looks for later runs. On this machine, a process still
+    // alive there means two processes were given rank 0 (a restart stops the
+    // old workers first; a script's next command waits for this one).
+    if (run > 1 && store.check({fmt::format("runs/{}/proc", run - 1)})) {
+      std::istringstream in(to_string(store.get(fmt::format("runs/{}/proc", run - 1), job.timeout)));
+      long pid = 0;
+      std::string ticks, machine;
+      in >> pid >> ticks >> machine;
+      if (in && pid > 0 && pid != static_cast<long>(getpid()) && machine == machine_id() &&
+          !ticks.empty() && ticks != "0" && process_start_ticks(pid) == ticks &&
+          !process_gone(pid)) {
+        const std::string who = to_string(store.get(fmt::format("runs/{}", run - 1), job.timeout));
+        const std::string msg = fmt::format(
+            "rank 0 is claimed twice: by {} (run {}, still running) and by pid {} on host {} "
+            "(run {})",
+            who, run - 1, static_cast<long>(getpid()), host, run);
+        store.set(fmt::format("duplicate/{}", run - 1), to_bytes(msg));
+        store.set(fmt::format("duplicate/{}", run), to_bytes(msg));  // for the waiting ranks
+        throw RendezvousError(msg, {"rendezvous", 0, -1,
+                                    "two processes were given rank 0; check RANK / --rank / the "
+                                    "launcher's node ranks and task counts"});
+      }
+    }
     if (store.check({"hello/done"})) {
       try {
         job.hellos_scanned = std::stoll(to_string(store.get("hello/done", job.timeout)));
@@ -872,7 +918,27 @@ void join_store_run(Job& job, const std::string& host) {
                                                                static_cast<long>(getpid()), host)));
     const std::string key = fmt::format("welcome/{}", k);
     try {
-      store.wait({key}, job.timeout);
+      // In slices: a rank 0 that finds another rank 0 leaves its message
+      // under duplicate/<newest run>, for the ranks that wait too.
+      for (;;) {
+        const auto left = std::chrono::duration_cast<Millis>(job.rendezvous_deadline.value() -
+                                                              std::chrono::steady_clock::now());
+        try {
+          store.wait({key}, std::clamp(left, Millis(1), Millis(500)));
+          break;
+        } catch (const TimeoutError& e) {
+          if (left <= Millis(500)) throw;
+          if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
+        }
+        if (const std::int64_t latest = store.add("runs", 0); latest > 0) {
+          const std::string dup = fmt::format("duplicate/{}", latest);
+          if (store.check({dup}))
+            throw RendezvousError(to_string(store.get(dup, job.timeout)),
+                                  {"rendezvous", me, 0,
+                                   "two processes were given rank 0; check RANK / --rank / the "
+                                   "launcher's node ranks and task counts"});
+        }
+      }
     } catch (const TimeoutError& e) {
       if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
       throw RendezvousError(

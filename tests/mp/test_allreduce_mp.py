@@ -282,18 +282,64 @@ class LauncherEnvironments(unittest.TestCase):
 
     def test_two_rank_0s_on_an_agent_store_are_named(self):
         # Each process given RANK=0 takes a run of its own in the agent's
-        # store; the one that started first sees the later run and names both.
+        # store. A rank 0 that finds the one before it still running on this
+        # machine names both and tells it; both stop at once.
+        port = self.agent_store()
+        cmd = [BIN, "allreduce-test", "--timeout", "20"] + SMALL
+        first = subprocess.Popen(cmd, env=agent_env(0, 2, port, True), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: first.poll() is None and first.kill())
+        time.sleep(1.0)  # the first one waits for its rank 1
+        t0 = time.monotonic()
+        res = run_ranks([cmd[1:]], [agent_env(0, 2, port, True)])
+        rc, _, se, _ = res[0]
+        self.assertEqual(rc, 3, se)
+        self.assertIn("rank 0 is claimed twice: by pid %d on host" % first.pid, se)
+        self.assertIn("(run 1, still running)", se)
+        so1, se1 = first.communicate(timeout=15)
+        self.assertEqual(first.returncode, 3, se1)
+        self.assertIn("rank 0 is claimed twice: by pid %d on host" % first.pid, se1)
+        self.assertLess(time.monotonic() - t0, 15, se1)
+
+    def test_a_rank_0_after_the_ranks_met_is_named_and_the_world_runs_on(self):
+        port = self.agent_store()
+        cmd = [BIN, "allreduce-test", "-b", "1M", "-e", "1M", "-n", "1500", "--timeout", "20"]
+        world = [subprocess.Popen(cmd, env=agent_env(r, 2, port, True), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for r in range(2)]
+        self.addCleanup(lambda: [p.kill() for p in world if p.poll() is None])
+        # The sweep's table has begun: the ranks met.
+        while True:
+            line = readline_within(world[0], 30)
+            self.assertTrue(line, "rank 0 printed no sweep table")
+            if line.startswith("#   "):
+                break
+        res = run_ranks([cmd[1:]], [agent_env(0, 2, port, True)])
+        rc, _, se, elapsed = res[0]
+        self.assertEqual(rc, 3, se)
+        self.assertIn("rank 0 is claimed twice: by pid %d on host" % world[0].pid, se)
+        self.assertIn("(run 1, still running)", se)
+        self.assertLess(elapsed, 10, se)
+        for p in world:
+            so, se = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, se)
+
+    def test_two_rank_0s_and_a_rank_1_started_together(self):
+        # Whichever rank 0 meets rank 1 first may run its (whole) world; the
+        # other one is named a duplicate at once, never left to wait out
+        # --timeout.
         port = self.agent_store()
         envs = [agent_env(0, 2, port, True), agent_env(0, 2, port, True), agent_env(1, 2, port, True)]
         res = run_ranks([["allreduce-test", "--timeout", "20"] + SMALL] * 3, envs)
         errs = "".join(se for _, _, se, _ in res)
         self.assertIn("rank 0 is claimed twice: by pid", errs)
-        self.assertTrue(any(rc == 3 for rc, _, _, _ in res), errs)
-        # Both rank 0s stop (neither waits out --timeout for a rank 1 the
-        # other took).
+        rcs = [rc for rc, _, _, _ in res]
+        self.assertIn(3, rcs[:2], errs)
         for rc, _, se, elapsed in res[:2]:
-            self.assertEqual(rc, 3, se)
-            self.assertLess(elapsed, 15, se)
+            self.assertIn(rc, (0, 3), se)
+        for rc, _, se, elapsed in res:
+            self.assertLess(elapsed, 15, se)  # rank 1 too: it is told
+        if 0 in rcs[:2]:
+            self.assertEqual(rcs[2], 0, errs)  # rank 1 ran in that world
 
     def test_ranks_of_different_subcommands_are_named(self):
         port = self.agent_store()
