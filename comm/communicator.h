@@ -96,6 +96,14 @@ class Communicator {
   // where the backend does not say (NCCL chooses its own transports).
   virtual std::string listen_address() const { return ""; }
 
+  // Whether peer `peer`'s host answers on the network now, asked by a TCP
+  // connection to the address that peer's backend listened at: refused or
+  // accepted, the host and the path to it are up (kAnswers); no answer
+  // within `timeout`, or no route, they are not (kSilent). kUnknown where
+  // the backend has no address for the peer.
+  enum class HostProbe { kUnknown, kAnswers, kSilent };
+  virtual HostProbe probe_peer_host(int /*peer*/, Millis /*timeout*/) { return HostProbe::kUnknown; }
+
   // send == recv is in-place.
   virtual std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
                                           DType dtype, ReduceOp op) = 0;

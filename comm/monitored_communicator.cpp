@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <stdexcept>
 #include <sstream>
@@ -334,6 +335,11 @@ MonitoredCommunicator::Open* MonitoredCommunicator::open_at(std::int64_t seq) {
   return it != open_.end() && it->seq == seq ? &*it : nullptr;
 }
 
+void MonitoredCommunicator::note_halt_reason(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (halt_reason_.empty()) halt_reason_ = why;
+}
+
 void MonitoredCommunicator::halt() {
   halted_ = true;
   inner_->abort();
@@ -477,6 +483,7 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
                                             const std::vector<Heartbeat>& heartbeats,
                                             std::vector<int>& unreachable, bool peer_reset) const {
   GoneNotes notes(states.size());
+  std::map<std::string, HostProbe> probed;  // by host: its ranks share the answer
   for (std::size_t r = 0; r < states.size() && r < opts_.peers.size(); ++r) {
     if (states[r]) continue;
     const auto& p = opts_.peers[r];
@@ -489,7 +496,23 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
                                p.host, p.pid);
         continue;
       }
-      if (peer_reset && !hb.advanced) {
+      // Its host answers on the network, or not (1 s): this tells a host
+      // cut off from one that is up with its process silent, whatever the
+      // backend's error said.
+      auto known = probed.find(p.host);
+      if (known == probed.end())
+        known = probed.emplace(p.host, inner_->probe_peer_host(static_cast<int>(r), Millis(1000)))
+                    .first;
+      const HostProbe probe = known->second;
+      if (probe == HostProbe::kAnswers && !peer_reset) {
+        notes[r] = fmt::format("is silent: no state and no heartbeat (host {}, pid {}), yet its "
+                               "host answers on the network, so the process is frozen (SIGSTOP, "
+                               "a debugger, a machine swapping) or ended with its connections "
+                               "left open",
+                               p.host, p.pid);
+        continue;
+      }
+      if (peer_reset && probe != HostProbe::kSilent) {
         // Its host's kernel answered for it: the host and the network are
         // up, and the process is gone (crashed, or killed: the OOM killer).
         notes[r] = fmt::format("is dead: no state and no heartbeat (host {}, pid {}), and its "
@@ -648,6 +671,12 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
       seq > 0 ? without_backend_op_numbers(cause.what()) : std::string(cause.what());
   if (stuck != seq)
     cause_text += fmt::format(" (waiting for collective #{}, which runs after it)", seq);
+  {
+    // The op failed because the watchdog stopped the communicator: say why.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!halt_reason_.empty() && cause_text.find("aborted") != std::string::npos)
+      cause_text += "; the watchdog stopped it: " + halt_reason_;
+  }
   const std::string what = fmt::format("rank {}: {}: {}", rank(), where, cause_text);
   publish(what);
   raise_alarm(what);
@@ -669,6 +698,9 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   const bool peer_reset = said.find("reset by peer") != std::string::npos ||
                           said.find("closed by peer") != std::string::npos ||
                           said.find("Connection closed") != std::string::npos;
+  // Every silent rank's host answers on the network: the processes, not
+  // the network, are to blame.
+  bool all_gone_silent = false;
   if (store_lost) {
     std::vector<std::string> hosts;
     std::vector<bool> same_machine;
@@ -696,6 +728,10 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     GoneNotes notes = gone_notes(states, heartbeats, unreachable, peer_reset);
     d = diagnose(states, notes);
     d.unreachable = std::move(unreachable);
+    all_gone_silent = !d.gone.empty();
+    for (int r : d.gone)
+      all_gone_silent = all_gone_silent && r < static_cast<int>(notes.size()) &&
+                        notes[r].rfind("is silent", 0) == 0;
   }
 
   std::string hint;
@@ -728,6 +764,11 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
                                                  : "ranks " + rank_list(d.unreachable),
                        d.unreachable.size() == 1 ? "is" : "are",
                        on.empty() ? std::string() : " (host " + on + ")");
+  } else if (all_gone_silent) {
+    peer = d.gone.front();
+    hint = fmt::format("look at the process of {}{} on its host (ps: state T is stopped; a "
+                       "debugger; swapping) and at its log: its host is up and reachable",
+                       d.gone.size() == 1 ? "rank " : "ranks ", rank_list(d.gone));
   } else if (!d.gone.empty() && peer_reset) {
     peer = d.gone.front();
     hint = fmt::format("look at the log of {}{} and at its host's kernel log (dmesg): its process "
@@ -789,6 +830,47 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   std::rethrow_exception(ep);
 }
 
+std::string MonitoredCommunicator::stalled_peer(std::int64_t seq, const std::string& op) {
+  const auto now = Clock::now();
+  if (seq != hb_watch_seq_) {
+    hb_watch_seq_ = seq;
+    hb_count_.assign(size(), -2);
+    hb_since_.assign(size(), now);
+    hb_next_read_ = now;
+  }
+  if (now < hb_next_read_) return "";
+  hb_next_read_ = now + std::max(opts_.poll_interval, Millis(1000));
+  // Rank 0 watches every rank on another machine, the others watch rank 0:
+  // one rank's alarm stops them all, and the store serves n reads a second,
+  // not n^2.
+  const auto watched = [&](int r) {
+    return r != rank() && r < static_cast<int>(opts_.peers.size()) &&
+           !opts_.peers[r].same_machine && (rank() == 0 || r == 0);
+  };
+  for (int r = 0; r < size(); ++r) {
+    if (!watched(r)) continue;
+    const std::string key = fmt::format("heartbeat/{}", r);
+    std::int64_t count = -1;
+    if (opts_.store->check({key})) {
+      auto j = nlohmann::json::parse(to_string(opts_.store->get(key, Millis(1000))), nullptr, false);
+      if (j.is_object()) count = j.value("n", -1L);
+    }
+    if (count != hb_count_[r]) {
+      hb_count_[r] = count;
+      hb_since_[r] = now;
+      continue;
+    }
+    if (now - hb_since_[r] < opts_.heartbeat_stall) continue;
+    const auto& p = opts_.peers[r];
+    return fmt::format("collective #{} {} cannot complete: rank {} (pid {} on host {}) {} for "
+                       "{:.0f} s (it is dead, frozen, or cut off from the store)",
+                       seq, op, r, p.pid, p.host,
+                       count < 0 ? "wrote no heartbeat" : "wrote no new heartbeat",
+                       std::chrono::duration<double>(now - hb_since_[r]).count());
+  }
+  return "";
+}
+
 void MonitoredCommunicator::watchdog_loop() {
   while (true) {
     bool failed = false;
@@ -815,6 +897,8 @@ void MonitoredCommunicator::watchdog_loop() {
     // Completion of ops nobody waits for yet; then the oldest still open.
     bool overdue = false;
     std::string overdue_what;
+    std::int64_t watch_seq = -1;  // the oldest collective, open for a while
+    std::string watch_op;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto now = Clock::now();
@@ -842,20 +926,30 @@ void MonitoredCommunicator::watchdog_loop() {
                                      o.seq, o.fp.describe(), r, p.pid);
           break;
         }
+        if (!overdue) {
+          watch_seq = o.seq;
+          watch_op = o.fp.describe();
+        }
       }
     }
     if (store_lost_) continue;  // nothing more to learn from a store that is gone
     try {
+      if (!overdue && watch_seq >= 0 && opts_.heartbeat_stall.count() > 0 && !alarm_seen_) {
+        overdue_what = stalled_peer(watch_seq, watch_op);
+        overdue = !overdue_what.empty();
+      }
       if (!alarm_seen_ && opts_.store->check({"alarm"})) {
         alarm_seen_ = true;
         std::string why = to_string(opts_.store->get("alarm", Millis(1000)));
         publish("alarm raised by " + why);
+        note_halt_reason("an alarm raised by " + why);
         halt();
       } else if (overdue && !alarm_seen_) {
         const std::string what = fmt::format("rank {}: {}", rank(), overdue_what);
         publish(what);
         raise_alarm(what);
         alarm_seen_ = true;
+        note_halt_reason(what);
         halt();
       }
     } catch (const Error& e) {

@@ -70,6 +70,10 @@ struct MonitorOptions {
   // How long a rank that detected a failure waits for the others' states.
   Millis gather_wait{3000};
   Millis poll_interval{500};  // watchdog: alarm key and overdue collectives
+  // A collective open this long while a peer on another machine writes no
+  // heartbeat (dead, frozen, or cut off from the store: its backend may
+  // never say so) ends before its deadline. 0: only the deadline.
+  Millis heartbeat_stall{0};
   std::size_t flight_size = 32;
   bool desync_check = false;
   std::vector<Fault> faults;
@@ -100,6 +104,9 @@ class MonitoredCommunicator final : public Communicator {
   std::string library_version() const override { return inner_->library_version(); }
   std::string device_name() const override { return inner_->device_name(); }
   std::string listen_address() const override { return inner_->listen_address(); }
+  HostProbe probe_peer_host(int peer, Millis timeout) override {
+    return inner_->probe_peer_host(peer, timeout);
+  }
 
   std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) override;
@@ -188,6 +195,9 @@ class MonitoredCommunicator final : public Communicator {
   // Aborts the backend. From here on a Work that reports completion may
   // have ended with an error, so none is taken as complete by polling.
   void halt();
+  // Why the watchdog halted the communicator, for the error of the op that
+  // then fails ("aborted" alone says nothing). The first reason stays.
+  void note_halt_reason(const std::string& why);
   template <typename MakeFn>
   std::shared_ptr<Work> issue(Fingerprint fp, MakeFn make, void* corrupt_target = nullptr,
                               DType dtype = DType::kFloat32, std::size_t count = 0);
@@ -213,6 +223,9 @@ class MonitoredCommunicator final : public Communicator {
                        bool peer_reset = false) const;
   void note_store_lost(const Error& e);
   void write_heartbeat();
+  // Watchdog thread: what ends collective `seq` (open for a while) because a
+  // watched peer's heartbeat stood still for heartbeat_stall; "" if nothing.
+  std::string stalled_peer(std::int64_t seq, const std::string& op);
   void watchdog_loop();
   double now_s() const;
 
@@ -233,7 +246,14 @@ class MonitoredCommunicator final : public Communicator {
   std::atomic<bool> alarm_seen_{false};
   std::atomic<bool> store_lost_{false};
   std::string store_error_;  // what the failed store call said; under mutex_
+  std::string halt_reason_;  // note_halt_reason; under mutex_
   std::int64_t heartbeats_ = 0;  // watchdog thread only
+  // stalled_peer's view of the peers' heartbeats (watchdog thread only): the
+  // collective watched, each peer's last count and since when it stood.
+  std::int64_t hb_watch_seq_ = -1;
+  std::vector<std::int64_t> hb_count_;
+  std::vector<std::chrono::steady_clock::time_point> hb_since_;
+  std::chrono::steady_clock::time_point hb_next_read_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> stop_{false};
   std::mutex wd_mutex_;

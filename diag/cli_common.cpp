@@ -1439,6 +1439,14 @@ void create_communicator(Job& job, const CommonOptions& o) {
   mo.store_host_rank = job.world.agent_store ? -1 : 0;
   mo.timeout = job.timeout;
   mo.gather_wait = monitor_deadline;
+  // A peer on another machine that stops its heartbeat (killed with its
+  // connections closed but not reset, frozen, its host gone) may never make
+  // the backend fail: after a quarter of --timeout (10 s at least) of
+  // silence the collective ends. Only where that comes well before the
+  // deadline.
+  if (const Millis stall = std::max(Millis(10000), Millis(job.timeout.count() / 4));
+      stall + Millis(5000) <= job.timeout)
+    mo.heartbeat_stall = stall;
   mo.desync_check = o.desync_check;
   mo.faults = std::move(faults);
   const std::string here = machine_id();

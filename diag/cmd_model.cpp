@@ -154,6 +154,22 @@ double busbw_of(double bytes, double time_s, int world_size) {
   return bytes / time_s / 1e9 * busbw_factor(Collective::kAllReduce, world_size);
 }
 
+// A report already read, that `path` (read as `doc`) repeats: the same file
+// under another name, or a copy of its content.
+struct SameReport {
+  std::string path;
+  bool same_file;
+};
+std::optional<SameReport> same_report(const std::vector<std::pair<std::string, json>>& seen,
+                                      const std::string& path, const json& doc) {
+  for (const auto& [seen_path, seen_doc] : seen) {
+    std::error_code ec;
+    const bool same_file = std::filesystem::equivalent(seen_path, path, ec) && !ec;
+    if (same_file || seen_doc == doc) return SameReport{seen_path, same_file};
+  }
+  return std::nullopt;
+}
+
 void run_model(const ModelOptions& o, reports::Report& report) {
   auto& res = report.results();
   // ---- flags -------------------------------------------------------------
@@ -238,17 +254,14 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     } catch (const std::exception& e) {
       throw UsageError(e.what(), ErrorContext{"model.input", -1, -1, "pass a report written with --json FILE"});
     }
-    for (const auto& [seen, seen_doc] : read_inputs) {
-      std::error_code ec;
-      const bool same_file = std::filesystem::equivalent(seen, path, ec) && !ec;
-      if (same_file || seen_doc == doc)
-        throw UsageError(
-            same_file ? fmt::format("{} is given twice (also as {}): its points would count twice in the fit",
-                                    path, seen)
-                      : fmt::format("{} has the same content as {}: its points would count twice in the fit",
-                                    path, seen),
-            ErrorContext{"model.input", -1, -1, "give each measured report once"});
-    }
+    if (const auto same = same_report(read_inputs, path, doc))
+      throw UsageError(
+          same->same_file
+              ? fmt::format("{} is given twice (also as {}): its points would count twice in the fit",
+                            path, same->path)
+              : fmt::format("{} has the same content as {}: its points would count twice in the fit",
+                            path, same->path),
+          ErrorContext{"model.input", -1, -1, "give each measured report once"});
     read_inputs.emplace_back(path, doc);
     const auto rows = scale::extract_rows(doc, path);
     std::size_t used = 0;
@@ -442,32 +455,21 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     std::size_t compared = 0, outside = 0;
     double worst = 1;
     for (const auto& path : o.check_against) {
-      // Checking the fit against its own points can only pass.
-      for (const auto& [input, input_doc] : read_inputs) {
-        std::error_code ec;
-        const bool same_file = std::filesystem::equivalent(input, path, ec) && !ec;
-        bool same_content = false;
-        if (!same_file) {
-          try {
-            same_content = reports::read_json(path) == input_doc;
-          } catch (const std::exception&) {
-          }
-        }
-        if (same_file || same_content)
-          throw UsageError(fmt::format("--check-against {} is {} the model was fitted from ({}): "
-                                       "a prediction checked against its own points can only pass",
-                                       path, same_file ? "the report" : "a copy of the report",
-                                       input),
-                           ErrorContext{"model.check", -1, -1,
-                                        "check against a run the fit did not use (another world "
-                                        "size, or another run)"});
-      }
       json doc;
       try {
         doc = reports::read_json(path);
       } catch (const std::exception& e) {
         throw UsageError(e.what(), ErrorContext{"model.check", -1, -1, "pass a report written with --json FILE"});
       }
+      // Checking the fit against its own points can only pass.
+      if (const auto same = same_report(read_inputs, path, doc))
+        throw UsageError(fmt::format("--check-against {} is {} the model was fitted from ({}): "
+                                     "a prediction checked against its own points can only pass",
+                                     path, same->same_file ? "the report" : "a copy of the report",
+                                     same->path),
+                         ErrorContext{"model.check", -1, -1,
+                                      "check against a run the fit did not use (another world "
+                                      "size, or another run)"});
       const auto rows = scale::extract_rows(doc, path);
       // The run's own host layout; one host when it does not divide evenly.
       for (const auto& r : rows.rows) {

@@ -41,6 +41,7 @@
 #include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -49,6 +50,7 @@
 #include <array>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <condition_variable>
 #include <functional>
 #include <cstdlib>
@@ -461,11 +463,50 @@ class RingQueue {
 class Core : public std::enable_shared_from_this<Core> {
  public:
   Core(const CommOptions& opts, std::shared_ptr<gloo::rendezvous::Context> context,
-       std::map<std::string, int> peer_addresses)
+       std::map<std::string, int> peer_addresses, std::map<int, sockaddr_storage> peer_sockaddrs)
       : rank_(opts.rank),
         size_(opts.world_size),
         context_(std::move(context)),
-        peer_addresses_(std::move(peer_addresses)) {}
+        peer_addresses_(std::move(peer_addresses)),
+        peer_sockaddrs_(std::move(peer_sockaddrs)) {}
+
+  // Communicator::probe_peer_host: a non-blocking connect to the address the
+  // peer listened at for its pairs. Gloo closes a pair's listening socket
+  // once connected, so a refusal is the usual answer of a live host.
+  Communicator::HostProbe probe_peer_host(int peer, Millis timeout) const {
+    using P = Communicator::HostProbe;
+    const auto it = peer_sockaddrs_.find(peer);
+    if (it == peer_sockaddrs_.end()) return P::kUnknown;
+    const sockaddr_storage& addr = it->second;
+    const socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+    const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return P::kUnknown;
+    const auto answer = [](int err) {
+      if (err == 0 || err == ECONNREFUSED || err == ECONNRESET) return P::kAnswers;
+      if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN ||
+          err == ENETDOWN)
+        return P::kSilent;
+      return P::kUnknown;
+    };
+    P result = P::kUnknown;
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) {
+      result = P::kAnswers;
+    } else if (errno != EINPROGRESS) {
+      result = answer(errno);
+    } else {
+      pollfd pfd{fd, POLLOUT, 0};
+      const int ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
+      if (ready == 0) {
+        result = P::kSilent;
+      } else if (ready > 0) {
+        int err = 0;
+        socklen_t err_len = sizeof err;
+        if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) == 0) result = answer(err);
+      }
+    }
+    ::close(fd);
+    return result;
+  }
 
   void start(int threads) {
     threads_ = threads;  // before any worker reads it
@@ -515,8 +556,20 @@ class Core : public std::enable_shared_from_this<Core> {
     }
   }
 
-  // Stops the workers after the running ops (bounded by their timeouts) and
-  // fails what was still queued.
+  bool running_ops_end_within(std::chrono::milliseconds grace) {
+    const auto until = Clock::now() + grace;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (running_.empty()) return true;
+      }
+      if (Clock::now() >= until) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  // Stops the workers after the running ops (bounded by their timeouts, or
+  // after an abort by a short grace) and fails what was still queued.
   void shutdown() {
     std::vector<std::shared_ptr<GlooWork>> pending;
     {
@@ -527,6 +580,23 @@ class Core : public std::enable_shared_from_this<Core> {
     }
     cv_.notify_all();
     for (auto& w : pending) w->complete(std::make_exception_ptr(unusable_error(*w)));
+    if (aborted_.load() && !running_ops_end_within(std::chrono::seconds(2))) {
+      // After an abort, a Gloo op blocked on a peer that went silent (a
+      // frozen process, a host cut off) ends only at its own timeout, and
+      // the abort has already told every waiter. The process is on its way
+      // out with its report: it must not wait for that op. The workers are
+      // let go, and this core (the context and buffers they use) stays
+      // alive for the rest of the process.
+      static auto* kept = new std::vector<std::shared_ptr<Core>>;
+      static std::mutex kept_mutex;
+      {
+        std::lock_guard<std::mutex> lock(kept_mutex);
+        kept->push_back(shared_from_this());
+      }
+      for (auto& t : workers_)
+        if (t.joinable()) t.detach();
+      return;
+    }
     for (auto& t : workers_)
       if (t.joinable()) t.join();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -924,6 +994,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const int size_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   const std::map<std::string, int> peer_addresses_;
+  const std::map<int, sockaddr_storage> peer_sockaddrs_;  // where each peer listened
 
   std::mutex mutex_;  // guards queue_, running_, sleepers_, spinning_, issued_, tags
   std::condition_variable cv_;
@@ -1052,6 +1123,9 @@ class GlooCommunicator final : public Communicator {
   std::string library_version() const override { return gloo_version(); }
   std::string device_name() const override { return device_; }
   std::string listen_address() const override { return listen_address_; }
+  HostProbe probe_peer_host(int peer, Millis timeout) override {
+    return core_->probe_peer_host(peer, timeout);
+  }
 
   std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) override {
@@ -1480,7 +1554,10 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
                                        "check that the ranks can reach each other (firewall, "
                                        "--gloo-interface / GLOO_SOCKET_IFNAME)"});
   }
-  auto core = std::make_shared<Core>(opts, std::move(context), adapter->take_peer_addresses());
+  std::map<int, sockaddr_storage> peer_sockaddrs;
+  for (const auto& read : adapter->reads()) peer_sockaddrs[read.peer] = read.address;
+  auto core = std::make_shared<Core>(opts, std::move(context), adapter->take_peer_addresses(),
+                                     std::move(peer_sockaddrs));
   core->start(opts.gloo_threads);
   return std::make_unique<GlooCommunicator>(opts, std::move(core), "cpu (" + local_hostname() + ")",
                                             device_ip(*device));

@@ -67,14 +67,15 @@ def remove_stale():
             sh("ip", "netns", "del", m.group(1), check=False)
 
 
-def start(rank, hosts, args, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE):
+def start(rank, hosts, args, port, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+          timeout=TIMEOUT):
     """Starts `rank` of a job whose rank r runs on host hosts[r]."""
     host = hosts[rank]
     local = [r for r in range(len(hosts)) if hosts[r] == host]
     inner = [BIN] + args[:1] + [
         "--rank", str(rank), "--world-size", str(len(hosts)), "--local-rank",
         str(local.index(rank)), "--local-world-size", str(len(local)), "--master-addr", ADDR[0],
-        "--master-port", str(port), "--gloo-interface", IFACE, "--timeout", str(TIMEOUT)
+        "--master-port", str(port), "--gloo-interface", IFACE, "--timeout", str(timeout)
     ] + args[1:]
     return subprocess.Popen(NET.command(host, inner), env=clean_env(), stdout=stdout,
                             stderr=stderr, text=True,
@@ -154,10 +155,11 @@ class LinkDown(unittest.TestCase):
                     self.fail("rank %d ended (rc %s) before the cut:\n%s" % (r, p.returncode,
                                                                           f.read()))
 
-    def run_and_cut(self, hosts, cut):
+    def run_and_cut(self, hosts, cut, timeout=TIMEOUT, ending=None):
         """Runs allreduce-test on the three hosts, calls cut() once rank 0 has
         printed its table header, and returns per rank (rc, stderr, seconds
-        from the cut to the rank's exit).
+        from the cut to the rank's exit). ending: the ranks that must end
+        (all by default).
 
         The run is a long sweep of small blocks (4097 sizes from 64 KiB to
         128 KiB, 5 timed iterations each): every wait is far shorter than
@@ -171,7 +173,9 @@ class LinkDown(unittest.TestCase):
         self.addCleanup(logs.cleanup)
         files = [(open(os.path.join(logs.name, "out%d" % r), "w+"),
                   open(os.path.join(logs.name, "err%d" % r), "w+")) for r in range(n)]
-        procs = [start(r, hosts, args, self.port + 1, *files[r]) for r in range(n)]
+        procs = [start(r, hosts, args, self.port + 1, *files[r], timeout=timeout)
+                 for r in range(n)]
+        ending = list(range(n)) if ending is None else ending
         ended = {}
         try:
             t0 = time.monotonic()
@@ -186,7 +190,8 @@ class LinkDown(unittest.TestCase):
             cut(procs) if getattr(cut, "takes_procs", False) else cut()
             t_cut = time.monotonic()
             # Poll all three, so each exit time is its own.
-            while len(ended) < n and time.monotonic() - t_cut < TIMEOUT + 60:
+            while (any(r not in ended for r in ending)
+                   and time.monotonic() - t_cut < timeout + 60):
                 for r, p in enumerate(procs):
                     if r not in ended and p.poll() is not None:
                         ended[r] = time.monotonic() - t_cut
@@ -202,9 +207,9 @@ class LinkDown(unittest.TestCase):
                 out[r] = (p.returncode, f.read(), ended.get(r, float("inf")))
         sys.stderr.write("\n  exit after the cut: %s\n" % ", ".join(
             "rank %d %.1f s (rc %s)" % (r, out[r][2], out[r][0]) for r in sorted(out)))
-        for r in range(n):
+        for r in ending:
             self.assertIn(r, ended, "rank %d did not end within %d s of the cut:\n%s"
-                          % (r, TIMEOUT + 60, out[r][1]))
+                          % (r, timeout + 60, out[r][1]))
         return out
 
     def host2_link_down(self, hosts):
@@ -290,6 +295,35 @@ class LinkDown(unittest.TestCase):
         rep = load(self.json)
         self.assertEqual(rep["error"]["peer"], 2)
         self.assertEqual(rep["results"]["watchdog"]["diagnosis"]["unreachable_ranks"], [])
+
+    def test_rank_frozen_on_another_host_ends_the_collective_before_the_timeout(self):
+        # Rank 2's process is stopped on host 2 (SIGSTOP; a frozen host or
+        # one whose process was killed with its connections closed looks the
+        # same): no connection fails, so only its silent heartbeat tells.
+        # With --timeout 60 the others stop after 15 s of silence, not 60.
+        hosts = [0, 1, 2]
+
+        def stop2(procs):
+            procs[2].send_signal(signal.SIGSTOP)
+        stop2.takes_procs = True
+        out = self.run_and_cut(hosts, stop2, timeout=60, ending=[0, 1])
+        for r in (0, 1):
+            rc, se, elapsed = out[r]
+            self.assertEqual(rc, 5, "rank %d: %s" % (r, se))
+            self.assertLess(elapsed, 35, "rank %d: %s" % (r, se))
+            # Host 2 answers on the network: not sent to the cables.
+            self.assertIn("Rank 2 did not publish its state: it is silent: no state and no "
+                          "heartbeat (host host2, pid", se)
+            self.assertIn("yet its host answers on the network, so the process is frozen", se)
+            self.assertNotIn("unreachable", se)
+            self.assertIn("hint: look at the process of rank 2 on its host", se)
+        rep = load(self.json)
+        self.assertEqual(rep["error"]["peer"], 2)
+        wd = rep["results"]["watchdog"]
+        self.assertEqual(wd["diagnosis"]["unreachable_ranks"], [])
+        # What ended the wait: rank 0 watched rank 2's heartbeat.
+        self.assertIn("rank 2 (pid", json.dumps(rep))
+        self.assertIn("wrote no new heartbeat for 15 s", json.dumps(rep))
 
     def test_host2_link_down_names_it_unreachable(self):
         self.host2_link_down([0, 1, 2])
