@@ -5,7 +5,10 @@
 // n x n matrices, each rank's all_reduce time, outliers against the median of
 // pairs of the same kind (same host or cross host), on NCCL the transport
 // each pair uses (from NCCL's own INFO log), and a PASS/FAIL verdict naming
-// the slow pairs.
+// the slow pairs. The pairs found slow are measured again (--rechecks, 2 by
+// default, in rounds of disjoint pairs) and each pair keeps its best figures
+// before the verdict: a stall of a shared machine makes a healthy link look
+// slow once, a slow link stays slow.
 //
 // NCCL transports. NCCL reads NCCL_DEBUG once per process, at its first
 // call, so the log cannot be switched on once the job's communicator exists.
@@ -59,6 +62,7 @@ struct LinkHealthOptions {
   int latency_iters = 20;
   std::string allreduce_bytes = "1M";
   int allreduce_iters = 10;
+  int rechecks = 2;
   tools::LinkThresholds thresholds;
   bool no_nccl_transport = false;
 };
@@ -114,7 +118,47 @@ SideResult measure_pair(Communicator& comm, int peer, std::size_t bw_bytes, cons
   return s;
 }
 
+// The pairs in rounds where no rank is in two pairs at once (greedy: a
+// round takes every pair whose ranks are still free).
+std::vector<std::vector<std::pair<int, int>>> disjoint_rounds(std::vector<std::pair<int, int>> pairs,
+                                                              int n) {
+  std::vector<std::vector<std::pair<int, int>>> rounds;
+  while (!pairs.empty()) {
+    std::vector<bool> busy(static_cast<std::size_t>(n), false);
+    std::vector<std::pair<int, int>> round, rest;
+    for (auto [a, b] : pairs) {
+      if (busy[a] || busy[b]) {
+        rest.emplace_back(a, b);
+        continue;
+      }
+      busy[a] = busy[b] = true;
+      round.emplace_back(a, b);
+    }
+    rounds.push_back(std::move(round));
+    pairs = std::move(rest);
+  }
+  return rounds;
+}
+
+// Rank 0's list of int32s, on every rank (its length first, then the list).
+std::vector<std::int32_t> broadcast_ints(Communicator& comm, std::vector<std::int32_t> v,
+                                         Millis timeout) {
+  std::int32_t count = static_cast<std::int32_t>(v.size());
+  CommBuffer head(comm, sizeof count);
+  comm.copy_from_host(head.get(), &count, sizeof count);
+  comm.broadcast(head.get(), 1, DType::kInt32, 0)->wait(timeout);
+  comm.copy_to_host(&count, head.get(), sizeof count);
+  v.resize(static_cast<std::size_t>(count));
+  if (count == 0) return v;
+  CommBuffer body(comm, v.size() * sizeof(std::int32_t));
+  comm.copy_from_host(body.get(), v.data(), v.size() * sizeof(std::int32_t));
+  comm.broadcast(body.get(), v.size(), DType::kInt32, 0)->wait(timeout);
+  comm.copy_to_host(v.data(), body.get(), v.size() * sizeof(std::int32_t));
+  return v;
+}
+
 std::string short_hostname() {
+
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
   std::string h(buf);
@@ -234,18 +278,99 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
     comm.copy_from_host(out.get(), fill.data(), bw_bytes);
     comm.copy_from_host(small_out.get(), fill.data(), 8);
   }
-  json mine = json::array();
-  for (std::size_t r = 0; r < schedule.size(); ++r) {
-    for (auto [a, b] : schedule[r]) {
-      if (a != me && b != me) continue;
-      const int peer = a == me ? b : a;
-      auto s = measure_pair(comm, peer, bw_bytes, o, static_cast<std::uint32_t>(r), job.timeout,
-                            out, in, small_out, small_in);
-      mine.push_back({{"peer", s.peer}, {"latency_us", s.latency_us},
-                      {"bandwidth_time_us", s.bandwidth_time_us}});
+  // Rounds of disjoint pairs, each rank measuring its own; a barrier keeps
+  // the rounds apart. Each round has tags of its own.
+  std::uint32_t next_round = 0;
+  auto measure_rounds = [&](const std::vector<std::vector<std::pair<int, int>>>& rounds,
+                            const std::string& what) {
+    json mine = json::array();
+    for (std::size_t r = 0; r < rounds.size(); ++r) {
+      const std::uint32_t tag_round = next_round++;
+      for (auto [a, b] : rounds[r]) {
+        if (a != me && b != me) continue;
+        const int peer = a == me ? b : a;
+        auto s = measure_pair(comm, peer, bw_bytes, o, tag_round, job.timeout, out, in, small_out,
+                              small_in);
+        mine.push_back({{"peer", s.peer}, {"latency_us", s.latency_us},
+                        {"bandwidth_time_us", s.bandwidth_time_us}});
+      }
+      comm.barrier()->wait(job.timeout);
+      job.progress_line(fmt::format("[progress] {}round {} of {} done", what, r + 1, rounds.size()));
     }
-    comm.barrier()->wait(job.timeout);
-    job.progress_line(fmt::format("[progress] round {} of {} done", r + 1, schedule.size()));
+    return mine;
+  };
+
+  // Rank 0 keeps each pair's best figures over the passes: a pair's time per
+  // exchange is its slower side's (both directions in flight), its latency
+  // the larger of the two sides' estimates; of several passes, the lowest.
+  std::vector<std::vector<double>> best_time(n, std::vector<double>(n, -1)),
+      best_lat(n, std::vector<double>(n, -1));
+  std::vector<std::vector<int>> measured(n, std::vector<int>(n, 0));
+  auto absorb = [&](const std::vector<json>& gathered) {
+    std::vector<std::vector<double>> t(n, std::vector<double>(n, -1)), l(n, std::vector<double>(n, -1));
+    for (int r = 0; r < n; ++r)
+      for (const auto& p : gathered[r]) {
+        const int peer = p["peer"].get<int>();
+        t[r][peer] = p["bandwidth_time_us"].get<double>();
+        l[r][peer] = p["latency_us"].get<double>();
+      }
+    for (int a = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) {
+        if (t[a][b] < 0 || t[b][a] < 0) continue;
+        const double pt = std::max(t[a][b], t[b][a]), pl = std::max(l[a][b], l[b][a]);
+        if (best_time[a][b] < 0 || pt < best_time[a][b]) best_time[a][b] = pt;
+        if (best_lat[a][b] < 0 || pl < best_lat[a][b]) best_lat[a][b] = pl;
+        ++measured[a][b];
+      }
+  };
+  auto pair_measurements = [&] {
+    std::vector<tools::PairMeasurement> pairs;
+    for (int a = 0; a < n; ++a)
+      for (int b = a + 1; b < n; ++b) {
+        tools::PairMeasurement m;
+        m.a = a;
+        m.b = b;
+        m.same_host = job.ranks.size() == static_cast<std::size_t>(n) ? job.ranks[a].host == job.ranks[b].host : true;
+        if (!m.same_host && job.ranks[a].net_speed_mbps > 0 && job.ranks[b].net_speed_mbps > 0)
+          m.link_speed_mbps = std::min(job.ranks[a].net_speed_mbps, job.ranks[b].net_speed_mbps);
+        const double t = best_time[a][b];
+        m.bandwidth_gbps = t > 0 ? static_cast<double>(bw_bytes) / t / 1e3 : 0;
+        m.latency_us = best_lat[a][b];
+        pairs.push_back(m);
+      }
+    return pairs;
+  };
+
+  // Every pair once; then, up to --rechecks times, the pairs rank 0 finds
+  // slow so far, which every rank learns by a broadcast.
+  json mine = measure_rounds(schedule, "");
+  int recheck_passes = 0;
+  std::set<std::pair<int, int>> rechecked;
+  for (int pass = 0;; ++pass) {
+    const auto gathered = job.gather_to_root(fmt::format("link-health/pass{}", pass), mine);
+    std::vector<std::int32_t> suspects;  // a, b, a, b, ...
+    if (me == 0) {
+      absorb(gathered);
+      if (pass < o.rechecks) {
+        const auto pairs = pair_measurements();
+        const auto judged = tools::judge_pairs(pairs, o.thresholds);
+        for (std::size_t i = 0; i < pairs.size(); ++i)
+          if (judged[i].slow()) {
+            suspects.push_back(pairs[i].a);
+            suspects.push_back(pairs[i].b);
+          }
+      }
+    }
+    if (pass >= o.rechecks) break;  // every rank has the same --rechecks
+    suspects = broadcast_ints(comm, std::move(suspects), job.timeout);
+    if (suspects.empty()) break;
+    std::vector<std::pair<int, int>> again;
+    for (std::size_t i = 0; i + 1 < suspects.size(); i += 2) {
+      again.emplace_back(suspects[i], suspects[i + 1]);
+      rechecked.emplace(suspects[i], suspects[i + 1]);
+    }
+    ++recheck_passes;
+    mine = measure_rounds(disjoint_rounds(again, n), fmt::format("recheck {}: ", recheck_passes));
   }
 
   // Every rank's all_reduce time, as each rank sees it.
@@ -266,35 +391,11 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
 
   std::string why_unknown;
   json transports = nccl_transports(job, why_unknown);
-  auto gathered = job.gather_to_root("link-health/pairs",
-                                     {{"pairs", mine}, {"transports", transports},
-                                      {"transport_note", why_unknown}});
+  auto gathered = job.gather_to_root("link-health/transports",
+                                     {{"transports", transports}, {"transport_note", why_unknown}});
   if (me != 0) return;
 
-  // Rank 0 assembles the matrix: a pair's bandwidth is bytes per direction
-  // over the slower side's time per exchange; its latency the larger of the
-  // two sides' estimates.
-  std::vector<std::vector<double>> bw_time(n, std::vector<double>(n, -1)), lat(n, std::vector<double>(n, -1));
-  for (int r = 0; r < n; ++r)
-    for (const auto& p : gathered[r]["pairs"]) {
-      const int peer = p["peer"].get<int>();
-      bw_time[r][peer] = p["bandwidth_time_us"].get<double>();
-      lat[r][peer] = p["latency_us"].get<double>();
-    }
-  std::vector<tools::PairMeasurement> pairs;
-  for (int a = 0; a < n; ++a)
-    for (int b = a + 1; b < n; ++b) {
-      tools::PairMeasurement m;
-      m.a = a;
-      m.b = b;
-      m.same_host = job.ranks.size() == static_cast<std::size_t>(n) ? job.ranks[a].host == job.ranks[b].host : true;
-      if (!m.same_host && job.ranks[a].net_speed_mbps > 0 && job.ranks[b].net_speed_mbps > 0)
-        m.link_speed_mbps = std::min(job.ranks[a].net_speed_mbps, job.ranks[b].net_speed_mbps);
-      const double t = std::max(bw_time[a][b], bw_time[b][a]);
-      m.bandwidth_gbps = t > 0 ? static_cast<double>(bw_bytes) / t / 1e3 : 0;
-      m.latency_us = std::max(lat[a][b], lat[b][a]);
-      pairs.push_back(m);
-    }
+  const auto pairs = pair_measurements();
   const auto judged = tools::judge_pairs(pairs, o.thresholds);
 
   json bw_matrix = json::array(), lat_matrix = json::array();
@@ -337,6 +438,7 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
                          {"latency_us", m.latency_us},
                          {"kind_median_busbw_gbps", j.kind_median_bandwidth_gbps},
                          {"kind_median_latency_us", j.kind_median_latency_us},
+                         {"measurements", measured[m.a][m.b]},
                          {"slow", j.slow()},
                          {"slow_bandwidth", j.slow_bandwidth},
                          {"slow_latency", j.slow_latency},
@@ -372,6 +474,10 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   res["pairs"] = pair_rows;
   res["slow_pairs"] = slow_pairs;
   res["slow_ranks"] = slow_ranks;
+  res["rechecks"] = o.rechecks;
+  res["recheck_passes"] = recheck_passes;
+  res["rechecked_pairs"] = json::array();
+  for (auto [a, b] : rechecked) res["rechecked_pairs"].push_back({a, b});
   res["allreduce_bytes"] = ar_bytes;
   res["allreduce"] = ar_rows;
   res["transport_notes"] = notes;
@@ -423,6 +529,10 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
               "bandwidth: %s each way per exchange, %d iters; latency: 8 B ping-pong, %d iters\n",
               n, std::string(backend_name(job.backend)).c_str(), schedule.size(),
               format_size(bw_bytes).c_str(), o.iters, o.latency_iters);
+  if (recheck_passes > 0)
+    std::printf("# %zu pair(s) found slow were measured again (%d pass(es)); each pair keeps its "
+                "best figures\n",
+                rechecked.size(), recheck_passes);
   std::printf("# Bandwidth per direction, both directions at once (GB/s)\n#  %6s", "");
   for (int b = 0; b < n; ++b) std::printf(" %9d", b);
   std::printf("\n");
@@ -486,6 +596,10 @@ Subcommand add_link_health_command(CLI::App& parent) {
       ->check(cli::size_value());
   app->add_option("--allreduce-iters", opts->allreduce_iters, "all_reduce iterations")
       ->check(cli::positive_number());
+  app->add_option("--rechecks", opts->rechecks,
+                  "Measure the pairs found slow again, up to this many times, and keep each "
+                  "pair's best figures before judging (0: judge the first measurement)")
+      ->check(cli::non_negative_number());
   app->add_option("--bw-threshold-pct", opts->thresholds.bandwidth_below_median_pct,
                   "A pair is slow when its bandwidth is this % below the median of its kind")
       ->check(cli::number_in_range(0.0, 100.0));

@@ -121,6 +121,16 @@ class LinkHealthAcrossHosts(unittest.TestCase):
                          ["host0", "host1", "host2"])
         self.assertTrue(all(not p["same_host"] for p in r["pairs"]))
         self.assertEqual(r["slow_pairs"], [[0, 2]], res[0][1])
+        # The slow pair was measured again, twice (--rechecks 2), and stayed
+        # slow; a healthy pair is measured again only if a stall made it
+        # look slow, and then keeps its best figures.
+        self.assertEqual(r["recheck_passes"], 2, res[0][1])
+        self.assertIn([0, 2], r["rechecked_pairs"])
+        by_pair = {(p["src"], p["dst"]): p for p in r["pairs"]}
+        self.assertEqual(by_pair[(0, 2)]["measurements"], 3)
+        for key, p in by_pair.items():
+            self.assertEqual(p["measurements"] > 1, list(key) in r["rechecked_pairs"], p)
+        self.assertIn("measured again", res[0][1])
         bw = r["busbw_gbps"]
         self.assertLess(bw[0][2], 0.5 * bw[0][1])
         self.assertLess(bw[0][2], 0.5 * bw[1][2])

@@ -294,6 +294,9 @@ class LinkHealth(unittest.TestCase):
                     seen.update(tuple(pair) for pair in rnd)
                 self.assertEqual(len(seen), n * (n - 1) // 2)
                 self.assertEqual(len(res["allreduce"]), n)
+                rechecked = {tuple(p) for p in res["rechecked_pairs"]}
+                for q in res["pairs"]:
+                    self.assertEqual(q["measurements"] > 1, (q["src"], q["dst"]) in rechecked, q)
                 slow = {tuple(p) for p in res["slow_pairs"]}
                 self.assertEqual(slow, {(q["src"], q["dst"]) for q in res["pairs"] if q["slow"]})
                 self.assertEqual(rep["verdict"], "PASS" if not slow else "FAIL")
@@ -304,6 +307,20 @@ class LinkHealth(unittest.TestCase):
                              "--min-bw-gbps", "1e9"], 2, expect_rc=(1,))
         self.assertEqual(rep["results"]["slow_pairs"], [[0, 1]])
         self.assertIn("0-1", [c for c in rep["checks"] if c["name"] == "links"][0]["detail"])
+        # Found slow, the pair was measured again twice (the default
+        # --rechecks 2) and stayed slow.
+        self.assertEqual(rep["results"]["recheck_passes"], 2)
+        self.assertEqual(rep["results"]["rechecked_pairs"], [[0, 1]])
+        self.assertEqual(rep["results"]["pairs"][0]["measurements"], 3)
+
+    def test_rechecks_0_judges_the_first_measurement(self):
+        p, rep = tool(self, ["link-health", "--bytes", "64K", "-n", "1", "--latency-iters", "2",
+                             "--min-bw-gbps", "1e9", "--rechecks", "0"], 3, expect_rc=(1,))
+        res = rep["results"]
+        self.assertEqual(res["recheck_passes"], 0)
+        self.assertEqual(res["rechecked_pairs"], [])
+        self.assertEqual([q["measurements"] for q in res["pairs"]], [1, 1, 1])
+        self.assertEqual(res["slow_pairs"], [[0, 1], [0, 2], [1, 2]])
 
 
 if __name__ == "__main__":
