@@ -201,6 +201,18 @@ int launch_local(const LaunchOptions& o) {
     if (o.progress && r == 0) env["DDPDIAG_PROGRESS"] = "1";
     std::vector<std::string> env_strings;
     for (auto& [k, v] : env) env_strings.push_back(k + "=" + v);
+    // Everything the child needs, made before the fork: the launcher has
+    // threads (its store server), and a child of a threaded process may call
+    // only async-signal-safe functions until it execs. An allocation there
+    // can wait forever on a lock another thread held at the fork (seen under
+    // AddressSanitizer's allocator: the rank never started).
+    std::vector<char*> argv;
+    for (auto& a : o.child_args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
+    envp.push_back(nullptr);
+    const std::string exec_failed = fmt::format("ddpdiag launcher: cannot exec rank {}: ", r);
 
     pid_t pid = fork();
     if (pid < 0)
@@ -211,14 +223,11 @@ int launch_local(const LaunchOptions& o) {
       dup2(err_pipe[1], STDERR_FILENO);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
-      std::vector<char*> argv;
-      for (auto& a : o.child_args) argv.push_back(const_cast<char*>(a.c_str()));
-      argv.push_back(nullptr);
-      std::vector<char*> envp;
-      for (auto& e : env_strings) envp.push_back(const_cast<char*>(e.c_str()));
-      envp.push_back(nullptr);
       execve("/proc/self/exe", argv.data(), envp.data());
-      std::fprintf(stderr, "ddpdiag launcher: cannot exec rank %d: %s\n", r, std::strerror(errno));
+      const char* why = strerrordesc_np(errno);  // async-signal-safe, unlike strerror
+      [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());
+      if (why) w = ::write(STDERR_FILENO, why, std::strlen(why));
+      w = ::write(STDERR_FILENO, "\n", 1);
       _exit(127);
     }
     close(out_pipe[1]);
