@@ -13,6 +13,8 @@
 
 #include <fmt/core.h>
 
+#include "comm/net_info.h"
+
 namespace ddpdiag {
 
 namespace {
@@ -484,6 +486,9 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
                                             std::vector<int>& unreachable, bool peer_reset) const {
   GoneNotes notes(states.size());
   std::map<std::string, HostProbe> probed;  // by host: its ranks share the answer
+  // 1 s a host, 2 s in all: where many hosts are silent (a switch), the
+  // rest stay unknown rather than hold this rank's report.
+  const auto probe_until = Clock::now() + Millis(2000);
   for (std::size_t r = 0; r < states.size() && r < opts_.peers.size(); ++r) {
     if (states[r]) continue;
     const auto& p = opts_.peers[r];
@@ -500,9 +505,16 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
       // cut off from one that is up with its process silent, whatever the
       // backend's error said.
       auto known = probed.find(p.host);
-      if (known == probed.end())
-        known = probed.emplace(p.host, inner_->probe_peer_host(static_cast<int>(r), Millis(1000)))
+      if (known == probed.end()) {
+        const auto left =
+            std::chrono::duration_cast<Millis>(probe_until - Clock::now());
+        known = probed
+                    .emplace(p.host, left.count() > 0
+                                         ? inner_->probe_peer_host(static_cast<int>(r),
+                                                                   std::min(left, Millis(1000)))
+                                         : HostProbe::kUnknown)
                     .first;
+      }
       const HostProbe probe = known->second;
       if (probe == HostProbe::kAnswers && !peer_reset) {
         notes[r] = fmt::format("is silent: no state and no heartbeat (host {}, pid {}), yet its "
@@ -842,32 +854,43 @@ std::string MonitoredCommunicator::stalled_peer(std::int64_t seq, const std::str
   hb_next_read_ = now + std::max(opts_.poll_interval, Millis(1000));
   // Rank 0 watches every rank on another machine, the others watch rank 0:
   // one rank's alarm stops them all, and the store serves n reads a second,
-  // not n^2.
+  // not n^2. A sweep takes at most 200 ms of this thread, which also writes
+  // this rank's heartbeat: where the store is slow or the world large, the
+  // next sweep goes on from where this one stopped.
   const auto watched = [&](int r) {
     return r != rank() && r < static_cast<int>(opts_.peers.size()) &&
            !opts_.peers[r].same_machine && (rank() == 0 || r == 0);
   };
-  for (int r = 0; r < size(); ++r) {
+  const auto sweep_end = now + Millis(200);
+  for (int i = 0; i < size(); ++i) {
+    const int r = (hb_cursor_ + i) % size();
     if (!watched(r)) continue;
+    if (Clock::now() >= sweep_end) {
+      hb_cursor_ = r;
+      hb_next_read_ = now;  // the rest at the next poll
+      return "";
+    }
     const std::string key = fmt::format("heartbeat/{}", r);
     std::int64_t count = -1;
     if (opts_.store->check({key})) {
       auto j = nlohmann::json::parse(to_string(opts_.store->get(key, Millis(1000))), nullptr, false);
       if (j.is_object()) count = j.value("n", -1L);
     }
+    const auto read_at = Clock::now();
     if (count != hb_count_[r]) {
       hb_count_[r] = count;
-      hb_since_[r] = now;
+      hb_since_[r] = read_at;
       continue;
     }
-    if (now - hb_since_[r] < opts_.heartbeat_stall) continue;
+    if (read_at - hb_since_[r] < opts_.heartbeat_stall) continue;
     const auto& p = opts_.peers[r];
     return fmt::format("collective #{} {} cannot complete: rank {} (pid {} on host {}) {} for "
                        "{:.0f} s (it is dead, frozen, or cut off from the store)",
                        seq, op, r, p.pid, p.host,
                        count < 0 ? "wrote no heartbeat" : "wrote no new heartbeat",
-                       std::chrono::duration<double>(now - hb_since_[r]).count());
+                       std::chrono::duration<double>(read_at - hb_since_[r]).count());
   }
+  hb_cursor_ = 0;
   return "";
 }
 
@@ -883,6 +906,25 @@ void MonitoredCommunicator::watchdog_loop() {
         write_heartbeat();
       } catch (const Error& e) {
         note_store_lost(e);
+        store_retry_at_ = Clock::now() + kStoreRetry;
+      }
+    } else if (!failed && Clock::now() >= store_retry_at_) {
+      // One failed store call (a stall longer than the store deadline) must
+      // not silence this rank's heartbeat for good: its peers would take it
+      // for dead. The client reconnects; once the store answers again, it
+      // is no longer lost.
+      store_retry_at_ = Clock::now() + kStoreRetry;
+      // Only where the store's host answers at once: a reconnect to a host
+      // that is gone would hold this thread (and the exit that joins it)
+      // for the connect's deadline.
+      try {
+        if (tcp_probe(opts_.store_address, Millis(500)) == TcpReach::kAnswers) {
+          write_heartbeat();
+          std::lock_guard<std::mutex> lock(mutex_);
+          store_lost_ = false;
+          store_error_.clear();
+        }
+      } catch (const Error&) {
       }
     }
     {

@@ -254,6 +254,11 @@ class MonitoredCommunicator final : public Communicator {
   std::vector<std::int64_t> hb_count_;
   std::vector<std::chrono::steady_clock::time_point> hb_since_;
   std::chrono::steady_clock::time_point hb_next_read_;
+  int hb_cursor_ = 0;  // where the next sweep of heartbeats starts
+  // After a store error, when the watchdog next tries to write its
+  // heartbeat (watchdog thread only).
+  static constexpr Millis kStoreRetry{2000};
+  std::chrono::steady_clock::time_point store_retry_at_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> stop_{false};
   std::mutex wd_mutex_;

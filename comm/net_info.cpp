@@ -4,7 +4,12 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <charconv>
@@ -111,6 +116,61 @@ std::string format_link_speed(int mbps) {
   if (mbps < 1000) return fmt::format("{} Mb/s", mbps);
   if (mbps % 1000 == 0) return fmt::format("{} Gb/s", mbps / 1000);
   return fmt::format("{:g} Gb/s", mbps / 1000.0);
+}
+
+TcpReach tcp_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout) {
+  if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) return TcpReach::kUnknown;
+  const socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
+  const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return TcpReach::kUnknown;
+  const auto answer = [](int err) {
+    if (err == 0 || err == ECONNREFUSED || err == ECONNRESET) return TcpReach::kAnswers;
+    if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN ||
+        err == ENETDOWN)
+      return TcpReach::kSilent;
+    return TcpReach::kUnknown;
+  };
+  TcpReach result = TcpReach::kUnknown;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) {
+    result = TcpReach::kAnswers;
+  } else if (errno != EINPROGRESS) {
+    result = answer(errno);
+  } else {
+    pollfd pfd{fd, POLLOUT, 0};
+    const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<long long>(0, timeout.count())));
+    if (ready == 0) {
+      result = TcpReach::kSilent;
+    } else if (ready > 0) {
+      int err = 0;
+      socklen_t err_len = sizeof err;
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) == 0) result = answer(err);
+    }
+  }
+  ::close(fd);
+  return result;
+}
+
+TcpReach tcp_probe(const std::string& host_port, std::chrono::milliseconds timeout) {
+  const auto colon = host_port.rfind(':');
+  if (colon == std::string::npos) return TcpReach::kUnknown;
+  std::string host = host_port.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  int port = 0;
+  const char* p = host_port.data() + colon + 1;
+  const char* end = host_port.data() + host_port.size();
+  if (std::from_chars(p, end, port).ptr != end || port <= 0 || port > 65535) return TcpReach::kUnknown;
+  sockaddr_storage addr{};
+  if (auto* a4 = reinterpret_cast<sockaddr_in*>(&addr); ::inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(static_cast<std::uint16_t>(port));
+  } else if (auto* a6 = reinterpret_cast<sockaddr_in6*>(&addr);
+             ::inet_pton(AF_INET6, host.c_str(), &a6->sin6_addr) == 1) {
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(static_cast<std::uint16_t>(port));
+  } else {
+    return TcpReach::kUnknown;
+  }
+  return tcp_probe(addr, timeout);
 }
 
 }  // namespace ddpdiag

@@ -2,6 +2,9 @@
 // interface an address belongs to: what a rank's backend traffic goes over.
 #pragma once
 
+#include <sys/socket.h>
+
+#include <chrono>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,5 +50,16 @@ constexpr double link_gbytes_per_s(int mbps) { return mbps / 8000.0; }
 
 // "1 Gb/s", "100 Gb/s", "2.5 Gb/s", "100 Mb/s".
 std::string format_link_speed(int mbps);
+
+// Whether a host answers a TCP connection to addr within timeout (a
+// non-blocking connect, then poll): accepted or refused, the host and the
+// path to it are up (kAnswers); no answer in time, or no route, they are
+// not (kSilent); anything else kUnknown.
+enum class TcpReach { kUnknown, kAnswers, kSilent };
+TcpReach tcp_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout);
+// The same for "host:port" with a numeric host ("10.0.0.2:29500",
+// "[::1]:29500"); kUnknown for a host name (no resolver call that could
+// block).
+TcpReach tcp_probe(const std::string& host_port, std::chrono::milliseconds timeout);
 
 }  // namespace ddpdiag

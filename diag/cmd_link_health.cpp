@@ -598,8 +598,8 @@ Subcommand add_link_health_command(CLI::App& parent) {
       ->check(cli::positive_number());
   app->add_option("--rechecks", opts->rechecks,
                   "Measure the pairs found slow again, up to this many times, and keep each "
-                  "pair's best figures before judging (0: judge the first measurement)")
-      ->check(cli::non_negative_number());
+                  "pair's best figures before judging (0: judge the first measurement; at most 10)")
+      ->check(cli::number_in_range(0, 10));
   app->add_option("--bw-threshold-pct", opts->thresholds.bandwidth_below_median_pct,
                   "A pair is slow when its bandwidth is this % below the median of its kind")
       ->check(cli::number_in_range(0.0, 100.0));

@@ -1,6 +1,11 @@
 // Hang and desync detection: fingerprints, the diagnosis from per-rank
 // states, fault specs, bisect planning and judging (pure), then the monitored
 // communicator and sub-groups on Gloo with ranks as threads.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include <atomic>
@@ -529,4 +534,99 @@ TEST_CASE("sub-groups over the same store: two groups of a world of 3", "[monito
   o.world_size = 3;
   o.store = store;
   CHECK_THROWS_AS(make_group_communicator(o, {0, 2}, "c"), UsageError);
+}
+
+namespace {
+
+// A store whose set() of one key fails (a store call past its deadline)
+// until a given time, as a stalled store looks to one rank's watchdog.
+class StallingStore : public Store {
+ public:
+  StallingStore(std::shared_ptr<Store> base, std::string stalled_key,
+                std::chrono::steady_clock::time_point until)
+      : base_(std::move(base)), key_(std::move(stalled_key)), until_(until) {}
+  void set(const std::string& key, const Bytes& value) override {
+    if (key == key_ && std::chrono::steady_clock::now() < until_) {
+      ++refused;
+      throw TimeoutError("the store at test did not answer SET within 1000 ms", {});
+    }
+    base_->set(key, value);
+  }
+  Bytes get(const std::string& key, Millis timeout) override { return base_->get(key, timeout); }
+  std::int64_t add(const std::string& key, std::int64_t delta) override { return base_->add(key, delta); }
+  bool check(const std::vector<std::string>& keys) override { return base_->check(keys); }
+  void wait(const std::vector<std::string>& keys, Millis timeout) override { base_->wait(keys, timeout); }
+  Bytes compare_set(const std::string& key, const Bytes& expected, const Bytes& desired) override {
+    return base_->compare_set(key, expected, desired);
+  }
+  bool delete_key(const std::string& key) override { return base_->delete_key(key); }
+  std::int64_t num_keys() override { return base_->num_keys(); }
+  std::atomic<int> refused{0};
+
+ private:
+  std::shared_ptr<Store> base_;
+  std::string key_;
+  std::chrono::steady_clock::time_point until_;
+};
+
+}  // namespace
+
+TEST_CASE("monitored Gloo: a rank whose store stalled once keeps its heartbeat, and no stall is "
+          "raised against it",
+          "[monitor][gloo]") {
+  // Rank 1 "on another machine" loses its store for its first second
+  // (heartbeat writes fail), then arrives 4 s late at an all_reduce. Rank 0
+  // watches rank 1's heartbeat with a 3 s stall: the heartbeat must be back
+  // (the watchdog retries where the store's host answers) before rank 0
+  // would call rank 1 dead, so the all_reduce completes on both ranks.
+  const int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::listen(listener, 8) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const std::string store_address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+
+  const Millis timeout = 20s;
+  auto store = std::make_shared<MemoryStore>();
+  auto stalling = std::make_shared<StallingStore>(store, "monitor/heartbeat/1",
+                                                  std::chrono::steady_clock::now() + 1s);
+  std::vector<std::string> errors(2);
+  std::vector<bool> lost_at_end(2, true);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o = gloo_rank_options(r, 2, std::make_shared<PrefixStore>("comm", store), timeout);
+        auto inner = make_communicator(o);
+        inner->set_default_timeout(timeout);
+        MonitorOptions mo;
+        mo.rank = r;
+        mo.size = 2;
+        mo.store = std::make_shared<PrefixStore>("monitor", r == 1 ? std::shared_ptr<Store>(stalling)
+                                                                   : std::shared_ptr<Store>(store));
+        mo.timeout = timeout;
+        mo.gather_wait = 1500ms;
+        mo.poll_interval = 100ms;
+        mo.heartbeat_stall = 3s;
+        mo.peers = {{"host0", 1, r == 0}, {"host1", 2, r == 1}};
+        mo.store_address = store_address;
+        MonitoredCommunicator comm(std::move(inner), mo);
+        CommBuffer buf(comm, 64 * sizeof(float));
+        if (r == 1) std::this_thread::sleep_for(4s);
+        comm.allreduce(buf.get(), buf.get(), 64, DType::kFloat32, ReduceOp::kSum)->wait(timeout);
+        lost_at_end[r] = comm.store_lost();
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  ::close(listener);
+  CHECK(stalling->refused.load() > 0);
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+  CHECK_FALSE(lost_at_end[1]);
 }

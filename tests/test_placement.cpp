@@ -1,12 +1,17 @@
 // CPU placement of Gloo ranks: the CPU-list format round-trips, bad lists are
 // refused with the bad part named, and the warnings fire exactly when a host
 // runs more ranks than the CPUs they may use, or when a rank may use one CPU.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sched.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -282,4 +287,34 @@ TEST_CASE("interfaces, their addresses and link speeds", "[placement]") {
   CHECK(format_link_speed(1000) == "1 Gb/s");
   CHECK(format_link_speed(2500) == "2.5 Gb/s");
   CHECK(format_link_speed(400000) == "400 Gb/s");
+}
+
+TEST_CASE("tcp_probe: a host that accepts or refuses answers; a name or bad text is unknown",
+          "[placement]") {
+  using std::chrono::milliseconds;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  socklen_t len = sizeof a;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  const int port = ntohs(a.sin_port);
+  // Bound, not listening: the kernel refuses, and the host has answered.
+  CHECK(ddpdiag::tcp_probe("127.0.0.1:" + std::to_string(port), milliseconds(500)) ==
+        ddpdiag::TcpReach::kAnswers);
+  REQUIRE(::listen(fd, 4) == 0);
+  CHECK(ddpdiag::tcp_probe("127.0.0.1:" + std::to_string(port), milliseconds(500)) ==
+        ddpdiag::TcpReach::kAnswers);
+  sockaddr_storage ss{};
+  std::memcpy(&ss, &a, sizeof a);
+  CHECK(ddpdiag::tcp_probe(ss, milliseconds(500)) == ddpdiag::TcpReach::kAnswers);
+  ::close(fd);
+  // No resolver call for a name; text that is no address is unknown.
+  CHECK(ddpdiag::tcp_probe("localhost:" + std::to_string(port), milliseconds(500)) ==
+        ddpdiag::TcpReach::kUnknown);
+  for (const char* bad : {"127.0.0.1", "127.0.0.1:", "127.0.0.1:0", "127.0.0.1:70000",
+                          "127.0.0.1:80x", ""})
+    CHECK(ddpdiag::tcp_probe(bad, milliseconds(500)) == ddpdiag::TcpReach::kUnknown);
 }

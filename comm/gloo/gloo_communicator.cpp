@@ -41,7 +41,6 @@
 #include <dirent.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -50,7 +49,6 @@
 #include <array>
 #include <atomic>
 #include <cctype>
-#include <cerrno>
 #include <condition_variable>
 #include <functional>
 #include <cstdlib>
@@ -84,6 +82,7 @@
 #include <gloo/types.h>
 
 #include "comm/ip_text.h"
+#include "comm/net_info.h"
 #include "comm/store/sliced_wait.h"
 
 namespace ddpdiag::gloo_backend {
@@ -477,35 +476,11 @@ class Core : public std::enable_shared_from_this<Core> {
     using P = Communicator::HostProbe;
     const auto it = peer_sockaddrs_.find(peer);
     if (it == peer_sockaddrs_.end()) return P::kUnknown;
-    const sockaddr_storage& addr = it->second;
-    const socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
-    const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return P::kUnknown;
-    const auto answer = [](int err) {
-      if (err == 0 || err == ECONNREFUSED || err == ECONNRESET) return P::kAnswers;
-      if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN ||
-          err == ENETDOWN)
-        return P::kSilent;
-      return P::kUnknown;
-    };
-    P result = P::kUnknown;
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) {
-      result = P::kAnswers;
-    } else if (errno != EINPROGRESS) {
-      result = answer(errno);
-    } else {
-      pollfd pfd{fd, POLLOUT, 0};
-      const int ready = ::poll(&pfd, 1, static_cast<int>(timeout.count()));
-      if (ready == 0) {
-        result = P::kSilent;
-      } else if (ready > 0) {
-        int err = 0;
-        socklen_t err_len = sizeof err;
-        if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &err_len) == 0) result = answer(err);
-      }
+    switch (tcp_probe(it->second, timeout)) {
+      case TcpReach::kAnswers: return P::kAnswers;
+      case TcpReach::kSilent: return P::kSilent;
+      default: return P::kUnknown;
     }
-    ::close(fd);
-    return result;
   }
 
   void start(int threads) {
