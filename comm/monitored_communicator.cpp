@@ -483,7 +483,8 @@ std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states(
 
 GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<RankState>>& states,
                                             const std::vector<Heartbeat>& heartbeats,
-                                            std::vector<int>& unreachable, bool peer_reset) const {
+                                            std::vector<int>& unreachable, std::vector<int>& silent,
+                                            bool peer_reset) const {
   GoneNotes notes(states.size());
   std::map<std::string, HostProbe> probed;  // by host: its ranks share the answer
   // 1 s a host, 2 s in all: where many hosts are silent (a switch), the
@@ -522,6 +523,7 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
                                "a debugger, a machine swapping) or ended with its connections "
                                "left open",
                                p.host, p.pid);
+        silent.push_back(static_cast<int>(r));
         continue;
       }
       if (peer_reset && probe != HostProbe::kSilent) {
@@ -736,14 +738,13 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
       }
     }
   } else {
-    std::vector<int> unreachable;
-    GoneNotes notes = gone_notes(states, heartbeats, unreachable, peer_reset);
+    std::vector<int> unreachable, silent;
+    GoneNotes notes = gone_notes(states, heartbeats, unreachable, silent, peer_reset);
     d = diagnose(states, notes);
     d.unreachable = std::move(unreachable);
-    all_gone_silent = !d.gone.empty();
-    for (int r : d.gone)
-      all_gone_silent = all_gone_silent && r < static_cast<int>(notes.size()) &&
-                        notes[r].rfind("is silent", 0) == 0;
+    all_gone_silent = !d.gone.empty() && std::all_of(d.gone.begin(), d.gone.end(), [&](int r) {
+      return std::find(silent.begin(), silent.end(), r) != silent.end();
+    });
   }
 
   std::string hint;
@@ -842,7 +843,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   std::rethrow_exception(ep);
 }
 
-std::string MonitoredCommunicator::stalled_peer(std::int64_t seq, const std::string& op) {
+std::string MonitoredCommunicator::stalled_peer(std::int64_t seq) {
   const auto now = Clock::now();
   if (seq != hb_watch_seq_) {
     hb_watch_seq_ = seq;
@@ -884,6 +885,11 @@ std::string MonitoredCommunicator::stalled_peer(std::int64_t seq, const std::str
     }
     if (read_at - hb_since_[r] < opts_.heartbeat_stall) continue;
     const auto& p = opts_.peers[r];
+    std::string op = "?";
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (const Open* o = open_at(seq)) op = o->fp.describe();
+    }
     return fmt::format("collective #{} {} cannot complete: rank {} (pid {} on host {}) {} for "
                        "{:.0f} s (it is dead, frozen, or cut off from the store)",
                        seq, op, r, p.pid, p.host,
@@ -940,7 +946,6 @@ void MonitoredCommunicator::watchdog_loop() {
     bool overdue = false;
     std::string overdue_what;
     std::int64_t watch_seq = -1;  // the oldest collective, open for a while
-    std::string watch_op;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto now = Clock::now();
@@ -968,16 +973,13 @@ void MonitoredCommunicator::watchdog_loop() {
                                      o.seq, o.fp.describe(), r, p.pid);
           break;
         }
-        if (!overdue) {
-          watch_seq = o.seq;
-          watch_op = o.fp.describe();
-        }
+        if (!overdue) watch_seq = o.seq;
       }
     }
     if (store_lost_) continue;  // nothing more to learn from a store that is gone
     try {
       if (!overdue && watch_seq >= 0 && opts_.heartbeat_stall.count() > 0 && !alarm_seen_) {
-        overdue_what = stalled_peer(watch_seq, watch_op);
+        overdue_what = stalled_peer(watch_seq);
         overdue = !overdue_what.empty();
       }
       if (!alarm_seen_ && opts_.store->check({"alarm"})) {

@@ -217,15 +217,17 @@ class MonitoredCommunicator final : public Communicator {
   std::vector<std::optional<RankState>> gather_states(std::vector<Heartbeat>& heartbeats);
   // peer_reset: the backend's error says a peer's host answered by closing
   // or resetting the connection, so a silent rank on another host is a
-  // process that ended, not a host cut off.
+  // process that ended, not a host cut off. Ranks named unreachable, and
+  // those whose host answers while they are silent (frozen), are added to
+  // `unreachable` and `silent`.
   GoneNotes gone_notes(const std::vector<std::optional<RankState>>& states,
                        const std::vector<Heartbeat>& heartbeats, std::vector<int>& unreachable,
-                       bool peer_reset = false) const;
+                       std::vector<int>& silent, bool peer_reset = false) const;
   void note_store_lost(const Error& e);
   void write_heartbeat();
   // Watchdog thread: what ends collective `seq` (open for a while) because a
   // watched peer's heartbeat stood still for heartbeat_stall; "" if nothing.
-  std::string stalled_peer(std::int64_t seq, const std::string& op);
+  std::string stalled_peer(std::int64_t seq);
   void watchdog_loop();
   double now_s() const;
 
