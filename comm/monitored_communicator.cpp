@@ -222,9 +222,21 @@ std::shared_ptr<Work> MonitoredCommunicator::issue(Fingerprint fp, MakeFn make,
                                          corrupt_target, dtype, count);
 }
 
-std::shared_ptr<Work> MonitoredCommunicator::issue_p2p(Fingerprint fp, std::shared_ptr<Work> work) {
+std::shared_ptr<Work> MonitoredCommunicator::issue_p2p(Fingerprint fp, std::vector<int> peers,
+                                                       std::shared_ptr<Work> work) {
   // Point-to-point ops differ between ranks by design; they get no sequence
   // number but are watched like collectives.
+  if (work && opts_.heartbeat_stall.count() > 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Ops nobody holds any more, or that completed, leave the list here too
+    // (the watchdog prunes it only while no collective is open).
+    while (!p2p_open_.empty()) {
+      auto w = p2p_open_.front().work.lock();
+      if (w && !w->is_completed()) break;
+      p2p_open_.pop_front();
+    }
+    p2p_open_.push_back({++p2p_issued_, fp, std::move(peers), Clock::now(), work});
+  }
   return std::make_shared<MonitoredWork>(this, 0, std::move(fp), std::move(work), nullptr,
                                          DType::kFloat32, 0);
 }
@@ -270,13 +282,13 @@ std::shared_ptr<Work> MonitoredCommunicator::barrier() {
 
 std::shared_ptr<Work> MonitoredCommunicator::send(const void* buf, std::size_t count, DType dtype,
                                                   int peer, std::uint32_t tag) {
-  return issue_p2p(make_fp("send", count, dtype, peer, std::nullopt),
+  return issue_p2p(make_fp("send", count, dtype, peer, std::nullopt), {peer},
                    inner_->send(buf, count, dtype, peer, tag));
 }
 
 std::shared_ptr<Work> MonitoredCommunicator::recv(void* buf, std::size_t count, DType dtype,
                                                   int peer, std::uint32_t tag) {
-  return issue_p2p(make_fp("recv", count, dtype, peer, std::nullopt),
+  return issue_p2p(make_fp("recv", count, dtype, peer, std::nullopt), {peer},
                    inner_->recv(buf, count, dtype, peer, tag));
 }
 
@@ -285,7 +297,7 @@ std::shared_ptr<Work> MonitoredCommunicator::sendrecv(const void* send_buf, std:
                                                       std::size_t recv_count, int recv_peer,
                                                       DType dtype, std::uint32_t tag) {
   return issue_p2p(make_fp("sendrecv", send_count, dtype, send_peer, std::nullopt),
-                   inner_->sendrecv(send_buf, send_count, send_peer, recv_buf, recv_count,
+                   {send_peer, recv_peer}, inner_->sendrecv(send_buf, send_count, send_peer, recv_buf, recv_count,
                                     recv_peer, dtype, tag));
 }
 
@@ -709,9 +721,16 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   // The backend says a peer's host closed or reset the connection: that
   // host answered, so its network is up.
   const std::string said = cause.what();
-  const bool peer_reset = said.find("reset by peer") != std::string::npos ||
-                          said.find("closed by peer") != std::string::npos ||
-                          said.find("Connection closed") != std::string::npos;
+  bool peer_reset = said.find("reset by peer") != std::string::npos ||
+                    said.find("closed by peer") != std::string::npos ||
+                    said.find("Connection closed") != std::string::npos;
+  // Unless the rank that closed it published its state: that rank is alive,
+  // and closed its connections as it stopped (it raised or saw the alarm
+  // before this rank's watchdog did), which says nothing of the silent ones.
+  const int closed_by = cause.context().peer;
+  if (peer_reset && closed_by >= 0 && closed_by != rank() &&
+      closed_by < static_cast<int>(states.size()) && states[closed_by])
+    peer_reset = false;
   // Every silent rank's host answers on the network: the processes, not
   // the network, are to blame.
   bool all_gone_silent = false;
@@ -843,38 +862,36 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   std::rethrow_exception(ep);
 }
 
-std::string MonitoredCommunicator::stalled_peer(std::int64_t seq) {
+std::string MonitoredCommunicator::stalled_peer(std::int64_t key, const std::vector<int>& watched,
+                                                const std::function<std::string()>& what) {
   const auto now = Clock::now();
-  if (seq != hb_watch_seq_) {
-    hb_watch_seq_ = seq;
+  if (key != hb_watch_key_) {
+    hb_watch_key_ = key;
     hb_count_.assign(size(), -2);
     hb_since_.assign(size(), now);
     hb_next_read_ = now;
+    hb_cursor_ = 0;
   }
-  if (now < hb_next_read_) return "";
+  if (now < hb_next_read_ || watched.empty()) return "";
   hb_next_read_ = now + std::max(opts_.poll_interval, Millis(1000));
-  // Rank 0 watches every rank on another machine, the others watch rank 0:
-  // one rank's alarm stops them all, and the store serves n reads a second,
-  // not n^2. A sweep takes at most 200 ms of this thread, which also writes
-  // this rank's heartbeat: where the store is slow or the world large, the
-  // next sweep goes on from where this one stopped.
-  const auto watched = [&](int r) {
-    return r != rank() && r < static_cast<int>(opts_.peers.size()) &&
-           !opts_.peers[r].same_machine && (rank() == 0 || r == 0);
-  };
+  // A sweep takes at most 200 ms of this thread, which also writes this
+  // rank's heartbeat: where the store is slow or the world large, the next
+  // sweep goes on from where this one stopped.
   const auto sweep_end = now + Millis(200);
-  for (int i = 0; i < size(); ++i) {
-    const int r = (hb_cursor_ + i) % size();
-    if (!watched(r)) continue;
+  const int n = static_cast<int>(watched.size());
+  for (int i = 0; i < n; ++i) {
+    const int at = (hb_cursor_ + i) % n;
+    const int r = watched[at];
     if (Clock::now() >= sweep_end) {
-      hb_cursor_ = r;
+      hb_cursor_ = at;
       hb_next_read_ = now;  // the rest at the next poll
       return "";
     }
-    const std::string key = fmt::format("heartbeat/{}", r);
+    const std::string hb_key = fmt::format("heartbeat/{}", r);
     std::int64_t count = -1;
-    if (opts_.store->check({key})) {
-      auto j = nlohmann::json::parse(to_string(opts_.store->get(key, Millis(1000))), nullptr, false);
+    if (opts_.store->check({hb_key})) {
+      auto j = nlohmann::json::parse(to_string(opts_.store->get(hb_key, Millis(1000))), nullptr,
+                                     false);
       if (j.is_object()) count = j.value("n", -1L);
     }
     const auto read_at = Clock::now();
@@ -885,14 +902,9 @@ std::string MonitoredCommunicator::stalled_peer(std::int64_t seq) {
     }
     if (read_at - hb_since_[r] < opts_.heartbeat_stall) continue;
     const auto& p = opts_.peers[r];
-    std::string op = "?";
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (const Open* o = open_at(seq)) op = o->fp.describe();
-    }
-    return fmt::format("collective #{} {} cannot complete: rank {} (pid {} on host {}) {} for "
+    return fmt::format("{} cannot complete: rank {} (pid {} on host {}) {} for "
                        "{:.0f} s (it is dead, frozen, or cut off from the store)",
-                       seq, op, r, p.pid, p.host,
+                       what(), r, p.pid, p.host,
                        count < 0 ? "wrote no heartbeat" : "wrote no new heartbeat",
                        std::chrono::duration<double>(read_at - hb_since_[r]).count());
   }
@@ -946,6 +958,9 @@ void MonitoredCommunicator::watchdog_loop() {
     bool overdue = false;
     std::string overdue_what;
     std::int64_t watch_seq = -1;  // the oldest collective, open for a while
+    // Else the oldest point-to-point op open for a while with a peer on
+    // another machine: its id and what it is.
+    std::optional<OpenP2P> watch_p2p;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       const auto now = Clock::now();
@@ -975,11 +990,47 @@ void MonitoredCommunicator::watchdog_loop() {
         }
         if (!overdue) watch_seq = o.seq;
       }
+      if (!overdue && watch_seq < 0 && opts_.heartbeat_stall.count() > 0) {
+        while (!p2p_open_.empty()) {
+          auto w = p2p_open_.front().work.lock();
+          if (w && !w->is_completed()) break;
+          p2p_open_.pop_front();
+        }
+        if (!p2p_open_.empty() && now - p2p_open_.front().started > 2 * opts_.poll_interval)
+          watch_p2p = p2p_open_.front();
+      }
     }
     if (store_lost_) continue;  // nothing more to learn from a store that is gone
     try {
       if (!overdue && watch_seq >= 0 && opts_.heartbeat_stall.count() > 0 && !alarm_seen_) {
-        overdue_what = stalled_peer(watch_seq);
+        // Rank 0 watches every rank on another machine, the others watch
+        // rank 0: one rank's alarm stops them all, and the store serves n
+        // reads a second, not n^2.
+        std::vector<int> watched;
+        for (int r = 0; r < size(); ++r)
+          if (r != rank() && r < static_cast<int>(opts_.peers.size()) &&
+              !opts_.peers[r].same_machine && (rank() == 0 || r == 0))
+            watched.push_back(r);
+        overdue_what = stalled_peer(watch_seq, watched, [&] {
+          std::string op = "?";
+          std::lock_guard<std::mutex> lock(mutex_);
+          if (const Open* o = open_at(watch_seq)) op = o->fp.describe();
+          return fmt::format("collective #{} {}", watch_seq, op);
+        });
+        overdue = !overdue_what.empty();
+      } else if (!overdue && watch_p2p && !alarm_seen_) {
+        // The op's own peers on other machines: a rank blocked on a frozen
+        // partner is the only one that can tell (the others may wait in a
+        // collective whose watch sees every heartbeat move).
+        std::vector<int> watched;
+        for (int r : watch_p2p->peers)
+          if (r != rank() && r >= 0 && r < size() && r < static_cast<int>(opts_.peers.size()) &&
+              !opts_.peers[r].same_machine &&
+              std::find(watched.begin(), watched.end(), r) == watched.end())
+            watched.push_back(r);
+        overdue_what = stalled_peer(-watch_p2p->id, watched, [&] {
+          return "point-to-point op " + watch_p2p->fp.describe();
+        });
         overdue = !overdue_what.empty();
       }
       if (!alarm_seen_ && opts_.store->check({"alarm"})) {

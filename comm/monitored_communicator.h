@@ -38,6 +38,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <deque>
+#include <limits>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -201,7 +203,9 @@ class MonitoredCommunicator final : public Communicator {
   template <typename MakeFn>
   std::shared_ptr<Work> issue(Fingerprint fp, MakeFn make, void* corrupt_target = nullptr,
                               DType dtype = DType::kFloat32, std::size_t count = 0);
-  std::shared_ptr<Work> issue_p2p(Fingerprint fp, std::shared_ptr<Work> work);
+  // peers: the ranks the op sends to or receives from.
+  std::shared_ptr<Work> issue_p2p(Fingerprint fp, std::vector<int> peers,
+                                  std::shared_ptr<Work> work);
   const Fault* fault_at(Fault::Kind kind, std::int64_t seq) const;
   void stall(std::int64_t seq, const Fingerprint& fp);
   void check_fingerprints(std::int64_t seq, const Fingerprint& fp);
@@ -225,9 +229,12 @@ class MonitoredCommunicator final : public Communicator {
                        std::vector<int>& silent, bool peer_reset = false) const;
   void note_store_lost(const Error& e);
   void write_heartbeat();
-  // Watchdog thread: what ends collective `seq` (open for a while) because a
-  // watched peer's heartbeat stood still for heartbeat_stall; "" if nothing.
-  std::string stalled_peer(std::int64_t seq);
+  // Watchdog thread: what ends the op watched (key: a collective's number,
+  // or minus a point-to-point op's id; open for a while) because one of
+  // `watched` wrote no new heartbeat for heartbeat_stall; "" if nothing.
+  // what(): the op, as the message names it.
+  std::string stalled_peer(std::int64_t key, const std::vector<int>& watched,
+                           const std::function<std::string()>& what);
   void watchdog_loop();
   double now_s() const;
 
@@ -239,6 +246,19 @@ class MonitoredCommunicator final : public Communicator {
   mutable std::mutex mutex_;  // ring_, open_, failure_*
   std::deque<Entry> ring_;
   std::deque<Open> open_;  // in sequence order
+  // A point-to-point op not yet known complete (link-health's pairs,
+  // dp-vs-ring): no sequence number and no deadline of the watchdog's (its
+  // wait has one), but a peer on another machine that goes silent ends it
+  // as it ends a collective. Dropped once complete or no longer held.
+  struct OpenP2P {
+    std::int64_t id = 0;
+    Fingerprint fp;
+    std::vector<int> peers;
+    std::chrono::steady_clock::time_point started;
+    std::weak_ptr<Work> work;
+  };
+  std::deque<OpenP2P> p2p_open_;  // under mutex_, in issue order
+  std::int64_t p2p_issued_ = 0;   // under mutex_
   std::atomic<bool> halted_{false};
   std::exception_ptr failure_;
   nlohmann::json failure_report_;
@@ -251,8 +271,8 @@ class MonitoredCommunicator final : public Communicator {
   std::string halt_reason_;  // note_halt_reason; under mutex_
   std::int64_t heartbeats_ = 0;  // watchdog thread only
   // stalled_peer's view of the peers' heartbeats (watchdog thread only): the
-  // collective watched, each peer's last count and since when it stood.
-  std::int64_t hb_watch_seq_ = -1;
+  // op watched, each peer's last count and since when it stood.
+  std::int64_t hb_watch_key_ = std::numeric_limits<std::int64_t>::min();  // none yet
   std::vector<std::int64_t> hb_count_;
   std::vector<std::chrono::steady_clock::time_point> hb_since_;
   std::chrono::steady_clock::time_point hb_next_read_;

@@ -539,15 +539,17 @@ TEST_CASE("sub-groups over the same store: two groups of a world of 3", "[monito
 namespace {
 
 // A store whose set() of one key fails (a store call past its deadline)
-// until a given time, as a stalled store looks to one rank's watchdog.
+// until a given time, as a stalled store looks to one rank's watchdog; or,
+// `silent`, is dropped without a word, as a frozen process writes nothing.
 class StallingStore : public Store {
  public:
   StallingStore(std::shared_ptr<Store> base, std::string stalled_key,
-                std::chrono::steady_clock::time_point until)
-      : base_(std::move(base)), key_(std::move(stalled_key)), until_(until) {}
+                std::chrono::steady_clock::time_point until, bool silent = false)
+      : base_(std::move(base)), key_(std::move(stalled_key)), until_(until), silent_(silent) {}
   void set(const std::string& key, const Bytes& value) override {
     if (key == key_ && std::chrono::steady_clock::now() < until_) {
       ++refused;
+      if (silent_) return;
       throw TimeoutError("the store at test did not answer SET within 1000 ms", {});
     }
     base_->set(key, value);
@@ -567,6 +569,7 @@ class StallingStore : public Store {
   std::shared_ptr<Store> base_;
   std::string key_;
   std::chrono::steady_clock::time_point until_;
+  bool silent_;
 };
 
 }  // namespace
@@ -629,4 +632,128 @@ TEST_CASE("monitored Gloo: a rank whose store stalled once keeps its heartbeat, 
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
   CHECK_FALSE(lost_at_end[1]);
+}
+
+TEST_CASE("monitored Gloo: a point-to-point op on a silent peer ends at the heartbeat stall, one "
+          "on a late peer completes",
+          "[monitor][gloo]") {
+  // Rank 0 receives from rank 1 "on another machine", with a 2 s stall and a
+  // 20 s deadline. Frozen: rank 1 writes no heartbeat and never sends; rank
+  // 0's recv must end after about 2 s of silence, naming rank 1 and the op.
+  // Late: rank 1's heartbeat moves and it sends after 3.5 s; the recv
+  // completes (a slow partner is not a silent one).
+  const bool frozen = GENERATE(true, false);
+  CAPTURE(frozen);
+  const Millis timeout = 20s;
+  auto store = std::make_shared<MemoryStore>();
+  auto muted = std::make_shared<StallingStore>(
+      store, "monitor/heartbeat/1",
+      frozen ? std::chrono::steady_clock::now() + 1h : std::chrono::steady_clock::now(),
+      /*silent=*/true);
+  std::vector<std::string> errors(2);
+  double took = 0;
+  std::atomic<bool> done{false};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o = gloo_rank_options(r, 2, std::make_shared<PrefixStore>("comm", store), timeout);
+        auto inner = make_communicator(o);
+        inner->set_default_timeout(timeout);
+        MonitorOptions mo;
+        mo.rank = r;
+        mo.size = 2;
+        mo.store = std::make_shared<PrefixStore>("monitor", r == 1 ? std::shared_ptr<Store>(muted)
+                                                                   : std::shared_ptr<Store>(store));
+        mo.timeout = timeout;
+        mo.gather_wait = 1500ms;
+        mo.poll_interval = 100ms;
+        mo.heartbeat_stall = 2s;
+        mo.peers = {{"host0", 1, r == 0}, {"host1", 2, r == 1}};
+        MonitoredCommunicator comm(std::move(inner), mo);
+        CommBuffer buf(comm, 64 * sizeof(float));
+        if (r == 0) {
+          const auto t0 = std::chrono::steady_clock::now();
+          try {
+            comm.recv(buf.get(), 64, DType::kFloat32, 1, 7)->wait(timeout);
+          } catch (const std::exception& e) {
+            errors[0] = e.what();
+          }
+          took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          done = true;
+        } else if (frozen) {
+          while (!done) std::this_thread::sleep_for(50ms);
+        } else {
+          std::this_thread::sleep_for(3500ms);
+          comm.send(buf.get(), 64, DType::kFloat32, 0, 7)->wait(timeout);
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+        done = true;
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(errors[1] == "");
+  if (frozen) {
+    CHECK(contains(errors[0], "point-to-point op recv(float, 64, peer=1) cannot complete: "
+                              "rank 1 (pid 2 on host host1) wrote no heartbeat for 2 s"));
+    CHECK(took < 8);
+  } else {
+    CHECK(errors[0] == "");
+    CHECK(took > 3);
+  }
+}
+
+TEST_CASE("monitored Gloo: a connection closed by a rank that published its state does not make "
+          "a silent rank dead",
+          "[monitor][gloo]") {
+  // Rank 0 fails first (its watchdog found rank 2 silent) and stops, closing
+  // its connections; rank 1 then fails on "rank 0 ... reset by peer". Rank 0
+  // published its state, so that reset was its own stop: rank 2, silent on
+  // another host whose address answers, is frozen, not dead.
+  const Millis timeout = 20s;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::string> errors(3);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o = gloo_rank_options(r, 3, std::make_shared<PrefixStore>("comm", store), timeout);
+        auto inner = make_communicator(o);
+        inner->set_default_timeout(timeout);
+        MonitorOptions mo;
+        mo.rank = r;
+        mo.size = 3;
+        // Rank 2 has no watchdog: no heartbeat, no state, as if frozen.
+        if (r != 2) mo.store = std::make_shared<PrefixStore>("monitor", store);
+        mo.timeout = timeout;
+        mo.gather_wait = 1000ms;
+        mo.poll_interval = 100ms;
+        mo.peers = {{"host0", 1, r == 0}, {"host1", 2, r == 1}, {"host2", 3, r == 2}};
+        MonitoredCommunicator comm(std::move(inner), mo);
+        try {
+          if (r == 0) {
+            comm.fail(1, TimeoutError("rank 2 wrote no new heartbeat (test)",
+                                      ErrorContext{"all_reduce", 0, 2}));
+          } else if (r == 1) {
+            while (!store->check({"monitor/state/0"})) std::this_thread::sleep_for(20ms);
+            comm.fail(1, PeerError("all_reduce on rank 1 failed: rank 0 closed its connection or "
+                                   "failed (gloo: Read error: Connection reset by peer)",
+                                   ErrorContext{"all_reduce", 1, 0}));
+          }
+        } catch (const Error& e) {
+          errors[r] = e.what();
+        }
+        ++finished;
+        while (finished < 2) std::this_thread::sleep_for(20ms);
+      } catch (const std::exception& e) {
+        errors[r] = std::string("setup: ") + e.what();
+        ++finished;
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(errors[2] == "");
+  CHECK(contains(errors[1], "Rank 2 did not publish its state: it is silent"));
+  CHECK_FALSE(contains(errors[1], "it is dead"));
 }

@@ -155,11 +155,12 @@ class LinkDown(unittest.TestCase):
                     self.fail("rank %d ended (rc %s) before the cut:\n%s" % (r, p.returncode,
                                                                           f.read()))
 
-    def run_and_cut(self, hosts, cut, timeout=TIMEOUT, ending=None):
+    def run_and_cut(self, hosts, cut, timeout=TIMEOUT, ending=None, args=None, settle=None):
         """Runs allreduce-test on the three hosts, calls cut() once rank 0 has
         printed its table header, and returns per rank (rc, stderr, seconds
         from the cut to the rank's exit). ending: the ranks that must end
-        (all by default).
+        (all by default). args: another command (and its options) instead,
+        cut `settle` seconds after the start, since it prints no header.
 
         The run is a long sweep of small blocks (4097 sizes from 64 KiB to
         128 KiB, 5 timed iterations each): every wait is far shorter than
@@ -167,8 +168,10 @@ class LinkDown(unittest.TestCase):
         the cut, and the sweep outlasts the bound by minutes. Output goes to
         files, which never fill up as a pipe would."""
         n = len(hosts)
-        args = ["allreduce-test", "-b", "64K", "-e", "128K", "-i", "16", "-n", "5", "-w", "1",
-                "--json", self.json]
+        if args is None:
+            args = ["allreduce-test", "-b", "64K", "-e", "128K", "-i", "16", "-n", "5", "-w",
+                    "1"]
+        args = args + ["--json", self.json]
         logs = tempfile.TemporaryDirectory(prefix="ddpdiag-linkdown-")
         self.addCleanup(logs.cleanup)
         files = [(open(os.path.join(logs.name, "out%d" % r), "w+"),
@@ -180,6 +183,9 @@ class LinkDown(unittest.TestCase):
         try:
             t0 = time.monotonic()
             while time.monotonic() - t0 < 60 and procs[0].poll() is None:
+                if settle is not None:
+                    time.sleep(settle)
+                    break
                 with open(files[0][0].name) as f:
                     if any(line.startswith("#   ") and "size" in line for line in f):
                         break
@@ -324,6 +330,33 @@ class LinkDown(unittest.TestCase):
         # What ended the wait: rank 0 watched rank 2's heartbeat.
         self.assertIn("rank 2 (pid", json.dumps(rep))
         self.assertIn("wrote no new heartbeat for 15 s", json.dumps(rep))
+
+    def test_rank_frozen_in_a_point_to_point_op_is_named_before_the_timeout(self):
+        # link-health's pair exchanges are send/recv, not collectives: rank 1
+        # on host 2 is stopped in the middle of its 256 MiB exchanges with
+        # rank 0 (1000 of them: minutes), and rank 0, blocked on its send or
+        # recv, must end after 15 s of silence, not at --timeout 60.
+        hosts = [0, 2]
+
+        def stop1(procs):
+            procs[1].send_signal(signal.SIGSTOP)
+        stop1.takes_procs = True
+        out = self.run_and_cut(hosts, stop1, timeout=60, ending=[0],
+                               args=["link-health", "--bytes", "256M", "-n", "1000",
+                                     "--rechecks", "0"], settle=8)
+        rc, se, elapsed = out[0]
+        self.assertEqual(rc, 5, se)
+        self.assertLess(elapsed, 35, se)
+        self.assertRegex(se, r"point-to-point op (send|recv|sendrecv)\(")
+        self.assertIn("cannot complete: rank 1 (pid", se)
+        self.assertIn("wrote no new heartbeat for 15 s", se)
+        self.assertIn("Rank 1 did not publish its state: it is silent: no state and no "
+                      "heartbeat (host host2, pid", se)
+        self.assertIn("hint: look at the process of rank 1 on its host", se)
+        rep = load(self.json)
+        self.assertEqual(rep["error"]["exit_code"], 5)
+        self.assertEqual(rep["error"]["peer"], 1)
+        self.assertEqual(rep["results"]["watchdog"]["diagnosis"]["unreachable_ranks"], [])
 
     def test_host2_link_down_names_it_unreachable(self):
         self.host2_link_down([0, 1, 2])
