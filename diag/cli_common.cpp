@@ -632,6 +632,14 @@ std::string machine_name() {
   return host;
 }
 
+std::string every_address() {
+  if (int probe = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
+    ::close(probe);
+    return "::";
+  }
+  return "0.0.0.0";
+}
+
 std::string machine_id() {
   // Host names repeat on cloned machines; the kernel's boot id does not
   // (network namespaces of one machine share it, and they do share its CPUs
@@ -1266,12 +1274,8 @@ void host_store(Job& job) {
     fmt::print(stderr, "[rank {}] ddpdiag: the store this rank hosts: {}\n", rank, what);
   };
   // Every address of this host, IPv6 and IPv4 alike (as torch's server):
-  // MASTER_ADDR may name rank 0 by either. Where the kernel has no IPv6,
-  // IPv4 only.
-  if (int probe = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0); probe >= 0) {
-    ::close(probe);
-    so.host = "::";
-  }
+  // MASTER_ADDR may name rank 0 by either.
+  so.host = every_address();
   try {
     job.server = std::make_unique<TcpStoreServer>(so);
   } catch (Error& e) {

@@ -132,6 +132,10 @@ std::string machine_name();  // gethostname()
 // ("node1#<uuid>"), so that clones sharing a host name are not taken for one
 // machine. Ranks compare it to decide who shares CPUs and process ids.
 std::string machine_id();
+// The bind address for "every address of this host": "::" (IPv6 and, v4
+// mapped, IPv4, as torch's server binds), or "0.0.0.0" where the kernel has
+// no IPv6.
+std::string every_address();
 // Rank 0 hosts the store unless an agent does (no-op otherwise).
 void host_store(Job& job);
 // Connects this rank to the store (a MemoryStore for a world of 1) and sets

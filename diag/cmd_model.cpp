@@ -69,6 +69,7 @@ struct ModelOptions {
   CLI::Option* caps_opt = nullptr;
   double first_bucket_mb = 1;
   double compute_gbps = 1.0;
+  CLI::Option* compute_gbps_opt = nullptr;
   double backward_ms = 0;
   std::string bucket_algorithm = "ring";
   std::vector<std::string> check_against;
@@ -218,7 +219,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
     if (o.compute_gbps < 0 || o.backward_ms < 0)
       throw flag_error("--compute-gbps and --backward-ms must be >= 0", "e.g. --compute-gbps 1");
-    if (o.compute_gbps > 0 && o.backward_ms > 0)
+    if (o.compute_gbps_opt->count() > 0 && o.compute_gbps > 0 && o.backward_ms > 0)
       throw flag_error("--compute-gbps and --backward-ms both set the backward's pace",
                        "give one of them");
     if (o.backward_ms > 3600e3)
@@ -227,7 +228,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                        "give the backward's duration in milliseconds (at most 3,600,000)");
     // Frozen parameters have no gradient: DDP reduces the others only.
     model_layout = ddp_core::trainable_parameters(ddp_core::load_model(o.model));
-    cli::check_backward_rate(model_layout->gradient_bytes(), o.compute_gbps, -1);
+    if (o.backward_ms == 0) cli::check_backward_rate(model_layout->gradient_bytes(), o.compute_gbps, -1);
   } else if (o.caps_opt && o.caps_opt->count()) {
     throw flag_error("--caps needs --model: the best cap is found for a model's buckets",
                      "e.g. --model resnet50 --caps 1,5,25");
@@ -573,9 +574,11 @@ Subcommand add_model_command(CLI::App& parent) {
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket (MiB)")
       ->capture_default_str()
       ->check(cli::bucket_mb_value(false));
-  app->add_option("--compute-gbps", opts->compute_gbps,
-                  "Gradient bytes backward produces per second (GB/s), as bucket-sweep; 0: all at once")
-      ->capture_default_str()
+  opts->compute_gbps_opt =
+      app->add_option("--compute-gbps", opts->compute_gbps,
+                      "Gradient bytes backward produces per second (GB/s), as bucket-sweep; 0: all "
+                      "at once")
+          ->capture_default_str()
       ->check(cli::non_negative_number());
   app->add_option("--backward-ms", opts->backward_ms,
                   "Or: the backward pass's duration (ms); sets the rate to model bytes / duration")

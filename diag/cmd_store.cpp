@@ -223,7 +223,7 @@ int run_ping(const PingOptions& o) {
 }
 
 struct ServeOptions {
-  std::string host = "0.0.0.0";
+  std::string host;  // "": every address (cli::every_address)
   int port = kDefaultStorePort;
 };
 
@@ -241,7 +241,7 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   TcpStoreServerOptions so;
-  so.host = o.host;
+  so.host = o.host.empty() ? cli::every_address() : o.host;
   so.port = o.port;
   // Connections closed for a request the protocol does not allow, each said
   // on stderr, up to a bound: a client in a loop must not flood the log.
@@ -257,7 +257,7 @@ int run_serve(const ServeOptions& o) {
   };
   so.on_out_of_fds = [](const std::string& what) { fmt::print(stderr, "ddpdiag store: {}\n", what); };
   TcpStoreServer server(so);
-  Address bound{o.host, server.port()};
+  Address bound{so.host, server.port()};
   fmt::print("ddpdiag store serving on {} (protocols: {}, {})\n", format_address(bound),
              store_protocol_name(StoreProtocol::kV1), store_protocol_name(StoreProtocol::kV2));
   std::fflush(stdout);
@@ -404,7 +404,8 @@ Subcommand add_store_command(CLI::App& parent) {
   auto serve = std::make_shared<ServeOptions>();
   CLI::App* s = store->add_subcommand("serve", "host a store speaking both protocols until SIGINT/SIGTERM");
   s->add_option("--port", serve->port, "port to listen on (0: any free port)")->capture_default_str();
-  s->add_option("--host", serve->host, "address to bind (:: for IPv6 and IPv4)")->capture_default_str();
+  s->add_option("--host", serve->host,
+                "address to bind (default: every address, IPv6 and IPv4; 0.0.0.0 for IPv4 only)");
 
   auto setk = std::make_shared<KeyOptions>();
   CLI::App* st = store->add_subcommand("set", "set KEY to VALUE in a store (key as torch's store.set(KEY) sees it)");

@@ -237,6 +237,19 @@ class ModelVsMeasured(unittest.TestCase):
             p = run(["model", self.sweeps[2], "--world-size", "8", "--model", "mlp"] + extra)
             self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
 
+    def test_backward_ms_alone_sets_the_pace(self):
+        # --backward-ms on its own (--compute-gbps keeps its default): the
+        # rate is the model's bytes over that duration.
+        p, rep = self.model([self.sweeps[2], "--world-size", "8", "--model", "mlp",
+                             "--backward-ms", "200", "--max-fit-error", "1000"])
+        res = rep["results"]
+        self.assertAlmostEqual(res["compute_gbps"], res["total_bytes"] / 0.2 / 1e9, places=9)
+        p, rep = self.model([self.sweeps[2], "--world-size", "8", "--model", "mlp",
+                             "--compute-gbps", "0", "--backward-ms", "200",
+                             "--max-fit-error", "1000"])
+        self.assertAlmostEqual(rep["results"]["compute_gbps"],
+                               rep["results"]["total_bytes"] / 0.2 / 1e9, places=9)
+
     def test_fits_float_sums_only(self):
         # allreduce-test -d all: the other dtypes move other element sizes at
         # other speeds; the fit keeps the float sums, and a report without
