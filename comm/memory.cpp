@@ -116,4 +116,84 @@ DeviceMemoryInfo device_memory_info(int device) {
 #endif
 }
 
+namespace {
+
+std::optional<std::string> read_text(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+std::optional<std::uint64_t> read_number(const std::string& path) {
+  auto t = read_text(path);
+  if (!t) return std::nullopt;
+  std::istringstream in(*t);
+  std::uint64_t v = 0;
+  if (!(in >> v)) return std::nullopt;  // "max" (v2: no limit) too
+  return v;
+}
+
+}  // namespace
+
+std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc_root,
+                                                         const std::string& cgroup_root) {
+  std::optional<HostMemoryAvailable> best;
+  const auto consider = [&](std::uint64_t bytes, std::string source) {
+    if (!best || bytes < best->bytes) best = HostMemoryAvailable{bytes, std::move(source)};
+  };
+  if (auto info = read_text(proc_root + "/meminfo")) {
+    std::istringstream in(*info);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("MemAvailable:", 0) == 0) {
+        std::istringstream f(line.substr(13));
+        std::uint64_t kib = 0;
+        if (f >> kib) consider(kib * 1024, "MemAvailable");
+      }
+  }
+  // A v1 limit of "none" reads as the largest page-aligned int64.
+  constexpr std::uint64_t kNoLimit = std::uint64_t{1} << 60;
+  if (auto groups = read_text(proc_root + "/self/cgroup")) {
+    std::istringstream in(*groups);
+    std::string line;
+    while (std::getline(in, line)) {
+      // "hierarchy-ID:controllers:path": v2 is "0::/path", v1's memory
+      // controller "N:memory:/path" (or a list holding "memory").
+      const auto c1 = line.find(':');
+      const auto c2 = c1 == std::string::npos ? c1 : line.find(':', c1 + 1);
+      if (c2 == std::string::npos) continue;
+      const std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
+      std::string path = line.substr(c2 + 1);
+      bool v1 = false;
+      if (controllers.empty()) {
+        v1 = false;
+      } else {
+        std::istringstream list(controllers);
+        std::string c;
+        bool memory = false;
+        while (std::getline(list, c, ',')) memory = memory || c == "memory";
+        if (!memory) continue;
+        v1 = true;
+      }
+      const std::string base = v1 ? cgroup_root + "/memory" : cgroup_root;
+      const std::string limit_file = v1 ? "/memory.limit_in_bytes" : "/memory.max";
+      const std::string usage_file = v1 ? "/memory.usage_in_bytes" : "/memory.current";
+      // This cgroup and each parent: a parent's limit binds too.
+      for (;;) {
+        while (path.size() > 1 && path.back() == '/') path.pop_back();
+        const std::string dir = base + (path == "/" ? "" : path);
+        const auto limit = read_number(dir + limit_file);
+        const auto usage = read_number(dir + usage_file);
+        if (limit && usage && *limit < kNoLimit)
+          consider(*limit > *usage ? *limit - *usage : 0,
+                   "the limit of cgroup " + (path.empty() ? std::string("/") : path));
+        if (path.empty() || path == "/") break;
+        const auto slash = path.rfind('/');
+        path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);
+      }
+    }
+  }
+  return best;
+}
+
 }  // namespace ddpdiag

@@ -168,6 +168,19 @@ std::optional<ProcessMemory> parse_proc_status(std::string_view text);
 // nullopt where /proc is not available.
 std::optional<ProcessMemory> read_process_memory();
 
+// Host memory this process can still take: MemAvailable (/proc/meminfo),
+// lowered to what its memory cgroup's limit leaves (v2: memory.max less
+// memory.current; v1: memory.limit_in_bytes less memory.usage_in_bytes;
+// the tightest along the cgroup's path to the root). `source` says which
+// bound it is. nullopt where neither can be read. The roots are for tests.
+struct HostMemoryAvailable {
+  std::uint64_t bytes = 0;
+  std::string source;  // "MemAvailable" or "cgroup <dir> limit"
+};
+std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc_root = "/proc",
+                                                         const std::string& cgroup_root =
+                                                             "/sys/fs/cgroup");
+
 // cudaMemGetInfo of a device. Only comm/nccl/ talks to CUDA: in builds
 // without CUDA, or without a driver/GPU, available is false and reason says
 // why.

@@ -267,13 +267,14 @@ Diagnosis diagnose_store_unreachable(const RankState& self, int size,
                                      const std::string& store_address,
                                      const std::string& store_error,
                                      const std::vector<std::string>& hosts,
-                                     const std::vector<bool>& same_machine) {
+                                     const std::vector<bool>& same_machine, int ended) {
   Diagnosis d;
   std::vector<std::string> others_hosts;
   std::vector<int> here;  // on this host: cut off with this rank
   for (int r = 0; r < size; ++r) {
     if (r == self.rank) continue;
     d.gone.push_back(r);
+    if (r == ended) continue;
     if (r < static_cast<int>(same_machine.size()) && same_machine[r]) {
       here.push_back(r);
       continue;

@@ -102,12 +102,15 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
 // unreachable from here, and those on this host (`same_machine[r]`) are cut
 // off with it, not unreachable. The first line says that the store at
 // `store_address` is out of reach (`store_error`: what the store client
-// said). `hosts[r]` names rank r's host where known.
+// said). `hosts[r]` names rank r's host where known. `ended`: a rank on this
+// machine whose process is known to be gone (it hosted the store), which
+// the caller names itself: gone, but neither unreachable nor cut off.
 Diagnosis diagnose_store_unreachable(const RankState& self, int size,
                                      const std::string& store_address,
                                      const std::string& store_error,
                                      const std::vector<std::string>& hosts = {},
-                                     const std::vector<bool>& same_machine = {});
+                                     const std::vector<bool>& same_machine = {},
+                                     int ended = -1);
 
 // Ranks as "1", "1 and 2", "0, 2 and 3".
 std::string rank_list(const std::vector<int>& ranks);

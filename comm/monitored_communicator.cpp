@@ -741,21 +741,20 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
       hosts.push_back(p.host);
       same_machine.push_back(p.same_machine);
     }
-    d = diagnose_store_unreachable(*states[rank()], size(), opts_.store_address, store_error,
-                                   hosts, same_machine);
     // The rank that hosted the store runs on this machine and its process
     // is gone: the store went with it, and no network is to blame.
     const int host = opts_.store_host_rank;
     if (host >= 0 && host != rank() && host < static_cast<int>(opts_.peers.size()) &&
-        opts_.peers[host].same_machine && opts_.peers[host].pid > 0) {
-      if (process_gone(opts_.peers[host].pid)) {
-        store_host_gone = opts_.peers[host].pid;
-        d.lines.insert(d.lines.begin(),
-                       fmt::format("Rank {} (pid {} on this machine), which hosted the store, has "
-                                   "ended: its process is gone, and the store with it.",
-                                   host, opts_.peers[host].pid));
-      }
-    }
+        opts_.peers[host].same_machine && opts_.peers[host].pid > 0 &&
+        process_gone(opts_.peers[host].pid))
+      store_host_gone = opts_.peers[host].pid;
+    d = diagnose_store_unreachable(*states[rank()], size(), opts_.store_address, store_error,
+                                   hosts, same_machine, store_host_gone ? host : -1);
+    if (store_host_gone)
+      d.lines.insert(d.lines.begin(),
+                     fmt::format("Rank {} (pid {} on this machine), which hosted the store, has "
+                                 "ended: its process is gone, and the store with it.",
+                                 host, store_host_gone));
   } else {
     std::vector<int> unreachable, silent;
     GoneNotes notes = gone_notes(states, heartbeats, unreachable, silent, peer_reset);

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdlib>
+#include <limits>
 #include <stdexcept>
 
 #include <fmt/core.h>
@@ -83,10 +84,14 @@ class EnvReader {
     while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
     int out = 0;
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
+    if (ec == std::errc::result_out_of_range && (leading_only || p == s.data() + s.size()))
+      throw world_error(fmt::format("environment variable {}='{}' is out of range (at most {})",
+                                    name, v, std::numeric_limits<int>::max()),
+                        fmt::format("set {} to the value the launcher meant, or unset it", name));
     bool ok = ec == std::errc() && p != s.data() && (leading_only || p == s.data() + s.size());
     if (!ok)
       throw world_error(fmt::format("environment variable {}='{}' is not an integer", name, v),
-                        fmt::format("set {} to a non-negative integer or unset it", name));
+                        fmt::format("set {} to an integer or unset it", name));
     return out;
   }
 

@@ -30,6 +30,7 @@
 
 #include "ddpdiag/config.h"
 #include "comm/ip_text.h"
+#include "comm/memory.h"
 #include "comm/net_info.h"
 #include "ddp_core/param_broadcast.h"
 #include "diag/launcher.h"
@@ -245,6 +246,34 @@ void write_report_on_interrupt() {
   sa.sa_flags = SA_RESTART;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string& what,
+                       const std::string& hint) {
+  const auto avail = host_memory_available();
+  if (!avail) return;
+  const int here = std::max(1, job.world.local_world_size);
+  const long double need = static_cast<long double>(per_rank) * here;
+  if (need <= static_cast<long double>(avail->bytes)) return;
+  const auto gib = [](long double b) { return fmt::format("{:.1f} GiB", static_cast<double>(b / (1ULL << 30))); };
+  throw UsageError(
+      fmt::format("{} take about {} per rank{}, but this host has {} of memory left ({}): the "
+                  "ranks would be killed by the OOM killer or swap",
+                  what, gib(per_rank),
+                  here > 1 ? fmt::format(", {} for the {} ranks on this host", gib(need), here)
+                           : std::string(),
+                  gib(avail->bytes), avail->source),
+      {"flags", job.rank(), -1, hint});
+}
+
+UsageError report_write_error(const reports::WriteError& e, int rank) {
+  const int err = e.error_number();
+  return UsageError(e.what(), {"report", rank, -1,
+                               err == ENOSPC || err == EDQUOT
+                                   ? "the disk is full (or over quota): free space, or pass a "
+                                     "path on another disk"
+                                   : "check that the directory exists and is writable, or pass "
+                                     "another path"});
 }
 
 void print_error(const Error& e) {
@@ -1843,7 +1872,8 @@ void record_warnings(const Job& job, reports::Report& report) {
   report.results()["warnings"] = jw;
 }
 
-int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body) {
+int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body,
+                    const std::function<void(const Job&)>& before_start) {
   if (auto rc = launch_if_asked(o)) return *rc;
   write_report_on_interrupt();
   auto env = process_env();
@@ -1854,12 +1884,15 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   job.progress = (isatty(STDERR_FILENO) || env("DDPDIAG_PROGRESS")) && !o.quiet;
   int rc = 0;
   bool store_unreachable = false;  // this rank never reached the store, or lost it
+  bool checked = false;            // before_start passed
   try {
     discover_job(job, o);
     // A report written from here on (a signal during the rendezvous) has the
     // world as far as it is known.
     record_known_world(job, o, report);
     arm_report(report, o);
+    if (before_start) before_start(job);
+    checked = true;
     start_job(job, o);
     record_known_world(job, o, report);
     record_warnings(job, report);
@@ -1920,10 +1953,14 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       if (own_report && !json_path.empty())
         std::fprintf(stderr, "ddpdiag: rank %d %s; its own report: %s\n", job.world.rank,
                      !job.world_known ? "was refused its place in the world"
+                     : !checked       ? "stopped before the rendezvous"
                      : store_unreachable || (job.monitor && job.monitor->store_lost())
                          ? "could not reach the store"
                          : "saw rank 0, which writes the job's report, gone",
                      json_path.c_str());
+    } catch (const reports::WriteError& e) {
+      print_error(report_write_error(e, job.world.rank));
+      if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddpdiag: error on rank %d: %s\n", job.world.rank, e.what());
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);

@@ -31,6 +31,9 @@ inline constexpr double kDefaultCapMb = 25;
 double median(std::vector<double> v);
 
 // Prints the error the way every subcommand does.
+// A report that could not be written, as the error users read (exit 2,
+// phase "report", a hint for a full disk or a bad directory).
+UsageError report_write_error(const reports::WriteError& e, int rank);
 void print_error(const Error& e);
 // Under torchrun: the worker's failure as torch's @record writes it into
 // TORCHELASTIC_ERROR_FILE, so torchrun's summary shows it (print_error does
@@ -210,7 +213,11 @@ using JobBody = std::function<void(Job&, reports::Report&)>;
 // no rank flags) and returns its exit code; nullopt when this process is a rank.
 std::optional<int> launch_if_asked(const CommonOptions& o);
 
-int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body);
+// `before_start`: checks of this rank's own (its host's memory) once the
+// world is known and before the rendezvous, so that no rank has allocated
+// anything yet when any rank checks; what it throws is that rank's error.
+int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body,
+                    const std::function<void(const Job&)>& before_start = {});
 
 // An interface, its address and link speed as the tables show them:
 // "eth0 10.0.0.1 (25 Gb/s)", "lo 127.0.0.1" (speed unknown: <= 0), "?" for
@@ -278,6 +285,14 @@ void add_gradient_view_flags(CLI::App* app, bool& views);
 // UsageError naming `flag` (and `rank`) for an empty entry ("1,,5", "1,5,").
 std::vector<std::string> split_list(const std::string& s, const std::string& flag,
                                     const std::string& example, int rank = -1);
+// Refuses (exit 2) a run whose buffers cannot fit in this host's memory:
+// `per_rank` bytes for each of the job's ranks on this host, against what
+// host_memory_available says is left (MemAvailable, or the cgroup's limit).
+// `what` names the buffers; the hint says to use smaller sizes. Called from
+// run_distributed's before_start, so no rank reads memory another one has
+// already taken.
+void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string& what,
+                       const std::string& hint);
 std::string format_size(std::size_t bytes);  // 1K, 64M, 3 ...
 // A flag check that the value parses as a size, so that a typo is refused by
 // the launcher before any rank starts.

@@ -479,10 +479,19 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
                                  "with --no-out-of-place leaves nothing to run (drop one of them)");
   });
   return {app, [opts] {
-            return run_distributed(opts->common, "allreduce-test",
-                                   [opts](Job& job, reports::Report& report) {
-                                     run(job, report, *opts);
-                                   });
+            return run_distributed(
+                opts->common, "allreduce-test",
+                [opts](Job& job, reports::Report& report) { run(job, report, *opts); },
+                [opts](const Job& job) {
+                  // Gloo: send and receive buffers and a host copy, all in
+                  // host memory; NCCL: the host copy (the buffers are the
+                  // device's).
+                  const std::size_t maxb = parse_size(opts->max_bytes);
+                  check_host_memory(
+                      job, static_cast<std::uint64_t>(maxb) * (job.backend == Backend::kGloo ? 3 : 1),
+                      fmt::format("buffers of {} (-e)", format_size(maxb)),
+                      "use a smaller -e, or fewer ranks on this host");
+                });
           }};
 }
 

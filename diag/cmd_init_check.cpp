@@ -284,6 +284,7 @@ int run_init_check(const InitCheckOptions& io) {
         return resolve(job.world.master_addr, what, job.timeout, me);
       });
     }
+    std::exception_ptr handshake_error;  // connect_store's, in the handshake's row
     phase("store_connect", [&] {
       try {
         host_store(job);
@@ -295,7 +296,17 @@ int run_init_check(const InitCheckOptions& io) {
             job.world.master_port);
         throw;
       }
-      auto base = connect_store(job, o);
+      std::shared_ptr<Store> base;
+      try {
+        base = connect_store(job, o);
+      } catch (const Error& e) {
+        // The host accepted the connection, and the wire protocol failed:
+        // the handshake's row fails, not the connect's.
+        if (e.context().phase != "store.handshake") throw;
+        handshake_error = std::current_exception();
+        return fmt::format("{}:{} accepted the connection", job.world.master_addr,
+                           job.world.master_port);
+      }
       reached_store = true;
       if (single) return std::string("in-process store (world of 1)");
       auto* client = dynamic_cast<TcpStoreClient*>(base.get());
@@ -308,6 +319,7 @@ int run_init_check(const InitCheckOptions& io) {
       tl.skip("store_handshake", "in-process store");
     } else {
       phase("store_handshake", [&] {
+        if (handshake_error) std::rethrow_exception(handshake_error);
         auto* prefixed = static_cast<PrefixStore*>(job.store.get());
         auto* client = dynamic_cast<TcpStoreClient*>(prefixed->base().get());
         if (!client) return std::string("not a TCP store");

@@ -119,13 +119,7 @@ int main(int argc, char** argv) {
     cli::print_error(e);
     return static_cast<int>(e.exit_code());
   } catch (const reports::WriteError& e) {
-    const int err = e.error_number();
-    const UsageError u(e.what(), {"report", -1, -1,
-                                  err == ENOSPC || err == EDQUOT
-                                      ? "the disk is full (or over quota): free space, or pass a "
-                                        "path on another disk"
-                                      : "check that the directory exists and is writable, or pass "
-                                        "another path"});
+    const UsageError u = cli::report_write_error(e, -1);
     cli::print_error(u);
     return static_cast<int>(u.exit_code());
   } catch (const std::exception& e) {

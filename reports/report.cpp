@@ -249,6 +249,18 @@ std::optional<std::string> output_path_problem(const std::string& path) {
   if (!S_ISDIR(st.st_mode)) return fmt::format("{} (in the path {}) is not a directory", dir, path);
   if (::access(dir.c_str(), W_OK | X_OK) != 0)
     return fmt::format("the directory {} of {} is not writable: {}", dir, path, std::strerror(errno));
+  // access() lets root through where creating a file still fails (/proc,
+  // some special file systems): create (and remove) a file beside the
+  // target, as the report's own write will.
+  const std::string probe = fmt::format("{}.tmp.probe.{}", target, static_cast<long>(::getpid()));
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    if (errno == EEXIST) return std::nullopt;
+    return fmt::format("cannot create a file in the directory {} of {}: {}", dir, path,
+                       std::strerror(errno));
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
   return std::nullopt;
 }
 

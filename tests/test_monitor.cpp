@@ -165,6 +165,15 @@ TEST_CASE("diagnosis: a rank cut off from the store tells other hosts from its o
   CHECK(local.unreachable.empty());
   CHECK(contains(local.summary(), "no other rank's state can be read; ranks 0 and 1, on this "
                                   "host, are cut off with it."));
+  // Rank 0 hosted the store and its process is gone: it is gone, and not
+  // "cut off with" the rank that lost the store.
+  Diagnosis ended = diagnose_store_unreachable(self, 3, store, "", {"h", "h", "h"},
+                                               {true, true, true}, /*ended=*/0);
+  CHECK(ended.gone == std::vector<int>{0, 1});
+  CHECK(ended.unreachable.empty());
+  CHECK(contains(ended.summary(), "no other rank's state can be read; rank 1, on this host, is "
+                                  "cut off with it."));
+  CHECK_FALSE(contains(ended.summary(), "rank 0, on this host"));
 }
 
 TEST_CASE("diagnosis: everyone in the same collective points at the network", "[monitor]") {

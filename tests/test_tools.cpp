@@ -4,7 +4,11 @@
 // exact results, bytes equal to theory, scratch peak equal to theory.
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -197,6 +201,58 @@ TEST_CASE("parse_proc_status: VmRSS and VmHWM in bytes", "[tools]") {
   REQUIRE(self);
   CHECK(self->rss_bytes > 0);
   CHECK(self->peak_rss_bytes >= self->rss_bytes);
+}
+
+namespace {
+void write_file(const std::filesystem::path& p, const std::string& text) {
+  std::filesystem::create_directories(p.parent_path());
+  std::ofstream(p) << text;
+}
+}  // namespace
+
+TEST_CASE("host_memory_available: MemAvailable, lowered by the tightest cgroup limit on the path",
+          "[tools]") {
+  const auto root = std::filesystem::temp_directory_path() /
+                    ("ddpdiag-mem-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(root);
+  const auto proc = root / "proc", cg = root / "cg";
+  const std::uint64_t gib = 1ULL << 30;
+  write_file(proc / "meminfo", "MemTotal:       24000000 kB\nMemAvailable:   20971520 kB\n");
+  SECTION("no cgroup limit: MemAvailable") {
+    write_file(proc / "self/cgroup", "0::/job\n");
+    write_file(cg / "job/memory.max", "max\n");
+    write_file(cg / "job/memory.current", "1000\n");
+    auto m = host_memory_available(proc.string(), cg.string());
+    REQUIRE(m);
+    CHECK(m->bytes == 20 * gib);
+    CHECK(m->source == "MemAvailable");
+  }
+  SECTION("cgroup v2: a parent's limit binds") {
+    write_file(proc / "self/cgroup", "0::/a/b\n");
+    write_file(cg / "a/b/memory.max", "max\n");
+    write_file(cg / "a/b/memory.current", "0\n");
+    write_file(cg / "a/memory.max", std::to_string(3 * gib) + "\n");
+    write_file(cg / "a/memory.current", std::to_string(gib) + "\n");
+    auto m = host_memory_available(proc.string(), cg.string());
+    REQUIRE(m);
+    CHECK(m->bytes == 2 * gib);
+    CHECK(m->source == "the limit of cgroup /a");
+  }
+  SECTION("cgroup v1: the memory controller's limit; no limit is a huge number") {
+    write_file(proc / "self/cgroup", "5:cpu,cpuacct:/x\n4:memory:/job\n");
+    write_file(cg / "memory/job/memory.limit_in_bytes", std::to_string(3 * gib) + "\n");
+    write_file(cg / "memory/job/memory.usage_in_bytes", std::to_string(gib / 2) + "\n");
+    write_file(cg / "memory/memory.limit_in_bytes", "9223372036854771712\n");
+    write_file(cg / "memory/memory.usage_in_bytes", "123\n");
+    auto m = host_memory_available(proc.string(), cg.string());
+    REQUIRE(m);
+    CHECK(m->bytes == 3 * gib - gib / 2);
+    CHECK(m->source == "the limit of cgroup /job");
+  }
+  SECTION("nothing readable") {
+    CHECK_FALSE(host_memory_available((root / "none").string(), (root / "none").string()));
+  }
+  std::filesystem::remove_all(root);
 }
 
 TEST_CASE("traffic theory: gather root 2(n-1)S, ring exactly 2(n-1)/n S", "[tools]") {

@@ -167,6 +167,10 @@ TEST_CASE("every invalid input is a usage error naming the variable", "[world]")
   require_usage_error({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}, "RANK='x1'");
   require_usage_error({{"RANK", "1"}, {"WORLD_SIZE", "2 ranks"}}, "WORLD_SIZE='2 ranks'");
   require_usage_error({{"RANK", "1"}}, "WORLD_SIZE is not");
+  // An integer too large for an int is out of range, not "not an integer".
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "99999999999"}},
+                      "WORLD_SIZE='99999999999' is out of range (at most 2147483647)");
+  require_usage_error({{"RANK", "99999999999"}, {"WORLD_SIZE", "2"}}, "RANK='99999999999' is out of range");
   require_usage_error({{"RANK", "2"}, {"WORLD_SIZE", "2"}}, "RANK=2 is out of range");
   require_usage_error({{"RANK", "-1"}, {"WORLD_SIZE", "2"}}, "RANK=-1");
   require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "0"}}, "WORLD_SIZE=0");

@@ -559,14 +559,29 @@ struct TcpStoreClient::Impl {
     if (v2_closed && closed_unanswered && text_reply.empty())
       closed_without_answer("the torch 2.x handshake or a torch 1.13 request");
     if (timed_out && text_reply.empty()) {
-      // Silence, not a wrong answer: too short a deadline, or a server too
-      // busy to answer in time; the protocol is not known to be wrong.
       drop();
-      throw TimeoutError("the server at " + where() + " accepted the connection but answered "
-                             "neither the torch 2.x handshake nor a torch 1.13 request within " +
-                             std::to_string(opts.io_timeout.count()) + " ms",
-                         ctx("store.handshake", "raise --timeout (a store answers in well under a "
-                                                "second), or check that the store is not stalled"));
+      const std::string silent = "the server at " + where() +
+                                 " accepted the connection but answered neither the torch 2.x "
+                                 "handshake nor a torch 1.13 request within " +
+                                 std::to_string(opts.io_timeout.count()) + " ms";
+      // Silence for a second or more: a store, of either version, answers
+      // in microseconds, so this is most likely another program on the
+      // port, waiting for a request in its own protocol (an HTTP server
+      // does), and a longer wait will not help. Or a store frozen whole.
+      if (opts.io_timeout >= Millis(1000))
+        throw RendezvousError(
+            silent + ": a store answers at once, so another program probably holds this port "
+                     "(or the store's process is frozen)",
+            ctx("store.handshake",
+                "check what listens on port " + std::to_string(opts.port) + " of " + opts.host +
+                    " (ss -ltnp 'sport = :" + std::to_string(opts.port) +
+                    "' there) and point MASTER_PORT / --master-port at the store; if it is the "
+                    "store, look at its process (ps state T is stopped; swapping)"));
+      // A shorter deadline: too short for a busy store, perhaps; the
+      // protocol is not known to be wrong.
+      throw TimeoutError(silent, ctx("store.handshake",
+                                     "raise --timeout (a store answers in well under a second), "
+                                     "or check that the store is not stalled"));
     }
     not_a_store(text_reply.empty() ? "" : "it answered a torch 1.13 request with " + text_reply,
                 "store.handshake");

@@ -713,6 +713,29 @@ class BadInput(unittest.TestCase):
                 self.assertIn(message, p.stderr)
                 self.assertNotIn("[rank", p.stderr)  # no rank was started
 
+    def test_sizes_beyond_memory_are_exit_2_with_a_report(self):
+        # 1 TiB buffers: every rank refuses before allocating (the OOM killer
+        # would end them with no report), exit 2, and rank 0's report holds
+        # the error.
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "-b", "1024G", "-e", "1024G", "--json", path])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("buffers of 1024G (-e) take about 3072.0 GiB per rank, 6144.0 GiB for the 2 "
+                      "ranks on this host, but this host has", p.stderr)
+        self.assertIn("hint: use a smaller -e, or fewer ranks on this host", p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["error"]["exit_code"], 2)
+        self.assertEqual(rep["error"]["phase"], "flags")
+
+    def test_report_in_a_directory_where_no_file_can_be_made_is_refused_up_front(self):
+        # /proc: writable to root by access(), yet no file can be created
+        # there; refused before any rank starts, not after the sweep.
+        p = run(["allreduce-test", "--nproc", "2", "--json", "/proc/ddpdiag-report.json"] + SMALL)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("--json /proc/ddpdiag-report.json: cannot write the report there", p.stderr)
+        self.assertNotIn("[rank", p.stderr)
+
     def test_dash_as_report_path_is_refused(self):
         # "-" is not a file name to create, and stdout carries the table:
         # every command that runs something refuses it, before any rank
