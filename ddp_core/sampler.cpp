@@ -271,8 +271,11 @@ void validate_sampler_options(const SamplerOptions& o) {
                     o.world_size - 1));
   // Keeps rank + j * R (< N + 2R) and num_samples * R inside 64-bit integers.
   if (o.world_size > (std::int64_t{1} << 40))
-    bad(fmt::format("world size {} is larger than any real job (limit 2^40)", o.world_size), "");
-  if (o.dataset_size < 0) bad(fmt::format("dataset size must be >= 0, got {}", o.dataset_size), "");
+    bad(fmt::format("world size {} is larger than any real job (limit 2^40)", o.world_size),
+        "pass the job's number of ranks (--world-size, at most 1099511627776)");
+  if (o.dataset_size < 0)
+    bad(fmt::format("dataset size must be >= 0, got {}", o.dataset_size),
+        "pass the dataset's length, len(dataset)");
   if (o.dataset_size >= (std::int64_t{1} << 53))
     bad(fmt::format("dataset size {} is not below 2^53, where DistributedSampler's float "
                     "arithmetic is no longer exact",

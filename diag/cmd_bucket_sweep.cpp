@@ -362,7 +362,8 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
       "Tune DDP's bucket_cap_mb: per cap the buckets, communication time, bus bandwidth and "
       "exposed (non-overlapped) time with a simulated backward; the recommended cap");
   add_common_options(app, opts->common);
-  app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
+  app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file")
+      ->capture_default_str();
   app->add_option("--caps", opts->caps, "Comma-separated bucket_cap_mb values")
       ->check(cli::caps_value());
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket size (MiB)")

@@ -349,7 +349,8 @@ Subcommand add_memory_command(CLI::App& parent) {
       "Per-rank memory of a DDP step by category (parameters, gradients, buckets, communication "
       "buffers, workspace), RSS and peak, GPU free/total and NCCL's share; flags imbalance");
   add_common_options(app, opts->common);
-  app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file");
+  app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file")
+      ->capture_default_str();
   app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
       ->check(cli::bucket_mb_value(false));
   // torch 2.x caps the first bucket with an explicit bucket_cap_mb too

@@ -199,7 +199,7 @@ Subcommand add_report_command(CLI::App& parent) {
       "compare", "Compare NEW against BASE; exit 1 on a regression beyond the tolerance and the measured spread");
   c->add_option("reports", o->compare_files,
                 "BASE [BASE...] NEW: the baseline report (or several runs of it: their median is the "
-                "baseline, their range joins the spread) and the new one")
+                "baseline, twice their median distance from it joins the spread) and the new one")
       ->required();
   c->add_option("--max-regression", o->max_regression,
                 "tolerance for busbw, time and exposed time, e.g. 10%")->capture_default_str();

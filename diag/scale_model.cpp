@@ -118,6 +118,11 @@ Fit fit_link(Algorithm formula, std::span<const Sample> samples, std::size_t min
                                   "sizes must be positive",
                                   name, s.bytes, s.world_size, s.time_s),
                       "check the input report");
+    if (s.time_s > 1e6)
+      throw fit_error(fmt::format("{} fit: a point of {} B at world size {} has time {} s, more than "
+                                  "11 days for one all_reduce",
+                                  name, s.bytes, s.world_size, s.time_s),
+                      "check the input report: its times are in microseconds (time_us)");
   }
   // Weighted normal equations, weight 1 / T^2.
   double saa = 0, sab = 0, sbb = 0, sat = 0, sbt = 0;
@@ -285,7 +290,7 @@ ReportRows extract_rows(const json& report, const std::string& source) {
   };
   const std::string default_dtype = text_or(member(results, "dtype"), "float");
   const std::string default_op = text_or(member(results, "op"), "sum");
-  std::size_t other_dtype_rows = 0, wrong_rows = 0;
+  std::size_t other_dtype_rows = 0, wrong_rows = 0, untimed_rows = 0;
   if (sizes.is_array()) {
     for (const auto& row : sizes) {
       const json& coll = member(row, "collective").is_string() ? member(row, "collective") : default_collective;
@@ -319,6 +324,8 @@ ReportRows extract_rows(const json& report, const std::string& source) {
         out.rows.push_back({series, {world_size, bytes.get<double>(), fastest * 1e-6}});
       else if (wrong)
         ++wrong_rows;
+      else
+        ++untimed_rows;
     }
   }
   if (out.rows.empty() && wrong_rows > 0)
@@ -329,6 +336,10 @@ ReportRows extract_rows(const json& report, const std::string& source) {
     throw bad(fmt::format("no float sum all_reduce rows (its {} row(s) are of other dtypes or "
                           "ops): the model fits float sums; rerun allreduce-test with -d float -o sum",
                           other_dtype_rows));
+  if (out.rows.empty() && untimed_rows > 0)
+    throw bad(fmt::format("no all_reduce row has a time: its {} row(s) have no positive, finite "
+                          "time_us in either block",
+                          untimed_rows));
   if (out.rows.empty()) throw bad("no all_reduce timing rows (results.sizes is empty or missing)");
   return out;
 }

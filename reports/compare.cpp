@@ -474,8 +474,8 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
   c.new_command = str_or(now, "command", "?");
   c.base_label = report_label(base);
   if (bases.size() > 1)
-    c.base_label += fmt::format(" and {} more run(s): each figure is their median, and the range "
-                                "across them joins the spread",
+    c.base_label += fmt::format(" and {} more run(s): each figure is their median, and twice "
+                                "the runs' median distance from it joins the spread",
                                 bases.size() - 1);
   c.new_label = report_label(now);
 

@@ -396,7 +396,7 @@ TEST_CASE("compare: two checks of one name in NEW: failing when either fails", "
   CHECK(c.checks[0].regressed);
 }
 
-TEST_CASE("compare: several baseline runs: their median is the base, their range joins the spread",
+TEST_CASE("compare: several baseline runs: their median is the base, twice their median distance joins the spread",
           "[reports][compare]") {
   // Three runs of the same command on a noisy machine: 1 MiB at 10, 8 and 12
   // GB/s, each with tight rank spreads (run-to-run noise no single run shows).

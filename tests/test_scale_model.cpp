@@ -137,6 +137,13 @@ TEST_CASE("scale model: the fit refuses input it cannot use", "[scale_model]") {
   zero_time[1].time_s = 0;
   CHECK_THAT(usage_message([&] { fit_link(Algorithm::kRing, zero_time); }), Contains("must be positive"));
 
+  // Times scaled by 1e100 (a unit gone wrong): named as implausible, not as
+  // sizes that cannot separate latency from bandwidth.
+  auto huge = good;
+  for (auto& p : huge) p.time_s *= 1e100;
+  CHECK_THAT(usage_message([&] { fit_link(Algorithm::kRing, huge); }),
+             Contains("more than 11 days for one all_reduce"));
+
   auto one_rank = good;
   one_rank[0].world_size = 1;
   CHECK_THAT(usage_message([&] { fit_link(Algorithm::kGather, one_rank); }),
@@ -292,4 +299,11 @@ TEST_CASE("scale model: rows of sweep reports", "[scale_model]") {
   empty["results"]["sizes"] = json::array();
   CHECK_THAT(usage_message([&] { extract_rows(empty, "e.json"); }), Contains("no all_reduce timing rows"));
   CHECK_THAT(usage_message([&] { extract_rows(json::array(), "a.json"); }), Contains("not a ddpdiag report"));
+  // Rows whose times are all zero: named as such, not as "no rows".
+  json zero = ar;
+  for (auto& row : zero["results"]["sizes"])
+    for (const char* b : {"out_of_place", "in_place"})
+      if (row[b].is_object()) row[b] = {{"time_us", 0.0}, {"wrong", 0}};
+  CHECK_THAT(usage_message([&] { extract_rows(zero, "z.json"); }),
+             Contains("no all_reduce row has a time: its 4 row(s) have no positive, finite time_us"));
 }
