@@ -9,6 +9,6 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 find CMakeLists.txt comm ddp_core reports diag tests bench cmake -type f \
   \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.in' \
-     -o -name '*.txt' -o -name '*.json' -o -name '*.html' \) -not -path '*/__pycache__/*' |
+     -o -name '*.txt' -o -name '*.json' -o -name '*.html' -o -name '*.cmake' \) -not -path '*/__pycache__/*' |
   LC_ALL=C sort | while IFS= read -r f; do printf '%s %s\n' "$(sha256sum <"$f" | cut -d' ' -f1)" "$f"; done |
   sha256sum | cut -d' ' -f1
