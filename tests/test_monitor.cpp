@@ -581,6 +581,32 @@ class StallingStore : public Store {
   bool silent_;
 };
 
+// Rank r of n over Gloo (its connections under "comm" in `store`), watched
+// by a monitor whose watchdog talks to `monitor_store` (prefixed "monitor";
+// null: no watchdog, so no heartbeat and no state, as a frozen rank). Every
+// rank counts as on a machine of its own (host<i>, pid i + 1), so the
+// heartbeat stall applies.
+std::unique_ptr<MonitoredCommunicator> remote_rank(int r, int n, const std::shared_ptr<Store>& store,
+                                                   const std::shared_ptr<Store>& monitor_store,
+                                                   Millis timeout, Millis stall,
+                                                   Millis gather_wait = 1500ms,
+                                                   const std::string& store_address = "") {
+  CommOptions o = gloo_rank_options(r, n, std::make_shared<PrefixStore>("comm", store), timeout);
+  auto inner = make_communicator(o);
+  inner->set_default_timeout(timeout);
+  MonitorOptions mo;
+  mo.rank = r;
+  mo.size = n;
+  if (monitor_store) mo.store = std::make_shared<PrefixStore>("monitor", monitor_store);
+  mo.timeout = timeout;
+  mo.gather_wait = gather_wait;
+  mo.poll_interval = 100ms;
+  mo.heartbeat_stall = stall;
+  for (int i = 0; i < n; ++i) mo.peers.push_back({"host" + std::to_string(i), i + 1, i == r});
+  mo.store_address = store_address;
+  return std::make_unique<MonitoredCommunicator>(std::move(inner), mo);
+}
+
 }  // namespace
 
 TEST_CASE("monitored Gloo: a rank whose store stalled once keeps its heartbeat, and no stall is "
@@ -612,21 +638,9 @@ TEST_CASE("monitored Gloo: a rank whose store stalled once keeps its heartbeat, 
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
       try {
-        CommOptions o = gloo_rank_options(r, 2, std::make_shared<PrefixStore>("comm", store), timeout);
-        auto inner = make_communicator(o);
-        inner->set_default_timeout(timeout);
-        MonitorOptions mo;
-        mo.rank = r;
-        mo.size = 2;
-        mo.store = std::make_shared<PrefixStore>("monitor", r == 1 ? std::shared_ptr<Store>(stalling)
-                                                                   : std::shared_ptr<Store>(store));
-        mo.timeout = timeout;
-        mo.gather_wait = 1500ms;
-        mo.poll_interval = 100ms;
-        mo.heartbeat_stall = 3s;
-        mo.peers = {{"host0", 1, r == 0}, {"host1", 2, r == 1}};
-        mo.store_address = store_address;
-        MonitoredCommunicator comm(std::move(inner), mo);
+        auto c = remote_rank(r, 2, store, r == 1 ? std::shared_ptr<Store>(stalling) : store, timeout,
+                             3s, 1500ms, store_address);
+        auto& comm = *c;
         CommBuffer buf(comm, 64 * sizeof(float));
         if (r == 1) std::this_thread::sleep_for(4s);
         comm.allreduce(buf.get(), buf.get(), 64, DType::kFloat32, ReduceOp::kSum)->wait(timeout);
@@ -666,20 +680,8 @@ TEST_CASE("monitored Gloo: a point-to-point op on a silent peer ends at the hear
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
       try {
-        CommOptions o = gloo_rank_options(r, 2, std::make_shared<PrefixStore>("comm", store), timeout);
-        auto inner = make_communicator(o);
-        inner->set_default_timeout(timeout);
-        MonitorOptions mo;
-        mo.rank = r;
-        mo.size = 2;
-        mo.store = std::make_shared<PrefixStore>("monitor", r == 1 ? std::shared_ptr<Store>(muted)
-                                                                   : std::shared_ptr<Store>(store));
-        mo.timeout = timeout;
-        mo.gather_wait = 1500ms;
-        mo.poll_interval = 100ms;
-        mo.heartbeat_stall = 2s;
-        mo.peers = {{"host0", 1, r == 0}, {"host1", 2, r == 1}};
-        MonitoredCommunicator comm(std::move(inner), mo);
+        auto c = remote_rank(r, 2, store, r == 1 ? std::shared_ptr<Store>(muted) : store, timeout, 2s);
+        auto& comm = *c;
         CommBuffer buf(comm, 64 * sizeof(float));
         if (r == 0) {
           const auto t0 = std::chrono::steady_clock::now();
@@ -728,19 +730,9 @@ TEST_CASE("monitored Gloo: a connection closed by a rank that published its stat
   for (int r = 0; r < 3; ++r)
     threads.emplace_back([&, r] {
       try {
-        CommOptions o = gloo_rank_options(r, 3, std::make_shared<PrefixStore>("comm", store), timeout);
-        auto inner = make_communicator(o);
-        inner->set_default_timeout(timeout);
-        MonitorOptions mo;
-        mo.rank = r;
-        mo.size = 3;
         // Rank 2 has no watchdog: no heartbeat, no state, as if frozen.
-        if (r != 2) mo.store = std::make_shared<PrefixStore>("monitor", store);
-        mo.timeout = timeout;
-        mo.gather_wait = 1000ms;
-        mo.poll_interval = 100ms;
-        mo.peers = {{"host0", 1, r == 0}, {"host1", 2, r == 1}, {"host2", 3, r == 2}};
-        MonitoredCommunicator comm(std::move(inner), mo);
+        auto c = remote_rank(r, 3, store, r != 2 ? store : nullptr, timeout, 0ms, 1000ms);
+        auto& comm = *c;
         try {
           if (r == 0) {
             comm.fail(1, TimeoutError("rank 2 wrote no new heartbeat (test)",
