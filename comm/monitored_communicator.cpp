@@ -911,6 +911,24 @@ std::string MonitoredCommunicator::stalled_peer(std::int64_t key, const std::vec
   return "";
 }
 
+std::string MonitoredCommunicator::local_peer_problem(int r, std::chrono::steady_clock::time_point now) {
+  if (r == rank() || r < 0 || r >= static_cast<int>(opts_.peers.size())) return "";
+  const auto& p = opts_.peers[r];
+  if (!p.same_machine || p.pid <= 0) return "";
+  if (stopped_since_.size() != opts_.peers.size()) stopped_since_.assign(opts_.peers.size(), {});
+  const char st = process_state(p.pid);
+  if (gone_state(st)) return "has ended";
+  if ((st != 'T' && st != 't') || opts_.heartbeat_stall.count() <= 0) {
+    stopped_since_[r].reset();
+    return "";
+  }
+  if (!stopped_since_[r]) stopped_since_[r] = now;
+  const auto stopped = now - *stopped_since_[r];
+  if (stopped < opts_.heartbeat_stall) return "";
+  return fmt::format("has been stopped for {:.0f} s (state {}: SIGSTOP, or a debugger)",
+                     std::chrono::duration<double>(stopped).count(), st);
+}
+
 void MonitoredCommunicator::watchdog_loop() {
   while (true) {
     bool failed = false;
@@ -976,15 +994,16 @@ void MonitoredCommunicator::watchdog_loop() {
         // A peer on this machine whose process is gone (killed: the OOM
         // killer's SIGKILL) ends the collective now: its backend may only
         // notice at the deadline (a connection closed rather than reset).
+        // So does one stopped (SIGSTOP, a debugger) for the heartbeat stall,
+        // as a silent rank on another machine does.
         const Open& o = open_.front();
-        for (std::size_t r = 0; r < opts_.peers.size(); ++r) {
-          const auto& p = opts_.peers[r];
-          if (static_cast<int>(r) == rank() || !p.same_machine || p.pid <= 0 || !process_gone(p.pid))
-            continue;
+        for (int r = 0; r < static_cast<int>(opts_.peers.size()); ++r) {
+          const std::string problem = local_peer_problem(r, now);
+          if (problem.empty()) continue;
           overdue = true;
           overdue_what = fmt::format("collective #{} {} cannot complete: rank {} (pid {} on this "
-                                     "machine) has ended",
-                                     o.seq, o.fp.describe(), r, p.pid);
+                                     "machine) {}",
+                                     o.seq, o.fp.describe(), r, opts_.peers[r].pid, problem);
           break;
         }
         if (!overdue) watch_seq = o.seq;
@@ -995,8 +1014,19 @@ void MonitoredCommunicator::watchdog_loop() {
           if (w && !w->is_completed()) break;
           p2p_open_.pop_front();
         }
-        if (!p2p_open_.empty() && now - p2p_open_.front().started > 2 * opts_.poll_interval)
+        if (!p2p_open_.empty() && now - p2p_open_.front().started > 2 * opts_.poll_interval) {
           watch_p2p = p2p_open_.front();
+          for (int r : watch_p2p->peers) {
+            const std::string problem = local_peer_problem(r, now);
+            if (problem.empty()) continue;
+            overdue = true;
+            overdue_what = fmt::format("point-to-point op {} cannot complete: rank {} (pid {} on "
+                                       "this machine) {}",
+                                       watch_p2p->fp.describe(), r, opts_.peers[r].pid, problem);
+            watch_p2p.reset();
+            break;
+          }
+        }
       }
     }
     if (store_lost_) continue;  // nothing more to learn from a store that is gone

@@ -235,6 +235,12 @@ class MonitoredCommunicator final : public Communicator {
   // what(): the op, as the message names it.
   std::string stalled_peer(std::int64_t key, const std::vector<int>& watched,
                            const std::function<std::string()>& what);
+  // Watchdog thread: why rank r, a process on this machine, cannot take
+  // part: "has ended" (its process is gone), "has been stopped for N s ..."
+  // (state T or t for heartbeat_stall, when that is on); "" if neither, or
+  // r is on another machine.
+  std::string local_peer_problem(int r, std::chrono::steady_clock::time_point now);
+  std::vector<std::optional<std::chrono::steady_clock::time_point>> stopped_since_;
   void watchdog_loop();
   double now_s() const;
 

@@ -545,6 +545,24 @@ class PeerDeath(unittest.TestCase):
                             os.unlink(f)
 
     def test_stopped_rank_is_named_as_stopped(self):
+        self.stop_rank_1(TIMEOUT)
+
+    def test_stopped_rank_ends_the_collective_at_the_stall_not_the_timeout(self):
+        # --timeout 40: a rank on this machine stopped for 10 s (a quarter
+        # of it) ends the collective then, as a silent rank on another
+        # machine does, rather than at 40 s.
+        outs = self.stop_rank_1(40)
+        for r in (0, 2):
+            rc, se, elapsed = outs[r]
+            self.assertEqual(rc, 5, se)
+            self.assertLess(elapsed, 30, se)
+            self.assertRegex(se, r"rank 1 \(pid \d+ on this machine\) has been stopped for 1\d s "
+                                 r"\(state T: SIGSTOP, or a debugger\)")
+
+    def stop_rank_1(self, timeout):
+        """Stops rank 1 of 3 mid-sweep with SIGSTOP; returns, for ranks 0 and
+        2, (rc, stderr, seconds from the stop to their exit), having checked
+        that both ended within the timeout and named rank 1 stopped."""
         port = free_port()
         n = 3
         procs = [subprocess.Popen([BIN] + a, env=clean_env(), stdout=subprocess.PIPE,
@@ -552,7 +570,7 @@ class PeerDeath(unittest.TestCase):
                  # -n 10^7: the sweep keeps at most 1,024 ops in flight, so the
                  # timeout runs from the first op that cannot complete, not from
                  # the last of ten million queued ones.
-                 for a in rank_cmds(n, ["allreduce-test", "--timeout", str(TIMEOUT), "-b", "1K",
+                 for a in rank_cmds(n, ["allreduce-test", "--timeout", str(timeout), "-b", "1K",
                                         "-e", "1K", "-n", "10000000", "-w", "1"], port)]
         try:
             # Rank 0 prints the table header once the world is up.
@@ -566,7 +584,7 @@ class PeerDeath(unittest.TestCase):
             t_stop = time.monotonic()
             outs = {}
             for r in (0, 2):
-                so, se = procs[r].communicate(timeout=TIMEOUT + 60)
+                so, se = procs[r].communicate(timeout=timeout + 60)
                 outs[r] = (procs[r].returncode, se, time.monotonic() - t_stop)
         finally:
             for p in procs:
@@ -576,8 +594,9 @@ class PeerDeath(unittest.TestCase):
         for r in (0, 2):
             rc, se, elapsed = outs[r]
             self.assertIn(rc, (4, 5), se)
-            self.assertLess(elapsed, TIMEOUT + MARGIN, se)
+            self.assertLess(elapsed, timeout + MARGIN, se)
             self.assertIn("Rank 1 did not publish its state: it is stopped", se)
+        return outs
 
 
 class Bisect(unittest.TestCase):
