@@ -272,8 +272,94 @@ TEST_CASE("connection sniffing", "[store][protocol]") {
 TEST_CASE("counters are decimal ASCII", "[store][protocol]") {
   CHECK(tp::format_counter(-42) == to_bytes("-42"));
   CHECK(*tp::parse_counter(to_bytes("123")) == 123);
-  CHECK_FALSE(tp::parse_counter(to_bytes("12a")));
   CHECK_FALSE(tp::parse_counter(Bytes{}));
+}
+
+TEST_CASE("counters are read as torch's std::stoll reads them", "[store][protocol]") {
+  // Each of these measured against torch 1.13's and 2.11's servers (ADD 1 to
+  // the value): the same numbers, and a closed connection where stoll throws.
+  auto parse = [](const std::string& s) { return tp::parse_counter(to_bytes(s)); };
+  CHECK(parse("+5") == 5);
+  CHECK(parse(" 5") == 5);
+  CHECK(parse("5\n") == 5);
+  CHECK(parse("5 ") == 5);
+  CHECK(parse("5abc") == 5);
+  CHECK(parse("12a") == 12);
+  CHECK(parse("\t7") == 7);
+  CHECK(parse("\v\f\r\n 5") == 5);
+  CHECK(parse(" -5") == -5);
+  CHECK(parse("  +12abc") == 12);
+  CHECK(parse("0x10") == 0);
+  CHECK(parse("1e5") == 1);
+  CHECK(parse("+0") == 0);
+  CHECK(parse("-0") == 0);
+  CHECK(parse("05") == 5);
+  CHECK(parse(std::string("5\0", 2)) == 5);
+  CHECK(parse("9223372036854775807") == INT64_MAX);
+  CHECK(parse("-9223372036854775808") == INT64_MIN);
+  CHECK(parse("000000000000000000000009223372036854775806") == INT64_MAX - 1);
+  bool out_of_range = true;
+  // No digits: stoll's invalid_argument.
+  for (const std::string& bad : std::vector<std::string>{"", "abc", " ", "+", "-", "--5", "+-5", "- 5", "\xa0" "5", "\x1c" "5",
+                          std::string("\0" "5", 2)}) {
+    CAPTURE(tp::printable(bad));
+    CHECK_FALSE(tp::parse_counter(to_bytes(bad), &out_of_range));
+    CHECK_FALSE(out_of_range);
+  }
+  // Outside int64: stoll's out_of_range, however the value goes on.
+  for (const std::string& big : std::vector<std::string>{"9223372036854775808", "-9223372036854775809", "99999999999999999999999",
+                          "12345678901234567890123x"}) {
+    CAPTURE(big);
+    out_of_range = false;
+    CHECK_FALSE(tp::parse_counter(to_bytes(big), &out_of_range));
+    CHECK(out_of_range);
+  }
+  CHECK(tp::parse_counter(to_bytes("7"), &out_of_range) == 7);
+  CHECK_FALSE(out_of_range);
+}
+
+TEST_CASE("each protocol gets its torch's limits: 2.x's libuv ones, sanity bounds only on 1.13", "[store][protocol]") {
+  // Only the lengths and counts matter: a request whose header passes asks
+  // for more bytes (kNeedMore), one over a limit is malformed at once.
+  auto status = [](StoreProtocol p, const Bytes& b) {
+    return tp::parse_request(p, b.data(), b.size(), tp::default_limits(p)).status;
+  };
+  const auto more = tp::ParseStatus::kNeedMore;
+  const auto bad = tp::ParseStatus::kMalformed;
+  auto set_key = [](StoreProtocol p, std::uint64_t n) { return cat({hex({*tp::op_code(p, tp::Op::kSet)}), len8(n)}); };
+  auto set_value = [](StoreProtocol p, std::uint64_t n) {
+    return cat({hex({*tp::op_code(p, tp::Op::kSet)}), len8(1), to_bytes("k"), len8(n)});
+  };
+  auto count = [](StoreProtocol p, tp::Op op, std::uint64_t n) { return cat({hex({*tp::op_code(p, op)}), len8(n)}); };
+  const auto v1 = StoreProtocol::kV1, v2 = StoreProtocol::kV2;
+
+  CHECK(&tp::default_limits(v1) == &tp::kV1Limits);
+  CHECK(&tp::default_limits(v2) == &tp::kV2Limits);
+  // 2.x: as torch 2.11's server, a key of 8 KiB, a value of 8 MiB, 128 Ki keys.
+  CHECK(status(v2, set_key(v2, 8192)) == more);
+  CHECK(status(v2, set_key(v2, 8193)) == bad);
+  CHECK(status(v2, set_value(v2, 8u << 20)) == more);
+  CHECK(status(v2, set_value(v2, (8u << 20) + 1)) == bad);
+  for (auto op : {tp::Op::kCheck, tp::Op::kWait, tp::Op::kMultiGet, tp::Op::kMultiSet}) {
+    CAPTURE(tp::op_name(op));
+    CHECK(status(v2, count(v2, op, 131072)) == more);
+    CHECK(status(v2, count(v2, op, 131073)) == bad);
+  }
+  // 1.13: torch 1.13 has no limits; only fields over 1 GiB and over 1 Mi keys are refused.
+  CHECK(status(v1, set_key(v1, 8193)) == more);
+  CHECK(status(v1, set_key(v1, 1u << 30)) == more);
+  CHECK(status(v1, set_key(v1, (1u << 30) + 1)) == bad);
+  CHECK(status(v1, set_value(v1, (8u << 20) + 1)) == more);
+  CHECK(status(v1, set_value(v1, 1u << 30)) == more);
+  CHECK(status(v1, set_value(v1, (1u << 30) + 1)) == bad);
+  CHECK(status(v1, set_key(v1, ~0ull)) == bad);
+  for (auto op : {tp::Op::kCheck, tp::Op::kWait}) {
+    CAPTURE(tp::op_name(op));
+    CHECK(status(v1, count(v1, op, 131073)) == more);
+    CHECK(status(v1, count(v1, op, 1u << 20)) == more);
+    CHECK(status(v1, count(v1, op, (1u << 20) + 1)) == bad);
+    CHECK(status(v1, count(v1, op, ~0ull)) == bad);
+  }
 }
 
 // ------------------------------------------------------------- server+client
@@ -590,12 +676,22 @@ TEST_CASE("hostile input closes that connection only", "[store][tcp]") {
   SECTION("oversized key and value lengths") {
     {
       RawConn r(server.port());
-      r.send(cat({hex({0x00}), len8(1u << 30)}));
+      r.send(cat({hex({0x00}), len8((1u << 30) + 1)}));  // 1.13: over the 1 GiB sanity bound
       CHECK(r.closed_by_peer());
     }
     {
       RawConn r(server.port());
-      r.send(cat({hex({0x00}), len8(1), to_bytes("k"), len8(64 * 1024 + 1)}));
+      r.send(cat({hex({0x00}), len8(1), to_bytes("k"), len8(~0ull)}));
+      CHECK(r.closed_by_peer());
+    }
+    {
+      RawConn r(server.port());
+      r.send(cat({hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x01}), len8(1025)}));  // 2.x: over max_key_bytes
+      CHECK(r.closed_by_peer());
+    }
+    {
+      RawConn r(server.port());
+      r.send(cat({hex({0x00, 0xce, 0xf7, 0x85, 0x3c, 0x01}), len8(1), to_bytes("k"), len8(64 * 1024 + 1)}));
       CHECK(r.closed_by_peer());
     }
     {
@@ -631,6 +727,179 @@ TEST_CASE("hostile input closes that connection only", "[store][tcp]") {
   CHECK(to_string(good.get("after", 1000ms)) == "2");
   CHECK(eventually([&] { return server.num_connections() == baseline; }));
   CHECK(server.num_keys() == 2);
+}
+
+// A CHECK/WAIT/MULTI_GET of n copies of key; a MULTI_SET of them to "v".
+Bytes many_keys(StoreProtocol p, tp::Op op, std::size_t n, const std::string& key) {
+  Bytes b = cat({hex({*tp::op_code(p, op)}), len8(n)});
+  b.reserve(b.size() + n * (8 + key.size() + 9));
+  for (std::size_t i = 0; i < n; ++i) {
+    tp::append_u64(b, key.size());
+    b.insert(b.end(), key.begin(), key.end());
+    if (op == tp::Op::kMultiSet) b.insert(b.end(), {1, 0, 0, 0, 0, 0, 0, 0, 'v'});
+  }
+  return b;
+}
+
+TEST_CASE("1.13 connections take the keys and values torch 1.13 takes, 2.x ones get 2.x's limits", "[store][tcp]") {
+  TcpStoreServer server({});
+  const Bytes v2_start = hex({0x00, 0xce, 0xf7, 0x85, 0x3c});
+  const std::string big_key(9000, 'k');
+  const Bytes big_value(9u << 20, 0x5a);  // 9 MiB
+  SECTION("1.13: a 9000-byte key, a 9 MiB value") {
+    RawConn r(server.port());
+    r.send(tp::encode_request(StoreProtocol::kV1, {tp::Op::kSet, {big_key}, {big_value}, 0, 0}));
+    r.send(tp::encode_request(StoreProtocol::kV1, {tp::Op::kGet, {big_key}, {}, 0, 0}));
+    const Bytes got = r.recv(8 + big_value.size(), 10000ms);
+    CHECK(got.size() == 8 + big_value.size());
+    CHECK((got == cat({len8(big_value.size()), big_value})));  // not decomposed: no 9 MiB message
+  }
+  SECTION("2.x: the same key, and the same value, close the connection") {
+    for (const auto& q : {tp::Request{tp::Op::kSet, {big_key}, {to_bytes("v")}, 0, 0},
+                          tp::Request{tp::Op::kSet, {"k"}, {big_value}, 0, 0}}) {
+      RawConn r(server.port());
+      r.send(cat({v2_start, tp::encode_request(StoreProtocol::kV2, q)}));
+      CHECK(r.closed_by_peer());
+    }
+  }
+  SECTION("1.13: WAIT with 131073 keys is served") {
+    RawConn r(server.port());
+    r.send(tp::encode_request(StoreProtocol::kV1, {tp::Op::kSet, {"k"}, {to_bytes("1")}, 0, 0}));
+    r.send(many_keys(StoreProtocol::kV1, tp::Op::kWait, 131073, "k"));
+    CHECK(r.recv(1, 5000ms) == hex({0}));  // STOP_WAITING
+    r.send(many_keys(StoreProtocol::kV1, tp::Op::kCheck, 131073, "k"));
+    CHECK(r.recv(1, 5000ms) == hex({0}));  // READY
+  }
+  SECTION("2.x: 131072 keys are served, 131073 close the connection, as torch 2.11") {
+    RawConn r(server.port());
+    r.send(cat({v2_start, tp::encode_request(StoreProtocol::kV2, {tp::Op::kSet, {"k"}, {to_bytes("1")}, 0, 0})}));
+    r.send(many_keys(StoreProtocol::kV2, tp::Op::kWait, 131072, "k"));
+    CHECK(r.recv(1, 5000ms) == hex({0}));
+    r.send(many_keys(StoreProtocol::kV2, tp::Op::kCheck, 131072, "k"));
+    CHECK(r.recv(1, 5000ms) == hex({0}));
+    r.send(many_keys(StoreProtocol::kV2, tp::Op::kMultiGet, 131072, "k"));
+    CHECK(r.recv(131072 * 9, 5000ms).size() == 131072 * 9);
+    r.send(many_keys(StoreProtocol::kV2, tp::Op::kMultiSet, 131072, "ms"));
+    r.send(tp::encode_request(StoreProtocol::kV2, {tp::Op::kGet, {"ms"}, {}, 0, 0}));
+    CHECK(r.recv(9, 5000ms) == cat({len8(1), to_bytes("v")}));
+    for (auto op : {tp::Op::kCheck, tp::Op::kWait, tp::Op::kMultiGet, tp::Op::kMultiSet}) {
+      CAPTURE(tp::op_name(op));
+      RawConn over(server.port());
+      over.send(cat({v2_start, many_keys(StoreProtocol::kV2, op, 131073, "k")}));
+      CHECK(over.closed_by_peer());
+    }
+  }
+}
+
+TEST_CASE("APPEND lets a value grow past 8 MiB, as torch 2.x's server does", "[store][tcp]") {
+  TcpStoreServer server({});
+  TcpStoreClient c(client_opts(server.port(), StoreProtocol::kV2));
+  RawConn r(server.port());
+  r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+  const Bytes chunk(3u << 20, 0x61);  // 3 MiB
+  for (int i = 0; i < 3; ++i) r.send(tp::encode_request(StoreProtocol::kV2, {tp::Op::kAppend, {"/ap"}, {chunk}, 0, 0}));
+  r.send(tp::encode_request(StoreProtocol::kV2, {tp::Op::kGet, {"/ap"}, {}, 0, 0}));
+  Bytes got = r.recv(8 + 3 * chunk.size(), 10000ms);
+  REQUIRE(got.size() == 8 + 3 * chunk.size());
+  CHECK(tp::load_u64(got.data()) == 3 * chunk.size());
+  CHECK(c.get("ap", 1000ms).size() == 3 * chunk.size());
+}
+
+TEST_CASE("APPEND past ddpdiag's sanity bound closes the connection and leaves the value", "[store][tcp]") {
+  std::mutex mu;
+  std::string said;
+  TcpStoreServerOptions so;
+  so.max_appended_value_bytes = 5u << 20;
+  so.on_refused = [&](const std::string& m) {
+    std::lock_guard<std::mutex> lock(mu);
+    said = m;
+  };
+  TcpStoreServer server(so);
+  TcpStoreClient c(client_opts(server.port(), StoreProtocol::kV2));
+  const Bytes chunk(3u << 20, 0x61);
+  RawConn r(server.port());
+  r.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+  r.send(tp::encode_request(StoreProtocol::kV2, {tp::Op::kAppend, {"/ap"}, {chunk}, 0, 0}));
+  r.send(tp::encode_request(StoreProtocol::kV2, {tp::Op::kAppend, {"/ap"}, {chunk}, 0, 0}));
+  CHECK(r.closed_by_peer(5000ms));
+  CHECK(c.get("ap", 1000ms).size() == chunk.size());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK_THAT(said, Catch::Contains("APPEND to key '/ap' would make its value 6291456 bytes, over ddpdiag's bound of 5242880"));
+  }
+  // A refused first APPEND creates no key.
+  so.max_appended_value_bytes = 1u << 20;
+  TcpStoreServer small(so);
+  RawConn s(small.port());
+  s.send(hex({0x00, 0xce, 0xf7, 0x85, 0x3c}));
+  s.send(tp::encode_request(StoreProtocol::kV2, {tp::Op::kAppend, {"/new"}, {chunk}, 0, 0}));
+  CHECK(s.closed_by_peer(5000ms));
+  CHECK(small.num_keys() == 0);
+}
+
+TEST_CASE("ADD reads the stored value as torch's std::stoll does", "[store][tcp]") {
+  auto p = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
+  CAPTURE(store_protocol_name(p));
+  std::mutex mu;
+  std::vector<std::string> said;
+  TcpStoreServerOptions so;
+  so.on_refused = [&](const std::string& m) {
+    std::lock_guard<std::mutex> lock(mu);
+    said.push_back(m);
+  };
+  TcpStoreServer server(so);
+  TcpStoreClient c(client_opts(server.port(), p));
+  // Measured against torch 1.13's and 2.11's servers: c.set(k, stored); c.add(k, 1).
+  const std::vector<std::pair<std::string, std::int64_t>> readable = {
+      {"+5", 6}, {" 5", 6}, {"5\n", 6}, {"5 ", 6}, {"5abc", 6}, {"\t7", 8}, {"0x10", 1}, {" -5", -4}, {"05", 6}};
+  for (const auto& [stored, want] : readable) {
+    CAPTURE(stored);
+    c.set("ctr", to_bytes(stored));
+    CHECK(c.add("ctr", 1) == want);
+    CHECK(to_string(c.get("ctr", 1000ms)) == std::to_string(want));
+  }
+  // Where stoll throws, torch's servers close the connection; the value stays.
+  const Bytes start = p == StoreProtocol::kV2 ? hex({0x00, 0xce, 0xf7, 0x85, 0x3c}) : Bytes{};
+  for (const std::string& bad : std::vector<std::string>{"abc", "+", "9223372036854775808"}) {
+    CAPTURE(bad);
+    c.set("bad", to_bytes(bad));
+    RawConn r(server.port());
+    r.send(cat({start, tp::encode_request(p, {tp::Op::kAdd, {"/bad"}, {}, 1, 0})}));
+    CHECK(r.closed_by_peer());
+    CHECK(to_string(c.get("bad", 1000ms)) == bad);
+  }
+  REQUIRE(eventually([&] {
+    std::lock_guard<std::mutex> lock(mu);
+    return said.size() == 3;
+  }));
+  std::lock_guard<std::mutex> lock(mu);
+  CHECK_THAT(said[0], Catch::Contains("ADD to key '/bad', whose value is not an integer (3 bytes)"));
+  CHECK_THAT(said[2], Catch::Contains("ADD to key '/bad', whose value '9223372036854775808' is an integer outside the int64 range"));
+}
+
+TEST_CASE("one reply larger than the pending-output bound goes out whole, a client that does not read is closed",
+          "[store][tcp]") {
+  TcpStoreServerOptions so;
+  so.max_pending_output_bytes = 1u << 20;
+  TcpStoreServer server(so);
+  const Bytes value(6u << 20, 0x77);
+  const Bytes set = tp::encode_request(StoreProtocol::kV1, {tp::Op::kSet, {"/v"}, {value}, 0, 0});
+  const Bytes get = tp::encode_request(StoreProtocol::kV1, {tp::Op::kGet, {"/v"}, {}, 0, 0});
+  SECTION("a client that reads late gets the whole value") {
+    RawConn r(server.port());
+    r.send(cat({set, get}));
+    std::this_thread::sleep_for(100ms);
+    const Bytes got = r.recv(8 + value.size(), 10000ms);
+    CHECK(got.size() == 8 + value.size());
+    CHECK((got == cat({len8(value.size()), value})));
+  }
+  SECTION("a client that asks for more before reading is closed") {
+    RawConn r(server.port());
+    r.send(cat({set, get, get, get}));
+    std::this_thread::sleep_for(100ms);
+    CHECK(r.recv(3 * (8 + value.size()), 3000ms).size() < 3 * (8 + value.size()));
+    CHECK(eventually([&] { return server.num_connections() == 0; }));
+  }
 }
 
 TEST_CASE("list_keys: sorted keys as stored on 2.x; a clear error on 1.13 and from a server without it",
@@ -1017,6 +1286,42 @@ TEST_CASE("a server that accepts and never answers is a timeout, not a wrong pro
   ::close(lfd);
 }
 
+
+TEST_CASE("a server that accepts and stays silent for a second or more is another program on the "
+          "port",
+          "[store][tcp]") {
+  // A store of either version answers at once; silence for the whole of a
+  // deadline of a second or more (an HTTP server waiting for its request
+  // line) is a port held by something else: exit 3 with that cause, not a
+  // hang and "raise --timeout".
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
+  std::atomic<bool> stop{false};
+  std::thread mute([&] {
+    std::vector<int> fds;
+    while (!stop) {
+      pollfd p{lfd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      if (int fd = ::accept(lfd, nullptr, nullptr); fd >= 0) fds.push_back(fd);  // read nothing
+    }
+    for (int fd : fds) ::close(fd);
+  });
+  auto o = client_opts(port, StoreProtocol::kAuto);
+  o.io_timeout = 1000ms;
+  try {
+    TcpStoreClient c(o);
+    FAIL("the client took a mute server for a store");
+  } catch (const RendezvousError& e) {
+    CHECK(e.context().phase == "store.handshake");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("within 1000 ms: a store answers at once, so "
+                                                      "another program probably holds this port"));
+    CHECK_THAT(e.context().hint, Catch::Contains("check what listens on port " + std::to_string(port)));
+    CHECK_THAT(e.context().hint, !Catch::Contains("raise --timeout"));
+  }
+  stop = true;
+  mute.join();
+  ::close(lfd);
+}
 TEST_CASE("a server that answers with text is named as not a store, with what it sent", "[store][tcp]") {
   // Stands in for an HTTP server on MASTER_PORT that answers anything with
   // a 400: its text must not be read as a length or a count.

@@ -1,6 +1,5 @@
 #include "comm/store/tcp_protocol.h"
 
-#include <charconv>
 #include <cstring>
 #include <stdexcept>
 
@@ -179,14 +178,31 @@ std::uint32_t load_u32(const std::uint8_t* p) {
   return v;
 }
 
-std::optional<std::int64_t> parse_counter(const Bytes& value) {
-  if (value.empty()) return std::nullopt;
-  const char* b = reinterpret_cast<const char*>(value.data());
-  const char* e = b + value.size();
-  std::int64_t v = 0;
-  auto [ptr, ec] = std::from_chars(b, e, v);
-  if (ec != std::errc() || ptr != e) return std::nullopt;
-  return v;
+std::optional<std::int64_t> parse_counter(const Bytes& value, bool* out_of_range) {
+  if (out_of_range) *out_of_range = false;
+  // By hand rather than strtoll: the value is bytes, not a C string, and
+  // isspace would depend on the locale; the c10d servers run in the "C" one.
+  auto is_space = [](std::uint8_t c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  auto is_digit = [](std::uint8_t c) { return c >= '0' && c <= '9'; };
+  std::size_t i = 0;
+  const std::size_t n = value.size();
+  while (i < n && is_space(value[i])) ++i;
+  bool negative = false;
+  if (i < n && (value[i] == '+' || value[i] == '-')) negative = value[i++] == '-';
+  if (i == n || !is_digit(value[i])) return std::nullopt;  // NUL ends the value too
+  // The magnitude, up to 2^63 for a negative number and 2^63 - 1 otherwise.
+  const std::uint64_t max_mag = negative ? std::uint64_t{1} << 63 : (std::uint64_t{1} << 63) - 1;
+  std::uint64_t mag = 0;
+  for (; i < n && is_digit(value[i]); ++i) {
+    const std::uint64_t d = value[i] - '0';
+    if (mag > (max_mag - d) / 10) {
+      if (out_of_range) *out_of_range = true;
+      return std::nullopt;
+    }
+    mag = mag * 10 + d;
+  }
+  // -2^63 has no positive counterpart: negate in unsigned arithmetic.
+  return negative ? static_cast<std::int64_t>(~mag + 1) : static_cast<std::int64_t>(mag);
 }
 
 Bytes format_counter(std::int64_t v) { return to_bytes(std::to_string(v)); }

@@ -83,13 +83,29 @@ struct Request {
 // Bytes of req in protocol p. Throws std::invalid_argument when p lacks req.op.
 Bytes encode_request(StoreProtocol p, const Request& req);
 
+// What one request may carry; a field or a count over its limit makes the
+// request malformed. The defaults are torch 2.x's libuv server's limits
+// (kV2Limits): it refuses a key over 8 KiB, a value over 8 MiB and more than
+// 128 Ki keys in one CHECK/WAIT/MULTI_GET/MULTI_SET (the same requests,
+// measured against torch 2.11's server).
 struct ParseLimits {
   std::size_t max_key_bytes = 8 * 1024;
   std::size_t max_value_bytes = 8 * 1024 * 1024;
-  // Keys in one CHECK/WAIT/MULTI_GET/MULTI_SET. Bounded so that a garbage
-  // count cannot make the server reserve memory for it.
-  std::size_t max_keys_per_request = 64 * 1024;
+  std::size_t max_keys_per_request = 128 * 1024;
 };
+inline constexpr ParseLimits kV2Limits{};
+// torch 1.13's server has no limits at all. These bounds are ddpdiag's own
+// sanity bounds, far above what a real 1.13 client sends: 1 GiB per key or
+// value, so a garbage length cannot make the server buffer gigabytes; and
+// 1 Mi keys per request (8 times what 2.x allows), because a request still
+// arriving is parsed again from its start as more of it comes: at 1 Mi keys
+// that costs the event loop a fraction of a second, at 16 Mi about a minute.
+inline constexpr ParseLimits kV1Limits{std::size_t{1} << 30, std::size_t{1} << 30, std::size_t{1} << 20};
+// The bounds a connection of protocol p gets by default (kV1Limits or
+// kV2Limits).
+inline constexpr const ParseLimits& default_limits(StoreProtocol p) {
+  return p == StoreProtocol::kV1 ? kV1Limits : kV2Limits;
+}
 
 enum class ParseStatus : std::uint8_t {
   kNeedMore,   // a valid prefix; wait for `need` bytes in total
@@ -126,9 +142,14 @@ inline void append_bytes(Bytes& out, const Bytes& b) { append_bytes(out, b.data(
 std::uint64_t load_u64(const std::uint8_t* p);
 std::uint32_t load_u32(const std::uint8_t* p);
 
-// ADD's counter format: decimal ASCII. Returns nullopt for a value that is
-// not an integer (the c10d servers throw and drop the connection then).
-std::optional<std::int64_t> parse_counter(const Bytes& value);
+// ADD's counter format: decimal ASCII, read as the c10d servers read it,
+// with std::stoll (base 10): leading whitespace (" \t\n\v\f\r"), an
+// optional sign, then digits; whatever follows the digits is ignored, and the
+// value ends at a NUL byte as a C string does ("5\n", "+5", "5abc" are 5,
+// "0x10" is 0). Returns nullopt where std::stoll throws: no digits at all
+// (*out_of_range false), or a number outside int64 (*out_of_range true).
+// The c10d servers drop the connection then.
+std::optional<std::int64_t> parse_counter(const Bytes& value, bool* out_of_range = nullptr);
 Bytes format_counter(std::int64_t v);
 
 // Key or value bytes for a message or a listing: printable ASCII as is,

@@ -13,8 +13,11 @@
 // - A connection's protocol is decided by its first bytes (sniff_protocol):
 //   the 2.x preamble (VALIDATE + magic) or anything else, which is 1.13.
 // - Anything the protocol does not allow (unknown op, oversized key or value,
-//   GET of a missing key, a non-integer counter) closes that connection and
-//   only that one, as the c10d servers do.
+//   GET of a missing key, a counter std::stoll cannot read) closes that
+//   connection and only that one, as the c10d servers do. What is oversized
+//   depends on the connection's protocol: 2.x gets torch 2.x's limits
+//   (8 KiB keys, 8 MiB values, 128 Ki keys per request); 1.13, whose server
+//   has none, only sanity bounds (see tcp_protocol::kV1Limits).
 // - WAIT parks a waiter holding the set of missing keys; every op that
 //   creates or changes a key (SET, ADD, APPEND, COMPARE_SET when it writes,
 //   MULTI_SET) wakes the waiters of that key, and a waiter whose set becomes
@@ -65,9 +68,6 @@ namespace {
 
 namespace tp = tcp_protocol;
 
-// A client that does not read its replies cannot make the server buffer
-// without bound: past this much pending output its connection is closed.
-constexpr std::size_t kMaxPendingOutputBytes = 64u << 20;
 constexpr std::size_t kReadChunkBytes = 64 * 1024;
 // Per readiness event, read at most this much from one connection before
 // serving the others (level-triggered epoll brings us back).
@@ -108,7 +108,8 @@ struct TcpStoreServer::Impl {
   };
 
   TcpStoreServerOptions opts;
-  tp::ParseLimits limits;
+  tp::ParseLimits limits_v1 = tp::kV1Limits;
+  tp::ParseLimits limits_v2 = tp::kV2Limits;
   int listen_fd = -1;
   int epoll_fd = -1;
   int event_fd = -1;
@@ -209,8 +210,10 @@ struct TcpStoreServer::Impl {
 
   void start() {
     raise_fd_limit();
-    limits.max_key_bytes = opts.max_key_bytes;
-    limits.max_value_bytes = opts.max_value_bytes;
+    limits_v1.max_key_bytes = opts.v1_max_key_bytes;
+    limits_v1.max_value_bytes = opts.v1_max_value_bytes;
+    limits_v2.max_key_bytes = opts.max_key_bytes;
+    limits_v2.max_value_bytes = opts.max_value_bytes;
     bind_and_listen();
     epoll_fd = ::epoll_create1(EPOLL_CLOEXEC);
     event_fd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -426,7 +429,8 @@ struct TcpStoreServer::Impl {
         c.protocol = tp::sniff_protocol(p, avail);
         if (!c.protocol) break;  // "00" then fewer than 5 bytes: wait
       }
-      tp::ParseResult pr = tp::parse_request(*c.protocol, p, avail, limits);
+      tp::ParseResult pr = tp::parse_request(*c.protocol, p, avail,
+                                             *c.protocol == StoreProtocol::kV1 ? limits_v1 : limits_v2);
       if (pr.status == tp::ParseStatus::kNeedMore) {
         c.need = pr.need;
         break;
@@ -474,12 +478,16 @@ struct TcpStoreServer::Impl {
       if (sent == bytes.size()) return;
       c.out.assign(bytes.begin() + static_cast<std::ptrdiff_t>(sent), bytes.end());
     } else {
+      // Judged on what waited before this reply: one reply may be larger
+      // than the bound by itself (a 1.13 value can be up to 1 GiB, a 2.x one
+      // grown by APPEND too) and is still sent whole to a client that reads.
+      const std::size_t waiting = c.out.size() - c.out_off;
+      if (waiting > opts.max_pending_output_bytes) {
+        refuse(c, "it does not read its replies (" + std::to_string(waiting) +
+                      " bytes waiting, over the limit of " + std::to_string(opts.max_pending_output_bytes) + ")");
+        return;
+      }
       c.out.insert(c.out.end(), bytes.begin(), bytes.end());
-    }
-    if (c.out.size() - c.out_off > kMaxPendingOutputBytes) {
-      refuse(c, "it does not read its replies (" + std::to_string(c.out.size() - c.out_off) +
-                    " bytes waiting, over the limit of " + std::to_string(kMaxPendingOutputBytes) + ")");
-      return;
     }
     arm_epollout(c, true);
   }
@@ -568,13 +576,16 @@ struct TcpStoreServer::Impl {
         set_key(q.keys[0], std::move(q.values[0]));
         return;
       case tp::Op::kAppend: {
-        Bytes& v = kv[q.keys[0]];
-        if (v.size() + q.values[0].size() > limits.max_value_bytes) {
+        auto it = kv.find(q.keys[0]);
+        const std::size_t grown = (it == kv.end() ? 0 : it->second.size()) + q.values[0].size();
+        if (grown > opts.max_appended_value_bytes) {
           refuse(c, "APPEND to key '" + tp::printable(q.keys[0]) + "' would make its value " +
-                        std::to_string(v.size() + q.values[0].size()) + " bytes, over the limit of " +
-                        std::to_string(limits.max_value_bytes));
+                        std::to_string(grown) + " bytes, over ddpdiag's bound of " +
+                        std::to_string(opts.max_appended_value_bytes) +
+                        " (torch's server has none; keep large data out of the store)");
           return;
         }
+        Bytes& v = it == kv.end() ? kv[q.keys[0]] : it->second;
         v.insert(v.end(), q.values[0].begin(), q.values[0].end());
         key_count.store(static_cast<std::int64_t>(kv.size()), std::memory_order_relaxed);
         wake(q.keys[0]);
@@ -629,10 +640,16 @@ struct TcpStoreServer::Impl {
         std::int64_t current = 0;
         auto it = kv.find(q.keys[0]);
         if (it != kv.end()) {
-          auto v = tp::parse_counter(it->second);
+          bool out_of_range = false;
+          auto v = tp::parse_counter(it->second, &out_of_range);
           if (!v) {
-            refuse(c, "ADD to key '" + tp::printable(q.keys[0]) + "', whose value is not an integer (" +
-                          std::to_string(it->second.size()) + " bytes)");
+            // torch's std::stoll throws here, and its server drops the
+            // connection; the value stays as it was.
+            refuse(c, "ADD to key '" + tp::printable(q.keys[0]) +
+                          (out_of_range ? "', whose value '" + tp::printable(to_string(it->second), 40) +
+                                              "' is an integer outside the int64 range"
+                                        : "', whose value is not an integer (" +
+                                              std::to_string(it->second.size()) + " bytes)"));
             return;
           }
           current = *v;

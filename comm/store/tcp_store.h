@@ -30,9 +30,25 @@ std::string_view store_protocol_name(StoreProtocol p);  // "auto", "torch-1.13",
 struct TcpStoreServerOptions {
   std::string host = "0.0.0.0";   // bind address ("::" for IPv6)
   int port = 0;                   // 0 picks a free port (see TcpStoreServer::port())
-  std::size_t max_key_bytes = 8 * 1024;          // as the 2.x libuv server
-  std::size_t max_value_bytes = 8 * 1024 * 1024; // as the 2.x libuv server
+  // The largest key and value a request may carry on a 2.x connection:
+  // torch 2.x's libuv server's limits, so both refuse the same requests.
+  std::size_t max_key_bytes = 8 * 1024;
+  std::size_t max_value_bytes = 8 * 1024 * 1024;
+  // The same on a 1.13 connection. torch 1.13's server has no limits; these
+  // bounds (1 GiB each, as tcp_protocol::kV1Limits) are ddpdiag's own and
+  // only keep a garbage length from making the server buffer gigabytes.
+  std::size_t v1_max_key_bytes = std::size_t{1} << 30;
+  std::size_t v1_max_value_bytes = std::size_t{1} << 30;
+  // APPEND (2.x) checks each appended piece against max_value_bytes, as
+  // torch does, and torch lets the value grow without bound. This bound on
+  // the value after appending (1 GiB) is ddpdiag's own sanity bound.
+  std::size_t max_appended_value_bytes = std::size_t{1} << 30;
   int max_connections = 65536;
+  // A client that does not read its replies cannot make the server buffer
+  // without bound: a reply that finds more than this much output still
+  // waiting for that client closes its connection. So at most this plus one
+  // reply is held, and one large reply (a big value) still goes out whole.
+  std::size_t max_pending_output_bytes = std::size_t{64} << 20;
   // Called on the server's thread when it closes a connection for a request
   // the protocol does not allow (unknown query type, oversized key or
   // value, ADD to a value that is not a number, ...), with the client's

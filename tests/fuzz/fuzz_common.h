@@ -62,7 +62,8 @@ inline Bytes connection_start(StoreProtocol p) {
 }
 
 // Parse limits the targets choose between (two bits of the input): the
-// server's defaults, and tight ones that inputs of a few bytes can reach.
+// defaults (torch 2.x's; the server gives 1.13 connections its own), and
+// tight ones that inputs of a few bytes can reach.
 inline tp::ParseLimits parse_limits(unsigned which) {
   tp::ParseLimits lim;
   switch (which & 3u) {

@@ -152,8 +152,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   TcpStoreServerOptions opts;
   opts.host = "127.0.0.1";
   opts.port = 0;
-  opts.max_key_bytes = lim.max_key_bytes;
-  opts.max_value_bytes = lim.max_value_bytes;
+  // Both protocols' connections get the limits chosen (by default, each
+  // protocol its own).
+  if ((control & 3u) != 0) {
+    opts.max_key_bytes = opts.v1_max_key_bytes = lim.max_key_bytes;
+    opts.max_value_bytes = opts.v1_max_value_bytes = opts.max_appended_value_bytes =
+        lim.max_value_bytes;
+  }
   TcpStoreServer server(opts);
 
   const std::size_t nconn = 1 + ((control >> 2) & 3u);

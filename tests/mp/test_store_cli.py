@@ -198,6 +198,12 @@ class GetAndServe(unittest.TestCase):
             p = run(["store", "set", "--addr", s.addr, "k" * 9000, "v"], timeout=30)
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn("the key is 9000 bytes", p.stderr)
+            # 8192 characters are 8193 bytes on the wire with torch's '/'.
+            p = run(["store", "set", "--addr", s.addr, "k" * 8192, "v"], timeout=30)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("at most 8191 (8192 with the '/'", p.stderr)
+            p = run(["store", "set", "--addr", s.addr, "k" * 8191, "v"], timeout=30)
+            self.assertEqual(p.returncode, 0, p.stderr)
 
     def test_serve_out_of_file_descriptors_neither_spins_nor_hangs(self):
         # 40 clients against a store whose process may hold 24 files: it
