@@ -133,6 +133,18 @@ std::optional<std::uint64_t> read_number(const std::string& path) {
   return v;
 }
 
+// "name value" lines (a cgroup's memory.stat): the value of `name`.
+std::optional<std::uint64_t> stat_field(const std::string& path, const std::string& name) {
+  auto t = read_text(path);
+  if (!t) return std::nullopt;
+  std::istringstream in(*t);
+  std::string key;
+  std::uint64_t v = 0;
+  while (in >> key >> v)
+    if (key == name) return v;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc_root,
@@ -183,10 +195,16 @@ std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc
         while (path.size() > 1 && path.back() == '/') path.pop_back();
         const std::string dir = base + (path == "/" ? "" : path);
         const auto limit = read_number(dir + limit_file);
-        const auto usage = read_number(dir + usage_file);
-        if (limit && usage && *limit < kNoLimit)
+        auto usage = read_number(dir + usage_file);
+        if (limit && usage && *limit < kNoLimit) {
+          // The usage counts the page cache, which the kernel reclaims
+          // before it kills: less its inactive file pages, as MemAvailable
+          // leaves them out (and as kubelet's working set does).
+          if (auto cache = stat_field(dir + "/memory.stat", v1 ? "total_inactive_file" : "inactive_file"))
+            *usage -= std::min(*usage, *cache);
           consider(*limit > *usage ? *limit - *usage : 0,
                    "the limit of cgroup " + (path.empty() ? std::string("/") : path));
+        }
         if (path.empty() || path == "/") break;
         const auto slash = path.rfind('/');
         path = slash == 0 || slash == std::string::npos ? "/" : path.substr(0, slash);

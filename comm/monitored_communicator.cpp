@@ -222,6 +222,13 @@ std::shared_ptr<Work> MonitoredCommunicator::issue(Fingerprint fp, MakeFn make,
                                          corrupt_target, dtype, count);
 }
 
+void MonitoredCommunicator::prune_p2p() {
+  std::erase_if(p2p_open_, [](const OpenP2P& o) {
+    auto w = o.work.lock();
+    return !w || w->is_completed();
+  });
+}
+
 std::shared_ptr<Work> MonitoredCommunicator::issue_p2p(Fingerprint fp, std::vector<int> peers,
                                                        std::shared_ptr<Work> work) {
   // Point-to-point ops differ between ranks by design; they get no sequence
@@ -230,11 +237,7 @@ std::shared_ptr<Work> MonitoredCommunicator::issue_p2p(Fingerprint fp, std::vect
     std::lock_guard<std::mutex> lock(mutex_);
     // Ops nobody holds any more, or that completed, leave the list here too
     // (the watchdog prunes it only while no collective is open).
-    while (!p2p_open_.empty()) {
-      auto w = p2p_open_.front().work.lock();
-      if (w && !w->is_completed()) break;
-      p2p_open_.pop_front();
-    }
+    prune_p2p();
     p2p_open_.push_back({++p2p_issued_, fp, std::move(peers), Clock::now(), work});
   }
   return std::make_shared<MonitoredWork>(this, 0, std::move(fp), std::move(work), nullptr,
@@ -915,14 +918,22 @@ std::string MonitoredCommunicator::local_peer_problem(int r, std::chrono::steady
   if (r == rank() || r < 0 || r >= static_cast<int>(opts_.peers.size())) return "";
   const auto& p = opts_.peers[r];
   if (!p.same_machine || p.pid <= 0) return "";
-  if (stopped_since_.size() != opts_.peers.size()) stopped_since_.assign(opts_.peers.size(), {});
+  if (stopped_since_.size() != opts_.peers.size()) {
+    stopped_since_.assign(opts_.peers.size(), {});
+    stopped_seen_.assign(opts_.peers.size(), {});
+  }
   const char st = process_state(p.pid);
   if (gone_state(st)) return "has ended";
   if ((st != 'T' && st != 't') || opts_.heartbeat_stall.count() <= 0) {
     stopped_since_[r].reset();
     return "";
   }
-  if (!stopped_since_[r]) stopped_since_[r] = now;
+  // A stop counts from when it was first seen in an unbroken run of looks:
+  // a rank looked at only while an op is open may have run (and been
+  // stopped again: a debugger's next breakpoint) in between.
+  if (!stopped_since_[r] || now - stopped_seen_[r] > 3 * opts_.poll_interval)
+    stopped_since_[r] = now;
+  stopped_seen_[r] = now;
   const auto stopped = now - *stopped_since_[r];
   if (stopped < opts_.heartbeat_stall) return "";
   return fmt::format("has been stopped for {:.0f} s (state {}: SIGSTOP, or a debugger)",
@@ -1009,11 +1020,7 @@ void MonitoredCommunicator::watchdog_loop() {
         if (!overdue) watch_seq = o.seq;
       }
       if (!overdue && watch_seq < 0 && opts_.heartbeat_stall.count() > 0) {
-        while (!p2p_open_.empty()) {
-          auto w = p2p_open_.front().work.lock();
-          if (w && !w->is_completed()) break;
-          p2p_open_.pop_front();
-        }
+        prune_p2p();
         if (!p2p_open_.empty() && now - p2p_open_.front().started > 2 * opts_.poll_interval) {
           watch_p2p = p2p_open_.front();
           for (int r : watch_p2p->peers) {

@@ -241,6 +241,7 @@ class MonitoredCommunicator final : public Communicator {
   // r is on another machine.
   std::string local_peer_problem(int r, std::chrono::steady_clock::time_point now);
   std::vector<std::optional<std::chrono::steady_clock::time_point>> stopped_since_;
+  std::vector<std::chrono::steady_clock::time_point> stopped_seen_;  // last look at a stop
   void watchdog_loop();
   double now_s() const;
 
@@ -264,6 +265,7 @@ class MonitoredCommunicator final : public Communicator {
     std::weak_ptr<Work> work;
   };
   std::deque<OpenP2P> p2p_open_;  // under mutex_, in issue order
+  void prune_p2p();               // under mutex_: drops ops complete or no longer held
   std::int64_t p2p_issued_ = 0;   // under mutex_
   std::atomic<bool> halted_{false};
   std::exception_ptr failure_;

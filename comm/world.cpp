@@ -85,8 +85,10 @@ class EnvReader {
     int out = 0;
     auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), out);
     if (ec == std::errc::result_out_of_range && (leading_only || p == s.data() + s.size()))
-      throw world_error(fmt::format("environment variable {}='{}' is out of range (at most {})",
-                                    name, v, std::numeric_limits<int>::max()),
+      throw world_error(fmt::format("environment variable {}='{}' is out of range ({} {})", name, v,
+                                    s.rfind('-', 0) == 0 ? "at least" : "at most",
+                                    s.rfind('-', 0) == 0 ? std::numeric_limits<int>::min()
+                                                         : std::numeric_limits<int>::max()),
                         fmt::format("set {} to the value the launcher meant, or unset it", name));
     bool ok = ec == std::errc() && p != s.data() && (leading_only || p == s.data() + s.size());
     if (!ok)
@@ -298,6 +300,7 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
                                     *local_size, w.world_size),
                         "the local world size is the number of ranks on this host");
     w.local_world_size = *local_size;
+    w.local_world_size_given = true;
   } else {
     // Without the variable, assume every rank is on this host when there is no
     // launcher telling otherwise (single node is the common case for flags).

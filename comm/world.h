@@ -39,6 +39,9 @@ struct World {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  // Whether a launcher's variable or a flag gave local_world_size; without
+  // one it is taken to be the world size (every rank on this host).
+  bool local_world_size_given = false;
   std::string master_addr = "127.0.0.1";
   // Where master_addr came from: "--master-addr", "MASTER_ADDR", the Slurm
   // node list it was taken from (e.g. "SLURM_STEP_NODELIST"), or "default".

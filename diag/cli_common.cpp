@@ -252,7 +252,9 @@ void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string
                        const std::string& hint) {
   const auto avail = host_memory_available();
   if (!avail) return;
-  const int here = std::max(1, job.world.local_world_size);
+  // Where no launcher or flag said how many ranks share this host, count
+  // this one only: refusing a run that fits is worse than missing one.
+  const int here = job.world.local_world_size_given ? std::max(1, job.world.local_world_size) : 1;
   const long double need = static_cast<long double>(per_rank) * here;
   if (need <= static_cast<long double>(avail->bytes)) return;
   const auto gib = [](long double b) { return fmt::format("{:.1f} GiB", static_cast<double>(b / (1ULL << 30))); };
@@ -683,7 +685,15 @@ std::string machine_id() {
     while (!b.empty() && std::isspace(static_cast<unsigned char>(b.back()))) b.pop_back();
     return b;
   }();
-  return boot.empty() ? machine_name() : machine_name() + "#" + boot;
+  // Containers on one host (host networking) share its name and boot id
+  // but not its process ids: a pid is only meaningful in its pid namespace.
+  static const std::string pid_ns = [] {
+    char buf[64] = {0};
+    const ssize_t n = ::readlink("/proc/self/ns/pid", buf, sizeof buf - 1);
+    return n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : std::string();
+  }();
+  std::string id = boot.empty() ? machine_name() : machine_name() + "#" + boot;
+  return pid_ns.empty() ? id : id + "#" + pid_ns;
 }
 
 std::string reported_host_name(const CommonOptions& o, int rank) {
@@ -1359,6 +1369,7 @@ std::shared_ptr<Store> connect_own_store(TcpStoreClientOptions client, const std
                                          Millis connect_timeout, Millis io_timeout) {
   client.connect_timeout = connect_timeout;
   client.io_timeout = io_timeout;
+  client.known_store = true;  // the job's main connection got its answers
   return std::make_shared<PrefixStore>(prefix, std::make_shared<TcpStoreClient>(client));
 }
 

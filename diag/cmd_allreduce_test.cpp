@@ -486,10 +486,23 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
                   // Gloo: send and receive buffers and a host copy, all in
                   // host memory; NCCL: the host copy (the buffers are the
                   // device's).
-                  const std::size_t maxb = parse_size(opts->max_bytes);
+                  // The sweep's largest size, which may be below -e (-f 4
+                  // from 16 B reaches powers of 4 only).
+                  std::vector<DType> dtypes;
+                  if (opts->dtype == "all")
+                    dtypes.assign(std::begin(kAllDTypes), std::end(kAllDTypes));
+                  else if (auto d = parse_dtype(opts->dtype))
+                    dtypes.push_back(*d);
+                  const std::size_t minb = parse_size(opts->min_bytes), maxb = parse_size(opts->max_bytes);
+                  std::size_t largest = 0;
+                  for (auto d : dtypes)
+                    if (maxb >= minb && maxb >= dtype_size(d))
+                      for (std::size_t b : sweep_sizes(minb, maxb, opts->step_factor,
+                                                       parse_size(opts->step_bytes), dtype_size(d)))
+                        largest = std::max(largest, b);
                   check_host_memory(
-                      job, static_cast<std::uint64_t>(maxb) * (job.backend == Backend::kGloo ? 3 : 1),
-                      fmt::format("buffers of {} (-e)", format_size(maxb)),
+                      job, static_cast<std::uint64_t>(largest) * (job.backend == Backend::kGloo ? 3 : 1),
+                      fmt::format("buffers of {} (the sweep's largest size)", format_size(largest)),
                       "use a smaller -e, or fewer ranks on this host");
                 });
           }};

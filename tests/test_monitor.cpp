@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -706,8 +707,10 @@ TEST_CASE("monitored Gloo: a point-to-point op on a silent peer ends at the hear
   for (auto& t : threads) t.join();
   CHECK(errors[1] == "");
   if (frozen) {
-    CHECK(contains(errors[0], "point-to-point op recv(float, 64, peer=1) cannot complete: "
-                              "rank 1 (pid 2 on host host1) wrote no heartbeat for 2 s"));
+    // 2 s of silence, read at polls that a loaded machine may delay.
+    CHECK(std::regex_search(errors[0], std::regex("point-to-point op recv\\(float, 64, peer=1\\) cannot "
+                                                  "complete: rank 1 \\(pid 2 on host host1\\) wrote no "
+                                                  "heartbeat for [234] s")));
     CHECK(took < 8);
   } else {
     CHECK(errors[0] == "");

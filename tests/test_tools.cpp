@@ -232,7 +232,9 @@ TEST_CASE("host_memory_available: MemAvailable, lowered by the tightest cgroup l
     write_file(cg / "a/b/memory.max", "max\n");
     write_file(cg / "a/b/memory.current", "0\n");
     write_file(cg / "a/memory.max", std::to_string(3 * gib) + "\n");
-    write_file(cg / "a/memory.current", std::to_string(gib) + "\n");
+    // 1.5 GiB used, of which 0.5 GiB inactive page cache: 1 GiB counts.
+    write_file(cg / "a/memory.current", std::to_string(gib + gib / 2) + "\n");
+    write_file(cg / "a/memory.stat", "anon 1\nfile 2\ninactive_file " + std::to_string(gib / 2) + "\n");
     auto m = host_memory_available(proc.string(), cg.string());
     REQUIRE(m);
     CHECK(m->bytes == 2 * gib);
@@ -241,7 +243,9 @@ TEST_CASE("host_memory_available: MemAvailable, lowered by the tightest cgroup l
   SECTION("cgroup v1: the memory controller's limit; no limit is a huge number") {
     write_file(proc / "self/cgroup", "5:cpu,cpuacct:/x\n4:memory:/job\n");
     write_file(cg / "memory/job/memory.limit_in_bytes", std::to_string(3 * gib) + "\n");
-    write_file(cg / "memory/job/memory.usage_in_bytes", std::to_string(gib / 2) + "\n");
+    write_file(cg / "memory/job/memory.usage_in_bytes", std::to_string(gib) + "\n");
+    write_file(cg / "memory/job/memory.stat",
+               "cache 5\ninactive_file 7\ntotal_inactive_file " + std::to_string(gib / 2) + "\n");
     write_file(cg / "memory/memory.limit_in_bytes", "9223372036854771712\n");
     write_file(cg / "memory/memory.usage_in_bytes", "123\n");
     auto m = host_memory_available(proc.string(), cg.string());

@@ -568,7 +568,7 @@ struct TcpStoreClient::Impl {
       // in microseconds, so this is most likely another program on the
       // port, waiting for a request in its own protocol (an HTTP server
       // does), and a longer wait will not help. Or a store frozen whole.
-      if (opts.io_timeout >= Millis(1000))
+      if (opts.io_timeout >= Millis(1000) && !opts.known_store)
         throw RendezvousError(
             silent + ": a store answers at once, so another program probably holds this port "
                      "(or the store's process is frozen)",

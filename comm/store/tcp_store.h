@@ -107,6 +107,10 @@ struct TcpStoreClientOptions {
   // The flag that chooses the protocol where this client is used, named in
   // the hints of protocol errors ("ddpdiag store" calls it --protocol).
   std::string protocol_flag = "--store-protocol";
+  // The address already answered as a store (another connection of this
+  // process): a server silent through the handshake is then a stalled
+  // store, a timeout, not another program on the port.
+  bool known_store = false;
 };
 
 // One TCP connection to a store (v1: a second, silent connection is not

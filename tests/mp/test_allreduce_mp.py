@@ -720,7 +720,7 @@ class BadInput(unittest.TestCase):
         path = tmp_json()
         p = run(["allreduce-test", "--nproc", "2", "-b", "1024G", "-e", "1024G", "--json", path])
         self.assertEqual(p.returncode, 2, p.stderr)
-        self.assertIn("buffers of 1024G (-e) take about 3072.0 GiB per rank, 6144.0 GiB for the 2 "
+        self.assertIn("buffers of 1024G (the sweep's largest size) take about 3072.0 GiB per rank, 6144.0 GiB for the 2 "
                       "ranks on this host, but this host has", p.stderr)
         self.assertIn("hint: use a smaller -e, or fewer ranks on this host", p.stderr)
         rep = load(path)

@@ -329,7 +329,7 @@ class LinkDown(unittest.TestCase):
         self.assertEqual(wd["diagnosis"]["unreachable_ranks"], [])
         # What ended the wait: rank 0 watched rank 2's heartbeat.
         self.assertIn("rank 2 (pid", json.dumps(rep))
-        self.assertIn("wrote no new heartbeat for 15 s", json.dumps(rep))
+        self.assertRegex(json.dumps(rep), r"wrote no new heartbeat for (1[5-9]|2\d) s")
 
     def test_rank_frozen_in_a_point_to_point_op_is_named_before_the_timeout(self):
         # link-health's pair exchanges are send/recv, not collectives: rank 1
@@ -344,13 +344,13 @@ class LinkDown(unittest.TestCase):
         stop1.takes_procs = True
         out = self.run_and_cut(hosts, stop1, timeout=40, ending=[0],
                                args=["link-health", "--bytes", "256M", "-n", "1000",
-                                     "--rechecks", "0"], settle=6)
+                                     "--rechecks", "0"], settle=10)
         rc, se, elapsed = out[0]
         self.assertEqual(rc, 5, se)
         self.assertLess(elapsed, 30, se)
         self.assertRegex(se, r"point-to-point op (send|recv|sendrecv)\(")
         self.assertIn("cannot complete: rank 1 (pid", se)
-        self.assertIn("wrote no new heartbeat for 10 s", se)
+        self.assertRegex(se, r"wrote no new heartbeat for 1\d s")
         self.assertIn("Rank 1 did not publish its state: it is silent: no state and no "
                       "heartbeat (host host2, pid", se)
         self.assertIn("hint: look at the process of rank 1 on its host", se)
