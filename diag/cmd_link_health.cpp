@@ -623,10 +623,23 @@ Subcommand add_link_health_command(CLI::App& parent) {
                 "Do not switch NCCL's INFO log on to learn each pair's transport");
   return {app, [opts] {
             const std::string nccl_log = prepare_nccl_log(*opts);
-            return run_distributed(opts->common, "link-health",
-                                   [opts, nccl_log](Job& job, reports::Report& report) {
-                                     run(job, report, *opts, nccl_log);
-                                   });
+            return run_distributed(
+                opts->common, "link-health",
+                [opts, nccl_log](Job& job, reports::Report& report) {
+                  run(job, report, *opts, nccl_log);
+                },
+                [opts](const Job& job) {
+                  // The exchange's two buffers and the host fill, then the
+                  // all_reduce's buffer and its host copy (Gloo: all in host
+                  // memory; NCCL: the host copies).
+                  const std::uint64_t bw = parse_size(opts->bandwidth_bytes);
+                  const std::uint64_t ar = parse_size(opts->allreduce_bytes);
+                  const bool host = job.backend == Backend::kGloo;
+                  check_host_memory(job, (host ? 3 : 1) * bw + (host ? 2 : 1) * ar,
+                                    fmt::format("buffers of {} (--bytes) and {} (--allreduce-bytes)",
+                                                format_size(bw), format_size(ar)),
+                                    "use a smaller --bytes, or fewer ranks on this host");
+                });
           }};
 }
 

@@ -727,6 +727,12 @@ class BadInput(unittest.TestCase):
         os.unlink(path)
         self.assertEqual(rep["error"]["exit_code"], 2)
         self.assertEqual(rep["error"]["phase"], "flags")
+        # link-health's pair exchange alike.
+        p = run(["link-health", "--nproc", "2", "--bytes", "1024G"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("buffers of 1024G (--bytes) and 1M (--allreduce-bytes) take about 3072.0 GiB "
+                      "per rank", p.stderr)
+        self.assertIn("hint: use a smaller --bytes, or fewer ranks on this host", p.stderr)
 
     def test_report_in_a_directory_where_no_file_can_be_made_is_refused_up_front(self):
         # /proc: writable to root by access(), yet no file can be created
