@@ -69,7 +69,18 @@ void emit_lines(std::string& partial, const char* data, std::size_t n, FILE* to,
 }
 
 std::string describe_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with code {}", WEXITSTATUS(status));
+  if (WIFEXITED(status)) {
+    // ddpdiag's own exit codes (README, Exit codes), named.
+    const int code = WEXITSTATUS(status);
+    const char* what = code == 2   ? "a usage or configuration error"
+                       : code == 3 ? "could not rendezvous or initialise"
+                       : code == 4 ? "timed out"
+                       : code == 5 ? "a peer failed"
+                       : code == 70 ? "an internal error"
+                                    : nullptr;
+    return what ? fmt::format("exited with code {} ({})", code, what)
+                : fmt::format("exited with code {}", code);
+  }
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     const char* name = sigabbrev_np(sig);
