@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "comm/ip_text.h"
 #include "comm/memory.h"
 #include "comm/net_info.h"
+#include "ddp_core/model_layout.h"
 #include "ddp_core/param_broadcast.h"
 #include "diag/launcher.h"
 #include "diag/placement.h"
@@ -266,6 +268,27 @@ void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string
                            : std::string(),
                   gib(avail->bytes), avail->source),
       {"flags", job.rank(), -1, hint});
+}
+
+void check_layout_memory(const Job& job, const std::string& model, int grad_copies,
+                         int param_copies) {
+  if (job.backend != Backend::kGloo) return;  // NCCL: the device's memory
+  std::uint64_t grads = 0, params = 0;
+  try {
+    const auto layout = ddp_core::load_model(model);
+    grads = layout.gradient_bytes();
+    params = layout.total_bytes();
+  } catch (const std::exception&) {
+    return;
+  }
+  const long double need = static_cast<long double>(grads) * grad_copies +
+                           static_cast<long double>(params) * param_copies;
+  const std::uint64_t per_rank =
+      need >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(need);
+  check_host_memory(job, per_rank,
+                    fmt::format("the buffers of model {} ({:.1f} GiB of parameters)", model,
+                                static_cast<double>(params) / (1ULL << 30)),
+                    "use a smaller model layout, or fewer ranks on this host");
 }
 
 UsageError report_write_error(const reports::WriteError& e, int rank) {

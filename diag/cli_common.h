@@ -293,6 +293,13 @@ std::vector<std::string> split_list(const std::string& s, const std::string& fla
 // already taken.
 void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string& what,
                        const std::string& hint);
+// check_host_memory for a command that runs a model layout (ddp-step,
+// bucket-sweep, memory, broadcast-test), on Gloo: per rank, `grad_copies`
+// times the layout's trainable bytes plus `param_copies` times all its
+// parameter bytes, a lower bound of what the command holds. A layout that
+// cannot be read is left to the command, which says why.
+void check_layout_memory(const Job& job, const std::string& model, int grad_copies,
+                         int param_copies);
 std::string format_size(std::size_t bytes);  // 1K, 64M, 3 ...
 // A flag check that the value parses as a size, so that a typo is refused by
 // the launcher before any rank starts.

@@ -219,8 +219,11 @@ Subcommand add_broadcast_test_command(CLI::App& parent) {
                   "(testing) this rank alters one byte after the broadcast; the check must name it")
       ->group("");
   return {app, [opts] {
-            return run_distributed(opts->common, "broadcast-test",
-                                   [opts](Job& job, reports::Report& r) { run(job, r, *opts); });
+            return run_distributed(
+                opts->common, "broadcast-test",
+                [opts](Job& job, reports::Report& r) { run(job, r, *opts); },
+                // Every parameter, broadcast in place.
+                [opts](const Job& job) { check_layout_memory(job, opts->model, 0, 1); });
           }};
 }
 

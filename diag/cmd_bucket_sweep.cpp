@@ -390,10 +390,11 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
       throw CLI::ValidationError("--sweep-maxbytes", *p);
   });
   return {app, [opts] {
-            return run_distributed(opts->common, "bucket-sweep",
-                                   [opts](Job& job, reports::Report& report) {
-                                     run(job, report, *opts);
-                                   });
+            return run_distributed(
+                opts->common, "bucket-sweep",
+                [opts](Job& job, reports::Report& report) { run(job, report, *opts); },
+                // The gradients and the buckets of a cap.
+                [opts](const Job& job) { check_layout_memory(job, opts->model, 2, 0); });
           }};
 }
 

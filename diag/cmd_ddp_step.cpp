@@ -228,9 +228,12 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
       "Rows each rank touches per sparse parameter per iteration (default min(rows, 512))")
       ->check(cli::int64_value());
   return {app, [opts] {
-            return run_distributed(opts->common, "ddp-step", [opts](Job& job, reports::Report& r) {
-              run(job, r, *opts);
-            });
+            return run_distributed(
+                opts->common, "ddp-step",
+                [opts](Job& job, reports::Report& r) { run(job, r, *opts); },
+                // The buckets, and each gradient's own buffer unless they
+                // are views of the buckets.
+                [opts](const Job& job) { check_layout_memory(job, opts->model, opts->views ? 1 : 2, 0); });
           }};
 }
 

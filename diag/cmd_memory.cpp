@@ -375,10 +375,14 @@ Subcommand add_memory_command(CLI::App& parent) {
                   "Test only: RANK:MB makes that rank hold MB more workspace")
       ->group("");
   return {app, [opts] {
-            return run_distributed(opts->common, "memory",
-                                   [opts](Job& job, reports::Report& report) {
-                                     run(job, report, *opts);
-                                   });
+            return run_distributed(
+                opts->common, "memory",
+                [opts](Job& job, reports::Report& report) { run(job, report, *opts); },
+                // Every parameter, and the buckets; the gradients' own
+                // buffers unless they are views of the buckets.
+                [opts](const Job& job) {
+                  check_layout_memory(job, opts->model, opts->gradient_views ? 1 : 2, 1);
+                });
           }};
 }
 

@@ -733,6 +733,19 @@ class BadInput(unittest.TestCase):
         self.assertIn("buffers of 1024G (--bytes) and 1M (--allreduce-bytes) take about 3072.0 GiB "
                       "per rank", p.stderr)
         self.assertIn("hint: use a smaller --bytes, or fewer ranks on this host", p.stderr)
+        # The commands that run a model layout: 2 TiB of float parameters.
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump({"name": "huge", "tensors": [{"name": "w%d" % i, "shape": [1 << 37],
+                                                    "dtype": "float32"} for i in range(4)]}, f)
+        self.addCleanup(os.unlink, f.name)
+        for cmd in ("ddp-step", "bucket-sweep", "memory", "broadcast-test"):
+            with self.subTest(cmd=cmd):
+                p = run([cmd, "--nproc", "2", "--model", f.name])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("the buffers of model %s (2048.0 GiB of parameters) take about" % f.name,
+                              p.stderr)
+                self.assertIn("hint: use a smaller model layout, or fewer ranks on this host",
+                              p.stderr)
 
     def test_report_in_a_directory_where_no_file_can_be_made_is_refused_up_front(self):
         # /proc: writable to root by access(), yet no file can be created
