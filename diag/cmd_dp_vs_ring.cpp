@@ -422,10 +422,22 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
     }
   });
   return {app, [opts] {
-            return run_distributed(opts->common, "dp-vs-ring",
-                                   [opts](Job& job, reports::Report& report) {
-                                     run(job, report, *opts);
-                                   });
+            return run_distributed(
+                opts->common, "dp-vs-ring",
+                [opts](Job& job, reports::Report& report) { run(job, report, *opts); },
+                [opts](const Job& job) {
+                  // Each rank's buffer and its host copy at the largest size
+                  // (Gloo; NCCL: the host copy); the gather root holds more.
+                  const auto dtype = parse_dtype(opts->dtype);
+                  const std::size_t minb = parse_size(opts->min_bytes), maxb = parse_size(opts->max_bytes);
+                  if (!dtype || maxb < minb || maxb < dtype_size(*dtype)) return;  // run() says why
+                  std::size_t largest = 0;
+                  for (std::size_t b : sweep_sizes(minb, maxb, opts->step_factor, 0, dtype_size(*dtype)))
+                    largest = std::max(largest, b);
+                  check_host_memory(job, static_cast<std::uint64_t>(largest) * (job.backend == Backend::kGloo ? 2 : 1),
+                                    fmt::format("buffers of {} (the sweep's largest size)", format_size(largest)),
+                                    "use a smaller -e, or fewer ranks on this host");
+                });
           }};
 }
 

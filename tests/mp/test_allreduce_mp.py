@@ -733,6 +733,10 @@ class BadInput(unittest.TestCase):
         self.assertIn("buffers of 1024G (--bytes) and 1M (--allreduce-bytes) take about 3072.0 GiB "
                       "per rank", p.stderr)
         self.assertIn("hint: use a smaller --bytes, or fewer ranks on this host", p.stderr)
+        p = run(["dp-vs-ring", "--nproc", "2", "-b", "1024G", "-e", "1024G"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("buffers of 1024G (the sweep's largest size) take about 2048.0 GiB per rank",
+                      p.stderr)
         # The commands that run a model layout: 2 TiB of float parameters.
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump({"name": "huge", "tensors": [{"name": "w%d" % i, "shape": [1 << 37],
