@@ -4,6 +4,8 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
+#include <csignal>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -760,4 +762,81 @@ TEST_CASE("monitored Gloo: a connection closed by a rank that published its stat
   CHECK(errors[2] == "");
   CHECK(contains(errors[1], "Rank 2 did not publish its state: it is silent"));
   CHECK_FALSE(contains(errors[1], "it is dead"));
+}
+
+TEST_CASE("monitored Gloo: a stop of a rank on this machine counts from when it is seen, not from "
+          "an earlier pause",
+          "[monitor][gloo]") {
+  // Rank 1's process, as rank 0 sees it, is a child stopped with SIGSTOP
+  // (rank 1 itself is a thread here). Op A: the child is stopped while rank
+  // 1 comes 0.6 s late, and stays stopped after A completes; it runs again,
+  // and is stopped again when op B starts, rank 1 again 0.6 s late. With a
+  // 1.5 s stall neither op may end: B's stop is 0.6 s old, not as old as A's.
+  // Then op C: stopped while rank 1 is 2.5 s late; C ends at the stall.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  const Millis timeout = 20s;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::string> errors(2);
+  std::vector<int> completed(2, 0);
+  std::vector<std::thread> threads;
+  const auto stop = [&] { ::kill(child, SIGSTOP); };
+  const auto cont = [&] { ::kill(child, SIGCONT); };
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        CommOptions o = gloo_rank_options(r, 2, std::make_shared<PrefixStore>("comm", store), timeout);
+        auto inner = make_communicator(o);
+        inner->set_default_timeout(timeout);
+        MonitorOptions mo;
+        mo.rank = r;
+        mo.size = 2;
+        mo.store = std::make_shared<PrefixStore>("monitor", store);
+        mo.timeout = timeout;
+        mo.gather_wait = 1000ms;
+        mo.poll_interval = 100ms;
+        mo.heartbeat_stall = 1500ms;
+        mo.peers = {{"host", static_cast<long>(::getpid()), true},
+                    {"host", r == 0 ? static_cast<long>(child) : static_cast<long>(::getpid()), true}};
+        MonitoredCommunicator comm(std::move(inner), mo);
+        CommBuffer buf(comm, 64 * sizeof(float));
+        const auto op = [&] {
+          comm.allreduce(buf.get(), buf.get(), 64, DType::kFloat32, ReduceOp::kSum)->wait(timeout);
+          ++completed[r];
+        };
+        if (r == 1) {
+          stop();
+          std::this_thread::sleep_for(600ms);
+          op();  // A
+          std::this_thread::sleep_for(400ms);
+          cont();
+          std::this_thread::sleep_for(2500ms);
+          stop();
+          std::this_thread::sleep_for(600ms);
+          op();  // B
+          cont();
+          std::this_thread::sleep_for(500ms);
+          stop();
+          std::this_thread::sleep_for(2500ms);
+          op();  // C
+        } else {
+          op();  // A
+          std::this_thread::sleep_for(2900ms);  // no op open while rank 1 runs again
+          op();  // B
+          op();  // C
+        }
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  CHECK(completed[0] == 2);
+  CHECK(contains(errors[0], "collective #3 all_reduce(float, 64, sum) cannot complete: rank 1 (pid " +
+                                std::to_string(child) + " on this machine) has been stopped for "));
 }
