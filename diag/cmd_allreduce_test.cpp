@@ -138,15 +138,19 @@ void print_row(const SizeResult& r) {
   std::fflush(stdout);
 }
 
+// -d's dtypes: "all" is every dtype, as nccl-tests' -d all; empty when the
+// name is unknown.
+std::vector<DType> dtypes_of(const std::string& name) {
+  if (name == "all") return {std::begin(kAllDTypes), std::end(kAllDTypes)};
+  if (auto d = parse_dtype(name)) return {*d};
+  return {};
+}
+
 void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
   SweepOptions so;
   // "all" runs every dtype (or op), as nccl-tests' -d all / -o all.
-  std::vector<DType> dtypes;
-  if (o.dtype == "all") {
-    dtypes.assign(std::begin(kAllDTypes), std::end(kAllDTypes));
-  } else if (auto d = parse_dtype(o.dtype)) {
-    dtypes.push_back(*d);
-  } else {
+  const std::vector<DType> dtypes = dtypes_of(o.dtype);
+  if (dtypes.empty()) {
     throw UsageError(fmt::format("unknown dtype '{}'", o.dtype),
                      {"flags", job.rank(), -1,
                       "use one of float, double, half, bfloat16, int32, int64, int8, uint8, all"});
@@ -488,11 +492,7 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
                   // device's).
                   // The sweep's largest size, which may be below -e (-f 4
                   // from 16 B reaches powers of 4 only).
-                  std::vector<DType> dtypes;
-                  if (opts->dtype == "all")
-                    dtypes.assign(std::begin(kAllDTypes), std::end(kAllDTypes));
-                  else if (auto d = parse_dtype(opts->dtype))
-                    dtypes.push_back(*d);
+                  const std::vector<DType> dtypes = dtypes_of(opts->dtype);
                   const std::size_t minb = parse_size(opts->min_bytes), maxb = parse_size(opts->max_bytes);
                   std::size_t largest = 0;
                   for (auto d : dtypes)

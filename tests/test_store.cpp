@@ -1258,13 +1258,16 @@ TEST_CASE("a server that closes every connection unanswered is named as turning 
   ::close(lfd);
 }
 
-TEST_CASE("a server that accepts and never answers is a timeout, not a wrong protocol", "[store][tcp]") {
-  // A store too slow for the deadline (--timeout 0.001), or a stalled one:
-  // silence says nothing about the protocol.
+namespace {
+
+// A server on loopback that accepts every connection and never reads or
+// answers (until it is destroyed), as a stalled store or another program
+// waiting for its own protocol looks to a client.
+struct MuteServer {
   int port = 0;
-  const int lfd = listen_on_loopback(&port);
+  int lfd = listen_on_loopback(&port);
   std::atomic<bool> stop{false};
-  std::thread mute([&] {
+  std::thread thread{[this] {
     std::vector<int> fds;
     while (!stop) {
       pollfd p{lfd, POLLIN, 0};
@@ -1272,7 +1275,21 @@ TEST_CASE("a server that accepts and never answers is a timeout, not a wrong pro
       if (int fd = ::accept(lfd, nullptr, nullptr); fd >= 0) fds.push_back(fd);  // read nothing
     }
     for (int fd : fds) ::close(fd);
-  });
+  }};
+  ~MuteServer() {
+    stop = true;
+    thread.join();
+    ::close(lfd);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a server that accepts and never answers is a timeout, not a wrong protocol", "[store][tcp]") {
+  // A store too slow for the deadline (--timeout 0.001), or a stalled one:
+  // silence says nothing about the protocol.
+  MuteServer mute;
+  const int port = mute.port;
   auto o = client_opts(port, StoreProtocol::kAuto);
   o.io_timeout = 300ms;
   try {
@@ -1283,9 +1300,6 @@ TEST_CASE("a server that accepts and never answers is a timeout, not a wrong pro
     CHECK_THAT(std::string(e.what()), Catch::Contains("within 300 ms") && !Catch::Contains("speaks neither"));
     CHECK_THAT(e.context().hint, Catch::Contains("raise --timeout"));
   }
-  stop = true;
-  mute.join();
-  ::close(lfd);
 }
 
 
@@ -1296,18 +1310,8 @@ TEST_CASE("a server that accepts and stays silent for a second or more is anothe
   // deadline of a second or more (an HTTP server waiting for its request
   // line) is a port held by something else: exit 3 with that cause, not a
   // hang and "raise --timeout".
-  int port = 0;
-  const int lfd = listen_on_loopback(&port);
-  std::atomic<bool> stop{false};
-  std::thread mute([&] {
-    std::vector<int> fds;
-    while (!stop) {
-      pollfd p{lfd, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      if (int fd = ::accept(lfd, nullptr, nullptr); fd >= 0) fds.push_back(fd);  // read nothing
-    }
-    for (int fd : fds) ::close(fd);
-  });
+  MuteServer mute;
+  const int port = mute.port;
   auto o = client_opts(port, StoreProtocol::kAuto);
   o.io_timeout = 1000ms;
   try {
@@ -1330,9 +1334,6 @@ TEST_CASE("a server that accepts and stays silent for a second or more is anothe
     CHECK_THAT(std::string(e.what()), !Catch::Contains("another program"));
     CHECK_THAT(e.context().hint, Catch::Contains("raise --timeout"));
   }
-  stop = true;
-  mute.join();
-  ::close(lfd);
 }
 TEST_CASE("a server that answers with text is named as not a store, with what it sent", "[store][tcp]") {
   // Stands in for an HTTP server on MASTER_PORT that answers anything with

@@ -48,6 +48,28 @@ def torch_master():
     return dist.TCPStore("127.0.0.1", 0, **kwargs)
 
 
+def same_answers_as_torch_server(test, scenario):
+    """Runs scenario(port), a list of (step, outcome), against torch's own
+    server and against `ddpdiag store serve`, and asserts the outcomes are
+    the same step by step. Returns torch's outcomes and the ddpdiag
+    server's stderr."""
+    master = torch_master()  # kept alive: the server goes with it
+    theirs = scenario(master.port)
+    proc = subprocess.Popen([BIN, "store", "serve", "--port", "0", "--host", "127.0.0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        port = int(line.split("serving on ")[1].split()[0].rsplit(":", 1)[1])
+        ours = scenario(port)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    test.assertEqual(len(ours), len(theirs))
+    for (name, t), (_, o) in zip(theirs, ours):
+        test.assertEqual(o, t, f"{name}: torch's server gave {t}, ddpdiag's {o}")
+    return theirs, err
+
+
 class DdpdiagServes(unittest.TestCase):
     """torch's client against `ddpdiag store serve`."""
 
@@ -334,20 +356,7 @@ class SameAnswersAsTorchServer(unittest.TestCase):
         return got
 
     def test_same_answers(self):
-        master = torch_master()  # kept alive: the server goes with it
-        theirs = self.scenario(master.port)
-        proc = subprocess.Popen([BIN, "store", "serve", "--port", "0", "--host", "127.0.0.1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            line = proc.stdout.readline()
-            port = int(line.split("serving on ")[1].split()[0].rsplit(":", 1)[1])
-            ours = self.scenario(port)
-        finally:
-            proc.terminate()
-            _, err = proc.communicate(timeout=10)
-        self.assertEqual(len(ours), len(theirs))
-        for (name, t), (_, o) in zip(theirs, ours):
-            self.assertEqual(o, t, f"{name}: torch's server gave {t}, ddpdiag's {o}")
+        theirs, err = same_answers_as_torch_server(self, self.scenario)
         # The closed connection is said on the server's stderr, with the key.
         self.assertIn("ADD to key '/k', whose value is not an integer", err)
 
@@ -412,20 +421,7 @@ class LimitsAndCountersSameAsTorchServer(unittest.TestCase):
         return got
 
     def test_same_answers(self):
-        master = torch_master()  # kept alive: the server goes with it
-        theirs = self.scenario(master.port)
-        proc = subprocess.Popen([BIN, "store", "serve", "--port", "0", "--host", "127.0.0.1"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            line = proc.stdout.readline()
-            port = int(line.split("serving on ")[1].split()[0].rsplit(":", 1)[1])
-            ours = self.scenario(port)
-        finally:
-            proc.terminate()
-            _, err = proc.communicate(timeout=10)
-        self.assertEqual(len(ours), len(theirs))
-        for (name, t), (_, o) in zip(theirs, ours):
-            self.assertEqual(o, t, f"{name}: torch's server gave {t}, ddpdiag's {o}")
+        theirs, err = same_answers_as_torch_server(self, self.scenario)
         # What this torch's server was measured to do, so that a change in
         # torch shows here and not only as agreement.
         answers = dict(theirs)
