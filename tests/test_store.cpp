@@ -1302,7 +1302,6 @@ TEST_CASE("a server that accepts and never answers is a timeout, not a wrong pro
   }
 }
 
-
 TEST_CASE("a server that accepts and stays silent for a second or more is another program on the "
           "port",
           "[store][tcp]") {
@@ -1335,6 +1334,7 @@ TEST_CASE("a server that accepts and stays silent for a second or more is anothe
     CHECK_THAT(e.context().hint, Catch::Contains("raise --timeout"));
   }
 }
+
 TEST_CASE("a server that answers with text is named as not a store, with what it sent", "[store][tcp]") {
   // Stands in for an HTTP server on MASTER_PORT that answers anything with
   // a 400: its text must not be read as a length or a count.
