@@ -251,22 +251,28 @@ void write_report_on_interrupt() {
 }
 
 void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string& what,
-                       const std::string& hint) {
+                       const std::string& hint, std::uint64_t this_rank_extra,
+                       const std::string& extra_what) {
   const auto avail = host_memory_available();
   if (!avail) return;
   // Where no launcher or flag said how many ranks share this host, count
   // this one only: refusing a run that fits is worse than missing one.
   const int here = job.world.local_world_size_given ? std::max(1, job.world.local_world_size) : 1;
-  const long double need = static_cast<long double>(per_rank) * here;
+  const long double need = static_cast<long double>(per_rank) * here + this_rank_extra;
   if (need <= static_cast<long double>(avail->bytes)) return;
   const auto gib = [](long double b) { return fmt::format("{:.1f} GiB", static_cast<double>(b / (1ULL << 30))); };
+  const std::string extra =
+      this_rank_extra > 0
+          ? fmt::format(", and {} more on this rank ({})", gib(this_rank_extra), extra_what)
+          : std::string();
   throw UsageError(
-      fmt::format("{} take about {} per rank{}, but this host has {} of memory left ({}): the "
+      fmt::format("{} take about {} per rank{}{}, but this host has {} of memory left ({}): the "
                   "ranks would be killed by the OOM killer or swap",
                   what, gib(per_rank),
-                  here > 1 ? fmt::format(", {} for the {} ranks on this host", gib(need), here)
+                  here > 1 ? fmt::format(", {} for the {} ranks on this host",
+                                         gib(static_cast<long double>(per_rank) * here), here)
                            : std::string(),
-                  gib(avail->bytes), avail->source),
+                  extra, gib(avail->bytes), avail->source),
       {"flags", job.rank(), -1, hint});
 }
 

@@ -288,11 +288,14 @@ std::vector<std::string> split_list(const std::string& s, const std::string& fla
 // Refuses (exit 2) a run whose buffers cannot fit in this host's memory:
 // `per_rank` bytes for each of the job's ranks on this host, against what
 // host_memory_available says is left (MemAvailable, or the cgroup's limit).
-// `what` names the buffers; the hint says to use smaller sizes. Called from
+// `what` names the buffers; the hint says to use smaller sizes.
+// `this_rank_extra` is what this rank alone holds beyond that (dp-vs-ring's
+// gather root), named by `extra_what`. Called from
 // run_distributed's before_start, so no rank reads memory another one has
 // already taken.
 void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string& what,
-                       const std::string& hint);
+                       const std::string& hint, std::uint64_t this_rank_extra = 0,
+                       const std::string& extra_what = {});
 // check_host_memory for a command that runs a model layout (ddp-step,
 // bucket-sweep, memory, broadcast-test), on Gloo: per rank, `grad_copies`
 // times the layout's trainable bytes plus `param_copies` times all its

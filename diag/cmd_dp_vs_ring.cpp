@@ -8,6 +8,7 @@
 // the ring's stays at 2(n-1)/n·S per direction: the table makes it visible.
 #include <algorithm>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -427,16 +428,42 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
                 [opts](Job& job, reports::Report& report) { run(job, report, *opts); },
                 [opts](const Job& job) {
                   // Each rank's buffer and its host copy at the largest size
-                  // (Gloo; NCCL: the host copy); the gather root holds more.
+                  // (Gloo; NCCL: the host copy). On Gloo the gather root (rank 0)
+                  // also holds every other rank's buffer at once.
                   const auto dtype = parse_dtype(opts->dtype);
                   const std::size_t minb = parse_size(opts->min_bytes), maxb = parse_size(opts->max_bytes);
                   if (!dtype || maxb < minb || maxb < dtype_size(*dtype)) return;  // run() says why
                   std::size_t largest = 0;
                   for (std::size_t b : sweep_sizes(minb, maxb, opts->step_factor, 0, dtype_size(*dtype)))
                     largest = std::max(largest, b);
-                  check_host_memory(job, static_cast<std::uint64_t>(largest) * (job.backend == Backend::kGloo ? 2 : 1),
+                  const bool gloo = job.backend == Backend::kGloo;
+                  bool gather = false;
+                  for (const auto& a : split_list(opts->algorithms, "--algorithms", "gather,ring,backend"))
+                    gather = gather || a == "gather";
+                  // The largest world the gather runs at (--world-sizes; run()
+                  // refuses sizes out of range).
+                  int widest = 0;
+                  for (const auto& w : split_list(opts->world_sizes, "--world-sizes", "2,4")) {
+                    int k = 0;
+                    try {
+                      k = std::stoi(w);
+                    } catch (const std::exception&) {
+                    }
+                    if (k >= 1 && k <= job.size()) widest = std::max(widest, k);
+                  }
+                  if (widest == 0) widest = job.size();
+                  const long double root_extra =
+                      gloo && gather && job.rank() == 0
+                          ? static_cast<long double>(largest) * (widest - 1)
+                          : 0.0L;
+                  check_host_memory(job, static_cast<std::uint64_t>(largest) * (gloo ? 2 : 1),
                                     fmt::format("buffers of {} (the sweep's largest size)", format_size(largest)),
-                                    "use a smaller -e, or fewer ranks on this host");
+                                    "use a smaller -e, or fewer ranks on this host",
+                                    root_extra >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max()
+                                                          : static_cast<std::uint64_t>(root_extra),
+                                    widest == 2 ? std::string("the gather root holds the other rank's buffer")
+                                                : fmt::format("the gather root holds the {} other ranks' buffers",
+                                                              widest - 1));
                 });
           }};
 }

@@ -733,10 +733,21 @@ class BadInput(unittest.TestCase):
         self.assertIn("buffers of 1024G (--bytes) and 1M (--allreduce-bytes) take about 3072.0 GiB "
                       "per rank", p.stderr)
         self.assertIn("hint: use a smaller --bytes, or fewer ranks on this host", p.stderr)
-        p = run(["dp-vs-ring", "--nproc", "2", "-b", "1024G", "-e", "1024G"])
+        # dp-vs-ring: rank 0, the gather root, also holds the other ranks'
+        # buffers; with the gather left out, it holds no more than the others.
+        p = run(["dp-vs-ring", "--nproc", "3", "-b", "1024G", "-e", "1024G"])
         self.assertEqual(p.returncode, 2, p.stderr)
-        self.assertIn("buffers of 1024G (the sweep's largest size) take about 2048.0 GiB per rank",
-                      p.stderr)
+        self.assertIn("buffers of 1024G (the sweep's largest size) take about 2048.0 GiB per rank, "
+                      "6144.0 GiB for the 3 ranks on this host, and 2048.0 GiB more on this rank "
+                      "(the gather root holds the 2 other ranks' buffers), but this host has", p.stderr)
+        p = run(["dp-vs-ring", "--nproc", "3", "-b", "1024G", "-e", "1024G", "--world-sizes", "2"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("and 1024.0 GiB more on this rank (the gather root holds the other rank's "
+                      "buffer)", p.stderr)
+        p = run(["dp-vs-ring", "--nproc", "2", "-b", "1024G", "-e", "1024G", "--algorithms", "ring"])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("buffers of 1024G (the sweep's largest size) take about 2048.0 GiB per rank, "
+                      "4096.0 GiB for the 2 ranks on this host, but this host has", p.stderr)
         # The commands that run a model layout: 2 TiB of float parameters.
         with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
             json.dump({"name": "huge", "tensors": [{"name": "w%d" % i, "shape": [1 << 37],
