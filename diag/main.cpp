@@ -57,6 +57,40 @@ namespace {
   std::_Exit(static_cast<int>(ddpdiag::ExitCode::kPeerFailed));
 }
 
+// CLI11 answers a value its integer option cannot hold with "Could not
+// convert: --iters = 2147483648". Say what was wrong instead: not a whole
+// number, or out of range, with the range. Integer options here are int
+// (32 bits) unless they check cli::int64_value(), whose own message comes
+// first for a value beyond 64 bits; so a whole number that still fails to
+// convert is out of the 32-bit range.
+std::string explain_conversion(const CLI::App& app, const CLI::ConversionError& e) {
+  const std::string msg = e.what();
+  const std::string prefix = "Could not convert: ";
+  const auto eq = msg.find(" = ");
+  if (msg.rfind(prefix, 0) != 0 || eq == std::string::npos) return msg;
+  const std::string name = msg.substr(prefix.size(), eq - prefix.size());
+  const std::string value = msg.substr(eq + 3);
+  const CLI::Option* opt = nullptr;
+  std::vector<const CLI::App*> todo = {&app};
+  while (!todo.empty() && !opt) {
+    const CLI::App* a = todo.back();
+    todo.pop_back();
+    opt = a->get_option_no_throw(name);
+    for (const CLI::App* s : a->get_subcommands([](const CLI::App* c) { return c->parsed(); }))
+      todo.push_back(s);
+  }
+  if (!opt || opt->get_type_name().rfind("INT", 0) != 0) return msg;
+  const bool negative = !value.empty() && value[0] == '-';
+  std::size_t digits = 0;
+  for (std::size_t k = (negative || (!value.empty() && value[0] == '+')) ? 1 : 0; k < value.size(); ++k) {
+    if (value[k] < '0' || value[k] > '9') return fmt::format("{}: '{}' is not a whole number", name, value);
+    ++digits;
+  }
+  if (digits == 0) return fmt::format("{}: '{}' is not a whole number", name, value);
+  return fmt::format("{}: {} is out of range; it takes {}", name, value,
+                     negative ? "at least -2147483648" : "at most 2147483647");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -104,6 +138,10 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+  } catch (const CLI::ConversionError& e) {
+    std::fprintf(stderr, "%s\nRun with --help for more information.\n",
+                 explain_conversion(app, e).c_str());
+    return static_cast<int>(ExitCode::kUsage);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? 0 : static_cast<int>(ExitCode::kUsage);

@@ -701,6 +701,13 @@ class BadInput(unittest.TestCase):
             (["--min-busbw", "-1"], "--min-busbw: must be a number >= 0, not -1"),
             (["--gloo-threads", "20"], "--gloo-threads: must be between 1 and 16, not 20"),
             (["-b", "1X"], "--minbytes: '1X' has an unknown unit 'X'"),
+            # Past what the flag's integer holds: the range, not CLI11's
+            # "Could not convert".
+            (["-n", "2147483648"], "--iters: 2147483648 is out of range; it takes at most 2147483647"),
+            (["--nproc", "99999999999999999999"],
+             "--nproc: 99999999999999999999 is out of range; it takes at most 2147483647"),
+            (["--rank", "-2147483649"], "--rank: -2147483649 is out of range; it takes at least -2147483648"),
+            (["--master-port", "1e3"], "--master-port: '1e3' is not a whole number"),
         ]
         cases += [
             (["-e", "1K", "-b", "1M"], "--maxbytes: 1K is below --minbytes 1M"),
