@@ -143,6 +143,35 @@ BucketAssignment compute_bucket_assignment_by_size(std::span<const BucketTensor>
   return out;
 }
 
+namespace {
+
+// DdpBuckets from an assignment whose tensor index i stands for
+// layout.tensors[layout_index[i]].
+std::vector<DdpBucket> to_ddp_buckets(const ModelLayout& layout, BucketAssignment a,
+                                      const std::vector<std::size_t>& layout_index) {
+  std::vector<DdpBucket> out;
+  out.reserve(a.buckets.size());
+  for (std::size_t b = 0; b < a.buckets.size(); ++b) {
+    DdpBucket db;
+    db.param_indices.reserve(a.buckets[b].size());
+    for (std::size_t i : a.buckets[b]) db.param_indices.push_back(layout_index[i]);
+    db.size_limit_bytes = a.size_limits[b];
+    for (std::size_t p : db.param_indices) db.bytes += layout.tensors[p].bytes();
+    db.dtype = layout.tensors[db.param_indices.front()].dtype;
+    db.sparse = layout.tensors[db.param_indices.front()].expects_sparse;
+    out.push_back(std::move(db));
+  }
+  return out;
+}
+
+BucketTensor bucket_tensor(const TensorSpec& s) {
+  // The device is the same for every parameter; for the floating-point
+  // dtypes that can have gradients, which one does not change the order.
+  return BucketTensor{s.bytes(), s.dtype, kTorchCpu, s.expects_sparse};
+}
+
+}  // namespace
+
 std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
                                    std::uint64_t first_bucket_bytes) {
   const std::size_t n = layout.tensors.size();
@@ -156,25 +185,32 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t buck
   // has none: DDP leaves it out of its reducer, so out of every bucket (the
   // indices stay those of the layout).
   for (std::size_t k : layout.gradient_ready_order()) {
-    const TensorSpec& s = layout.tensors[k];
-    // The device is the same for every parameter; for the floating-point
-    // dtypes that can have gradients, which one does not change the order.
-    tensors.push_back(BucketTensor{s.bytes(), s.dtype, kTorchCpu, s.expects_sparse});
+    tensors.push_back(bucket_tensor(layout.tensors[k]));
     indices.push_back(static_cast<std::int64_t>(k));
   }
   const std::uint64_t limits[2] = {first_bucket_bytes, bucket_cap_bytes};
-  BucketAssignment a = compute_bucket_assignment_by_size(tensors, limits, indices);
-  std::vector<DdpBucket> out;
-  out.reserve(a.buckets.size());
-  for (std::size_t b = 0; b < a.buckets.size(); ++b) {
-    DdpBucket db;
-    db.param_indices = std::move(a.buckets[b]);
-    db.size_limit_bytes = a.size_limits[b];
-    for (std::size_t p : db.param_indices) db.bytes += layout.tensors[p].bytes();
-    db.dtype = layout.tensors[db.param_indices.front()].dtype;
-    db.sparse = layout.tensors[db.param_indices.front()].expects_sparse;
-    out.push_back(std::move(db));
+  // With explicit indices the assignment's entries are those indices.
+  std::vector<std::size_t> identity(n);
+  for (std::size_t k = 0; k < n; ++k) identity[k] = k;
+  return to_ddp_buckets(layout, compute_bucket_assignment_by_size(tensors, limits, indices), identity);
+}
+
+std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
+                                             std::uint64_t bucket_cap_bytes,
+                                             std::uint64_t first_bucket_bytes) {
+  // The trainable parameters in registration order, as DDP's parameter list
+  // (a frozen one is not in it); the assignment's positions map back to the
+  // layout's indices, in the same order, so its sort is the same.
+  std::vector<BucketTensor> tensors;
+  std::vector<std::size_t> layout_index;
+  for (std::size_t k = 0; k < layout.tensors.size(); ++k) {
+    if (!layout.tensors[k].requires_grad) continue;
+    tensors.push_back(bucket_tensor(layout.tensors[k]));
+    layout_index.push_back(k);
   }
+  const std::uint64_t limits[2] = {first_bucket_bytes, bucket_cap_bytes};
+  auto out = to_ddp_buckets(layout, compute_bucket_assignment_by_size(tensors, limits), layout_index);
+  std::reverse(out.begin(), out.end());
   return out;
 }
 

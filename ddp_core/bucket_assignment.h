@@ -99,6 +99,20 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout,
                                    std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes,
                                    std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes);
 
+// The buckets DDP builds in its constructor, which it keeps for the whole
+// run when it never rebuilds them: with find_unused_parameters=True (and no
+// static_graph), torch's Reducer::should_rebuild_buckets() is false. Limits
+// [first_bucket_bytes, bucket_cap_bytes] over the trainable parameters in
+// registration order (no explicit indices, so buckets sorted by their
+// smallest index), and the list reversed, as DDP passes it to its reducer:
+// bucket 0 (the first reduced) holds the last parameters, and the bucket of
+// parameter 0, under the first limit, is reduced last. Within a bucket the
+// parameters stay in registration order. The layout's ready_order plays no
+// part, as in DDP.
+std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
+                                             std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes,
+                                             std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes);
+
 // The bucket with the most bytes (the first of equals); `buckets` is not empty.
 const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets);
 

@@ -149,7 +149,11 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
                                    t.name, p),
                        {"reducer.init", comm_.rank(), -1, "check the layout's shape"});
   }
-  const auto specs = ddp_buckets(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes);
+  // With find_unused_parameters DDP never rebuilds its buckets from the
+  // ready order: it keeps the constructor's.
+  const auto specs = options_.find_unused_parameters
+                         ? ddp_buckets_unrebuilt(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes)
+                         : ddp_buckets(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes);
   where_.resize(layout_.tensors.size());
   buckets_.reserve(specs.size());
   state_.resize(specs.size());

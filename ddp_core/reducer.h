@@ -147,7 +147,9 @@ struct ReducerBucket {
 class Reducer {
  public:
   // Builds DDP's buckets for the layout (its gradient ready order, limits
-  // [first_bucket_bytes, bucket_cap_bytes]) and allocates them through comm.
+  // [first_bucket_bytes, bucket_cap_bytes]; with find_unused_parameters the
+  // ones DDP keeps unrebuilt, ddp_buckets_unrebuilt()) and allocates them
+  // through comm.
   // Throws UsageError for options this communicator cannot run.
   Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options = {});
   // Waits (bounded by the timeout) for collectives still in flight, so no

@@ -44,6 +44,7 @@ struct BucketsOptions {
   std::string markdown_path;
   std::string assign_case;
   bool dump_layout = false;
+  bool find_unused = false;
 };
 
 
@@ -141,7 +142,9 @@ int run_buckets(const BucketsOptions& o) {
     // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
     (void)trainable_parameters(layout);
     // Indices and names stay the layout's; frozen tensors are in no bucket.
-    const std::vector<DdpBucket> buckets = ddp_buckets(layout, cap, first);
+    // With find_unused_parameters DDP keeps the buckets of its constructor.
+    const std::vector<DdpBucket> buckets =
+        o.find_unused ? ddp_buckets_unrebuilt(layout, cap, first) : ddp_buckets(layout, cap, first);
 
     // Results are data: the table and the JSON report are two views of it.
     json jbuckets = json::array();
@@ -170,8 +173,11 @@ int run_buckets(const BucketsOptions& o) {
                     {"first_bucket_bytes", first},
                     {"bucket_count", buckets.size()},
                     {"largest_bucket_bytes", largest},
-                    {"order", "gradient_ready"},
-                    // Where that order comes from: the layout's recorded
+                    {"find_unused_parameters", o.find_unused},
+                    // The order the buckets were filled in: the gradients'
+                    // (rebuilt), or the parameters' (kept unrebuilt).
+                    {"order", o.find_unused ? "registration" : "gradient_ready"},
+                    // Where the ready order comes from: the layout's recorded
                     // ready_order (presets, or a layout exported with it), or
                     // the reverse of the parameters.
                     {"ready_order", layout.ready_order.empty() ? "reverse" : "recorded"},
@@ -184,11 +190,17 @@ int run_buckets(const BucketsOptions& o) {
                 layout.name.c_str(), thousands(layout.tensors.size()).c_str(), frozen.c_str(),
                 thousands(static_cast<std::uint64_t>(layout.total_numel())).c_str(),
                 mib(layout.gradient_bytes()).c_str());
-    std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in %s; bucket 0 is "
-                "reduced first\n\n",
-                o.bucket_cap_mb, o.first_bucket_mb,
-                layout.ready_order.empty() ? "reverse parameter order"
-                                           : "backward's order (recorded for this model)");
+    if (o.find_unused)
+      std::printf("bucket_cap_mb %g, first bucket %g MiB; find_unused_parameters: the buckets "
+                  "DDP's constructor fills in parameter order, which it never rebuilds; bucket 0 "
+                  "is reduced first\n\n",
+                  o.bucket_cap_mb, o.first_bucket_mb);
+    else
+      std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in %s; bucket 0 is "
+                  "reduced first\n\n",
+                  o.bucket_cap_mb, o.first_bucket_mb,
+                  layout.ready_order.empty() ? "reverse parameter order"
+                                             : "backward's order (recorded for this model)");
     std::printf("%6s %10s %10s %8s  %-15s %s\n", "bucket", "size(MiB)", "limit(MiB)", "tensors",
                 "dtype", "parameters (model order: first .. last)");
     for (const auto& jb : results["buckets"]) {
@@ -241,6 +253,9 @@ Subcommand add_buckets_command(CLI::App& parent) {
                   "size of the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES; torch 2.x uses the "
                   "cap when bucket_cap_mb is given explicitly)")
       ->capture_default_str();
+  app->add_flag("--find-unused-parameters", opts->find_unused,
+                "DDP's find_unused_parameters=True: the buckets DDP builds in its constructor "
+                "and keeps (it never rebuilds them from the gradients' order)");
   app->add_option("--json", opts->json_path, "write a JSON report to FILE")
       ->check(report_path_value());
   app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE")

@@ -387,14 +387,17 @@ class LayoutModule(nn.Module):
     adds each trainable one (as float32) to a running sum, so backward makes
     their gradients ready in exactly the reverse order, as ddpdiag assumes."""
 
-    def __init__(self, layout):
+    def __init__(self, layout, forward_order=None):
         super().__init__()
-        self.ordered = []
+        params = []
         for i, t in enumerate(layout):
             p = nn.Parameter(torch.zeros(t["shape"], dtype=DTYPES[t["dtype"].replace("torch.", "")]),
                              requires_grad=t.get("requires_grad", True))
             self.register_parameter(f"p{i}", p)  # layout names may hold dots
-            self.ordered.append(p)
+            params.append(p)
+        # forward_order: the layout indices in the order forward uses them
+        # (backward makes their gradients ready in the reverse order).
+        self.ordered = [params[i] for i in (forward_order or range(len(params)))]
 
     def forward(self, x):
         for p in self.ordered:
@@ -403,18 +406,20 @@ class LayoutModule(nn.Module):
         return x
 
 
-def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None):
+def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False,
+                       forward_order=None):
     """The buckets real DDP reduces from its second iteration on (after it
     rebuilt them from the order gradients arrived in), recorded by a comm
     hook: layout indices per bucket, in bucket order. bucket_cap_mb None
     leaves DDP's default; first_bucket_bytes sets
     dist._DEFAULT_FIRST_BUCKET_BYTES, the knob DDP reads for the first
-    bucket."""
-    return ddp_buckets_of(LayoutModule(layout), lambda m: m(torch.zeros(1)), bucket_cap_mb,
-                          first_bucket_bytes)
+    bucket; find_unused sets find_unused_parameters; forward_order is
+    LayoutModule's."""
+    return ddp_buckets_of(LayoutModule(layout, forward_order), lambda m: m(torch.zeros(1)),
+                          bucket_cap_mb, first_bucket_bytes, find_unused)
 
 
-def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None):
+def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False):
     """ddp_buckets_as_run for any module: step(ddp_module) runs a forward and
     returns a tensor whose sum is the loss. Indices are positions in
     module.named_parameters()."""
@@ -430,7 +435,7 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None):
             # broadcast bfloat16.
             ddp_module._sync_module_states = lambda *a, **k: None
         kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-        ddp = nn.parallel.DistributedDataParallel(module, **kwargs)
+        ddp = nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused, **kwargs)
     finally:
         dist._DEFAULT_FIRST_BUCKET_BYTES = saved[0]
         if saved[1] is not None:
@@ -450,6 +455,8 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None):
         step(ddp).sum().backward()
         per_iteration.append([b for _, b in sorted(seen)])
     assert per_iteration[1] == per_iteration[2], per_iteration  # rebuilt once, then fixed
+    if find_unused:  # never rebuilt: the constructor's buckets from the start
+        assert per_iteration[0] == per_iteration[1], per_iteration
     return per_iteration[1]
 
 
@@ -476,14 +483,17 @@ def export_layout(model, step, path, name="my-model"):
                "ready_order": ready}, open(path, "w"))
 
 
-def our_ddp_buckets(layout, cap_mb, first_mb):
+def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=None):
     """ddpdiag buckets' param_indices per bucket, for a layout in the object form."""
     with tempfile.TemporaryDirectory() as d:
         model, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
+        doc = {"name": "case", "tensors": layout}
+        if ready_order is not None:
+            doc["ready_order"] = ready_order
         with open(model, "w") as f:
-            json.dump({"name": "case", "tensors": layout}, f)
+            json.dump(doc, f)
         p = run_bin(["buckets", "--model", model, "--bucket-cap-mb", str(cap_mb), "--first-bucket-mb",
-                     str(first_mb), "--json", out])
+                     str(first_mb), "--json", out] + (["--find-unused-parameters"] if find_unused else []))
         if p.returncode != 0:
             raise AssertionError(f"ddpdiag buckets exited {p.returncode}: {p.stderr}")
         with open(out) as f:
@@ -533,6 +543,48 @@ class DdpAsRunTest(unittest.TestCase):
             with self.subTest(case=k):
                 self.assertEqual(ours, theirs)
             bump("DDP runs compared")
+
+    def test_find_unused_parameters_keeps_the_constructors_buckets(self):
+        # With find_unused_parameters=True DDP never rebuilds its buckets:
+        # it reduces those its constructor filled in parameter order,
+        # reversed, whatever order the gradients arrive in. ddpdiag once
+        # showed (and ddp-step ran) the rebuilt ones.
+        rng = random.Random(33)
+        for k in range(30 * SCALE):
+            dtypes = rng.sample(["float32", "float16", "bfloat16", "float64"], rng.choice([1, 1, 2, 3]))
+            layout = float_layout(rng, dtypes)
+            for t in layout:
+                if rng.random() < 0.2:
+                    t["requires_grad"] = False
+            if all(t.get("requires_grad") is False for t in layout):
+                layout[-1].pop("requires_grad")
+            cap_bytes = rng.choice([64, 1000, 4096, 65536])
+            explicit = rng.random() < 0.6
+            first_mb = cap_bytes / MIB if explicit and TORCH_MAJOR >= 2 else 1
+            # Half the cases run forward in a shuffled order, and the
+            # layout says so (its ready_order): the buckets stay the same.
+            forward = list(range(len(layout)))
+            shuffled = rng.random() < 0.5
+            if shuffled:
+                rng.shuffle(forward)
+            ready = [i for i in reversed(forward) if layout[i].get("requires_grad", True)]
+            theirs = ddp_buckets_as_run(layout, cap_bytes / MIB if explicit else None,
+                                        find_unused=True, forward_order=forward)
+            ours = our_ddp_buckets(layout, repr(cap_bytes / MIB) if explicit else "25", repr(first_mb),
+                                   find_unused=True, ready_order=ready if shuffled else None)
+            with self.subTest(case=k, dtypes=dtypes, cap_bytes=cap_bytes, explicit=explicit):
+                self.assertEqual(ours, theirs)
+            bump("DDP runs with find_unused_parameters compared")
+        # The mlp preset: parameter 0 alone under the 1 MiB first limit,
+        # reduced last, as real DDP does it.
+        with tempfile.TemporaryDirectory() as d:
+            out = os.path.join(d, "b.json")
+            p = run_bin(["buckets", "--model", "mlp", "--find-unused-parameters", "--json", out])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                results = json.load(f)["results"]
+        self.assertEqual([b["param_indices"] for b in results["buckets"]], [[1, 2, 3, 4, 5], [0]])
+        self.assertEqual((results["order"], results["find_unused_parameters"]), ("registration", True))
 
     def test_frozen_parameters_exported_as_the_readme_says(self):
         # The README's export line, with p.requires_grad as a fourth item.
