@@ -213,6 +213,12 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   // The bucket-cap part's flags and model, before anything is printed.
   std::vector<double> caps;
   std::optional<ddp_core::ModelLayout> model_layout;
+  // The best cap is predicted at --world-size; without it, the model and its
+  // flags would be read and then ignored.
+  if (!o.model.empty() && !o.world_size_opt->count())
+    throw flag_error("--model needs --world-size: the best bucket cap is predicted for the world "
+                     "size you name",
+                     fmt::format("e.g. --model {} --world-size 64 --ranks-per-host 8", o.model));
   if (!o.model.empty()) {
     caps = cli::parse_caps(o.caps);
     if (!(o.first_bucket_mb > 0))
@@ -453,7 +459,8 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                 format_size(static_cast<std::size_t>(check_min)).c_str(), o.max_error_factor);
     std::printf("# %-8s %-6s %4s %5s %12s %13s %13s %9s\n", "series", "algo", "n", "hosts", "size (B)",
                 "measured (us)", "predicted (us)", "error");
-    std::size_t compared = 0, outside = 0;
+    std::size_t compared = 0, outside = 0, single = 0;
+    std::map<std::string, std::size_t> misplaced;  // why -> points
     double worst = 1;
     for (const auto& path : o.check_against) {
       json doc;
@@ -472,14 +479,26 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                                       "check against a run the fit did not use (another world "
                                       "size, or another run)"});
       const auto rows = scale::extract_rows(doc, path);
-      // The run's own host layout; one host when it does not divide evenly.
       for (const auto& r : rows.rows) {
         if (r.sample.bytes < check_min) continue;
         const auto* own = model.fit_of_series(r.series);
         const Algorithm a = model.formula_of(r.series);
         const SeriesFit* sf = own ? own : model.choose(a).fit;
         const int w = r.sample.world_size;
-        const int hosts = rows.hosts > 0 && w % rows.hosts == 0 ? rows.hosts : 1;
+        // A world of one does no all_reduce: nothing to predict.
+        if (w < 2) {
+          ++single;
+          continue;
+        }
+        // Where ranks 0..w-1 of that run sat (dp-vs-ring's smaller worlds
+        // are the job's first ranks); the model places ranks host by host in
+        // equal numbers, so a run placed otherwise is not one it predicts.
+        const auto where = scale::placement_of(rows, w);
+        if (where.hosts == 0) {
+          ++misplaced[fmt::format("{}: {}", path, where.why)];
+          continue;
+        }
+        const int hosts = where.hosts;
         const auto t = model.topology(w, w / hosts, sf->fit.link);
         const double pred = scale::predict_allreduce_s(a, t, r.sample.bytes);
         const double meas = r.sample.time_s;
@@ -505,11 +524,24 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                     pred * 1e6, 100 * (pred / meas - 1), within ? "" : "  OUTSIDE");
       }
     }
+    if (single > 0)
+      std::printf("# %zu point(s) at world size 1 left out: a world of one does no all_reduce\n", single);
+    res["validation_skipped"] = json::array();
+    if (single > 0)
+      res["validation_skipped"].push_back({{"points", single}, {"reason", "world size 1"}});
+    for (const auto& [why, n] : misplaced) {
+      std::printf("# %zu point(s) left out: %s\n", n, why.c_str());
+      res["validation_skipped"].push_back({{"points", n}, {"reason", why}});
+    }
     std::fflush(stdout);
     res["validation_worst_error_factor"] = worst;
     if (compared == 0)
       report.add_check({"prediction_error", reports::CheckStatus::kSkip,
-                        fmt::format("no measured size >= {} B in --check-against", check_min)});
+                        single + misplaced.size() > 0
+                            ? fmt::format("no measured point to check: sizes >= {} B at a world size "
+                                          "of 2 or more, with ranks placed host by host",
+                                          check_min)
+                            : fmt::format("no measured size >= {} B in --check-against", check_min)});
     else
       report.add_check({"prediction_error", outside ? reports::CheckStatus::kFail : reports::CheckStatus::kPass,
                         fmt::format("{} of {} measured point(s) within a factor of {:g} of the prediction; "

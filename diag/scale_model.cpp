@@ -280,6 +280,24 @@ ReportRows extract_rows(const json& report, const std::string& source) {
       if (h.is_string()) names.insert(h.get<std::string>());
     out.hosts = static_cast<int>(names.size());
   }
+  const json& ranks = member(world, "ranks");
+  if (ranks.is_array() && ranks.size() == static_cast<std::size_t>(std::max(0, out.world_size))) {
+    std::vector<std::string> by_rank(ranks.size());
+    bool all = true;
+    for (const auto& r : ranks) {
+      const json& rank = member(r, "rank");
+      const json& host = member(r, "host");
+      if (!rank.is_number_integer() || !host.is_string() || rank.get<long long>() < 0 ||
+          rank.get<long long>() >= static_cast<long long>(by_rank.size()) ||
+          !by_rank[rank.get<std::size_t>()].empty()) {
+        all = false;
+        break;
+      }
+      by_rank[rank.get<std::size_t>()] = host.get<std::string>();
+    }
+    for (const auto& h : by_rank) all = all && !h.empty();
+    if (all) out.rank_hosts = std::move(by_rank);
+  }
   const json& results = member(report, "results");
   const json& sizes = member(results, "sizes");
   const json& default_collective = member(results, "collective");
@@ -342,6 +360,34 @@ ReportRows extract_rows(const json& report, const std::string& source) {
                           untimed_rows));
   if (out.rows.empty()) throw bad("no all_reduce timing rows (results.sizes is empty or missing)");
   return out;
+}
+
+Placement placement_of(const ReportRows& rows, int w) {
+  if (rows.rank_hosts.size() < static_cast<std::size_t>(std::max(0, w))) {
+    const int hosts = rows.hosts > 0 && w % rows.hosts == 0 ? rows.hosts : 1;
+    return {hosts, {}};
+  }
+  // Runs of ranks on one host, in rank order (dp-vs-ring's sub-worlds are
+  // ranks 0..w-1 of the job).
+  std::vector<std::pair<std::string, int>> runs;
+  for (int r = 0; r < w; ++r) {
+    const std::string& h = rows.rank_hosts[static_cast<std::size_t>(r)];
+    if (runs.empty() || runs.back().first != h)
+      runs.emplace_back(h, 1);
+    else
+      ++runs.back().second;
+  }
+  std::set<std::string> distinct;
+  bool even = true;
+  for (const auto& [h, k] : runs) {
+    distinct.insert(h);
+    even = even && k == runs.front().second;
+  }
+  if (distinct.size() == runs.size() && even) return {static_cast<int>(runs.size()), {}};
+  std::string how;
+  for (const auto& [h, k] : runs) how += fmt::format("{}{} on {}", how.empty() ? "" : ", ", k, h);
+  return {0, fmt::format("ranks 0..{} sit {} ({}), not host by host in equal numbers", w - 1,
+                         distinct.size() == runs.size() ? "unevenly" : "interleaved", how)};
 }
 
 }  // namespace ddpdiag::cli::scale

@@ -151,8 +151,21 @@ struct ReportRows {
   std::string command;
   int world_size = 0;
   int hosts = 0;  // distinct hosts in world.hosts (0 when unknown)
+  // Each rank's host, by rank (world.ranks[].host); empty when the report
+  // does not name every rank's host.
+  std::vector<std::string> rank_hosts;
   std::vector<MeasuredRow> rows;
 };
+
+// How ranks 0..w-1 of a run sit on hosts, as the model places them: host by
+// host, the same number on each. `hosts` is 0 when that is not so (`why`
+// says how they sit) or when the report does not say where ranks ran (then
+// the run's distinct host count is used where it divides w, else 1 host).
+struct Placement {
+  int hosts = 0;
+  std::string why;
+};
+Placement placement_of(const ReportRows& rows, int w);
 
 // The all_reduce rows of an allreduce-test, dp-vs-ring or bucket-sweep
 // report, one sample per size row: the faster of its out-of-place and

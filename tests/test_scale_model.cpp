@@ -5,6 +5,7 @@
 // message that says why.
 #include <catch2/catch.hpp>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -306,4 +307,39 @@ TEST_CASE("scale model: rows of sweep reports", "[scale_model]") {
       if (row[b].is_object()) row[b] = {{"time_us", 0.0}, {"wrong", 0}};
   CHECK_THAT(usage_message([&] { extract_rows(zero, "z.json"); }),
              Contains("no all_reduce row has a time: its 4 row(s) have no positive, finite time_us"));
+}
+
+TEST_CASE("scale model: where a measured run's first ranks sat", "[scale_model]") {
+  json block = {{"time_us", 100.0}, {"wrong", 0}};
+  auto report = [&](std::vector<std::string> hosts) {
+    json ranks = json::array();
+    for (std::size_t r = 0; r < hosts.size(); ++r) ranks.push_back({{"rank", r}, {"host", hosts[r]}});
+    std::set<std::string> distinct(hosts.begin(), hosts.end());
+    return json{{"command", "dp-vs-ring"},
+                {"world", {{"size", hosts.size()}, {"hosts", distinct}, {"ranks", ranks}}},
+                {"results", {{"sizes", {{{"algorithm", "ring"}, {"bytes", 4096}, {"in_place", block}}}}}}};
+  };
+  // Ranks 0,1 on a, 2,3 on b: the world of 4 is 2 hosts of 2; its sub-world
+  // of 2 (ranks 0..1, as dp-vs-ring runs it) is one host, not two.
+  const auto two_by_two = extract_rows(report({"a", "a", "b", "b"}), "r.json");
+  CHECK(two_by_two.hosts == 2);
+  CHECK(placement_of(two_by_two, 4).hosts == 2);
+  CHECK(placement_of(two_by_two, 2).hosts == 1);
+  // Ranks 0..2: 2 on a, 1 on b; not a layout the model predicts.
+  const auto uneven = placement_of(two_by_two, 3);
+  CHECK(uneven.hosts == 0);
+  CHECK_THAT(uneven.why, Contains("ranks 0..2 sit unevenly (2 on a, 1 on b)"));
+  // Round-robin placement: a, b, a, b.
+  const auto interleaved = placement_of(extract_rows(report({"a", "b", "a", "b"}), "r.json"), 4);
+  CHECK(interleaved.hosts == 0);
+  CHECK_THAT(interleaved.why, Contains("interleaved"));
+  CHECK(placement_of(extract_rows(report({"a", "b", "a", "b"}), "r.json"), 2).hosts == 2);
+  // A report that does not name every rank's host: its host count where it
+  // divides the world size, else one host.
+  json bare = report({"a", "a", "b", "b"});
+  bare["world"].erase("ranks");
+  const auto b = extract_rows(bare, "b.json");
+  CHECK(b.rank_hosts.empty());
+  CHECK(placement_of(b, 4).hosts == 2);
+  CHECK(placement_of(b, 3).hosts == 1);
 }

@@ -223,6 +223,42 @@ class ModelVsMeasured(unittest.TestCase):
         os.unlink(a)
         os.unlink(b)
 
+    def test_checked_runs_are_placed_as_they_ran(self):
+        # A world of one does no all_reduce: its points are left out, not
+        # predicted as 0 us and failed.
+        one = tmp_json()
+        p = run(["allreduce-test", "--nproc", "1", "-b", "1M", "-e", "4M", "-n", "2", "-w", "1",
+                 "--json", one])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.addCleanup(os.unlink, one)
+        p, rep = self.model([self.sweeps[2], "--check-against", one, "--max-fit-error", "1000"])
+        self.assertIn("point(s) at world size 1 left out", p.stdout)
+        check = [c for c in rep["checks"] if c["name"] == "prediction_error"][0]
+        self.assertEqual(check["status"], "skip", check)
+        self.assertEqual(rep["results"]["validation_skipped"][0]["reason"], "world size 1")
+        # The 4-rank run as if on two hosts: 0,1 on a and 2,3 on b is 2 hosts
+        # of 2; 0,1,2 on a and 3 on b is not a layout the model predicts.
+        with open(self.sweeps[4]) as f:
+            doc = json.load(f)
+        for hosts, expect in ((["a", "a", "b", "b"], 2), (["a", "a", "a", "b"], None)):
+            with self.subTest(hosts=hosts):
+                doc["world"]["hosts"] = sorted(set(hosts))
+                for r in doc["world"]["ranks"]:
+                    r["host"] = hosts[r["rank"]]
+                moved = tmp_json()
+                with open(moved, "w") as f:
+                    json.dump(doc, f)
+                self.addCleanup(os.unlink, moved)
+                p, rep = self.model([self.sweeps[2], "--check-against", moved, "--max-fit-error", "1000",
+                                     "--check-min-bytes", "1M"], expect_rc=(0, 1))
+                if expect:
+                    self.assertTrue(rep["results"]["validation"])
+                    self.assertEqual({v["hosts"] for v in rep["results"]["validation"]}, {expect})
+                else:
+                    self.assertEqual(rep["results"].get("validation"), [])
+                    self.assertIn("ranks 0..3 sit unevenly (3 on a, 1 on b)",
+                                  rep["results"]["validation_skipped"][0]["reason"])
+
     def test_checked_against_its_own_input_or_two_paces_is_refused(self):
         import shutil
         copy = tmp_json()
@@ -346,6 +382,9 @@ class ModelVsMeasured(unittest.TestCase):
                 ([self.sweeps[2], "--world-size", "0"], "--world-size 0 is not in 2..4096"),
                 ([self.sweeps[2], "--world-size", "-8"], "--world-size -8 is not in 2..4096"),
                 ([self.sweeps[2]], "nothing to predict"),
+                # The best cap is predicted at --world-size only: not ignored.
+                ([self.sweeps[2], "--check-against", self.sweeps[3], "--model", "resnet50"],
+                 "--model needs --world-size"),
                 ([self.sweeps[2], "--world-size", "8", "-b", "1M", "-e", "1K"],
                  "--maxbytes 1K is below --minbytes 1M (swap them)"),
                 ([self.sweeps[2], "--world-size", "8", "-b", "0"],
