@@ -13,9 +13,13 @@
 #include <fmt/core.h>
 
 #include "comm/errors.h"
+#include "comm/world.h"
 #include "ddpdiag/config.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
+#include "diag/launcher.h"
+#include "reports/render.h"
+#include "reports/report.h"
 
 namespace {
 
@@ -91,6 +95,48 @@ std::string explain_conversion(const CLI::App& app, const CLI::ConversionError& 
                      negative ? "at least -2147483648" : "at most 2147483647");
 }
 
+// A command line refused while it was parsed (a bad flag value) still
+// writes its report where --json/--markdown ask, as a run refused later
+// does: verdict ERROR, error.kind usage, exit 2, world null. Not when the
+// report path is what was refused, not for `report` (its outputs are not
+// run reports), and from rank 0 or a process with no rank only: every rank
+// of a job refuses the same line, and rank 0 writes the job's report.
+void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
+  const CLI::App* sub = nullptr;
+  std::string command;
+  for (const CLI::App* a = &app;;) {
+    const auto parsed = a->get_subcommands([](const CLI::App* c) { return c->parsed(); });
+    if (parsed.empty()) break;
+    a = sub = parsed.front();
+    command += (command.empty() ? "" : " ") + sub->get_name();
+  }
+  if (!sub || command.rfind("report", 0) == 0) return;
+  const auto value_of = [&](const char* name) -> std::string {
+    const CLI::Option* opt = sub->get_option_no_throw(name);
+    return opt && !opt->results().empty() ? opt->results().back() : std::string();
+  };
+  const std::string json_path = value_of("--json"), markdown_path = value_of("--markdown");
+  if (json_path.empty() && markdown_path.empty()) return;
+  const std::string what = e.what();
+  if (what.rfind("--json", 0) == 0 || what.rfind("--markdown", 0) == 0) return;
+  for (const char* var : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
+    if (const char* v = std::getenv(var); v && *v) {
+      if (std::string(v) != "0") return;
+      break;
+    }
+  try {
+    ddpdiag::cli::check_report_outputs(json_path, markdown_path);
+    ddpdiag::reports::Report report(command, ddpdiag::cli::recorded_command_line());
+    report.set_environment(ddpdiag::recorded_environment());
+    report.set_error({"usage", what, "flags", -1, -1, "run with --help for the flags and what they take",
+                      static_cast<int>(ddpdiag::ExitCode::kUsage)});
+    ddpdiag::reports::write_report_outputs(report.finish(), json_path, markdown_path);
+  } catch (const std::exception&) {
+    // The flag error is what the user reads; a report that cannot be
+    // written as well adds nothing to it.
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,11 +185,13 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ConversionError& e) {
-    std::fprintf(stderr, "%s\nRun with --help for more information.\n",
-                 explain_conversion(app, e).c_str());
+    const std::string message = explain_conversion(app, e);
+    std::fprintf(stderr, "%s\nRun with --help for more information.\n", message.c_str());
+    write_flag_error_report(app, CLI::ConversionError(message));
     return static_cast<int>(ExitCode::kUsage);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
+    if (rc != 0) write_flag_error_report(app, e);
     return rc == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
   }
   try {

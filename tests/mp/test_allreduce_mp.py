@@ -769,6 +769,33 @@ class BadInput(unittest.TestCase):
                 self.assertIn("hint: use a smaller model layout, or fewer ranks on this host",
                               p.stderr)
 
+    def test_a_refused_flag_still_writes_the_report(self):
+        # A value refused while the line is parsed: the report CI reads is
+        # there, with the error, as for a run refused later.
+        for cmd in (["allreduce-test", "--nproc", "2", "-n", "0"],
+                    ["allreduce-test", "--nproc", "2", "-b", "4K", "-e", "1K"],
+                    ["init-check", "--timeout", "0"],
+                    ["store", "ping", "127.0.0.1:1", "--timeout", "0"]):
+            with self.subTest(cmd=cmd):
+                path = tmp_json()
+                p = run(cmd + ["--json", path])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                rep = load(path)  # valid against the schema
+                os.unlink(path)
+                self.assertEqual(rep["command"], " ".join(cmd[:2]) if cmd[0] == "store" else cmd[0])
+                self.assertEqual(rep["verdict"], "ERROR")
+                self.assertEqual((rep["error"]["kind"], rep["error"]["phase"], rep["error"]["exit_code"]),
+                                 ("usage", "flags", 2))
+                self.assertIn(rep["error"]["message"].split(":")[0], p.stderr)
+                self.assertIsNone(rep["world"])
+        # Every rank refuses the same line: only rank 0 writes the job's report.
+        path = tmp_json()
+        env = dict(clean_env(), RANK="1", WORLD_SIZE="2")
+        p = run(["allreduce-test", "-n", "0", "--json", path], env=env)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertFalse(os.path.exists(path))
+        self.assertFalse(os.path.exists(path.replace(".json", ".rank1.json")))
+
     def test_report_in_a_directory_where_no_file_can_be_made_is_refused_up_front(self):
         # /proc: writable to root by access(), yet no file can be created
         # there; refused before any rank starts, not after the sweep.
