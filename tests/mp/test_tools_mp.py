@@ -5,12 +5,17 @@ must be exact are checked exactly: bucket counts against `ddpdiag buckets`,
 dp-vs-ring bytes against theory, memory categories against the totals, the
 link-health matrix n x n and complete. Sizes are kept small: with 4 ranks on
 2 cores each small message costs a scheduler tick."""
+import json
 import os
+import resource
+import shutil
+import subprocess
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import load, main, run, tmp_json  # noqa: E402
+from common import BIN, clean_env, load, main, run, tmp_json  # noqa: E402
 
 WORLDS = (2, 3, 4)
 
@@ -321,6 +326,50 @@ class LinkHealth(unittest.TestCase):
         self.assertEqual(res["rechecked_pairs"], [])
         self.assertEqual([q["measurements"] for q in res["pairs"]], [1, 1, 1])
         self.assertEqual(res["slow_pairs"], [[0, 1], [0, 2], [1, 2]])
+
+
+def run_bounded(args, stdout=subprocess.PIPE, env=None, timeout=120):
+    """Runs ddpdiag with at most 1 GiB of address space (a renderer that
+    allocates without end fails with bad_alloc instead of eating the machine)
+    and a deadline; stdout may be a file (/dev/full)."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    return subprocess.run([BIN] + list(args), stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          env=env or clean_env(), timeout=timeout, preexec_fn=limit)
+
+
+class ReportCommand(unittest.TestCase):
+    """ddpdiag report validate / compare / render / schema on what the
+    measuring commands write, and on reports edited by hand."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="ddpdiag-report-cmd-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        self.base = self.path("base.json")
+        p = run(["buckets", "--model", "mlp", "--json", self.base])
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def write_json(self, name, doc):
+        path = self.path(name)
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return path
+
+    def test_render_ends_on_a_bucket_sweep_whose_caps_a_tick_step_cannot_separate(self):
+        for caps in ("25,25.000000000000004", "999999.9999999999,1000000"):
+            with self.subTest(caps=caps):
+                rep = self.path("bs.json")
+                p = run(["bucket-sweep", "--nproc", "2", "--model", "mlp", "--caps", caps, "-n", "2",
+                         "-w", "1", "--no-size-sweep", "--json", rep])
+                self.assertIn(p.returncode, (0, 1), p.stderr)
+                out = self.path("bs.html")
+                r = run_bounded(["report", "render", rep, "--html", out, "--markdown", self.path("bs.md")])
+                self.assertEqual(r.returncode, 0, r.stderr)
+                with open(out) as f:
+                    self.assertIn("Bucket sweep: exposed comm time vs bucket cap", f.read())
 
 
 if __name__ == "__main__":
