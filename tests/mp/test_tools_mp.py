@@ -371,6 +371,38 @@ class ReportCommand(unittest.TestCase):
                 with open(out) as f:
                     self.assertIn("Bucket sweep: exposed comm time vs bucket cap", f.read())
 
+    def test_render_skips_link_health_pairs_of_ranks_outside_the_run(self):
+        lh = self.path("lh.json")
+        p = run(["link-health", "--nproc", "2", "--bytes", "1M", "-n", "1", "--latency-iters", "2",
+                 "--allreduce-bytes", "64K", "--allreduce-iters", "1", "--json", lh])
+        self.assertIn(p.returncode, (0, 1), p.stderr)
+        with open(lh) as f:
+            doc = json.load(f)
+        del doc["results"]["busbw_gbps"]  # the heat map is then drawn from the pairs
+        for field, value in (("src", -1), ("dst", 2147483647), ("dst", 200000)):
+            with self.subTest(field=field, value=value):
+                edited = json.loads(json.dumps(doc))
+                # The measured pair stays, and a copy of it names a rank the
+                # run does not have.
+                bad = dict(edited["results"]["pairs"][0])
+                bad[field] = value
+                edited["results"]["pairs"].insert(0, bad)
+                path = self.write_json("lh-edited.json", edited)
+                out = self.path("lh.html")
+                r = run_bounded(["report", "render", path, "--html", out, "--markdown", self.path("lh.md")])
+                self.assertEqual(r.returncode, 0, r.stderr)
+                with open(out) as f:
+                    html = f.read()
+                self.assertTrue("Link health: bandwidth between ranks" in html, "no heat map")
+                self.assertTrue("from rank 0 -&gt; 1:" in html or "from rank 0 -> 1:" in html, "no 0 -> 1 cell")
+                self.assertFalse("-> 2:" in html, "a third rank drawn")
+                v = run(["report", "validate", path])
+                if value < 0:
+                    self.assertEqual(v.returncode, 1, v.stdout + v.stderr)
+                    self.assertIn("/results/pairs/0/src", v.stdout)
+                else:
+                    self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+
 
 if __name__ == "__main__":
     main()
