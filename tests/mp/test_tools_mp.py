@@ -403,6 +403,18 @@ class ReportCommand(unittest.TestCase):
                 else:
                     self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
 
+    def test_a_report_name_of_250_bytes_is_written(self):
+        long_json = self.path("r" * 245 + ".json")
+        p = run(["buckets", "--model", "mlp", "--json", long_json])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        load(long_json)
+        long_html = self.path("h" * 245 + ".html")
+        r = run(["report", "render", long_json, "--html", long_html])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.isfile(long_html))
+        self.assertEqual(sorted(os.listdir(self.dir)),
+                         sorted(["base.json", os.path.basename(long_json), os.path.basename(long_html)]))
+
 
 if __name__ == "__main__":
     main()
