@@ -220,6 +220,12 @@ void write_file_atomic(const std::string& path, const std::string& content) {
         fmt::format("cannot write report {}: {} (creating {})", path, std::strerror(err), tmp), err);
   }
   try {
+    // A file replaced keeps its permissions (a report kept private stays so).
+    struct stat old {};
+    if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode) && ::fchmod(fd, old.st_mode & 07777) != 0)
+      throw WriteError(fmt::format("cannot write report {}: {} (setting the mode of {})", path,
+                                   std::strerror(errno), tmp),
+                       errno);
     write_all(fd, content, path, "writing " + tmp);
   } catch (...) {
     ::close(fd);
@@ -312,6 +318,10 @@ nlohmann::json read_json(const std::string& path) {
     return nlohmann::json::parse(ss.str());
   } catch (const nlohmann::json::parse_error& e) {
     throw std::runtime_error(fmt::format("{} is not valid JSON: {}", path, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // Valid syntax that cannot be held, e.g. a number past the range of a
+    // double (1e400): out_of_range.406.
+    throw std::runtime_error(fmt::format("{} cannot be read as a report: {}", path, e.what()));
   }
 }
 

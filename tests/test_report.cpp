@@ -170,3 +170,35 @@ TEST_CASE("a report of the longest name a directory allows is written and leaves
   CHECK(files == 2);
   fs::remove_all(dir);
 }
+
+TEST_CASE("a report replaced keeps the file's permissions", "[report]") {
+  auto dir = fs::temp_directory_path() / ("ddpdiag-mode-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto path = (dir / "private.json").string();
+  write_json_atomic(path, {{"a", 1}});
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
+  write_json_atomic(path, {{"a", 2}});
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  CHECK(read_json(path)["a"] == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a report whose JSON cannot be held is refused naming the file", "[report]") {
+  auto dir = fs::temp_directory_path() / ("ddpdiag-huge-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto path = (dir / "huge.json").string();
+  {
+    std::ofstream(path) << R"({"schema": "ddpdiag.report/1", "duration_s": 1e400})";
+  }
+  try {
+    read_json(path);
+    FAIL("1e400 was read");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()).find(path) != std::string::npos);
+  }
+  fs::remove_all(dir);
+}

@@ -403,6 +403,81 @@ class ReportCommand(unittest.TestCase):
                 else:
                     self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
 
+    def test_output_to_a_full_stdout_is_an_error(self):
+        if not os.path.exists("/dev/full"):
+            self.skipTest("no /dev/full")
+        for args in (["report", "render", self.base, "--markdown", "-"],
+                     ["report", "render", self.base],
+                     ["report", "render", self.base, "--html", "-"],
+                     ["report", "schema"],
+                     ["report", "validate", self.base],
+                     ["report", "compare", self.base, self.base]):
+            with self.subTest(args=args[1:]):
+                with open("/dev/full", "w") as full:
+                    r = run_bounded(args, stdout=full)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("cannot write", r.stderr)
+                self.assertIn("standard output", r.stderr)
+                self.assertIn("No space left on device", r.stderr)
+
+    def test_compare_refuses_a_report_it_cannot_read_naming_the_file(self):
+        cases = (('{"schema": 1}', "not a string"),
+                 ('{"schema": null}', "not a string"),
+                 ('[1, 2]', "not a JSON object"),
+                 ('{"schema": "ddpdiag.report/1", "duration_s": 1e400}', "cannot be read"))
+        for text, why in cases:
+            with self.subTest(text=text):
+                bad = self.path("s.json")
+                with open(bad, "w") as f:
+                    f.write(text)
+                for args in ([self.base, bad], [bad, self.base]):
+                    r = run(["report", "compare"] + args)
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertIn(bad, r.stderr)
+                    self.assertIn(why, r.stderr)
+                    self.assertNotIn("internal error", r.stderr)
+                r = run(["report", "render", bad])
+                self.assertNotIn("internal error", r.stderr)
+
+    def test_render_and_compare_do_not_replace_a_read_only_file(self):
+        for name, args in (("kept.html", lambda t: ["report", "render", self.base, "--html", t]),
+                           ("kept.md", lambda t: ["report", "render", self.base, "--markdown", t]),
+                           ("kept-compare.md", lambda t: ["report", "compare", self.base, self.base,
+                                                          "--markdown", t])):
+            with self.subTest(name=name):
+                target = self.path(name)
+                with open(target, "w") as f:
+                    f.write("kept")
+                os.chmod(target, 0o444)
+                r = run(args(target))
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("is read-only", r.stderr)
+                with open(target) as f:
+                    self.assertEqual(f.read(), "kept")
+                self.assertEqual(os.stat(target).st_mode & 0o777, 0o444)
+                os.chmod(target, 0o644)
+        # A file that may be replaced is, and keeps its mode.
+        private = self.path("private.html")
+        with open(private, "w") as f:
+            f.write("old")
+        os.chmod(private, 0o600)
+        r = run(["report", "render", self.base, "--html", private])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(os.stat(private).st_mode & 0o777, 0o600)
+        with open(private) as f:
+            self.assertIn("<!DOCTYPE html>", f.read())
+        # GitHub's step summary is still appended to.
+        summary = self.path("summary.md")
+        with open(summary, "w") as f:
+            f.write("earlier step\n")
+        r = run(["report", "compare", self.base, self.base, "--markdown", summary],
+                env=clean_env(GITHUB_STEP_SUMMARY=summary))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(summary) as f:
+            text = f.read()
+        self.assertTrue(text.startswith("earlier step\n"), text)
+        self.assertIn("## ddpdiag report compare", text)
+
     def test_a_report_name_of_250_bytes_is_written(self):
         long_json = self.path("r" * 245 + ".json")
         p = run(["buckets", "--model", "mlp", "--json", long_json])
