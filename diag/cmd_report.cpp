@@ -47,17 +47,58 @@ nlohmann::json load(const std::string& path) {
   }
 }
 
-void write_output(const std::string& path, const std::string& text) {
+// What was printed must have reached standard output: a full disk or a
+// closed file behind a redirection is an error (exit 2), not a silent loss.
+// `err`: an errno already seen by the caller's own write, or 0.
+void flush_stdout(const std::string& what, int err = 0) {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout) && err == 0) return;
+  if (err == 0) err = errno;
+  std::clearerr(stdout);
+  throw UsageError(fmt::format("cannot write {} to standard output: {}", what,
+                               err != 0 ? std::strerror(err) : "write error"),
+                   {"report", -1, -1,
+                    "check where standard output goes (a full disk? a file that cannot grow?), or "
+                    "write to a file instead"});
+}
+
+void print_stdout(const std::string& text, const std::string& what) {
+  errno = 0;
+  const bool short_write = std::fwrite(text.data(), 1, text.size(), stdout) != text.size();
+  flush_stdout(what, short_write ? (errno != 0 ? errno : EIO) : 0);
+}
+
+// An output file the user named: refused before any work when it cannot be
+// written or is a read-only (kept) report, as the measuring commands' --json
+// and --markdown are.
+void check_output_path(const std::string& flag, const std::string& path) {
+  if (path.empty() || path == "-") return;
+  if (auto problem = reports::output_path_problem(path))
+    throw UsageError(fmt::format("{} {}: cannot write there: {}", flag, path, *problem),
+                     {"report", -1, -1,
+                      "give a path that can be written: an existing, writable directory, and not a "
+                      "read-only file (a kept report is never replaced; remove it or make it "
+                      "writable to replace it on purpose)"});
+}
+
+void write_output(const std::string& flag, const std::string& path, const std::string& text) {
   if (path == "-") {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
+    print_stdout(text, flag == "--html" ? "the HTML page" : "the Markdown");
     return;
   }
+  check_output_path(flag, path);
   try {
     reports::write_file_atomic(path, text);
   } catch (const std::exception& e) {
     throw UsageError(e.what(), {"report", -1, -1, "check that the directory exists and is writable"});
   }
+}
+
+// A report's string field, or `fallback` when it is absent or not a string.
+std::string string_field(const nlohmann::json& doc, const char* key, const std::string& fallback = "") {
+  if (!doc.is_object()) return fallback;
+  auto it = doc.find(key);
+  return it != doc.end() && it->is_string() ? it->get<std::string>() : fallback;
 }
 
 int run_validate(const ReportOptions& o) {
@@ -80,7 +121,7 @@ int run_validate(const ReportOptions& o) {
     for (const auto& e : errors) std::printf("  %s\n", e.to_string().c_str());
     if (rc == 0) rc = static_cast<int>(ExitCode::kCheckFailed);
   }
-  std::fflush(stdout);
+  flush_stdout("the validation results");
   return rc;
 }
 
@@ -97,6 +138,9 @@ int run_compare(const ReportOptions& o) {
                      {"report", -1, -1, "ddpdiag report compare BASE.json [MORE_BASE.json...] NEW.json"});
   const std::vector<std::string> base_paths(o.compare_files.begin(), o.compare_files.end() - 1);
   const std::string& new_path = o.compare_files.back();
+  const char* summary = std::getenv("GITHUB_STEP_SUMMARY");
+  const bool append_summary = summary && *summary && !o.compare_markdown.empty() && o.compare_markdown != "-" &&
+                              reports::same_file(o.compare_markdown, summary);
   if (!o.compare_markdown.empty() && o.compare_markdown != "-")
     for (const auto& in : o.compare_files)
       if (reports::same_file(in, o.compare_markdown))
@@ -104,6 +148,9 @@ int run_compare(const ReportOptions& o) {
                                      "there would destroy it",
                                      o.compare_markdown),
                          {"report", -1, -1, "write the comparison to a file of its own, e.g. compare.md"});
+  // GitHub's step summary is appended to (other steps' output stays);
+  // any other file is replaced, and checked before the reports are read.
+  if (!append_summary) check_output_path("--markdown", o.compare_markdown);
   std::vector<nlohmann::json> bases;
   for (const auto& p : base_paths) bases.push_back(load(p));
   const auto now = load(new_path);
@@ -111,8 +158,15 @@ int run_compare(const ReportOptions& o) {
   for (std::size_t i = 0; i < bases.size(); ++i) inputs.push_back({&bases[i], &base_paths[i]});
   inputs.push_back({&now, &new_path});
   for (const auto& [doc, path] : inputs) {
-    if (!doc->is_object() || doc->value("schema", std::string()) != reports::kSchema)
-      throw UsageError(fmt::format("{} is not a {} report", *path, reports::kSchema),
+    if (!doc->is_object() || string_field(*doc, "schema") != reports::kSchema)
+      throw UsageError(fmt::format("{} is not a {} report: {}", *path, reports::kSchema,
+                                   !doc->is_object()            ? "it is not a JSON object"
+                                   : !doc->contains("schema")   ? "it has no \"schema\" field"
+                                   : !(*doc)["schema"].is_string()
+                                       ? fmt::format("its \"schema\" is {}, not a string",
+                                                     (*doc)["schema"].type_name())
+                                       : fmt::format("its \"schema\" is \"{}\"",
+                                                     (*doc)["schema"].get<std::string>())),
                        {"report", -1, -1, "compare reports written by ddpdiag --json"});
     // A gate must never pass on a report it cannot trust (a verdict it does
     // not know, a deleted world): the same schema check as report validate.
@@ -129,26 +183,47 @@ int run_compare(const ReportOptions& o) {
                                   "written by ddpdiag --json, unedited",
                                   *path)});
   }
-  if (const auto why = reports::baselines_disagree(bases, base_paths); !why.empty())
+  // A report the schema accepts that the comparison still cannot read is
+  // the input's fault, named with the files (exit 2), not an internal error.
+  auto unreadable = [&](const nlohmann::json::exception& e) {
+    std::string all;
+    for (const auto& p : o.compare_files) all += (all.empty() ? "" : ", ") + p;
+    return UsageError(fmt::format("cannot compare {}: a field has a value of an unexpected type or range ({})",
+                                  all, e.what()),
+                      {"report", -1, -1,
+                       "compare reports written by ddpdiag --json, unedited; 'ddpdiag report validate' "
+                       "checks each file"});
+  };
+  std::string why;
+  try {
+    why = reports::baselines_disagree(bases, base_paths);
+  } catch (const nlohmann::json::exception& e) {
+    throw unreadable(e);
+  }
+  if (!why.empty())
     throw UsageError(why + ": several baseline runs are merged figure by figure, so they must be runs "
                            "of one command with the same settings",
                      {"report", -1, -1, "give as baselines only runs of the same command line on the same kind of machine"});
   const auto& base = bases.front();
   const std::string& base_path = base_paths.front();
-  const std::string base_cmd = base.value("command", std::string("?")),
-                    new_cmd = now.value("command", std::string("?"));
+  const std::string base_cmd = string_field(base, "command", "?"), new_cmd = string_field(now, "command", "?");
   if (base_cmd != new_cmd)
     throw UsageError(fmt::format("{} is a report of '{}' and {} one of '{}': nothing in them "
                                  "can be compared",
                                  base_path, base_cmd, new_path, new_cmd),
                      {"report", -1, -1, "compare two reports of the same command"});
-  auto c = reports::compare_reports(bases, now, co);
-  std::fputs(reports::render_comparison_text(c).c_str(), stdout);
-  std::fflush(stdout);
+  reports::Comparison c;
+  std::string text, md;
+  try {
+    c = reports::compare_reports(bases, now, co);
+    text = reports::render_comparison_text(c);
+    if (!o.compare_markdown.empty()) md = reports::render_comparison_markdown(c);
+  } catch (const nlohmann::json::exception& e) {
+    throw unreadable(e);
+  }
+  print_stdout(text, "the comparison");
   if (!o.compare_markdown.empty()) {
-    const std::string md = reports::render_comparison_markdown(c);
-    const char* summary = std::getenv("GITHUB_STEP_SUMMARY");
-    if (summary && *summary && o.compare_markdown != "-" && reports::same_file(o.compare_markdown, summary)) {
+    if (append_summary) {
       // GitHub's step summary is appended to, as other steps' output
       // already there should stay.
       std::FILE* f = std::fopen(o.compare_markdown.c_str(), "a");
@@ -156,7 +231,7 @@ int run_compare(const ReportOptions& o) {
         throw UsageError(fmt::format("cannot append to {}: {}", o.compare_markdown, std::strerror(errno)),
                          {"report", -1, -1, "check that the file is writable"});
     } else {
-      write_output(o.compare_markdown, md);
+      write_output("--markdown", o.compare_markdown, md);
     }
   }
   return static_cast<int>(c.regressed() ? ExitCode::kCheckFailed : ExitCode::kOk);
@@ -175,13 +250,15 @@ int run_render(const ReportOptions& o) {
                                    *out),
                        {"report", -1, -1, "write the page to a file of its own, e.g. --html "
                                           "report.html"});
+  check_output_path("--html", o.html_out);
+  check_output_path("--markdown", o.markdown_out);
   const auto doc = load(o.render_file);
   if (!doc.is_object()) throw UsageError(o.render_file + " is not a report object", {"report", -1, -1, ""});
   for (const auto& e : reports::validate_report(doc))
     std::fprintf(stderr, "ddpdiag report render: warning: %s: %s\n", o.render_file.c_str(), e.to_string().c_str());
-  if (!o.html_out.empty()) write_output(o.html_out, reports::render_html(doc));
-  if (!o.markdown_out.empty()) write_output(o.markdown_out, reports::render_markdown(doc));
-  if (o.html_out.empty() && o.markdown_out.empty()) write_output("-", reports::render_markdown(doc));
+  if (!o.html_out.empty()) write_output("--html", o.html_out, reports::render_html(doc));
+  if (!o.markdown_out.empty()) write_output("--markdown", o.markdown_out, reports::render_markdown(doc));
+  if (o.html_out.empty() && o.markdown_out.empty()) write_output("--markdown", "-", reports::render_markdown(doc));
   return 0;
 }
 
@@ -227,7 +304,7 @@ Subcommand add_report_command(CLI::App& parent) {
             if (c->parsed()) return run_compare(*o);
             if (r->parsed()) return run_render(*o);
             if (s->parsed()) {
-              std::fputs(std::string(reports::report_schema_text()).c_str(), stdout);
+              print_stdout(std::string(reports::report_schema_text()), "the schema");
               return 0;
             }
             return static_cast<int>(ExitCode::kUsage);

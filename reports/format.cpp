@@ -72,15 +72,39 @@ std::string html_escape(const std::string& s) {
   return out;
 }
 
+namespace {
+
+bool ascii_alnum(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+}  // namespace
+
 std::string markdown_text(const std::string& s) {
   std::string out;
   out.reserve(s.size());
-  for (char c : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const char prev = i > 0 ? s[i - 1] : ' ', next = i + 1 < s.size() ? s[i + 1] : '\0';
     switch (c) {
       case '&': out += "&amp;"; break;
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '`': out += "\\`"; break;
+      // Links and images ([t](u), ![a](u)), emphasis.
+      case '[':
+      case ']':
+      case '!':
+      case '*': out += '\\'; out += c; break;
+      // _ inside a word (busbw_gbps) opens no emphasis and stays as it is.
+      case '_':
+        if (!(ascii_alnum(prev) && ascii_alnum(next))) out += '\\';
+        out += c;
+        break;
+      // A backslash escapes the punctuation after it, or ends a line at the
+      // end of the text: doubled there; before a letter, digit or space it
+      // is shown as it is (src \ dst).
+      case '\\':
+        out += ascii_alnum(next) || next == ' ' ? "\\" : "\\\\";
+        break;
       case '\n':
       case '\r': out += ' '; break;
       default: out += c;

@@ -6,7 +6,9 @@
 // $defs/planned_results.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/core.h>
@@ -178,8 +180,29 @@ std::string bucket_sweep_chart(const json& res) {
   return svg::line_chart(c);
 }
 
+// The most ranks a link-health heat map is drawn for: past this the grid is
+// unreadable, and a rank number from a hand-edited report must not size it.
+constexpr std::int64_t kMaxHeatMapRanks = 4096;
+
+// v as a rank below `limit`, or nullopt (not an integer, negative, too large).
+std::optional<int> rank_below(const json& v, std::int64_t limit) {
+  if (!v.is_number_integer()) return std::nullopt;
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() >= static_cast<std::uint64_t>(limit)) return std::nullopt;
+  const auto r = v.get<std::int64_t>();
+  if (r < 0 || r >= limit) return std::nullopt;
+  return static_cast<int>(r);
+}
+
 // link-health: pairwise bandwidth as a heat map, slow pairs outlined.
 std::string link_health_chart(const json& res) {
+  // Ranks are 0 .. results.ranks - 1 (an integer, or an array of ranks);
+  // pairs naming any other rank are not drawn.
+  std::int64_t limit = kMaxHeatMapRanks;
+  if (at(res, "ranks").is_number_integer()) {
+    if (auto n = rank_below(at(res, "ranks"), kMaxHeatMapRanks + 1)) limit = *n;
+  } else if (at(res, "ranks").is_array() && !at(res, "ranks").empty()) {
+    limit = std::min<std::int64_t>(limit, static_cast<std::int64_t>(at(res, "ranks").size()));
+  }
   svg::HeatMap h;
   h.title = "Link health: bandwidth between ranks";
   const json& matrix = first_of(res, {"busbw_gbps", "bandwidth_gbps", "matrix"});
@@ -194,32 +217,39 @@ std::string link_health_chart(const json& res) {
   const json& slow_pairs = at(res, "slow_pairs");
   if (slow_pairs.is_array())
     for (const auto& p : slow_pairs) {
-      if (p.is_array() && p.size() >= 2 && p[0].is_number_integer() && p[1].is_number_integer())
-        mark(p[0].get<int>(), p[1].get<int>());
-      else if (p.is_object() && at(p, "src").is_number_integer() && at(p, "dst").is_number_integer())
-        mark(at(p, "src").get<int>(), at(p, "dst").get<int>());
+      const json& a = p.is_array() && p.size() >= 2 ? p[0] : at(p, "src");
+      const json& b = p.is_array() && p.size() >= 2 ? p[1] : at(p, "dst");
+      auto ra = rank_below(a, limit), rb = rank_below(b, limit);
+      if (ra && rb) mark(*ra, *rb);
     }
   if (pairs.is_array())
-    for (const auto& p : pairs)
-      if (at(p, "slow").is_boolean() && at(p, "slow").get<bool>() && at(p, "src").is_number_integer() &&
-          at(p, "dst").is_number_integer())
-        mark(at(p, "src").get<int>(), at(p, "dst").get<int>());
+    for (const auto& p : pairs) {
+      auto s = rank_below(at(p, "src"), limit), d = rank_below(at(p, "dst"), limit);
+      if (at(p, "slow").is_boolean() && at(p, "slow").get<bool>() && s && d) mark(*s, *d);
+    }
   std::string unit = "GB/s";
   if (matrix.is_array() && !matrix.empty() && matrix[0].is_array()) {
     for (const auto& row : matrix) {
+      if (static_cast<std::int64_t>(h.cells.size()) >= kMaxHeatMapRanks) break;
       std::vector<std::optional<double>> cells;
-      for (const auto& v : row) cells.push_back(number(v));
+      for (const auto& v : row) {
+        if (static_cast<std::int64_t>(cells.size()) >= kMaxHeatMapRanks) break;
+        cells.push_back(number(v));
+      }
       h.cells.push_back(cells);
     }
   } else if (pairs.is_array() && !pairs.empty()) {
     int n = 0;
-    for (const auto& p : pairs)
-      for (const char* k : {"src", "dst"})
-        if (at(p, k).is_number_integer()) n = std::max(n, at(p, k).get<int>() + 1);
+    for (const auto& p : pairs) {
+      auto s = rank_below(at(p, "src"), limit), d = rank_below(at(p, "dst"), limit);
+      if (s && d) n = std::max({n, *s + 1, *d + 1});
+    }
+    if (n == 0) return "";
     h.cells.assign(static_cast<std::size_t>(n), std::vector<std::optional<double>>(static_cast<std::size_t>(n)));
     for (const auto& p : pairs) {
-      if (!at(p, "src").is_number_integer() || !at(p, "dst").is_number_integer()) continue;
-      int s = at(p, "src").get<int>(), d = at(p, "dst").get<int>();
+      auto src = rank_below(at(p, "src"), n), dst = rank_below(at(p, "dst"), n);
+      if (!src || !dst) continue;  // a rank outside 0 .. ranks-1: not a link of this run
+      const int s = *src, d = *dst;
       auto v = number(first_of(p, {"busbw_gbps", "bandwidth_gbps"}));
       if (!v) {
         v = number(at(p, "time_us"));

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 #include <climits>
+#include <cstdint>
 #include <random>
 #include <filesystem>
 #include <optional>
@@ -168,6 +169,19 @@ void write_all(int fd, const std::string& content, const std::string& path, cons
   }
 }
 
+// The directory part of a path, with its trailing slash ("" for a bare name).
+std::string directory_prefix(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? std::string() : path.substr(0, slash + 1);
+}
+
+// The temporary for `target` (links resolved): short and in the target's
+// directory, whatever the length of the target's own name (a 250-byte name
+// plus a suffix would pass NAME_MAX). Hidden, so a glob for reports skips it.
+std::string temporary_name(const std::string& target, std::uint32_t nonce) {
+  return fmt::format("{}.ddpdiag.{}.{:08x}.tmp", directory_prefix(target), static_cast<long>(::getpid()), nonce);
+}
+
 }  // namespace
 
 void write_file_atomic(const std::string& path, const std::string& content) {
@@ -196,7 +210,7 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; attempt < 8 && fd < 0; ++attempt) {
-    tmp = fmt::format("{}.tmp.{}.{:08x}", target, static_cast<long>(getpid()), rd());
+    tmp = temporary_name(target, rd());
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
     if (fd < 0 && errno != EEXIST) break;
   }
@@ -206,6 +220,12 @@ void write_file_atomic(const std::string& path, const std::string& content) {
         fmt::format("cannot write report {}: {} (creating {})", path, std::strerror(err), tmp), err);
   }
   try {
+    // A file replaced keeps its permissions (a report kept private stays so).
+    struct stat old {};
+    if (::stat(target.c_str(), &old) == 0 && S_ISREG(old.st_mode) && ::fchmod(fd, old.st_mode & 07777) != 0)
+      throw WriteError(fmt::format("cannot write report {}: {} (setting the mode of {})", path,
+                                   std::strerror(errno), tmp),
+                       errno);
     write_all(fd, content, path, "writing " + tmp);
   } catch (...) {
     ::close(fd);
@@ -252,7 +272,7 @@ std::optional<std::string> output_path_problem(const std::string& path) {
   // access() lets root through where creating a file still fails (/proc,
   // some special file systems): create (and remove) a file beside the
   // target, as the report's own write will.
-  const std::string probe = fmt::format("{}.tmp.probe.{}", target, static_cast<long>(::getpid()));
+  const std::string probe = fmt::format("{}.ddpdiag.probe.{}.tmp", directory_prefix(target), static_cast<long>(::getpid()));
   const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     if (errno == EEXIST) return std::nullopt;
@@ -298,6 +318,10 @@ nlohmann::json read_json(const std::string& path) {
     return nlohmann::json::parse(ss.str());
   } catch (const nlohmann::json::parse_error& e) {
     throw std::runtime_error(fmt::format("{} is not valid JSON: {}", path, e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    // Valid syntax that cannot be held, e.g. a number past the range of a
+    // double (1e400): out_of_range.406.
+    throw std::runtime_error(fmt::format("{} cannot be read as a report: {}", path, e.what()));
   }
 }
 

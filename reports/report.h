@@ -111,7 +111,9 @@ class WriteError : public std::runtime_error {
   int error_number_;
 };
 
-// Atomic write: FILE.tmp.<pid> in the same directory, fsync, rename.
+// Atomic write: a temporary .ddpdiag.<pid>.<random hex>.tmp in the same
+// directory (short, so any valid FILE name works), fsync, rename. A file
+// replaced keeps its permission bits; a new one is 0644 less the umask.
 // Throws WriteError with the path and errno text on failure.
 // A symbolic link is followed (the file it names is replaced, the link kept);
 // a device or pipe (/dev/stdout, a FIFO) is written through, not replaced.

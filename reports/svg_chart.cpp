@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 
 #include <fmt/core.h>
@@ -33,14 +34,20 @@ std::string open_svg(double height, const std::string& title) {
       num(kWidth), num(height), esc(title), esc(title), esc(title));
 }
 
-// Linear ticks at 1, 2 or 5 times a power of ten.
+// Linear ticks at 1, 2 or 5 times a power of ten. Widens [lo, hi] to whole
+// steps. No ticks where the range has no usable step: a bound or the step not
+// finite (a figure near DBL_MAX), or the step below lo's precision (lo + step
+// == lo, e.g. 25 and 25.000000000000004); at most kMaxTicks in any case.
+constexpr int kMaxTicks = 50;
 std::vector<double> nice_ticks(double& lo, double& hi, int want = 5) {
+  if (!std::isfinite(lo) || !std::isfinite(hi) || want < 1) return {};
   if (!(hi > lo)) {
     double pad = lo == 0 ? 1 : std::fabs(lo) * 0.1;
     lo -= pad;
     hi += pad;
   }
   double raw = (hi - lo) / want;
+  if (!std::isfinite(raw) || !(raw > 0)) return {};
   double mag = std::pow(10, std::floor(std::log10(raw)));
   double step = mag;
   for (double m : {1.0, 2.0, 5.0, 10.0})
@@ -48,16 +55,26 @@ std::vector<double> nice_ticks(double& lo, double& hi, int want = 5) {
       step = m * mag;
       break;
     }
-  lo = std::floor(lo / step) * step;
-  hi = std::ceil(hi / step) * step;
+  const double nlo = std::floor(lo / step) * step, nhi = std::ceil(hi / step) * step;
+  if (!std::isfinite(step) || !(step > 0) || !std::isfinite(nlo) || !std::isfinite(nhi) || nlo + step == nlo ||
+      nhi - step == nhi)
+    return {};
+  const double count = std::round((nhi - nlo) / step);
+  if (!std::isfinite(count) || count < 0 || count > kMaxTicks) return {};
+  lo = nlo;
+  hi = nhi;
   std::vector<double> t;
-  for (double v = lo; v <= hi + step * 1e-9; v += step) t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+  for (int i = 0; i <= static_cast<int>(count); ++i) {
+    const double v = lo + i * step;
+    t.push_back(std::fabs(v) < step * 1e-9 ? 0 : v);
+  }
   return t;
 }
 
 // Log ticks: powers of two for bytes (at most ~8 labels), 1-2-5 otherwise.
 std::vector<double> log_ticks(double lo, double hi, AxisFormat f) {
   std::vector<double> t;
+  if (!std::isfinite(lo) || !std::isfinite(hi) || !(lo > 0) || !(hi >= lo)) return t;
   if (f == AxisFormat::kBytes) {
     int e0 = static_cast<int>(std::ceil(std::log2(lo) - 1e-9)), e1 = static_cast<int>(std::floor(std::log2(hi) + 1e-9));
     int stride = std::max(1, (e1 - e0 + 8) / 8);
@@ -180,13 +197,14 @@ std::string line_chart(const LineChart& c) {
   }
   // Quantities charted here are sizes, rates and times: the y axis starts at 0.
   ylo = std::min(0.0, ylo);
-  yhi = yhi <= ylo ? ylo + 1 : yhi * 1.05;
+  // Headroom above the highest point, kept finite (a figure near DBL_MAX).
+  yhi = yhi <= ylo ? ylo + 1 : std::min(yhi * 1.05, std::numeric_limits<double>::max());
   auto yt = nice_ticks(ylo, yhi);
   std::vector<double> xt;
   if (c.log_x) {
     if (xhi <= xlo) {
       xlo /= 2;
-      xhi *= 2;
+      xhi = std::min(xhi * 2, std::numeric_limits<double>::max());
     }
     xt = log_ticks(xlo, xhi, c.x_format);
   } else {
@@ -334,7 +352,7 @@ std::string stacked_bars(const StackedBars& b) {
   }
   if (b.bars.empty()) return out + y_axis(f, {}, 0, 1, b.y_label) + no_data((f.y0 + f.y1) / 2) + "</svg>";
   double lo = 0;
-  hi = hi > 0 ? hi * 1.05 : 1;
+  hi = hi > 0 ? std::min(hi * 1.05, std::numeric_limits<double>::max()) : 1;
   auto yt = nice_ticks(lo, hi);
   out += y_axis(f, yt, lo, hi, b.y_label);
   out += x_title(f, b.x_label);
@@ -379,6 +397,7 @@ std::string timeline(const Timeline& t) {
   f.y1 = top + plot_h;
   double lo = 0, hi = 0;
   for (const auto& s : t.spans) {
+    if (!std::isfinite(s.start) || !std::isfinite(s.end)) continue;  // not drawn
     lo = std::min(lo, s.start);
     hi = std::max(hi, s.end);
   }
@@ -396,7 +415,7 @@ std::string timeline(const Timeline& t) {
     out += fmt::format("<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>", num(f.x0 - 6),
                        num(f.y0 + lane_h * static_cast<double>(i) + lane_h / 2 + 4), esc(t.lanes[i]));
   for (const auto& s : t.spans) {
-    if (s.lane >= t.lanes.size()) continue;
+    if (s.lane >= t.lanes.size() || !std::isfinite(s.start) || !std::isfinite(s.end)) continue;
     double y = f.y0 + lane_h * static_cast<double>(s.lane) + 3;
     out += fmt::format(
         "<rect x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\"><title>{} {}: {} .. {}</title></rect>",

@@ -8,6 +8,7 @@
 #include <iterator>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -137,5 +138,67 @@ TEST_CASE("a writer killed mid-write leaves the old file intact", "[report]") {
   waitpid(pid, &status, 0);
   auto j = read_json(path);
   CHECK((j["generation"] == "old" || (j["generation"] == "new" && j["payload"].get<std::string>().size() == big.size())));
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a report of the longest name a directory allows is written and leaves no temporary", "[report]") {
+  auto dir = fs::temp_directory_path() / ("ddpdiag-longname-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // 250 bytes: a valid name, which a temporary of FILE plus a suffix is not.
+  const auto path = (dir / (std::string(245, 'r') + ".json")).string();
+  CHECK_FALSE(output_path_problem(path).has_value());
+  write_json_atomic(path, {{"a", 1}});
+  CHECK(read_json(path)["a"] == 1);
+  write_json_atomic(path, {{"a", 2}});  // replacing it too
+  CHECK(read_json(path)["a"] == 2);
+  std::vector<std::string> names;
+  for (auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  CHECK(names == std::vector<std::string>{fs::path(path).filename().string()});
+  // A bare name, relative to the working directory, too.
+  const auto cwd = fs::current_path();
+  fs::current_path(dir);
+  write_json_atomic("short.json", {{"b", 1}});
+  CHECK_FALSE(output_path_problem("short.json").has_value());
+  fs::current_path(cwd);
+  CHECK(read_json((dir / "short.json").string())["b"] == 1);
+  int files = 0;
+  for (auto& e : fs::directory_iterator(dir)) {
+    (void)e;
+    ++files;
+  }
+  CHECK(files == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a report replaced keeps the file's permissions", "[report]") {
+  auto dir = fs::temp_directory_path() / ("ddpdiag-mode-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto path = (dir / "private.json").string();
+  write_json_atomic(path, {{"a", 1}});
+  REQUIRE(::chmod(path.c_str(), 0600) == 0);
+  write_json_atomic(path, {{"a", 2}});
+  struct stat st {};
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 07777) == 0600);
+  CHECK(read_json(path)["a"] == 2);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a report whose JSON cannot be held is refused naming the file", "[report]") {
+  auto dir = fs::temp_directory_path() / ("ddpdiag-huge-" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto path = (dir / "huge.json").string();
+  {
+    std::ofstream(path) << R"({"schema": "ddpdiag.report/1", "duration_s": 1e400})";
+  }
+  try {
+    read_json(path);
+    FAIL("1e400 was read");
+  } catch (const std::runtime_error& e) {
+    CHECK(std::string(e.what()).find(path) != std::string::npos);
+  }
   fs::remove_all(dir);
 }

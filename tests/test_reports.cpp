@@ -963,3 +963,159 @@ TEST_CASE("report schema: every command ddpdiag has or plans is accepted, others
   Report unknown("no-such-command", {"ddpdiag"});
   CHECK(has_error_at(validate_report(unknown.finish()), "/command", "/enum"));
 }
+
+// Rendering that must end: run in a child process with a deadline (and,
+// outside the sanitizers, a memory limit), so a renderer that loops or
+// crashes fails this test instead of hanging or killing the test binary.
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <functional>
+
+#include "reports/format.h"
+
+namespace {
+
+// No coordinate of a drawing is NaN or infinite.
+bool finite_drawing(const std::string& html) {
+  return !has(html, "=\"nan\"") && !has(html, "=\"inf\"") && !has(html, "=\"-inf\"") && !has(html, "=\"-nan\"");
+}
+
+// "exit 0" when fn returned within the deadline; otherwise what happened.
+std::string outcome_in_child(const std::function<void()>& fn, unsigned seconds = 30) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) return "fork failed";
+  if (pid == 0) {
+    // The test framework's handlers would report the crash as the child's
+    // own test run; the parent reports it instead.
+    for (int sig : {SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL}) std::signal(sig, SIG_DFL);
+    ::alarm(seconds);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+    const rlimit as{rlim_t{2} << 30, rlim_t{2} << 30};  // 2 GiB
+    ::setrlimit(RLIMIT_AS, &as);
+#endif
+    try {
+      fn();
+    } catch (...) {
+      ::_exit(3);
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFEXITED(status)) return "exit " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
+  return "?";
+}
+
+}  // namespace
+
+TEST_CASE("render: charts end when a tick step is below a bound's precision or overflows", "[reports][render]") {
+  // Caps a ulp apart (25 and 25.000000000000004; 999999.9999999999 and 1e6):
+  // the tick step is too small to advance the bound it is added to.
+  for (const auto& [a, b] : {std::pair{25.0, 25.000000000000004}, std::pair{999999.9999999999, 1e6}}) {
+    INFO(a << " " << b);
+    json caps = {{{"bucket_cap_mb", a}, {"exposed_comm_time_us", 10.0}, {"step_time_us", 20.0}},
+                 {{"bucket_cap_mb", b}, {"exposed_comm_time_us", 11.0}, {"step_time_us", 21.0}}};
+    auto j = rendered_report("bucket-sweep", {{"caps", caps}, {"recommended_cap_mb", a}});
+    REQUIRE(outcome_in_child([&] { render_html(j); }) == "exit 0");
+    CHECK(finite_drawing(render_html(j)));
+  }
+  // A phase ending at 1.79e308 s: the step past the last tick overflows.
+  json phases = {{{"name", "rendezvous"}, {"start_s", 0.0}, {"end_s", 1.79e308}}};
+  auto init = rendered_report("init-check", {{"ranks", {{{"rank", 0}, {"phases", phases}}}}});
+  REQUIRE(outcome_in_child([&] { render_html(init); }) == "exit 0");
+  auto html = render_html(init);
+  CHECK(has(html, "Initialisation timeline per rank"));
+  CHECK(finite_drawing(html));
+  // Memory bars whose sum is past DBL_MAX, bandwidths near it.
+  auto mem = rendered_report("memory", {{"ranks", {{{"rank", 0}, {"categories", {{"a", 1.7e308}, {"b", 1.7e308}}}}}}});
+  CHECK(outcome_in_child([&] { render_html(mem); }) == "exit 0");
+  json sizes = {{{"bytes", 1024}, {"busbw_gbps", 1.7e308}}, {{"bytes", 1024}, {"busbw_gbps", 1.0}}};
+  auto bw = rendered_report("dp-vs-ring", {{"sizes", sizes}});
+  CHECK(outcome_in_child([&] { render_html(bw); }) == "exit 0");
+  // An ordinary range still gets its ticks.
+  json ok_caps = {{{"bucket_cap_mb", 10}, {"exposed_comm_time_us", 10.0}},
+                  {{"bucket_cap_mb", 15}, {"exposed_comm_time_us", 8.0}},
+                  {{"bucket_cap_mb", 25}, {"exposed_comm_time_us", 9.0}}};
+  auto ok = render_html(rendered_report("bucket-sweep", {{"caps", ok_caps}}));
+  CHECK(has(ok, ">25</text>"));
+  CHECK(has(ok, ">10</text>"));
+}
+
+TEST_CASE("render: link-health pairs naming ranks outside the run are not drawn", "[reports][render]") {
+  auto pair = [](json src, json dst) {
+    return json{{"src", src}, {"dst", dst}, {"busbw_gbps", 2.0}, {"slow", true}};
+  };
+  for (const auto& [src, dst] : {std::pair<json, json>{-1, 1}, {0, 2147483647}, {0, 200000},
+                                 {0, 4294967296LL}, {0, 18446744073709551615ULL}}) {
+    INFO(src.dump() << " -> " << dst.dump());
+    json pairs = {pair(src, dst), pair(0, 1)};
+    auto j = rendered_report("link-health", {{"ranks", 2}, {"pairs", pairs}, {"slow_pairs", {{src, dst}}}});
+    REQUIRE(outcome_in_child([&] { render_html(j); }) == "exit 0");
+    REQUIRE(outcome_in_child([&] { render_markdown(j); }) == "exit 0");
+    auto html = render_html(j);
+    CHECK(has(html, "Link health: bandwidth between ranks"));
+    CHECK(has(html, "from rank 0 -> 1: 2</title>"));  // the valid pair, in a 2 x 2 grid
+    CHECK(has(html, "from rank 1 -> 0: 2</title>"));
+    CHECK_FALSE(has(html, "-> 2:"));
+    // The schema refuses the rank where it is negative.
+    if (src == -1) CHECK(has_error_at(validate_report(j), "/results/pairs/0/src", "/minimum"));
+  }
+  // Without results.ranks, pairs past 4096 ranks are not drawn either.
+  auto far = rendered_report("link-health", {{"pairs", {pair(0, 1), pair(1, 100000)}}});
+  REQUIRE(outcome_in_child([&] { render_html(far); }) == "exit 0");
+  CHECK(has(render_html(far), "from rank 0 -> 1: 2</title>"));
+  CHECK_FALSE(has(render_html(far), "-> 2:"));
+  // A report link-health writes still validates.
+  auto good = rendered_report("link-health", {{"ranks", 2}, {"pairs", {pair(0, 1)}}});
+  INFO(dump(validate_report(good)));
+  CHECK(validate_report(good).empty());
+  auto bad = good;
+  bad["results"]["pairs"][0]["dst"] = -3;
+  CHECK(has_error_at(validate_report(bad), "/results/pairs/0/dst", "/minimum"));
+}
+
+TEST_CASE("render: Markdown link and image and emphasis syntax from a report stays text", "[reports][render]") {
+  auto j = rendered_report("buckets", {{"model", "evil ![i](https://example.invalid/t.png)"},
+                                       {"buckets", {{{"index", 0}, {"tensors", "*a* _b_ \\[c](d)"}}}}});
+  j["world"]["hosts"] = {"[l](javascript:alert(1))"};
+  j["world"]["ranks"][0]["host"] = "[l](javascript:alert(1))";
+  auto md = render_markdown(j);
+  INFO(md);
+  CHECK_FALSE(has(md, "![i]("));
+  CHECK_FALSE(has(md, "[l]("));
+  CHECK(has(md, "evil \\!\\[i\\](https://example.invalid/t.png)"));
+  CHECK(has(md, "\\[l\\](javascript:alert(1))"));
+  CHECK(has(md, "\\*a\\* \\_b\\_ \\\\\\[c\\](d)"));
+  // Every table row still has as many cells as its header.
+  std::size_t header_pipes = 0;
+  for (std::size_t at = 0, end; (end = md.find('\n', at)) != std::string::npos; at = end + 1) {
+    std::string line = md.substr(at, end - at);
+    if (line.empty() || line[0] != '|') {
+      header_pipes = 0;
+      continue;
+    }
+    std::size_t pipes = 0;
+    for (std::size_t i = 0; i < line.size(); ++i)
+      if (line[i] == '|' && (i == 0 || line[i - 1] != '\\')) ++pipes;
+    if (header_pipes == 0) header_pipes = pipes;
+    INFO(line);
+    CHECK(pipes == header_pipes);
+  }
+  // Names inside words, and a lone backslash, read as before.
+  CHECK(markdown_text("busbw_gbps src \\ dst") == "busbw_gbps src \\ dst");
+  CHECK(markdown_text("_x_ a*b") == "\\_x\\_ a\\*b");
+  CHECK(markdown_text("end\\") == "end\\\\");
+  // The compare summary too.
+  auto c = compare_reports(j, j);
+  c.base_label = "![i](https://example.invalid/t.png)";
+  c.new_label = "[l](javascript:alert(1))";
+  auto cmd = render_comparison_markdown(c);
+  INFO(cmd);
+  CHECK_FALSE(has(cmd, "![i]("));
+  CHECK_FALSE(has(cmd, "[l]("));
+}

@@ -5,12 +5,17 @@ must be exact are checked exactly: bucket counts against `ddpdiag buckets`,
 dp-vs-ring bytes against theory, memory categories against the totals, the
 link-health matrix n x n and complete. Sizes are kept small: with 4 ranks on
 2 cores each small message costs a scheduler tick."""
+import json
 import os
+import resource
+import shutil
+import subprocess
 import sys
+import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import load, main, run, tmp_json  # noqa: E402
+from common import BIN, clean_env, load, main, run, tmp_json  # noqa: E402
 
 WORLDS = (2, 3, 4)
 
@@ -321,6 +326,169 @@ class LinkHealth(unittest.TestCase):
         self.assertEqual(res["rechecked_pairs"], [])
         self.assertEqual([q["measurements"] for q in res["pairs"]], [1, 1, 1])
         self.assertEqual(res["slow_pairs"], [[0, 1], [0, 2], [1, 2]])
+
+
+def run_bounded(args, stdout=subprocess.PIPE, env=None, timeout=120):
+    """Runs ddpdiag with at most 1 GiB of address space (a renderer that
+    allocates without end fails with bad_alloc instead of eating the machine)
+    and a deadline; stdout may be a file (/dev/full)."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+    return subprocess.run([BIN] + list(args), stdout=stdout, stderr=subprocess.PIPE, text=True,
+                          env=env or clean_env(), timeout=timeout, preexec_fn=limit)
+
+
+class ReportCommand(unittest.TestCase):
+    """ddpdiag report validate / compare / render / schema on what the
+    measuring commands write, and on reports edited by hand."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="ddpdiag-report-cmd-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+        self.base = self.path("base.json")
+        p = run(["buckets", "--model", "mlp", "--json", self.base])
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def write_json(self, name, doc):
+        path = self.path(name)
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        return path
+
+    def test_render_ends_on_a_bucket_sweep_whose_caps_a_tick_step_cannot_separate(self):
+        for caps in ("25,25.000000000000004", "999999.9999999999,1000000"):
+            with self.subTest(caps=caps):
+                rep = self.path("bs.json")
+                p = run(["bucket-sweep", "--nproc", "2", "--model", "mlp", "--caps", caps, "-n", "2",
+                         "-w", "1", "--no-size-sweep", "--json", rep])
+                self.assertIn(p.returncode, (0, 1), p.stderr)
+                out = self.path("bs.html")
+                r = run_bounded(["report", "render", rep, "--html", out, "--markdown", self.path("bs.md")])
+                self.assertEqual(r.returncode, 0, r.stderr)
+                with open(out) as f:
+                    self.assertIn("Bucket sweep: exposed comm time vs bucket cap", f.read())
+
+    def test_render_skips_link_health_pairs_of_ranks_outside_the_run(self):
+        lh = self.path("lh.json")
+        p = run(["link-health", "--nproc", "2", "--bytes", "1M", "-n", "1", "--latency-iters", "2",
+                 "--allreduce-bytes", "64K", "--allreduce-iters", "1", "--json", lh])
+        self.assertIn(p.returncode, (0, 1), p.stderr)
+        with open(lh) as f:
+            doc = json.load(f)
+        del doc["results"]["busbw_gbps"]  # the heat map is then drawn from the pairs
+        for field, value in (("src", -1), ("dst", 2147483647), ("dst", 200000)):
+            with self.subTest(field=field, value=value):
+                edited = json.loads(json.dumps(doc))
+                # The measured pair stays, and a copy of it names a rank the
+                # run does not have.
+                bad = dict(edited["results"]["pairs"][0])
+                bad[field] = value
+                edited["results"]["pairs"].insert(0, bad)
+                path = self.write_json("lh-edited.json", edited)
+                out = self.path("lh.html")
+                r = run_bounded(["report", "render", path, "--html", out, "--markdown", self.path("lh.md")])
+                self.assertEqual(r.returncode, 0, r.stderr)
+                with open(out) as f:
+                    html = f.read()
+                self.assertTrue("Link health: bandwidth between ranks" in html, "no heat map")
+                self.assertTrue("from rank 0 -&gt; 1:" in html or "from rank 0 -> 1:" in html, "no 0 -> 1 cell")
+                self.assertFalse("-> 2:" in html, "a third rank drawn")
+                v = run(["report", "validate", path])
+                if value < 0:
+                    self.assertEqual(v.returncode, 1, v.stdout + v.stderr)
+                    self.assertIn("/results/pairs/0/src", v.stdout)
+                else:
+                    self.assertEqual(v.returncode, 0, v.stdout + v.stderr)
+
+    def test_output_to_a_full_stdout_is_an_error(self):
+        if not os.path.exists("/dev/full"):
+            self.skipTest("no /dev/full")
+        for args in (["report", "render", self.base, "--markdown", "-"],
+                     ["report", "render", self.base],
+                     ["report", "render", self.base, "--html", "-"],
+                     ["report", "schema"],
+                     ["report", "validate", self.base],
+                     ["report", "compare", self.base, self.base]):
+            with self.subTest(args=args[1:]):
+                with open("/dev/full", "w") as full:
+                    r = run_bounded(args, stdout=full)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("cannot write", r.stderr)
+                self.assertIn("standard output", r.stderr)
+                self.assertIn("No space left on device", r.stderr)
+
+    def test_compare_refuses_a_report_it_cannot_read_naming_the_file(self):
+        cases = (('{"schema": 1}', "not a string"),
+                 ('{"schema": null}', "not a string"),
+                 ('[1, 2]', "not a JSON object"),
+                 ('{"schema": "ddpdiag.report/1", "duration_s": 1e400}', "cannot be read"))
+        for text, why in cases:
+            with self.subTest(text=text):
+                bad = self.path("s.json")
+                with open(bad, "w") as f:
+                    f.write(text)
+                for args in ([self.base, bad], [bad, self.base]):
+                    r = run(["report", "compare"] + args)
+                    self.assertEqual(r.returncode, 2, r.stderr)
+                    self.assertIn(bad, r.stderr)
+                    self.assertIn(why, r.stderr)
+                    self.assertNotIn("internal error", r.stderr)
+                r = run(["report", "render", bad])
+                self.assertNotIn("internal error", r.stderr)
+
+    def test_render_and_compare_do_not_replace_a_read_only_file(self):
+        for name, args in (("kept.html", lambda t: ["report", "render", self.base, "--html", t]),
+                           ("kept.md", lambda t: ["report", "render", self.base, "--markdown", t]),
+                           ("kept-compare.md", lambda t: ["report", "compare", self.base, self.base,
+                                                          "--markdown", t])):
+            with self.subTest(name=name):
+                target = self.path(name)
+                with open(target, "w") as f:
+                    f.write("kept")
+                os.chmod(target, 0o444)
+                r = run(args(target))
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("is read-only", r.stderr)
+                with open(target) as f:
+                    self.assertEqual(f.read(), "kept")
+                self.assertEqual(os.stat(target).st_mode & 0o777, 0o444)
+                os.chmod(target, 0o644)
+        # A file that may be replaced is, and keeps its mode.
+        private = self.path("private.html")
+        with open(private, "w") as f:
+            f.write("old")
+        os.chmod(private, 0o600)
+        r = run(["report", "render", self.base, "--html", private])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(os.stat(private).st_mode & 0o777, 0o600)
+        with open(private) as f:
+            self.assertIn("<!DOCTYPE html>", f.read())
+        # GitHub's step summary is still appended to.
+        summary = self.path("summary.md")
+        with open(summary, "w") as f:
+            f.write("earlier step\n")
+        r = run(["report", "compare", self.base, self.base, "--markdown", summary],
+                env=clean_env(GITHUB_STEP_SUMMARY=summary))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(summary) as f:
+            text = f.read()
+        self.assertTrue(text.startswith("earlier step\n"), text)
+        self.assertIn("## ddpdiag report compare", text)
+
+    def test_a_report_name_of_250_bytes_is_written(self):
+        long_json = self.path("r" * 245 + ".json")
+        p = run(["buckets", "--model", "mlp", "--json", long_json])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        load(long_json)
+        long_html = self.path("h" * 245 + ".html")
+        r = run(["report", "render", long_json, "--html", long_html])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(os.path.isfile(long_html))
+        self.assertEqual(sorted(os.listdir(self.dir)),
+                         sorted(["base.json", os.path.basename(long_json), os.path.basename(long_html)]))
 
 
 if __name__ == "__main__":
