@@ -53,14 +53,33 @@ double number_or(const json& o, const char* key, double dflt) {
   return it != o.end() && it->is_number() ? it->get<double>() : dflt;
 }
 
+// The time figures a rate can derive from, in the order they are looked for:
+// a rate is bytes over the first of them a row has (bucket-sweep's busbw over
+// its comm_time_us).
+constexpr const char* kRateTimes[] = {"time_us", "comm_time_us", "comm_us", "allreduce_time_us",
+                                      "time_per_iter_us"};
+
+double time_noise_abs(const json& o, const std::string& fig, double value);
+
 // The spread of one figure in one report, in the figure's unit (see compare.h).
+// A rate gets the same relative spread as the time it derives from: a 25%
+// slower time within its noise cannot make the bandwidth regress.
 double noise_abs(const json& o, const std::string& fig, double value) {
+  if (!is_rate(fig)) return time_noise_abs(o, fig, value);
   const double lo = number_or(o, "min_rank_time_us", NAN), hi = number_or(o, "max_rank_time_us", NAN);
   const double t = number_or(o, "time_us", NAN);
-  if (std::isfinite(lo) && std::isfinite(hi) && hi >= lo) {
-    if (fig == "time_us") return hi - lo;
-    if (is_rate(fig) && t > 0) return (hi - lo) / t * std::fabs(value);
-  }
+  if (std::isfinite(lo) && std::isfinite(hi) && hi >= lo && t > 0) return (hi - lo) / t * std::fabs(value);
+  if (double s = number_or(o, (fig + "_spread").c_str(), NAN); std::isfinite(s)) return std::fabs(s);
+  if (double s = number_or(o, (fig + "_stddev").c_str(), NAN); std::isfinite(s)) return 2 * std::fabs(s);
+  for (const char* time : kRateTimes)
+    if (const double tv = number_or(o, time, NAN); tv > 0)
+      return time_noise_abs(o, time, tv) / tv * std::fabs(value);
+  return time_noise_abs(o, fig, value);
+}
+
+double time_noise_abs(const json& o, const std::string& fig, double value) {
+  const double lo = number_or(o, "min_rank_time_us", NAN), hi = number_or(o, "max_rank_time_us", NAN);
+  if (fig == "time_us" && std::isfinite(lo) && std::isfinite(hi) && hi >= lo) return hi - lo;
   if (double s = number_or(o, (fig + "_spread").c_str(), NAN); std::isfinite(s)) return std::fabs(s);
   if (double s = number_or(o, (fig + "_stddev").c_str(), NAN); std::isfinite(s)) return 2 * std::fabs(s);
   if (is_us(fig)) {

@@ -8,6 +8,10 @@
 //    as the same fraction of the value for rates (busbw_gbps, algbw_gbps),
 //    since a rate is bytes over time;
 //  - otherwise <figure>_spread, or 2 x <figure>_stddev, when the row has them;
+//  - otherwise, for a rate (*_gbps), the same fraction as the spread of the
+//    time it derives from: the row's first of time_us, comm_time_us, comm_us,
+//    allreduce_time_us, time_per_iter_us, by the rules here (bucket-sweep's
+//    busbw_gbps gets comm_time_us_spread's fraction of comm_time_us);
 //  - otherwise spread_us / 2 x stddev_us for the row's *_us figures;
 //  - otherwise "spread" / 2 x "stddev" as a fraction of the value (0.05 = 5%).
 // The noise band of a comparison is the baseline's spread (NEW's own spread

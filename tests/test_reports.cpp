@@ -648,6 +648,69 @@ TEST_CASE("compare: tolerance parsing and the Markdown summary", "[reports][comp
   CHECK(md.find("<details>") != std::string::npos);
 }
 
+namespace {
+
+// A bucket-sweep report as the command writes its cap rows: comm_time_us with
+// its spread, busbw_gbps derived from it, exposed time with spread_us.
+json bucket_sweep_report(double comm_time_us, double comm_spread_us, double busbw_gbps, double step_time_us) {
+  Report r("bucket-sweep", {"ddpdiag", "bucket-sweep"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  r.results()["model"] = "mlp";
+  r.results()["first_bucket_bytes"] = 1 << 20;
+  r.results()["compute_gbps"] = 0.0;
+  r.results()["caps"] = json::array();
+  for (double cap : {1.0, 5.0, 25.0})
+    r.results()["caps"].push_back({{"bucket_cap_mb", cap},
+                                   {"bucket_cap_bytes", cap * (1 << 20)},
+                                   {"comm_time_us", comm_time_us},
+                                   {"comm_time_us_spread", comm_spread_us},
+                                   {"algbw_gbps", busbw_gbps},
+                                   {"busbw_gbps", busbw_gbps},
+                                   {"exposed_comm_time_us", 3000.0},
+                                   {"spread_us", 30.0},
+                                   {"step_time_us", step_time_us},
+                                   {"wrong", 0}});
+  return r.finish();
+}
+
+const FigureChange* find_figure(const Comparison& c, const std::string& row_part, const std::string& figure) {
+  for (const auto& f : c.figures)
+    if (f.figure == figure && f.row.find(row_part) != std::string::npos) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("compare: a rate gets the relative spread of the time it derives from", "[reports][compare]") {
+  // comm_time_us 1000 +- 300 us in BASE; NEW is 25% slower and its bus
+  // bandwidth 20% lower: both are inside the 30% band.
+  const auto base = bucket_sweep_report(1000, 300, 10.0, 5000);
+  const auto now = bucket_sweep_report(1250, 300, 8.0, 5000);
+  CHECK(validate_report(base).empty());
+  auto c = compare_reports(base, now);
+  const auto* t = find_figure(c, "bucket_cap_mb=1", "comm_time_us");
+  const auto* bw = find_figure(c, "bucket_cap_mb=1", "busbw_gbps");
+  REQUIRE(t);
+  REQUIRE(bw);
+  CHECK(t->kind == ChangeKind::kNoise);
+  CHECK(bw->kind == ChangeKind::kNoise);
+  CHECK(bw->noise == Approx(t->noise));  // the same fraction: 30%
+  CHECK(bw->noise == Approx(0.3));
+  CHECK_FALSE(c.regressed());
+  CHECK(render_comparison_text(c).find("±30.0%") != std::string::npos);
+  // With a tight time spread the same drop regresses, time and rate alike.
+  auto tight = compare_reports(bucket_sweep_report(1000, 10, 10.0, 5000), bucket_sweep_report(1250, 10, 8.0, 5000));
+  CHECK(tight.regressed());
+  CHECK(find_figure(tight, "bucket_cap_mb=1", "busbw_gbps")->kind == ChangeKind::kRegressed);
+  CHECK(find_figure(tight, "bucket_cap_mb=1", "busbw_gbps")->noise == Approx(0.01));
+  // Rows with the ranks' time spread keep it.
+  std::vector<Point> noisy = {{1 << 20, 10.0, 70, 130}};
+  auto a = allreduce_report(noisy);
+  noisy[0].busbw_gbps = 8;
+  CHECK(find_figure(compare_reports(a, allreduce_report(noisy)), "out_of_place", "busbw_gbps")->noise ==
+        Approx(0.6));
+}
+
 // ---------------------------------------------------------------- renderers
 
 TEST_CASE("markdown: title with verdict, context, checks and results", "[reports][render]") {
