@@ -175,10 +175,11 @@ std::vector<std::pair<std::string, json>> settings_of(const json& report) {
   return out;
 }
 
-// The settings both reports record with different values, in report order.
-std::vector<SettingChange> differing_settings(const json& base, const json& now) {
+using Settings = std::vector<std::pair<std::string, json>>;
+
+// The settings both lists record with different values, in b's order.
+std::vector<SettingChange> differing_settings(const Settings& b, const Settings& n) {
   std::vector<SettingChange> out;
-  const auto b = settings_of(base), n = settings_of(now);
   for (const auto& [name, bv] : b)
     for (const auto& [nname, nv] : n)
       if (name == nname && bv != nv) {
@@ -190,6 +191,27 @@ std::vector<SettingChange> differing_settings(const json& base, const json& now)
         out.push_back({name, bt, nt});
       }
   return out;
+}
+
+std::vector<SettingChange> differing_settings(const json& base, const json& now) {
+  return differing_settings(settings_of(base), settings_of(now));
+}
+
+// BASE's settings when there are several runs: the reference run's, then any
+// another run records that it lacks (a run that failed early records none).
+Settings base_settings(const std::vector<json>& bases, const json& ref) {
+  Settings out = settings_of(ref);
+  for (const auto& b : bases)
+    for (auto& [name, v] : settings_of(b))
+      if (std::none_of(out.begin(), out.end(), [&](const auto& s) { return s.first == name; }))
+        out.push_back({name, v});
+  return out;
+}
+
+const json* find_setting(const Settings& s, const std::string& name) {
+  for (const auto& [n, v] : s)
+    if (n == name) return &v;
+  return nullptr;
 }
 
 // How many rows of one report have had each key so far: a report can repeat
@@ -244,19 +266,25 @@ void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, con
   rows.push_back({key, fmt::format("{} [{}{}]", text, ctx.world, ctx.settings_label), std::move(figs)});
 }
 
-// Rows of a report. Settings that differ from the other report's (world size
-// and backend aside, which ctx.world holds) join every row's key and label,
-// so rows measured under different settings never match.
-std::vector<Row> extract_rows(const json& report, const std::vector<SettingChange>& differing, bool is_base) {
+// Rows of a report. The settings named in `keyed`, those that differ between
+// any two of the runs compared (world size and backend aside, which ctx.world
+// holds), join every row's key and label with this report's own value, so
+// rows measured under different settings never match. A setting the report
+// lacks (a run that failed before recording it) is never called different:
+// it takes the value in `fallback`.
+std::vector<Row> extract_rows(const json& report, const std::vector<std::string>& keyed, const Settings& fallback) {
   std::vector<Row> rows;
   KeyCounts seen;
   RowContext ctx;
   ctx.command = str_or(report, "command", "?");
-  for (const auto& d : differing) {
-    if (d.name == "world size" || d.name == "backend") continue;
-    const std::string& v = is_base ? d.base : d.now;
-    ctx.settings_key += fmt::format("|{}={}", d.name, v);
-    ctx.settings_label += fmt::format(" {}={}", d.name, v);
+  const auto own = settings_of(report);
+  for (const auto& name : keyed) {
+    if (name == "world size" || name == "backend") continue;
+    const json* v = find_setting(own, name);
+    if (!v) v = find_setting(fallback, name);
+    const std::string text = v ? setting_text(name, *v) : "?";
+    ctx.settings_key += fmt::format("|{}={}", name, v ? v->dump() : "?");
+    ctx.settings_label += fmt::format(" {}={}", name, text);
   }
   const json w = report.is_object() && report.contains("world") ? report["world"] : json();
   if (w.is_object())
@@ -458,14 +486,22 @@ std::string baselines_disagree(const std::vector<json>& bases, const std::vector
     const std::string cmd0 = str_or(bases[0], "command", "?"), cmd = str_or(bases[i], "command", "?");
     if (cmd != cmd0)
       return fmt::format("{} is a report of '{}' and {} one of '{}'", name_i, cmd, name_0, cmd0);
-    const auto d = differing_settings(bases[0], bases[i]);
-    if (d.empty()) continue;
-    std::string list;
-    for (const auto& s : d)
-      list += fmt::format("{}{} {} ({}) vs {} ({})", list.empty() ? "" : ", ", s.name, s.now, name_i,
-                          s.base, name_0);
-    return fmt::format("the baseline runs were made with different settings: {}", list);
   }
+  // Every pair: a run that recorded no settings (it failed first) agrees with
+  // every other, so comparing with the first alone would miss the others'
+  // difference.
+  for (std::size_t i = 1; i < bases.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j) {
+      const auto d = differing_settings(bases[j], bases[i]);
+      if (d.empty()) continue;
+      const std::string name_i = i < names.size() ? names[i] : fmt::format("baseline {}", i + 1);
+      const std::string name_j = j < names.size() ? names[j] : fmt::format("baseline {}", j + 1);
+      std::string list;
+      for (const auto& s : d)
+        list += fmt::format("{}{} {} ({}) vs {} ({})", list.empty() ? "" : ", ", s.name, s.now, name_i,
+                            s.base, name_j);
+      return fmt::format("the baseline runs were made with different settings: {}", list);
+    }
   return "";
 }
 
@@ -498,11 +534,26 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
                                 bases.size() - 1);
   c.new_label = report_label(now);
 
-  c.settings_changed = differing_settings(base, now);
+  const Settings bset = base_settings(bases, base), nset = settings_of(now);
+  c.settings_changed = differing_settings(bset, nset);
+  // Rows are keyed by each run's own value of every setting that differs
+  // between BASE and NEW or between two baseline runs (which the command line
+  // refuses to merge; here their rows simply never meet).
+  std::vector<std::string> keyed;
+  auto key_by = [&](const std::vector<SettingChange>& d) {
+    for (const auto& s : d)
+      if (std::find(keyed.begin(), keyed.end(), s.name) == keyed.end()) keyed.push_back(s.name);
+  };
+  key_by(c.settings_changed);
+  for (std::size_t i = 1; i < bases.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j) key_by(differing_settings(bases[j], bases[i]));
+  Settings fallback = bset;  // for a run that lacks a setting: BASE's, else NEW's
+  for (const auto& [name, v] : nset)
+    if (!find_setting(fallback, name)) fallback.push_back({name, v});
   std::vector<std::vector<Row>> base_runs;
-  for (const auto& b : bases) base_runs.push_back(extract_rows(b, c.settings_changed, true));
+  for (const auto& b : bases) base_runs.push_back(extract_rows(b, keyed, fallback));
   const auto base_rows = merge_baselines(base_runs);
-  const auto new_rows = extract_rows(now, c.settings_changed, false);
+  const auto new_rows = extract_rows(now, keyed, fallback);
   std::map<std::string, const Row*> new_by_key;
   for (const auto& r : new_rows) new_by_key.emplace(r.key, &r);
   std::map<std::string, const Row*> base_by_key;

@@ -711,6 +711,63 @@ TEST_CASE("compare: a rate gets the relative spread of the time it derives from"
         Approx(0.6));
 }
 
+
+namespace {
+
+// A link-health report as the command writes it, with its all_reduce timing
+// per rank; or, with error set, one that ended before measuring anything.
+json link_health_full(double bandwidth_bytes, double allreduce_time_us, bool error = false) {
+  Report r("link-health", {"ddpdiag", "link-health"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  if (error) {
+    ErrorInfo e;
+    e.kind = "rendezvous";
+    e.message = "timed out waiting for rank 1";
+    r.set_error(e);
+    return r.finish();
+  }
+  r.results()["bandwidth_bytes"] = bandwidth_bytes;
+  r.results()["allreduce_bytes"] = 1 << 20;
+  r.results()["pairs"] = json::array({{{"src", 0}, {"dst", 1}, {"busbw_gbps", 1.5}, {"latency_us", 40.0}}});
+  r.results()["allreduce"] = json::array({{{"rank", 0}, {"allreduce_time_us", allreduce_time_us}},
+                                          {{"rank", 1}, {"allreduce_time_us", allreduce_time_us}}});
+  r.add_check({"links", CheckStatus::kPass, "no slow pair"});
+  return r.finish();
+}
+
+}  // namespace
+
+TEST_CASE("compare: baseline runs of different settings are refused, whichever run comes first",
+          "[reports][compare]") {
+  const auto err = link_health_full(0, 0, true);
+  REQUIRE(err["verdict"] == "ERROR");
+  const auto k64 = link_health_full(64 << 10, 100), m1 = link_health_full(1 << 20, 500);
+  CHECK(validate_report(err).empty());
+  SECTION("a failed run first does not hide the others' difference") {
+    const auto why = baselines_disagree({err, k64, m1, m1}, {"lh_err.json", "lh_64k.json", "lh.json", "lh2.json"});
+    CHECK(why.find("bandwidth_bytes") != std::string::npos);
+    CHECK(why.find("1 MiB (lh.json)") != std::string::npos);
+    CHECK(why.find("64 KiB (lh_64k.json)") != std::string::npos);
+    CHECK_FALSE(baselines_disagree({k64, err, m1}, {"a", "b", "c"}).empty());
+    CHECK_FALSE(baselines_disagree({m1, k64}, {"a", "b"}).empty());
+    CHECK(baselines_disagree({err, m1, m1}, {"a", "b", "c"}).empty());
+  }
+  SECTION("each run's rows carry its own settings") {
+    // Merged anyway (the library has no refusal): the 1 MiB runs' rows are
+    // keyed and labelled 1 MiB, and match NEW's; the 64 KiB run's are missing.
+    auto c = compare_reports(std::vector<json>{err, k64, m1, m1}, m1);
+    CHECK_FALSE(c.regressed());
+    for (const auto& f : c.figures) {
+      if (f.row.find("bandwidth_bytes=64 KiB") != std::string::npos) CHECK(f.kind == ChangeKind::kMissing);
+      if (f.kind == ChangeKind::kUnchanged) CHECK(f.row.find("64 KiB") == std::string::npos);
+    }
+    const auto* pair = find_figure(c, "src=0 dst=1", "busbw_gbps");
+    REQUIRE(pair);
+    CHECK(pair->kind == ChangeKind::kUnchanged);
+    CHECK(pair->row.find("bandwidth_bytes=1 MiB") != std::string::npos);
+  }
+}
+
 // ---------------------------------------------------------------- renderers
 
 TEST_CASE("markdown: title with verdict, context, checks and results", "[reports][render]") {
