@@ -27,7 +27,7 @@ constexpr KnownFigure kFigures[] = {
     {"comm_time_us", false},       {"step_time_us", false},      {"total_time_us", false},
     {"latency_us", false},         {"rtt_us_median", false},     {"peak_bytes", false},
     {"init_time_s", false},        {"exposed_comm_us", false},   {"time_per_iter_us", false},
-    {"comm_us", false},
+    {"comm_us", false},            {"allreduce_time_us", false}, {"duration_ms", false},
 };
 
 // Fields that say which measurement a row is, in label order.
@@ -220,7 +220,7 @@ const json* find_setting(const Settings& s, const std::string& name) {
 using KeyCounts = std::map<std::string, int>;
 
 void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, const json& row,
-             const json& figs_obj, const std::string& placement, std::size_t index) {
+             const json& figs_obj, const std::string& placement, const std::string& position) {
   auto figs = figures_of(figs_obj);
   if (figs.empty()) return;
   std::string key = ctx.command + "|" + ctx.table;
@@ -245,10 +245,10 @@ void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, con
     key += "|collective=" + ctx.collective;
     label.insert(label.begin(), ctx.collective);
   }
-  if (!identified && index != static_cast<std::size_t>(-1)) {
-    // Rows without identity fields are matched by position.
-    key += fmt::format("|#{}", index);
-    label.push_back(fmt::format("{}[{}]", ctx.table, index));
+  if (!identified && !position.empty()) {
+    // Rows without identity fields are matched by position ("caps[3]").
+    key += "|#" + position;
+    label.push_back(position);
   }
   if (!placement.empty()) {
     key += "|" + placement;
@@ -299,7 +299,7 @@ std::vector<Row> extract_rows(const json& report, const std::vector<std::string>
   {
     RowContext top = ctx;
     top.collective.clear();
-    add_row(rows, seen, top, json::object(), res, "", static_cast<std::size_t>(-1));
+    add_row(rows, seen, top, json::object(), res, "", "");
   }
   for (auto it = res.begin(); it != res.end(); ++it) {
     if (!it->is_array()) continue;
@@ -308,10 +308,28 @@ std::vector<Row> extract_rows(const json& report, const std::vector<std::string>
     for (std::size_t i = 0; i < it->size(); ++i) {
       const json& row = (*it)[i];
       if (!row.is_object()) continue;
-      add_row(rows, seen, t, row, row, "", i);
-      // Nested blocks, as allreduce-test's out_of_place / in_place.
-      for (auto b = row.begin(); b != row.end(); ++b)
-        if (b->is_object()) add_row(rows, seen, t, row, *b, b.key(), i);
+      const std::string pos = fmt::format("{}[{}]", t.table, i);
+      add_row(rows, seen, t, row, row, "", pos);
+      for (auto b = row.begin(); b != row.end(); ++b) {
+        // Nested blocks, as allreduce-test's out_of_place / in_place.
+        if (b->is_object()) add_row(rows, seen, t, row, *b, b.key(), pos);
+        if (!b->is_array()) continue;
+        // Nested tables, as init-check's ranks[].phases[]: each entry is a
+        // row identified by its own fields and its parent's (rank and phase
+        // name).
+        RowContext nt = t;
+        nt.table = t.table + "." + b.key();
+        for (std::size_t j = 0; j < b->size(); ++j) {
+          const json& sub = (*b)[j];
+          if (!sub.is_object()) continue;
+          json id = json::object();
+          for (const char* f : kIdentity)
+            if (auto p = row.find(f); p != row.end()) id[f] = *p;
+          for (const char* f : kIdentity)
+            if (auto p = sub.find(f); p != sub.end()) id[f] = *p;
+          add_row(rows, seen, nt, id, sub, "", fmt::format("{}.{}[{}]", pos, b.key(), j));
+        }
+      }
     }
   }
   return rows;

@@ -2,6 +2,10 @@
 // (command, table, collective, size, dtype, op, placement, world size,
 // backend, and other identity fields a row carries); known figures are
 // compared with a direction (busbw higher is better, times lower is better).
+// Rows are the objects in the arrays under results, their object blocks
+// (allreduce-test's out_of_place / in_place), and the objects of arrays one
+// level down, identified with their parent's identity (init-check's
+// ranks[].phases[]: rank and phase name).
 //
 // Noise rule. A figure's spread in one report is, in the figure's unit:
 //  - max_rank_time_us - min_rank_time_us of the same row, for time_us, and

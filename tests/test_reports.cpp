@@ -768,6 +768,71 @@ TEST_CASE("compare: baseline runs of different settings are refused, whichever r
   }
 }
 
+
+namespace {
+
+// An init-check report: per rank, the phases of its start with their durations.
+json init_check_report(double backend_init_ms) {
+  Report r("init-check", {"ddpdiag", "init-check"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  r.results()["ranks"] = json::array();
+  for (int rank : {0, 1})
+    r.results()["ranks"].push_back(
+        {{"rank", rank},
+         {"host", "h"},
+         {"error", nullptr},
+         {"phases", json::array({{{"name", "store_connect"}, {"duration_ms", 0.25}, {"status", "ok"}},
+                                 {{"name", "backend_init"}, {"duration_ms", backend_init_ms}, {"status", "ok"}}})}});
+  r.add_check({"init", CheckStatus::kPass, "every rank started"});
+  return r.finish();
+}
+
+}  // namespace
+
+TEST_CASE("compare: link-health's all_reduce time and init-check's phase durations are gated",
+          "[reports][compare]") {
+  SECTION("link-health allreduce_time_us") {
+    auto c = compare_reports(link_health_full(1 << 20, 500), link_health_full(1 << 20, 1500));
+    CHECK(c.regressed());
+    const auto* f = find_figure(c, "rank=0", "allreduce_time_us");
+    REQUIRE(f);
+    CHECK(f->kind == ChangeKind::kRegressed);
+    CHECK_FALSE(f->higher_is_better);
+    CHECK(c.rows(ChangeKind::kRegressed) == 2);
+    CHECK_FALSE(compare_reports(link_health_full(1 << 20, 500), link_health_full(1 << 20, 400)).regressed());
+  }
+  SECTION("init-check duration_ms per rank and phase") {
+    const auto base = init_check_report(14);
+    CHECK(validate_report(base).empty());
+    auto same = compare_reports(base, base);
+    CHECK(same.rows(ChangeKind::kUnchanged) == 4);  // 2 ranks x 2 phases
+    auto c = compare_reports(base, init_check_report(42));
+    CHECK(c.regressed());
+    CHECK(c.rows(ChangeKind::kRegressed) == 2);
+    CHECK(c.rows(ChangeKind::kUnchanged) == 2);
+    const auto* f = find_figure(c, "rank=1 name=backend_init", "duration_ms");
+    REQUIRE(f);
+    CHECK(f->kind == ChangeKind::kRegressed);
+    CHECK(f->change == Approx(2.0));
+    // A phase missing from NEW is a missing row, not a silent pass.
+    auto now = base;
+    now["results"]["ranks"][1]["phases"].erase(1);
+    auto m = compare_reports(base, now);
+    CHECK(m.rows(ChangeKind::kMissing) == 1);
+    CHECK(compare_reports(base, now, {0.10, true}).regressed());
+  }
+  SECTION("odd phase entries are skipped, never thrown on") {
+    auto odd = init_check_report(14);
+    odd["results"]["ranks"][0]["phases"] = "none";
+    odd["results"]["ranks"][1]["phases"][0] = 5;
+    odd["results"]["ranks"][1]["phases"][1]["duration_ms"] = "slow";
+    odd["results"]["ranks"][1]["phases"][1]["name"] = json::array({1});
+    CHECK_NOTHROW(compare_reports(init_check_report(14), odd));
+    CHECK_NOTHROW(compare_reports(odd, init_check_report(14)));
+    CHECK_NOTHROW(render_comparison_text(compare_reports(odd, odd)));
+  }
+}
+
 // ---------------------------------------------------------------- renderers
 
 TEST_CASE("markdown: title with verdict, context, checks and results", "[reports][render]") {
