@@ -364,7 +364,9 @@ ChangeKind row_kind(const std::vector<const FigureChange*>& figs) {
   auto any = [&](ChangeKind k) {
     return std::any_of(figs.begin(), figs.end(), [k](const FigureChange* f) { return f->kind == k; });
   };
-  for (auto k : {ChangeKind::kMissing, ChangeKind::kNew, ChangeKind::kRegressed, ChangeKind::kImproved,
+  // A regressed figure makes the row regressed even when another figure of it
+  // is missing: the summary must agree with the result line.
+  for (auto k : {ChangeKind::kRegressed, ChangeKind::kMissing, ChangeKind::kNew, ChangeKind::kImproved,
                  ChangeKind::kNoise})
     if (any(k)) return k;
   return ChangeKind::kUnchanged;

@@ -97,8 +97,9 @@ struct Comparison {
   bool fail_on_missing = false;
   std::vector<SettingChange> settings_changed;
 
-  // Rows (not figures) of each kind: a row is regressed if any figure is,
-  // else improved if any is, else noise if any is, else unchanged.
+  // Rows (not figures) of each kind: a row is regressed if any figure is
+  // (even when another is missing), else missing if any figure is, else new,
+  // else improved if any figure is, else noise if any is, else unchanged.
   int rows(ChangeKind k) const;
   bool regressed() const;
 };

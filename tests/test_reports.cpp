@@ -833,6 +833,27 @@ TEST_CASE("compare: link-health's all_reduce time and init-check's phase duratio
   }
 }
 
+
+TEST_CASE("compare: a row with a regressed figure counts as regressed, even with one missing",
+          "[reports][compare]") {
+  const auto base = bucket_sweep_report(1000, 10, 10.0, 5000);
+  auto now = bucket_sweep_report(1000, 10, 10.0, 15000);
+  for (auto& row : now["results"]["caps"]) row.erase("comm_time_us");
+  auto c = compare_reports(base, now);
+  CHECK(c.regressed());
+  CHECK(c.rows(ChangeKind::kRegressed) == 3);
+  CHECK(c.rows(ChangeKind::kMissing) == 0);
+  const auto text = render_comparison_text(c);
+  CHECK(text.find("rows: 0 improved, 3 regressed, 0 unchanged, 0 within noise, 0 missing, 0 new") !=
+        std::string::npos);
+  CHECK(text.find("result: REGRESSION (3 regressed figure(s))") != std::string::npos);
+  CHECK(render_comparison_markdown(c).find("| 0 | 3 | 0 | 0 | 0 | 0 |") != std::string::npos);
+  // A missing figure beside unchanged ones still makes the row missing.
+  auto gone = base;
+  for (auto& row : gone["results"]["caps"]) row.erase("comm_time_us");
+  CHECK(compare_reports(base, gone).rows(ChangeKind::kMissing) == 3);
+}
+
 // ---------------------------------------------------------------- renderers
 
 TEST_CASE("markdown: title with verdict, context, checks and results", "[reports][render]") {
