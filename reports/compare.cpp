@@ -1,6 +1,7 @@
 #include "reports/compare.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -788,18 +789,38 @@ std::string render_comparison_markdown(const Comparison& c) {
 }
 
 double parse_percentage(const std::string& s) {
-  std::string t = s;
-  while (!t.empty() && t.back() == ' ') t.pop_back();
-  if (!t.empty() && t.back() == '%') t.pop_back();
-  std::size_t used = 0;
+  auto trim = [](std::string t) {
+    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+    std::size_t b = 0;
+    while (b < t.size() && std::isspace(static_cast<unsigned char>(t[b]))) ++b;
+    return t.substr(b);
+  };
+  std::string t = trim(s);
+  if (!t.empty() && t.back() == '%') t = trim(t.substr(0, t.size() - 1));
+  // Only a plain decimal number: digits with at most one point. std::stod
+  // alone would also read hex ("0x10" as 16), exponents, "inf" and "nan".
+  std::size_t digits = 0, points = 0, others = 0;
+  for (char ch : t) {
+    if (ch >= '0' && ch <= '9')
+      ++digits;
+    else if (ch == '.')
+      ++points;
+    else
+      ++others;
+  }
+  const auto refuse = [&]() {
+    return std::invalid_argument(fmt::format("'{}' is not a percentage: write a plain decimal number, "
+                                             "optionally followed by %, e.g. 10% or 2.5",
+                                             s));
+  };
+  if (digits == 0 || points > 1 || others > 0) throw refuse();
   double v = 0;
   try {
-    v = std::stod(t, &used);
+    v = std::stod(t);
   } catch (const std::exception&) {
-    used = 0;
+    throw refuse();
   }
-  if (t.empty() || used != t.size() || !std::isfinite(v) || v < 0)
-    throw std::invalid_argument("'" + s + "' is not a percentage (e.g. 10%)");
+  if (!std::isfinite(v)) throw refuse();
   // A bare fraction is most likely meant as one (0.1 for 10%), which as a
   // percentage would be 0.1%: make the writer say which.
   if (v > 0 && v < 1 && s.find('%') == std::string::npos)

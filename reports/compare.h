@@ -138,8 +138,10 @@ std::string render_comparison_text(const Comparison& c);
 // Markdown for a CI summary ($GITHUB_STEP_SUMMARY).
 std::string render_comparison_markdown(const Comparison& c);
 
-// "10%", "10" (percent) or "0.5%" -> a fraction; throws std::invalid_argument,
-// also for a bare number between 0 and 1 ("0.1": 10% or 0.1%?).
+// "10%", "10" (percent) or "0.5%" -> a fraction; throws std::invalid_argument
+// for anything but a plain decimal number with an optional % (no sign, hex,
+// exponent, inf or nan: "0x10" is not 16%), and for a bare number between 0
+// and 1 ("0.1": 10% or 0.1%?).
 double parse_percentage(const std::string& s);
 
 }  // namespace ddpdiag::reports

@@ -854,6 +854,23 @@ TEST_CASE("compare: a row with a regressed figure counts as regressed, even with
   CHECK(compare_reports(base, gone).rows(ChangeKind::kMissing) == 3);
 }
 
+
+TEST_CASE("compare: --max-regression takes only a plain decimal number", "[reports][compare]") {
+  for (const char* bad : {"0x10", "0x10%", "1e1", "1e1%", "inf", "nan", "+10", "10.5.1", ".", "%", "", "10%%",
+                          "0X1A", "1_0", "10 percent"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_percentage(bad), std::invalid_argument);
+  }
+  CHECK_THROWS_WITH(parse_percentage("0x10"), Catch::Contains("plain decimal number") && Catch::Contains("10%"));
+  CHECK(parse_percentage("10") == Approx(0.10));
+  CHECK(parse_percentage("10%") == Approx(0.10));
+  CHECK(parse_percentage(" 10% ") == Approx(0.10));
+  CHECK(parse_percentage("12.5%") == Approx(0.125));
+  CHECK(parse_percentage("5.") == Approx(0.05));
+  CHECK(parse_percentage(".5%") == Approx(0.005));
+  CHECK(parse_percentage("016") == Approx(0.16));
+}
+
 // ---------------------------------------------------------------- renderers
 
 TEST_CASE("markdown: title with verdict, context, checks and results", "[reports][render]") {
