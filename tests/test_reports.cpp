@@ -871,6 +871,34 @@ TEST_CASE("compare: --max-regression takes only a plain decimal number", "[repor
   CHECK(parse_percentage("016") == Approx(0.16));
 }
 
+TEST_CASE("compare: fields of the wrong JSON type are skipped, never thrown on", "[reports][compare]") {
+  const auto base = allreduce_report(baseline_points());
+  auto odd = base;
+  odd["schema"] = 1;
+  odd["command"] = json::array({"allreduce-test"});
+  odd["world"]["size"] = "two";
+  odd["world"]["backend"] = 5;
+  odd["checks"][0]["name"] = 7;
+  odd["checks"][0]["status"] = json::object();
+  odd["results"]["collective"] = 3;
+  odd["results"]["sizes"][0]["bytes"] = json::array({1024});
+  odd["results"]["sizes"][1]["out_of_place"]["busbw_gbps"] = "fast";
+  odd["results"]["sizes"][2] = "row";
+  for (const auto& [a, b] : {std::pair{base, odd}, std::pair{odd, base}, std::pair{odd, odd}}) {
+    CHECK_NOTHROW(render_comparison_text(compare_reports(a, b)));
+    CHECK_NOTHROW(render_comparison_markdown(compare_reports(std::vector<json>{a, b, a}, b)));
+    CHECK_NOTHROW(baselines_disagree({a, b}, {"a.json", "b.json"}));
+  }
+  // A figure that is not a number in NEW is missing, not an error.
+  auto now = base;
+  now["results"]["sizes"][1]["out_of_place"]["busbw_gbps"] = "fast";
+  auto c = compare_reports(base, now);
+  bool missing = false;
+  for (const auto& f : c.figures)
+    missing = missing || (f.figure == "busbw_gbps" && f.kind == ChangeKind::kMissing && f.base && !f.now);
+  CHECK(missing);
+}
+
 // ---------------------------------------------------------------- renderers
 
 TEST_CASE("markdown: title with verdict, context, checks and results", "[reports][render]") {
