@@ -1,6 +1,7 @@
 #include "reports/compare.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <map>
 #include <stdexcept>
@@ -27,7 +28,7 @@ constexpr KnownFigure kFigures[] = {
     {"comm_time_us", false},       {"step_time_us", false},      {"total_time_us", false},
     {"latency_us", false},         {"rtt_us_median", false},     {"peak_bytes", false},
     {"init_time_s", false},        {"exposed_comm_us", false},   {"time_per_iter_us", false},
-    {"comm_us", false},
+    {"comm_us", false},            {"allreduce_time_us", false}, {"duration_ms", false},
 };
 
 // Fields that say which measurement a row is, in label order.
@@ -53,14 +54,33 @@ double number_or(const json& o, const char* key, double dflt) {
   return it != o.end() && it->is_number() ? it->get<double>() : dflt;
 }
 
+// The time figures a rate can derive from, in the order they are looked for:
+// a rate is bytes over the first of them a row has (bucket-sweep's busbw over
+// its comm_time_us).
+constexpr const char* kRateTimes[] = {"time_us", "comm_time_us", "comm_us", "allreduce_time_us",
+                                      "time_per_iter_us"};
+
+double time_noise_abs(const json& o, const std::string& fig, double value);
+
 // The spread of one figure in one report, in the figure's unit (see compare.h).
+// A rate gets the same relative spread as the time it derives from: a 25%
+// slower time within its noise cannot make the bandwidth regress.
 double noise_abs(const json& o, const std::string& fig, double value) {
+  if (!is_rate(fig)) return time_noise_abs(o, fig, value);
   const double lo = number_or(o, "min_rank_time_us", NAN), hi = number_or(o, "max_rank_time_us", NAN);
   const double t = number_or(o, "time_us", NAN);
-  if (std::isfinite(lo) && std::isfinite(hi) && hi >= lo) {
-    if (fig == "time_us") return hi - lo;
-    if (is_rate(fig) && t > 0) return (hi - lo) / t * std::fabs(value);
-  }
+  if (std::isfinite(lo) && std::isfinite(hi) && hi >= lo && t > 0) return (hi - lo) / t * std::fabs(value);
+  if (double s = number_or(o, (fig + "_spread").c_str(), NAN); std::isfinite(s)) return std::fabs(s);
+  if (double s = number_or(o, (fig + "_stddev").c_str(), NAN); std::isfinite(s)) return 2 * std::fabs(s);
+  for (const char* time : kRateTimes)
+    if (const double tv = number_or(o, time, NAN); tv > 0)
+      return time_noise_abs(o, time, tv) / tv * std::fabs(value);
+  return time_noise_abs(o, fig, value);
+}
+
+double time_noise_abs(const json& o, const std::string& fig, double value) {
+  const double lo = number_or(o, "min_rank_time_us", NAN), hi = number_or(o, "max_rank_time_us", NAN);
+  if (fig == "time_us" && std::isfinite(lo) && std::isfinite(hi) && hi >= lo) return hi - lo;
   if (double s = number_or(o, (fig + "_spread").c_str(), NAN); std::isfinite(s)) return std::fabs(s);
   if (double s = number_or(o, (fig + "_stddev").c_str(), NAN); std::isfinite(s)) return 2 * std::fabs(s);
   if (is_us(fig)) {
@@ -156,10 +176,11 @@ std::vector<std::pair<std::string, json>> settings_of(const json& report) {
   return out;
 }
 
-// The settings both reports record with different values, in report order.
-std::vector<SettingChange> differing_settings(const json& base, const json& now) {
+using Settings = std::vector<std::pair<std::string, json>>;
+
+// The settings both lists record with different values, in b's order.
+std::vector<SettingChange> differing_settings(const Settings& b, const Settings& n) {
   std::vector<SettingChange> out;
-  const auto b = settings_of(base), n = settings_of(now);
   for (const auto& [name, bv] : b)
     for (const auto& [nname, nv] : n)
       if (name == nname && bv != nv) {
@@ -173,13 +194,34 @@ std::vector<SettingChange> differing_settings(const json& base, const json& now)
   return out;
 }
 
+std::vector<SettingChange> differing_settings(const json& base, const json& now) {
+  return differing_settings(settings_of(base), settings_of(now));
+}
+
+// BASE's settings when there are several runs: the reference run's, then any
+// another run records that it lacks (a run that failed early records none).
+Settings base_settings(const std::vector<json>& bases, const json& ref) {
+  Settings out = settings_of(ref);
+  for (const auto& b : bases)
+    for (auto& [name, v] : settings_of(b))
+      if (std::none_of(out.begin(), out.end(), [&](const auto& s) { return s.first == name; }))
+        out.push_back({name, v});
+  return out;
+}
+
+const json* find_setting(const Settings& s, const std::string& name) {
+  for (const auto& [n, v] : s)
+    if (n == name) return &v;
+  return nullptr;
+}
+
 // How many rows of one report have had each key so far: a report can repeat
 // a measurement (broadcast-test --chunk-mb 1,1,4 has two 1 MiB rows), and the
 // k-th row with a key is matched with the other report's k-th.
 using KeyCounts = std::map<std::string, int>;
 
 void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, const json& row,
-             const json& figs_obj, const std::string& placement, std::size_t index) {
+             const json& figs_obj, const std::string& placement, const std::string& position) {
   auto figs = figures_of(figs_obj);
   if (figs.empty()) return;
   std::string key = ctx.command + "|" + ctx.table;
@@ -204,10 +246,10 @@ void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, con
     key += "|collective=" + ctx.collective;
     label.insert(label.begin(), ctx.collective);
   }
-  if (!identified && index != static_cast<std::size_t>(-1)) {
-    // Rows without identity fields are matched by position.
-    key += fmt::format("|#{}", index);
-    label.push_back(fmt::format("{}[{}]", ctx.table, index));
+  if (!identified && !position.empty()) {
+    // Rows without identity fields are matched by position ("caps[3]").
+    key += "|#" + position;
+    label.push_back(position);
   }
   if (!placement.empty()) {
     key += "|" + placement;
@@ -225,19 +267,25 @@ void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, con
   rows.push_back({key, fmt::format("{} [{}{}]", text, ctx.world, ctx.settings_label), std::move(figs)});
 }
 
-// Rows of a report. Settings that differ from the other report's (world size
-// and backend aside, which ctx.world holds) join every row's key and label,
-// so rows measured under different settings never match.
-std::vector<Row> extract_rows(const json& report, const std::vector<SettingChange>& differing, bool is_base) {
+// Rows of a report. The settings named in `keyed`, those that differ between
+// any two of the runs compared (world size and backend aside, which ctx.world
+// holds), join every row's key and label with this report's own value, so
+// rows measured under different settings never match. A setting the report
+// lacks (a run that failed before recording it) is never called different:
+// it takes the value in `fallback`.
+std::vector<Row> extract_rows(const json& report, const std::vector<std::string>& keyed, const Settings& fallback) {
   std::vector<Row> rows;
   KeyCounts seen;
   RowContext ctx;
   ctx.command = str_or(report, "command", "?");
-  for (const auto& d : differing) {
-    if (d.name == "world size" || d.name == "backend") continue;
-    const std::string& v = is_base ? d.base : d.now;
-    ctx.settings_key += fmt::format("|{}={}", d.name, v);
-    ctx.settings_label += fmt::format(" {}={}", d.name, v);
+  const auto own = settings_of(report);
+  for (const auto& name : keyed) {
+    if (name == "world size" || name == "backend") continue;
+    const json* v = find_setting(own, name);
+    if (!v) v = find_setting(fallback, name);
+    const std::string text = v ? setting_text(name, *v) : "?";
+    ctx.settings_key += fmt::format("|{}={}", name, v ? v->dump() : "?");
+    ctx.settings_label += fmt::format(" {}={}", name, text);
   }
   const json w = report.is_object() && report.contains("world") ? report["world"] : json();
   if (w.is_object())
@@ -252,7 +300,7 @@ std::vector<Row> extract_rows(const json& report, const std::vector<SettingChang
   {
     RowContext top = ctx;
     top.collective.clear();
-    add_row(rows, seen, top, json::object(), res, "", static_cast<std::size_t>(-1));
+    add_row(rows, seen, top, json::object(), res, "", "");
   }
   for (auto it = res.begin(); it != res.end(); ++it) {
     if (!it->is_array()) continue;
@@ -261,10 +309,28 @@ std::vector<Row> extract_rows(const json& report, const std::vector<SettingChang
     for (std::size_t i = 0; i < it->size(); ++i) {
       const json& row = (*it)[i];
       if (!row.is_object()) continue;
-      add_row(rows, seen, t, row, row, "", i);
-      // Nested blocks, as allreduce-test's out_of_place / in_place.
-      for (auto b = row.begin(); b != row.end(); ++b)
-        if (b->is_object()) add_row(rows, seen, t, row, *b, b.key(), i);
+      const std::string pos = fmt::format("{}[{}]", t.table, i);
+      add_row(rows, seen, t, row, row, "", pos);
+      for (auto b = row.begin(); b != row.end(); ++b) {
+        // Nested blocks, as allreduce-test's out_of_place / in_place.
+        if (b->is_object()) add_row(rows, seen, t, row, *b, b.key(), pos);
+        if (!b->is_array()) continue;
+        // Nested tables, as init-check's ranks[].phases[]: each entry is a
+        // row identified by its own fields and its parent's (rank and phase
+        // name).
+        RowContext nt = t;
+        nt.table = t.table + "." + b.key();
+        for (std::size_t j = 0; j < b->size(); ++j) {
+          const json& sub = (*b)[j];
+          if (!sub.is_object()) continue;
+          json id = json::object();
+          for (const char* f : kIdentity)
+            if (auto p = row.find(f); p != row.end()) id[f] = *p;
+          for (const char* f : kIdentity)
+            if (auto p = sub.find(f); p != sub.end()) id[f] = *p;
+          add_row(rows, seen, nt, id, sub, "", fmt::format("{}.{}[{}]", pos, b.key(), j));
+        }
+      }
     }
   }
   return rows;
@@ -299,7 +365,9 @@ ChangeKind row_kind(const std::vector<const FigureChange*>& figs) {
   auto any = [&](ChangeKind k) {
     return std::any_of(figs.begin(), figs.end(), [k](const FigureChange* f) { return f->kind == k; });
   };
-  for (auto k : {ChangeKind::kMissing, ChangeKind::kNew, ChangeKind::kRegressed, ChangeKind::kImproved,
+  // A regressed figure makes the row regressed even when another figure of it
+  // is missing: the summary must agree with the result line.
+  for (auto k : {ChangeKind::kRegressed, ChangeKind::kMissing, ChangeKind::kNew, ChangeKind::kImproved,
                  ChangeKind::kNoise})
     if (any(k)) return k;
   return ChangeKind::kUnchanged;
@@ -439,14 +507,22 @@ std::string baselines_disagree(const std::vector<json>& bases, const std::vector
     const std::string cmd0 = str_or(bases[0], "command", "?"), cmd = str_or(bases[i], "command", "?");
     if (cmd != cmd0)
       return fmt::format("{} is a report of '{}' and {} one of '{}'", name_i, cmd, name_0, cmd0);
-    const auto d = differing_settings(bases[0], bases[i]);
-    if (d.empty()) continue;
-    std::string list;
-    for (const auto& s : d)
-      list += fmt::format("{}{} {} ({}) vs {} ({})", list.empty() ? "" : ", ", s.name, s.now, name_i,
-                          s.base, name_0);
-    return fmt::format("the baseline runs were made with different settings: {}", list);
   }
+  // Every pair: a run that recorded no settings (it failed first) agrees with
+  // every other, so comparing with the first alone would miss the others'
+  // difference.
+  for (std::size_t i = 1; i < bases.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j) {
+      const auto d = differing_settings(bases[j], bases[i]);
+      if (d.empty()) continue;
+      const std::string name_i = i < names.size() ? names[i] : fmt::format("baseline {}", i + 1);
+      const std::string name_j = j < names.size() ? names[j] : fmt::format("baseline {}", j + 1);
+      std::string list;
+      for (const auto& s : d)
+        list += fmt::format("{}{} {} ({}) vs {} ({})", list.empty() ? "" : ", ", s.name, s.now, name_i,
+                            s.base, name_j);
+      return fmt::format("the baseline runs were made with different settings: {}", list);
+    }
   return "";
 }
 
@@ -479,11 +555,26 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
                                 bases.size() - 1);
   c.new_label = report_label(now);
 
-  c.settings_changed = differing_settings(base, now);
+  const Settings bset = base_settings(bases, base), nset = settings_of(now);
+  c.settings_changed = differing_settings(bset, nset);
+  // Rows are keyed by each run's own value of every setting that differs
+  // between BASE and NEW or between two baseline runs (which the command line
+  // refuses to merge; here their rows simply never meet).
+  std::vector<std::string> keyed;
+  auto key_by = [&](const std::vector<SettingChange>& d) {
+    for (const auto& s : d)
+      if (std::find(keyed.begin(), keyed.end(), s.name) == keyed.end()) keyed.push_back(s.name);
+  };
+  key_by(c.settings_changed);
+  for (std::size_t i = 1; i < bases.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j) key_by(differing_settings(bases[j], bases[i]));
+  Settings fallback = bset;  // for a run that lacks a setting: BASE's, else NEW's
+  for (const auto& [name, v] : nset)
+    if (!find_setting(fallback, name)) fallback.push_back({name, v});
   std::vector<std::vector<Row>> base_runs;
-  for (const auto& b : bases) base_runs.push_back(extract_rows(b, c.settings_changed, true));
+  for (const auto& b : bases) base_runs.push_back(extract_rows(b, keyed, fallback));
   const auto base_rows = merge_baselines(base_runs);
-  const auto new_rows = extract_rows(now, c.settings_changed, false);
+  const auto new_rows = extract_rows(now, keyed, fallback);
   std::map<std::string, const Row*> new_by_key;
   for (const auto& r : new_rows) new_by_key.emplace(r.key, &r);
   std::map<std::string, const Row*> base_by_key;
@@ -698,18 +789,38 @@ std::string render_comparison_markdown(const Comparison& c) {
 }
 
 double parse_percentage(const std::string& s) {
-  std::string t = s;
-  while (!t.empty() && t.back() == ' ') t.pop_back();
-  if (!t.empty() && t.back() == '%') t.pop_back();
-  std::size_t used = 0;
+  auto trim = [](std::string t) {
+    while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+    std::size_t b = 0;
+    while (b < t.size() && std::isspace(static_cast<unsigned char>(t[b]))) ++b;
+    return t.substr(b);
+  };
+  std::string t = trim(s);
+  if (!t.empty() && t.back() == '%') t = trim(t.substr(0, t.size() - 1));
+  // Only a plain decimal number: digits with at most one point. std::stod
+  // alone would also read hex ("0x10" as 16), exponents, "inf" and "nan".
+  std::size_t digits = 0, points = 0, others = 0;
+  for (char ch : t) {
+    if (ch >= '0' && ch <= '9')
+      ++digits;
+    else if (ch == '.')
+      ++points;
+    else
+      ++others;
+  }
+  const auto refuse = [&]() {
+    return std::invalid_argument(fmt::format("'{}' is not a percentage: write a plain decimal number, "
+                                             "optionally followed by %, e.g. 10% or 2.5",
+                                             s));
+  };
+  if (digits == 0 || points > 1 || others > 0) throw refuse();
   double v = 0;
   try {
-    v = std::stod(t, &used);
+    v = std::stod(t);
   } catch (const std::exception&) {
-    used = 0;
+    throw refuse();
   }
-  if (t.empty() || used != t.size() || !std::isfinite(v) || v < 0)
-    throw std::invalid_argument("'" + s + "' is not a percentage (e.g. 10%)");
+  if (!std::isfinite(v)) throw refuse();
   // A bare fraction is most likely meant as one (0.1 for 10%), which as a
   // percentage would be 0.1%: make the writer say which.
   if (v > 0 && v < 1 && s.find('%') == std::string::npos)

@@ -2,12 +2,20 @@
 // (command, table, collective, size, dtype, op, placement, world size,
 // backend, and other identity fields a row carries); known figures are
 // compared with a direction (busbw higher is better, times lower is better).
+// Rows are the objects in the arrays under results, their object blocks
+// (allreduce-test's out_of_place / in_place), and the objects of arrays one
+// level down, identified with their parent's identity (init-check's
+// ranks[].phases[]: rank and phase name).
 //
 // Noise rule. A figure's spread in one report is, in the figure's unit:
 //  - max_rank_time_us - min_rank_time_us of the same row, for time_us, and
 //    as the same fraction of the value for rates (busbw_gbps, algbw_gbps),
 //    since a rate is bytes over time;
 //  - otherwise <figure>_spread, or 2 x <figure>_stddev, when the row has them;
+//  - otherwise, for a rate (*_gbps), the same fraction as the spread of the
+//    time it derives from: the row's first of time_us, comm_time_us, comm_us,
+//    allreduce_time_us, time_per_iter_us, by the rules here (bucket-sweep's
+//    busbw_gbps gets comm_time_us_spread's fraction of comm_time_us);
 //  - otherwise spread_us / 2 x stddev_us for the row's *_us figures;
 //  - otherwise "spread" / 2 x "stddev" as a fraction of the value (0.05 = 5%).
 // The noise band of a comparison is the baseline's spread (NEW's own spread
@@ -89,8 +97,9 @@ struct Comparison {
   bool fail_on_missing = false;
   std::vector<SettingChange> settings_changed;
 
-  // Rows (not figures) of each kind: a row is regressed if any figure is,
-  // else improved if any is, else noise if any is, else unchanged.
+  // Rows (not figures) of each kind: a row is regressed if any figure is
+  // (even when another is missing), else missing if any figure is, else new,
+  // else improved if any figure is, else noise if any is, else unchanged.
   int rows(ChangeKind k) const;
   bool regressed() const;
 };
@@ -129,8 +138,10 @@ std::string render_comparison_text(const Comparison& c);
 // Markdown for a CI summary ($GITHUB_STEP_SUMMARY).
 std::string render_comparison_markdown(const Comparison& c);
 
-// "10%", "10" (percent) or "0.5%" -> a fraction; throws std::invalid_argument,
-// also for a bare number between 0 and 1 ("0.1": 10% or 0.1%?).
+// "10%", "10" (percent) or "0.5%" -> a fraction; throws std::invalid_argument
+// for anything but a plain decimal number with an optional % (no sign, hex,
+// exponent, inf or nan: "0x10" is not 16%), and for a bare number between 0
+// and 1 ("0.1": 10% or 0.1%?).
 double parse_percentage(const std::string& s);
 
 }  // namespace ddpdiag::reports

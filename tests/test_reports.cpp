@@ -648,6 +648,257 @@ TEST_CASE("compare: tolerance parsing and the Markdown summary", "[reports][comp
   CHECK(md.find("<details>") != std::string::npos);
 }
 
+namespace {
+
+// A bucket-sweep report as the command writes its cap rows: comm_time_us with
+// its spread, busbw_gbps derived from it, exposed time with spread_us.
+json bucket_sweep_report(double comm_time_us, double comm_spread_us, double busbw_gbps, double step_time_us) {
+  Report r("bucket-sweep", {"ddpdiag", "bucket-sweep"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  r.results()["model"] = "mlp";
+  r.results()["first_bucket_bytes"] = 1 << 20;
+  r.results()["compute_gbps"] = 0.0;
+  r.results()["caps"] = json::array();
+  for (double cap : {1.0, 5.0, 25.0})
+    r.results()["caps"].push_back({{"bucket_cap_mb", cap},
+                                   {"bucket_cap_bytes", cap * (1 << 20)},
+                                   {"comm_time_us", comm_time_us},
+                                   {"comm_time_us_spread", comm_spread_us},
+                                   {"algbw_gbps", busbw_gbps},
+                                   {"busbw_gbps", busbw_gbps},
+                                   {"exposed_comm_time_us", 3000.0},
+                                   {"spread_us", 30.0},
+                                   {"step_time_us", step_time_us},
+                                   {"wrong", 0}});
+  return r.finish();
+}
+
+const FigureChange* find_figure(const Comparison& c, const std::string& row_part, const std::string& figure) {
+  for (const auto& f : c.figures)
+    if (f.figure == figure && f.row.find(row_part) != std::string::npos) return &f;
+  return nullptr;
+}
+
+}  // namespace
+
+TEST_CASE("compare: a rate gets the relative spread of the time it derives from", "[reports][compare]") {
+  // comm_time_us 1000 +- 300 us in BASE; NEW is 25% slower and its bus
+  // bandwidth 20% lower: both are inside the 30% band.
+  const auto base = bucket_sweep_report(1000, 300, 10.0, 5000);
+  const auto now = bucket_sweep_report(1250, 300, 8.0, 5000);
+  CHECK(validate_report(base).empty());
+  auto c = compare_reports(base, now);
+  const auto* t = find_figure(c, "bucket_cap_mb=1", "comm_time_us");
+  const auto* bw = find_figure(c, "bucket_cap_mb=1", "busbw_gbps");
+  REQUIRE(t);
+  REQUIRE(bw);
+  CHECK(t->kind == ChangeKind::kNoise);
+  CHECK(bw->kind == ChangeKind::kNoise);
+  CHECK(bw->noise == Approx(t->noise));  // the same fraction: 30%
+  CHECK(bw->noise == Approx(0.3));
+  CHECK_FALSE(c.regressed());
+  CHECK(render_comparison_text(c).find("±30.0%") != std::string::npos);
+  // With a tight time spread the same drop regresses, time and rate alike.
+  auto tight = compare_reports(bucket_sweep_report(1000, 10, 10.0, 5000), bucket_sweep_report(1250, 10, 8.0, 5000));
+  CHECK(tight.regressed());
+  CHECK(find_figure(tight, "bucket_cap_mb=1", "busbw_gbps")->kind == ChangeKind::kRegressed);
+  CHECK(find_figure(tight, "bucket_cap_mb=1", "busbw_gbps")->noise == Approx(0.01));
+  // Rows with the ranks' time spread keep it.
+  std::vector<Point> noisy = {{1 << 20, 10.0, 70, 130}};
+  auto a = allreduce_report(noisy);
+  noisy[0].busbw_gbps = 8;
+  CHECK(find_figure(compare_reports(a, allreduce_report(noisy)), "out_of_place", "busbw_gbps")->noise ==
+        Approx(0.6));
+}
+
+
+namespace {
+
+// A link-health report as the command writes it, with its all_reduce timing
+// per rank; or, with error set, one that ended before measuring anything.
+json link_health_full(double bandwidth_bytes, double allreduce_time_us, bool error = false) {
+  Report r("link-health", {"ddpdiag", "link-health"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  if (error) {
+    ErrorInfo e;
+    e.kind = "rendezvous";
+    e.message = "timed out waiting for rank 1";
+    r.set_error(e);
+    return r.finish();
+  }
+  r.results()["bandwidth_bytes"] = bandwidth_bytes;
+  r.results()["allreduce_bytes"] = 1 << 20;
+  r.results()["pairs"] = json::array({{{"src", 0}, {"dst", 1}, {"busbw_gbps", 1.5}, {"latency_us", 40.0}}});
+  r.results()["allreduce"] = json::array({{{"rank", 0}, {"allreduce_time_us", allreduce_time_us}},
+                                          {{"rank", 1}, {"allreduce_time_us", allreduce_time_us}}});
+  r.add_check({"links", CheckStatus::kPass, "no slow pair"});
+  return r.finish();
+}
+
+}  // namespace
+
+TEST_CASE("compare: baseline runs of different settings are refused, whichever run comes first",
+          "[reports][compare]") {
+  const auto err = link_health_full(0, 0, true);
+  REQUIRE(err["verdict"] == "ERROR");
+  const auto k64 = link_health_full(64 << 10, 100), m1 = link_health_full(1 << 20, 500);
+  CHECK(validate_report(err).empty());
+  SECTION("a failed run first does not hide the others' difference") {
+    const auto why = baselines_disagree({err, k64, m1, m1}, {"lh_err.json", "lh_64k.json", "lh.json", "lh2.json"});
+    CHECK(why.find("bandwidth_bytes") != std::string::npos);
+    CHECK(why.find("1 MiB (lh.json)") != std::string::npos);
+    CHECK(why.find("64 KiB (lh_64k.json)") != std::string::npos);
+    CHECK_FALSE(baselines_disagree({k64, err, m1}, {"a", "b", "c"}).empty());
+    CHECK_FALSE(baselines_disagree({m1, k64}, {"a", "b"}).empty());
+    CHECK(baselines_disagree({err, m1, m1}, {"a", "b", "c"}).empty());
+  }
+  SECTION("each run's rows carry its own settings") {
+    // Merged anyway (the library has no refusal): the 1 MiB runs' rows are
+    // keyed and labelled 1 MiB, and match NEW's; the 64 KiB run's are missing.
+    auto c = compare_reports(std::vector<json>{err, k64, m1, m1}, m1);
+    CHECK_FALSE(c.regressed());
+    for (const auto& f : c.figures) {
+      if (f.row.find("bandwidth_bytes=64 KiB") != std::string::npos) CHECK(f.kind == ChangeKind::kMissing);
+      if (f.kind == ChangeKind::kUnchanged) CHECK(f.row.find("64 KiB") == std::string::npos);
+    }
+    const auto* pair = find_figure(c, "src=0 dst=1", "busbw_gbps");
+    REQUIRE(pair);
+    CHECK(pair->kind == ChangeKind::kUnchanged);
+    CHECK(pair->row.find("bandwidth_bytes=1 MiB") != std::string::npos);
+  }
+}
+
+
+namespace {
+
+// An init-check report: per rank, the phases of its start with their durations.
+json init_check_report(double backend_init_ms) {
+  Report r("init-check", {"ddpdiag", "init-check"});
+  r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  r.results()["ranks"] = json::array();
+  for (int rank : {0, 1})
+    r.results()["ranks"].push_back(
+        {{"rank", rank},
+         {"host", "h"},
+         {"error", nullptr},
+         {"phases", json::array({{{"name", "store_connect"}, {"duration_ms", 0.25}, {"status", "ok"}},
+                                 {{"name", "backend_init"}, {"duration_ms", backend_init_ms}, {"status", "ok"}}})}});
+  r.add_check({"init", CheckStatus::kPass, "every rank started"});
+  return r.finish();
+}
+
+}  // namespace
+
+TEST_CASE("compare: link-health's all_reduce time and init-check's phase durations are gated",
+          "[reports][compare]") {
+  SECTION("link-health allreduce_time_us") {
+    auto c = compare_reports(link_health_full(1 << 20, 500), link_health_full(1 << 20, 1500));
+    CHECK(c.regressed());
+    const auto* f = find_figure(c, "rank=0", "allreduce_time_us");
+    REQUIRE(f);
+    CHECK(f->kind == ChangeKind::kRegressed);
+    CHECK_FALSE(f->higher_is_better);
+    CHECK(c.rows(ChangeKind::kRegressed) == 2);
+    CHECK_FALSE(compare_reports(link_health_full(1 << 20, 500), link_health_full(1 << 20, 400)).regressed());
+  }
+  SECTION("init-check duration_ms per rank and phase") {
+    const auto base = init_check_report(14);
+    CHECK(validate_report(base).empty());
+    auto same = compare_reports(base, base);
+    CHECK(same.rows(ChangeKind::kUnchanged) == 4);  // 2 ranks x 2 phases
+    auto c = compare_reports(base, init_check_report(42));
+    CHECK(c.regressed());
+    CHECK(c.rows(ChangeKind::kRegressed) == 2);
+    CHECK(c.rows(ChangeKind::kUnchanged) == 2);
+    const auto* f = find_figure(c, "rank=1 name=backend_init", "duration_ms");
+    REQUIRE(f);
+    CHECK(f->kind == ChangeKind::kRegressed);
+    CHECK(f->change == Approx(2.0));
+    // A phase missing from NEW is a missing row, not a silent pass.
+    auto now = base;
+    now["results"]["ranks"][1]["phases"].erase(1);
+    auto m = compare_reports(base, now);
+    CHECK(m.rows(ChangeKind::kMissing) == 1);
+    CHECK(compare_reports(base, now, {0.10, true}).regressed());
+  }
+  SECTION("odd phase entries are skipped, never thrown on") {
+    auto odd = init_check_report(14);
+    odd["results"]["ranks"][0]["phases"] = "none";
+    odd["results"]["ranks"][1]["phases"][0] = 5;
+    odd["results"]["ranks"][1]["phases"][1]["duration_ms"] = "slow";
+    odd["results"]["ranks"][1]["phases"][1]["name"] = json::array({1});
+    CHECK_NOTHROW(compare_reports(init_check_report(14), odd));
+    CHECK_NOTHROW(compare_reports(odd, init_check_report(14)));
+    CHECK_NOTHROW(render_comparison_text(compare_reports(odd, odd)));
+  }
+}
+
+
+TEST_CASE("compare: a row with a regressed figure counts as regressed, even with one missing",
+          "[reports][compare]") {
+  const auto base = bucket_sweep_report(1000, 10, 10.0, 5000);
+  auto now = bucket_sweep_report(1000, 10, 10.0, 15000);
+  for (auto& row : now["results"]["caps"]) row.erase("comm_time_us");
+  auto c = compare_reports(base, now);
+  CHECK(c.regressed());
+  CHECK(c.rows(ChangeKind::kRegressed) == 3);
+  CHECK(c.rows(ChangeKind::kMissing) == 0);
+  const auto text = render_comparison_text(c);
+  CHECK(text.find("rows: 0 improved, 3 regressed, 0 unchanged, 0 within noise, 0 missing, 0 new") !=
+        std::string::npos);
+  CHECK(text.find("result: REGRESSION (3 regressed figure(s))") != std::string::npos);
+  CHECK(render_comparison_markdown(c).find("| 0 | 3 | 0 | 0 | 0 | 0 |") != std::string::npos);
+  // A missing figure beside unchanged ones still makes the row missing.
+  auto gone = base;
+  for (auto& row : gone["results"]["caps"]) row.erase("comm_time_us");
+  CHECK(compare_reports(base, gone).rows(ChangeKind::kMissing) == 3);
+}
+
+
+TEST_CASE("compare: --max-regression takes only a plain decimal number", "[reports][compare]") {
+  for (const char* bad : {"0x10", "0x10%", "1e1", "1e1%", "inf", "nan", "+10", "10.5.1", ".", "%", "", "10%%",
+                          "0X1A", "1_0", "10 percent"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(parse_percentage(bad), std::invalid_argument);
+  }
+  CHECK_THROWS_WITH(parse_percentage("0x10"), Catch::Contains("plain decimal number") && Catch::Contains("10%"));
+  CHECK(parse_percentage("10") == Approx(0.10));
+  CHECK(parse_percentage("10%") == Approx(0.10));
+  CHECK(parse_percentage(" 10% ") == Approx(0.10));
+  CHECK(parse_percentage("12.5%") == Approx(0.125));
+  CHECK(parse_percentage("5.") == Approx(0.05));
+  CHECK(parse_percentage(".5%") == Approx(0.005));
+  CHECK(parse_percentage("016") == Approx(0.16));
+}
+
+TEST_CASE("compare: fields of the wrong JSON type are skipped, never thrown on", "[reports][compare]") {
+  const auto base = allreduce_report(baseline_points());
+  auto odd = base;
+  odd["schema"] = 1;
+  odd["command"] = json::array({"allreduce-test"});
+  odd["world"]["size"] = "two";
+  odd["world"]["backend"] = 5;
+  odd["checks"][0]["name"] = 7;
+  odd["checks"][0]["status"] = json::object();
+  odd["results"]["collective"] = 3;
+  odd["results"]["sizes"][0]["bytes"] = json::array({1024});
+  odd["results"]["sizes"][1]["out_of_place"]["busbw_gbps"] = "fast";
+  odd["results"]["sizes"][2] = "row";
+  for (const auto& [a, b] : {std::pair{base, odd}, std::pair{odd, base}, std::pair{odd, odd}}) {
+    CHECK_NOTHROW(render_comparison_text(compare_reports(a, b)));
+    CHECK_NOTHROW(render_comparison_markdown(compare_reports(std::vector<json>{a, b, a}, b)));
+    CHECK_NOTHROW(baselines_disagree({a, b}, {"a.json", "b.json"}));
+  }
+  // A figure that is not a number in NEW is missing, not an error.
+  auto now = base;
+  now["results"]["sizes"][1]["out_of_place"]["busbw_gbps"] = "fast";
+  auto c = compare_reports(base, now);
+  bool missing = false;
+  for (const auto& f : c.figures)
+    missing = missing || (f.figure == "busbw_gbps" && f.kind == ChangeKind::kMissing && f.base && !f.now);
+  CHECK(missing);
+}
+
 // ---------------------------------------------------------------- renderers
 
 TEST_CASE("markdown: title with verdict, context, checks and results", "[reports][render]") {
