@@ -31,9 +31,21 @@ void fill_exact_inputs(DType dtype, ReduceOp op, int world_size, int rank, void*
 // The exact all_reduce result, element by element, in the dtype's bytes.
 void fill_expected_allreduce(DType dtype, ReduceOp op, int world_size, void* host,
                              std::size_t count);
-// Elements of `got` that differ bit for bit from the expected result.
+// How a backend computes a floating-point average. Gloo here sums, then
+// divides: exact on these inputs. NCCL's ncclAvg on a floating dtype
+// multiplies each input by 1/n rounded to the dtype, then sums (nccl-tests
+// calls it PreMulSum): inexact wherever 1/n is (a world size that is not a
+// power of two), so the result may differ from the exact average by a few
+// units in the last place, in an order that depends on the ring.
+enum class AvgRounding { kExact, kPreMultiplied };
+
+// Elements of `got` that differ bit for bit from the expected result. With
+// kPreMultiplied, a floating-point average at a world size that is not a
+// power of two may instead be within (n + 1) units in the last place of it
+// (the bound of n rounded products summed in any order; nccl-tests allows
+// rounding there too); every other case stays bit for bit.
 std::int64_t count_wrong_allreduce(DType dtype, ReduceOp op, int world_size, const void* got,
-                                   std::size_t count);
+                                   std::size_t count, AvgRounding avg = AvgRounding::kExact);
 
 struct TimingBlock {
   double time_us = 0;           // mean over ranks of each rank's time per op
