@@ -79,14 +79,31 @@ struct LinkShare {
   int slowest_mbps = 0;
   std::size_t bytes = 0;  // the largest size
   double busbw_gbps = 0;  // at that size
+  DType dtype = DType::kFloat32;  // of the dtype/op judged (-d all -o all: the lowest)
+  ReduceOp op = ReduceOp::kSum;
   double fraction() const { return busbw_gbps / link_gbytes_per_s(slowest_mbps); }
   nlohmann::json to_json() const {
     return {{"slowest_link_speed_mbps", slowest_mbps},
             {"bytes", bytes},
             {"busbw_gbps", busbw_gbps},
+            {"dtype", std::string(dtype_name(dtype))},
+            {"op", std::string(reduce_op_name(op))},
             {"fraction", fraction()}};
   }
 };
+
+// The largest size measured of each dtype/op swept, in sweep order (-d all
+// -o all sweeps several; each is judged at its own largest size).
+std::vector<const SizeResult*> largest_of_each_sweep(const std::vector<SizeResult>& results) {
+  std::vector<const SizeResult*> lasts;
+  for (const auto& r : results) {
+    if (!lasts.empty() && lasts.back()->dtype == r.dtype && lasts.back()->op == r.op)
+      lasts.back() = &r;
+    else
+      lasts.push_back(&r);
+  }
+  return lasts;
+}
 
 std::optional<LinkShare> busbw_vs_link(const Job& job, const std::vector<SizeResult>& results) {
   if (results.empty() || job.ranks.empty()) return std::nullopt;
@@ -97,10 +114,16 @@ std::optional<LinkShare> busbw_vs_link(const Job& job, const std::vector<SizeRes
     if (r.net_speed_mbps <= 0) return std::nullopt;
     slowest = slowest ? std::min(slowest, r.net_speed_mbps) : r.net_speed_mbps;
   }
-  const auto& last = results.back();
-  const auto& b = last.out_of_place ? last.out_of_place : last.in_place;
-  if (!b) return std::nullopt;
-  return LinkShare{slowest, last.bytes, b->busbw_gbps};
+  // Every dtype/op at its largest size: the one that got the least of the
+  // link is what the share (and --min-link-pct) is about.
+  std::optional<LinkShare> least;
+  for (const SizeResult* last : largest_of_each_sweep(results)) {
+    const auto& b = last->out_of_place ? last->out_of_place : last->in_place;
+    if (!b) continue;
+    if (!least || b->busbw_gbps < least->busbw_gbps)
+      least = LinkShare{slowest, last->bytes, b->busbw_gbps, last->dtype, last->op};
+  }
+  return least;
 }
 
 void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOptions& o) {
@@ -288,13 +311,7 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
       } else {
         // The largest size of each dtype/op swept (-d all -o all sweeps
         // several): every one must meet the threshold.
-        std::vector<const SizeResult*> lasts;
-        for (const auto& r : results) {
-          if (!lasts.empty() && lasts.back()->dtype == r.dtype && lasts.back()->op == r.op)
-            lasts.back() = &r;
-          else
-            lasts.push_back(&r);
-        }
+        const auto lasts = largest_of_each_sweep(results);
         bool ok = true;
         std::string detail;
         for (const auto* last : lasts) {
@@ -330,9 +347,10 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
         const double pct = 100 * link->fraction();
         const bool ok = pct >= o.min_link_pct;
         report.add_check({"min_link_pct", ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                          fmt::format("busbw {:.3f} GB/s at {} B is {:.{}f}% of the slowest link ({}, {:.4g} "
+                          fmt::format("busbw {:.3f} GB/s at {} B ({} {}) is {:.{}f}% of the slowest link ({}, {:.4g} "
                                       "GB/s), {} the threshold {:g}%",
-                                      link->busbw_gbps, link->bytes, pct, pct < 10 ? 1 : 0,
+                                      link->busbw_gbps, link->bytes, dtype_name(link->dtype),
+                                      reduce_op_name(link->op), pct, pct < 10 ? 1 : 0,
                                       format_link_speed(link->slowest_mbps),
                                       link_gbytes_per_s(link->slowest_mbps), ok ? "meeting" : "under",
                                       o.min_link_pct)});
@@ -391,9 +409,11 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                     w["first"].get<std::string>().c_str());
     std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
     if (link)
-      std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %zu B is %.3f GB/s, %.*f%% of it\n",
+      std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %zu B (%s %s) is %.3f GB/s, %.*f%% of it\n",
                   format_link_speed(link->slowest_mbps).c_str(), link_gbytes_per_s(link->slowest_mbps),
-                  link->bytes, link->busbw_gbps, 100 * link->fraction() < 10 ? 1 : 0,
+                  link->bytes, std::string(dtype_name(link->dtype)).c_str(),
+                  std::string(reduce_op_name(link->op)).c_str(), link->busbw_gbps,
+                  100 * link->fraction() < 10 ? 1 : 0,
                   100 * link->fraction());
     print_checks_and_verdict(report);
   }

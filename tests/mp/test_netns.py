@@ -358,7 +358,8 @@ class NetworkInterfaces(unittest.TestCase):
         self.assertEqual((link["slowest_link_speed_mbps"], link["bytes"]), (1000, 4096))
         self.assertEqual(link["busbw_gbps"], r["sizes"][-1]["out_of_place"]["busbw_gbps"])
         self.assertAlmostEqual(link["fraction"], link["busbw_gbps"] / 0.125, places=6)
-        self.assertIn("# Slowest link         : 1 Gb/s (0.125 GB/s); busbw at 4096 B is", out)
+        self.assertIn("# Slowest link         : 1 Gb/s (0.125 GB/s); busbw at 4096 B (float sum) is", out)
+        self.assertEqual((link["dtype"], link["op"]), ("float", "sum"))
 
     def test_allreduce_gated_on_its_share_of_the_link(self):
         # Links said to run at 400 Gb/s (50 GB/s): three ranks on two cores
@@ -371,6 +372,19 @@ class NetworkInterfaces(unittest.TestCase):
         self.assertEqual(check["status"], "fail")
         self.assertIn("of the slowest link (400 Gb/s, 50 GB/s), under the threshold 50%", check["detail"])
         self.assertEqual(rep["results"]["busbw_vs_link"]["slowest_link_speed_mbps"], 400000)
+        # Several dtypes and ops: each at its largest size, and the one that
+        # got the least of the link is what is judged (not the last swept).
+        res, rep = self.run_ranks(["allreduce-test", "-b", "64K", "-e", "64K", "-n", "2", "-w", "1",
+                                   "-d", "all", "--min-link-pct", "50"],
+                                  self.port + 2)
+        self.assertEqual(res[0][0], 1, res[0][1] + res[0][2])
+        link = rep["results"]["busbw_vs_link"]
+        lasts = {}
+        for row in rep["results"]["sizes"]:
+            lasts[(row["dtype"], row["op"])] = row["out_of_place"]["busbw_gbps"]
+        self.assertEqual(len(lasts), 8)
+        self.assertEqual(link["busbw_gbps"], min(lasts.values()))
+        self.assertEqual(lasts[(link["dtype"], link["op"])], link["busbw_gbps"])
 
     def test_links_all_slow_alike_are_found_against_their_speed(self):
         # Every host's link said to run at 400 Gb/s (50 GB/s each way): the
