@@ -215,6 +215,13 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
   res["check_iters"] = so.check_iters;
   res["sizes"] = nlohmann::json::array();
 
+  // Before the header: a line refused prints no table.
+  for (auto d : dtypes)
+    if (maxb < dtype_size(d))
+      throw UsageError(fmt::format("-e {} B is less than one {} element ({} B): no size to measure",
+                                   maxb, dtype_name(d), dtype_size(d)),
+                       {"flags", job.rank(), -1,
+                        fmt::format("give -e {} or more", dtype_size(d))});
   if (job.rank() == 0) print_header(job, so, o);
   std::vector<SizeResult> results;
   so.on_size_done = [&](std::size_t i, const SizeResult& r) {
@@ -361,12 +368,6 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
 
   std::size_t combos_done = 0;
   const std::size_t combos = dtypes.size() * ops.size();
-  for (auto d : dtypes)
-    if (maxb < dtype_size(d))
-      throw UsageError(fmt::format("-e {} B is less than one {} element ({} B): no size to measure",
-                                   maxb, dtype_name(d), dtype_size(d)),
-                       {"flags", job.rank(), -1,
-                        fmt::format("give -e {} or more", dtype_size(d))});
   try {
     for (auto d : dtypes)
       for (auto r : ops) {

@@ -602,18 +602,23 @@ Subcommand add_link_health_command(CLI::App& parent) {
       ->check(cli::number_in_range(0, 10));
   app->add_option("--bw-threshold-pct", opts->thresholds.bandwidth_below_median_pct,
                   "A pair is slow when its bandwidth is this % below the median of its kind")
+      ->capture_default_str()
       ->check(cli::number_in_range(0.0, 100.0));
   app->add_option("--latency-threshold-pct", opts->thresholds.latency_above_median_pct,
                   "A pair is slow when its latency is this % above the median of its kind")
+      ->capture_default_str()
       ->check(cli::non_negative_number());
   app->add_option("--latency-floor-us", opts->thresholds.latency_floor_us,
                   "...and more than this many us above it")
+      ->capture_default_str()
       ->check(cli::non_negative_number());
   app->add_option("--min-bw-gbps", opts->thresholds.min_bandwidth_gbps,
                   "Slow below this absolute bandwidth (0: off)")
+      ->capture_default_str()
       ->check(cli::non_negative_number());
   app->add_option("--max-latency-us", opts->thresholds.max_latency_us,
                   "Slow above this absolute latency (0: off)")
+      ->capture_default_str()
       ->check(cli::non_negative_number());
   app->add_option("--min-link-pct", opts->thresholds.min_link_pct,
                   "A cross-host pair is slow under this % of its link's speed, where the kernel "
