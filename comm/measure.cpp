@@ -253,12 +253,18 @@ constexpr std::size_t kMaxInFlight = 1024;
 // Issues n all_reduces; window keeps the last kMaxInFlight of them (slot
 // i % kMaxInFlight). Before reusing a slot it waits for the op there, the
 // oldest one outstanding.
+// `slots` sizes of buffer fit in send and recv: iteration i uses slot
+// i mod slots (1: always the start).
 void issue_allreduces(Communicator& comm, const SweepOptions& o, void* send, void* recv,
-                      std::size_t count, int n, std::vector<std::shared_ptr<Work>>& window) {
+                      std::size_t count, int n, std::vector<std::shared_ptr<Work>>& window,
+                      std::size_t slots) {
+  const std::size_t bytes = count * dtype_size(o.dtype);
   for (int i = 0; i < n; ++i) {
     auto& slot = window[static_cast<std::size_t>(i) % kMaxInFlight];
     if (slot) slot->wait(o.timeout);
-    slot = comm.allreduce(send, recv, count, o.dtype, o.op);
+    const std::size_t off = (static_cast<std::size_t>(i) % slots) * bytes;
+    slot = comm.allreduce(static_cast<std::uint8_t*>(send) + off, static_cast<std::uint8_t*>(recv) + off,
+                          count, o.dtype, o.op);
   }
 }
 
@@ -281,14 +287,14 @@ void wait_outstanding(std::vector<std::shared_ptr<Work>>& window, int n, Millis 
 // Times one block (in-place or out-of-place) of one size; returns this rank's
 // time per op in microseconds.
 double time_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
-                  std::size_t count) {
+                  std::size_t count, std::size_t slots) {
   std::vector<std::shared_ptr<Work>> window(kMaxInFlight);
-  issue_allreduces(comm, o, send, recv, count, o.warmup, window);
+  issue_allreduces(comm, o, send, recv, count, o.warmup, window, slots);
   wait_outstanding(window, o.warmup, o.timeout);
   comm.barrier()->wait(o.timeout);
   std::fill(window.begin(), window.end(), nullptr);
   auto t0 = Clock::now();
-  issue_allreduces(comm, o, send, recv, count, o.iters, window);
+  issue_allreduces(comm, o, send, recv, count, o.iters, window, slots);
   wait_outstanding(window, o.iters, o.timeout);
   auto t1 = Clock::now();
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, o.iters);
@@ -339,6 +345,7 @@ void run_allreduce_sweep(Communicator& comm, const SweepOptions& o, std::vector<
   comm.copy_from_host(recv.get(), host.data(), max_bytes);
   const double factor = busbw_factor(o.collective, comm.size());
   const int n = comm.size();
+  const bool rotate = o.rotate_buffers.value_or(comm.memory_kind() == MemoryKind::kDevice);
 
   for (std::size_t idx = 0; idx < o.sizes.size(); ++idx) {
     SizeResult res;
@@ -348,15 +355,16 @@ void run_allreduce_sweep(Communicator& comm, const SweepOptions& o, std::vector<
     res.count = res.bytes / dtype_size(o.dtype);
     // Both blocks' times and wrong counts of this rank, gathered in one go.
     std::vector<double> mine(4, 0.0);
+    const std::size_t slots = rotate ? std::max<std::size_t>(1, max_bytes / res.bytes) : 1;
     if (o.out_of_place) {
-      mine[0] = time_block(comm, o, send.get(), recv.get(), res.count);
+      mine[0] = time_block(comm, o, send.get(), recv.get(), res.count, slots);
       mine[1] = o.check_iters > 0
                     ? static_cast<double>(check_block(comm, o, send.get(), recv.get(), false,
                                                       res.count, host))
                     : 0.0;
     }
     if (o.in_place) {
-      mine[2] = time_block(comm, o, recv.get(), recv.get(), res.count);
+      mine[2] = time_block(comm, o, recv.get(), recv.get(), res.count, slots);
       mine[3] = o.check_iters > 0
                     ? static_cast<double>(check_block(comm, o, send.get(), recv.get(), true,
                                                       res.count, host))

@@ -82,6 +82,13 @@ struct SweepOptions {
   bool out_of_place = true;
   bool in_place = true;
   Millis timeout = std::chrono::seconds(60);
+  // Timed iterations move through the sweep's buffers (of its largest size):
+  // iteration i at offset (i mod (largest / size)) * size, as nccl-tests
+  // does, so a size smaller than a cache is not timed from that cache.
+  // Default: on device memory (NCCL), where one stream runs the ops in order.
+  // Gloo runs ops on distinct buffers concurrently (its worker threads), so
+  // there rotating would time overlapped all_reduces: off unless asked.
+  std::optional<bool> rotate_buffers;
   // Called on every rank after each size completes (for progress output).
   std::function<void(std::size_t index, const SizeResult&)> on_size_done;
 };

@@ -213,6 +213,7 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
   res["iters"] = so.iters;
   res["warmup_iters"] = so.warmup;
   res["check_iters"] = so.check_iters;
+  res["rotated_buffers"] = so.rotate_buffers.value_or(job.comm->memory_kind() == MemoryKind::kDevice);
   res["sizes"] = nlohmann::json::array();
 
   // Before the header: a line refused prints no table.

@@ -11,7 +11,9 @@
 #include <fstream>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -445,6 +447,97 @@ TEST_CASE("exact inputs: integer sums wrap, and a saturating sum is caught", "[t
   CHECK(any_wrap);
   CHECK(count_wrong_allreduce(DType::kInt8, ReduceOp::kSum, n, wrapped.data(), count) == 0);
   CHECK(count_wrong_allreduce(DType::kInt8, ReduceOp::kSum, n, saturated.data(), count) > 0);
+}
+
+namespace {
+
+// A Gloo communicator that says its memory is the device's (so the sweep
+// takes its NCCL defaults) and records where each all_reduce reads from.
+class RecordingCommunicator final : public Communicator {
+ public:
+  explicit RecordingCommunicator(Communicator& inner) : inner_(inner) { timeout_ = inner.default_timeout(); }
+  std::vector<std::pair<const void*, std::size_t>> reads;  // (send, count) of each all_reduce
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Backend backend() const override { return inner_.backend(); }
+  MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
+  std::string library_version() const override { return inner_.library_version(); }
+  std::string device_name() const override { return inner_.device_name(); }
+  std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                  ReduceOp op) override {
+    reads.emplace_back(send, count);
+    return inner_.allreduce(send, recv, count, dtype, op);
+  }
+  std::shared_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    return inner_.broadcast(buf, count, dtype, root);
+  }
+  std::shared_ptr<Work> reduce(const void* s, void* r, std::size_t count, DType dtype, ReduceOp op,
+                               int root) override {
+    return inner_.reduce(s, r, count, dtype, op, root);
+  }
+  std::shared_ptr<Work> allgather(const void* s, void* r, std::size_t count, DType dtype) override {
+    return inner_.allgather(s, r, count, dtype);
+  }
+  std::shared_ptr<Work> reduce_scatter(const void* s, void* r, std::size_t count, DType dtype,
+                                       ReduceOp op) override {
+    return inner_.reduce_scatter(s, r, count, dtype, op);
+  }
+  std::shared_ptr<Work> send(const void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t tag) override {
+    return inner_.send(buf, count, dtype, peer, tag);
+  }
+  std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer, std::uint32_t tag) override {
+    return inner_.recv(buf, count, dtype, peer, tag);
+  }
+  std::shared_ptr<Work> barrier() override { return inner_.barrier(); }
+  void* alloc(std::size_t bytes) override { return inner_.alloc(bytes); }
+  void free(void* ptr) override { inner_.free(ptr); }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override { inner_.copy_to_host(dst, src, bytes); }
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    inner_.copy_from_host(dst, src, bytes);
+  }
+  void abort() override { inner_.abort(); }
+
+ private:
+  Communicator& inner_;
+};
+
+}  // namespace
+
+TEST_CASE("sweep: on device memory timed iterations move through the buffers, as nccl-tests does",
+          "[tools][measure][gloo]") {
+  // 1 KiB in a sweep up to 4 KiB: four slots, visited in turn; the largest
+  // size has one. Host memory (Gloo) stays at the start unless asked.
+  const std::optional<bool> ask = GENERATE(std::optional<bool>{}, std::optional<bool>{false});
+  auto fails = on_ranks(2, [&](Communicator& gloo, std::vector<std::string>& f) {
+    RecordingCommunicator comm(gloo);
+    SweepOptions o;
+    o.sizes = {1024, 4096};
+    o.iters = 6;
+    o.warmup = 1;
+    o.in_place = false;
+    o.rotate_buffers = ask;
+    std::vector<SizeResult> out;
+    run_allreduce_sweep(comm, o, out);
+    for (const auto& r : out)
+      if (r.out_of_place->wrong != 0) f.push_back("wrong elements at " + std::to_string(r.bytes));
+    std::map<std::size_t, std::set<const void*>> seen;  // count -> where it read
+    const void* lowest = comm.reads.front().first;
+    for (const auto& [p, count] : comm.reads) {
+      seen[count].insert(p);
+      lowest = std::min(lowest, p);
+    }
+    const std::size_t want_small = ask.value_or(true) ? 4 : 1;
+    if (seen[256].size() != want_small)
+      f.push_back("1 KiB read from " + std::to_string(seen[256].size()) + " places, not " +
+                  std::to_string(want_small));
+    for (const void* p : seen[256])
+      if ((static_cast<const std::uint8_t*>(p) - static_cast<const std::uint8_t*>(lowest)) % 1024 != 0)
+        f.push_back("a 1 KiB read off the slot grid");
+    if (seen[1024].size() != 1) f.push_back("4 KiB read from more than one place");
+  });
+  for (const auto& f : fails) FAIL_CHECK(f);
 }
 
 TEST_CASE("gather and ring all_reduce on send/recv: exact, bytes and scratch equal theory", "[tools][gloo]") {
