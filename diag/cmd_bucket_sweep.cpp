@@ -53,6 +53,7 @@ struct BucketSweepOptions {
   std::string sweep_min = "256K";
   std::string sweep_max = "64M";
   int sweep_iters = 5;
+  bool find_unused = false;
 };
 
 struct CapRow {
@@ -84,10 +85,13 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   row.cap_mb = cap_mb;
   row.cap_bytes = static_cast<std::uint64_t>(cap_mb * kMiB);  // as DDP: int(cap * 1024 * 1024)
   const auto first_bytes = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
-  row.expected_buckets = ddp_buckets(layout, row.cap_bytes, first_bytes).size();
+  row.expected_buckets = (o.find_unused ? ddp_buckets_unrebuilt(layout, row.cap_bytes, first_bytes)
+                                         : ddp_buckets(layout, row.cap_bytes, first_bytes))
+                             .size();
   ReducerOptions ro;
   ro.bucket_cap_bytes = row.cap_bytes;
   ro.first_bucket_bytes = first_bytes;
+  ro.find_unused_parameters = o.find_unused;
   ro.timeout = job.timeout;
   Reducer red(comm, layout, ro);
   for (const auto& b : red.buckets()) row.bucket_bytes.push_back(b.spec.bytes);
@@ -179,6 +183,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
   res["total_bytes"] = layout.total_bytes();
   res["first_bucket_bytes"] = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
   res["compute_gbps"] = o.compute_gbps;
+  res["find_unused_parameters"] = o.find_unused;
   res["iters"] = o.iters;
   res["warmup_iters"] = o.warmup;
   res["default_bucket_cap_mb"] = kDefaultCapMb;
@@ -376,6 +381,9 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
                   "Gradient bytes the simulated backward produces per second (GB/s); 0: no compute")
       ->check(cli::non_negative_number());
   app->add_flag("--no-size-sweep", opts->no_size_sweep, "Skip the plain all_reduce size sweep");
+  app->add_flag("--find-unused-parameters", opts->find_unused,
+                "DDP's find_unused_parameters=True: the buckets DDP keeps unrebuilt, and the "
+                "used-parameter all_reduce each iteration");
   app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep")
       ->check(cli::size_value());
   app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep")

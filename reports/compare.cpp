@@ -139,7 +139,7 @@ const std::vector<CommandSettings>& command_settings() {
       {"ddp-step",
        {"model", "bucket_cap_bytes", "first_bucket_bytes", "hook", "averaging", "gradient_as_bucket_view",
         "find_unused_parameters", "compute_gbps"}},
-      {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps"}},
+      {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps", "find_unused_parameters"}},
       {"broadcast-test", {"model", "bytes"}},
       {"dp-vs-ring", {"collective", "dtype", "op"}},
       {"model", {"model", "first_bucket_bytes", "compute_gbps", "backend_as", "predicted_world_size",

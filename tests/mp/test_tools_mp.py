@@ -69,9 +69,9 @@ class ErrorReports(unittest.TestCase):
 class BucketSweep(unittest.TestCase):
     CAPS = [1, 5, 25]
 
-    def expected_buckets(self, cap):
+    def expected_buckets(self, cap, extra=()):
         path = tmp_json()
-        p = run(["buckets", "--model", "mlp", "--bucket-cap-mb", str(cap), "--json", path])
+        p = run(["buckets", "--model", "mlp", "--bucket-cap-mb", str(cap), "--json", path] + list(extra))
         self.assertEqual(p.returncode, 0, p.stderr)
         rep = load(path)
         os.unlink(path)
@@ -114,6 +114,21 @@ class BucketSweep(unittest.TestCase):
                                        dflt_exposed - best["exposed_comm_time_us"])
                 self.assertIn("# Recommendation: bucket_cap_mb=", p.stdout)
                 self.assertEqual([s["bytes"] for s in res["sizes"]], [64 << 10, 256 << 10, 1 << 20])
+
+    def test_find_unused_parameters_runs_the_buckets_ddp_keeps(self):
+        # The buckets `buckets --find-unused-parameters` shows (DDP never
+        # rebuilds them then), not the rebuilt ones; gradients still right.
+        flag = ["--find-unused-parameters"]
+        p, rep = tool(self, ["bucket-sweep", "--model", "mlp", "--caps", "1,25", "-n", "2", "-w", "1",
+                             "--no-size-sweep"] + flag, 2)
+        res = rep["results"]
+        self.assertEqual(rep["verdict"], "PASS")
+        self.assertIs(res["find_unused_parameters"], True)
+        for c in res["caps"]:
+            kept = self.expected_buckets(c["bucket_cap_mb"], flag)
+            self.assertEqual((c["bucket_count"], c["bucket_bytes"]), kept)
+            self.assertNotEqual(c["bucket_bytes"], self.expected_buckets(c["bucket_cap_mb"])[1])
+            self.assertEqual(c["wrong"], 0)
 
     def test_printed_median_is_the_reports(self):
         # With an even bucket count the median is the mean of the middle two,
