@@ -83,6 +83,8 @@ std::string explain_conversion(const CLI::App& app, const CLI::ConversionError& 
     for (const CLI::App* s : a->get_subcommands([](const CLI::App* c) { return c->parsed(); }))
       todo.push_back(s);
   }
+  if (opt && opt->get_type_name().rfind("FLOAT", 0) == 0)
+    return fmt::format("{}: '{}' is not a number", name, value);
   if (!opt || opt->get_type_name().rfind("INT", 0) != 0) return msg;
   const bool negative = !value.empty() && value[0] == '-';
   std::size_t digits = 0;

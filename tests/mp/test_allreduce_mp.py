@@ -708,6 +708,7 @@ class BadInput(unittest.TestCase):
              "--nproc: 99999999999999999999 is out of range; it takes at most 2147483647"),
             (["--rank", "-2147483649"], "--rank: -2147483649 is out of range; it takes at least -2147483648"),
             (["--master-port", "1e3"], "--master-port: '1e3' is not a whole number"),
+            (["-f", "two"], "--stepfactor: 'two' is not a number"),
         ]
         cases += [
             (["-e", "1K", "-b", "1M"], "--maxbytes: 1K is below --minbytes 1M"),
