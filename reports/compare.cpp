@@ -78,7 +78,21 @@ double noise_abs(const json& o, const std::string& fig, double value) {
   return time_noise_abs(o, fig, value);
 }
 
+// init-check's phases last microseconds to seconds and jitter by more than
+// their own length from run to run (a store round trip, a rank starting a
+// few ms later); what the gate is for is an init that got slower by a
+// noticeable time (a resolver timeout, a slow store, NCCL's init). A
+// phase's change under this is noise.
+constexpr double kPhaseNoiseFloorMs = 100;
+
+double measured_noise_abs(const json& o, const std::string& fig, double value);
+
 double time_noise_abs(const json& o, const std::string& fig, double value) {
+  const double measured = measured_noise_abs(o, fig, value);
+  return fig == "duration_ms" ? std::max(measured, kPhaseNoiseFloorMs) : measured;
+}
+
+double measured_noise_abs(const json& o, const std::string& fig, double value) {
   const double lo = number_or(o, "min_rank_time_us", NAN), hi = number_or(o, "max_rank_time_us", NAN);
   if (fig == "time_us" && std::isfinite(lo) && std::isfinite(hi) && hi >= lo) return hi - lo;
   if (double s = number_or(o, (fig + "_spread").c_str(), NAN); std::isfinite(s)) return std::fabs(s);
