@@ -316,6 +316,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       so.warmup = 1;
       so.in_place = false;
       so.timeout = job.timeout;
+      res["sizes_rotated_buffers"] = so.rotate_buffers.value_or(job.comm->memory_kind() == MemoryKind::kDevice);
       if (job.rank() == 0) {
         std::printf("# Plain all_reduce at bucket-like sizes (float sum, out of place, %d iters)\n",
                     so.iters);

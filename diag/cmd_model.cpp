@@ -171,6 +171,12 @@ std::optional<SameReport> same_report(const std::vector<std::pair<std::string, j
   return std::nullopt;
 }
 
+// Both paths name one existing file (through links, ./, hard links).
+bool same_existing_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return std::filesystem::equivalent(a, b, ec) && !ec;
+}
+
 void run_model(const ModelOptions& o, reports::Report& report) {
   auto& res = report.results();
   // ---- flags -------------------------------------------------------------
@@ -648,6 +654,17 @@ Subcommand add_model_command(CLI::App& parent) {
       "bucket's; exposed = comm left after backward. Exit 1 when a fit or a --check-against\n"
       "comparison is out of tolerance.");
   return {app, [opts] {
+            // A report written over one of the reports read would destroy
+            // it (the failure's report too): refused before anything runs.
+            std::vector<std::string> read = opts->inputs;
+            read.insert(read.end(), opts->check_against.begin(), opts->check_against.end());
+            for (const auto* out : {&opts->json_path, &opts->markdown_path})
+              for (const auto& in : read)
+                if (!out->empty() && same_existing_file(*out, in))
+                  throw UsageError(fmt::format("{} {} is also a report model reads ({}): writing "
+                                               "the model's report would replace it",
+                                               out == &opts->json_path ? "--json" : "--markdown", *out, in),
+                                   ErrorContext{"flags", -1, -1, "write the report to another file"});
             reports::Report report("model", own_command_line());
             int rc = 0;
             try {

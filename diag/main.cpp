@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -86,15 +87,20 @@ std::string explain_conversion(const CLI::App& app, const CLI::ConversionError& 
   if (opt && opt->get_type_name().rfind("FLOAT", 0) == 0)
     return fmt::format("{}: '{}' is not a number", name, value);
   if (!opt || opt->get_type_name().rfind("INT", 0) != 0) return msg;
-  const bool negative = !value.empty() && value[0] == '-';
-  std::size_t digits = 0;
-  for (std::size_t k = (negative || (!value.empty() && value[0] == '+')) ? 1 : 0; k < value.size(); ++k) {
-    if (value[k] < '0' || value[k] > '9') return fmt::format("{}: '{}' is not a whole number", name, value);
-    ++digits;
-  }
-  if (digits == 0) return fmt::format("{}: '{}' is not a whole number", name, value);
-  return fmt::format("{}: {} is out of range; it takes {}", name, value,
-                     negative ? "at least -2147483648" : "at most 2147483647");
+  // Read as CLI11 reads integers: base 0 (0x hex, a leading 0 octal).
+  errno = 0;
+  char* end = nullptr;
+  const long long v = value.empty() ? 0 : std::strtoll(value.c_str(), &end, 0);
+  if (value.empty() || !end || *end != '\0')
+    return fmt::format("{}: '{}' is not a whole number{}", name, value,
+                       value.size() > 1 && value[0] == '0' && value.find_first_not_of("0123456789") == std::string::npos
+                           ? " (a leading 0 reads it as octal)"
+                           : "");
+  const bool negative = errno == ERANGE ? value[0] == '-' : v < 0;
+  if (errno == ERANGE || v > 2147483647LL || v < -2147483648LL)
+    return fmt::format("{}: {} is out of range; it takes {}", name, value,
+                       negative ? "at least -2147483648" : "at most 2147483647");
+  return msg;
 }
 
 // A command line refused while it was parsed (a bad flag value) still
@@ -121,11 +127,32 @@ void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
   if (json_path.empty() && markdown_path.empty()) return;
   const std::string what = e.what();
   if (what.rfind("--json", 0) == 0 || what.rfind("--markdown", 0) == 0) return;
-  for (const char* var : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
-    if (const char* v = std::getenv(var); v && *v) {
-      if (std::string(v) != "0") return;
-      break;
-    }
+  // Never over a file the line names for something else (model's input
+  // reports): a typo must not cost the user a report.
+  for (const CLI::Option* opt : sub->get_options()) {
+    if (opt->check_name("--json") || opt->check_name("--markdown")) continue;
+    for (const std::string& v : opt->results())
+      for (const std::string* out : {&json_path, &markdown_path}) {
+        std::error_code ec;
+        if (!out->empty() && std::filesystem::equivalent(*out, v, ec) && !ec) return;
+      }
+  }
+  // This process's rank, as --rank or the launchers' variables give it
+  // (as comm/world.cpp reads them): only rank 0 writes the job's report.
+  std::string rank_text;
+  if (const CLI::Option* opt = sub->get_option_no_throw("--rank"); opt && !opt->results().empty())
+    rank_text = opt->results().back();
+  else
+    for (const char* var : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
+      if (const char* v = std::getenv(var); v && *v) {
+        rank_text = v;
+        break;
+      }
+  if (!rank_text.empty()) {
+    char* end = nullptr;
+    const long r = std::strtol(rank_text.c_str(), &end, 10);
+    if (!end || *end != '\0' || r != 0) return;
+  }
   try {
     ddpdiag::cli::check_report_outputs(json_path, markdown_path);
     ddpdiag::reports::Report report(command, ddpdiag::cli::recorded_command_line());

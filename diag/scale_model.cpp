@@ -364,8 +364,12 @@ ReportRows extract_rows(const json& report, const std::string& source) {
 
 Placement placement_of(const ReportRows& rows, int w) {
   if (rows.rank_hosts.size() < static_cast<std::size_t>(std::max(0, w))) {
-    const int hosts = rows.hosts > 0 && w % rows.hosts == 0 ? rows.hosts : 1;
-    return {hosts, {}};
+    // Where ranks ran is not in the report: one host is one host for any
+    // world; the whole world over its hosts where they divide it evenly.
+    if (rows.hosts <= 1) return {1, {}};
+    if (w == rows.world_size && w % rows.hosts == 0) return {rows.hosts, {}};
+    return {0, fmt::format("the report does not say which of its {} hosts ranks 0..{} ran on",
+                           rows.hosts, w - 1)};
   }
   // Runs of ranks on one host, in rank order (dp-vs-ring's sub-worlds are
   // ranks 0..w-1 of the job).

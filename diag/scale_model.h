@@ -158,9 +158,9 @@ struct ReportRows {
 };
 
 // How ranks 0..w-1 of a run sit on hosts, as the model places them: host by
-// host, the same number on each. `hosts` is 0 when that is not so (`why`
-// says how they sit) or when the report does not say where ranks ran (then
-// the run's distinct host count is used where it divides w, else 1 host).
+// host, the same number on each. `hosts` is 0 (`why` says why) when they sit
+// otherwise, or when the report does not name each rank's host and the run
+// had several hosts, unless w is the whole world and its hosts divide it.
 struct Placement {
   int hosts = 0;
   std::string why;

@@ -708,6 +708,8 @@ class BadInput(unittest.TestCase):
              "--nproc: 99999999999999999999 is out of range; it takes at most 2147483647"),
             (["--rank", "-2147483649"], "--rank: -2147483649 is out of range; it takes at least -2147483648"),
             (["--master-port", "1e3"], "--master-port: '1e3' is not a whole number"),
+            (["-n", "08"], "--iters: '08' is not a whole number (a leading 0 reads it as octal)"),
+            (["-n", "0x80000000"], "--iters: 0x80000000 is out of range; it takes at most 2147483647"),
             (["-f", "two"], "--stepfactor: 'two' is not a number"),
         ]
         cases += [
@@ -796,6 +798,13 @@ class BadInput(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertFalse(os.path.exists(path))
         self.assertFalse(os.path.exists(path.replace(".json", ".rank1.json")))
+        # Nor a rank given by --rank; RANK=00 is rank 0.
+        p = run(["allreduce-test", "--rank", "1", "--world-size", "2", "-n", "0", "--json", path])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertFalse(os.path.exists(path))
+        p = run(["allreduce-test", "-n", "0", "--json", path], env=dict(clean_env(), RANK="00", WORLD_SIZE="2"))
+        self.assertEqual(load(path)["error"]["phase"], "flags")
+        os.unlink(path)
 
     def test_report_in_a_directory_where_no_file_can_be_made_is_refused_up_front(self):
         # /proc: writable to root by access(), yet no file can be created

@@ -223,6 +223,25 @@ class ModelVsMeasured(unittest.TestCase):
         os.unlink(a)
         os.unlink(b)
 
+    def test_a_report_over_an_input_is_refused(self):
+        # --json naming a report model reads would destroy it: refused, the
+        # input kept, also when the line has a typo.
+        with open(self.sweeps[2]) as f:
+            before = f.read()
+        same = os.path.join(os.path.dirname(self.sweeps[2]), ".", os.path.basename(self.sweeps[2]))
+        for extra in (["--world-size", "8"], ["--world-size", "x"],
+                      ["--check-against", self.sweeps[3], "--world-size", "8"]):
+            with self.subTest(extra=extra):
+                p = run(["model", self.sweeps[2], "--json", same] + extra)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                with open(self.sweeps[2]) as f:
+                    self.assertEqual(f.read(), before)
+        p = run(["model", self.sweeps[2], "--markdown", self.sweeps[2], "--world-size", "8"])
+        self.assertIn("--markdown %s is also a report model reads" % self.sweeps[2], p.stderr)
+        p = run(["model", self.sweeps[2], "--check-against", self.sweeps[3], "--json", self.sweeps[3],
+                 "--world-size", "8"])
+        self.assertIn("--json %s is also a report model reads" % self.sweeps[3], p.stderr)
+
     def test_checked_runs_are_placed_as_they_ran(self):
         # A world of one does no all_reduce: its points are left out, not
         # predicted as 0 us and failed.
