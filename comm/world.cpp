@@ -26,6 +26,8 @@ std::string_view launcher_name(Launcher l) {
     case Launcher::kEnv: return "env";
     case Launcher::kSlurm: return "slurm";
     case Launcher::kOpenMpi: return "openmpi";
+    case Launcher::kMvapich: return "mvapich";
+    case Launcher::kMpich: return "mpich";
   }
   return "unknown";
 }
@@ -169,9 +171,9 @@ std::string first_slurm_host(std::string_view list) {
 }
 
 bool launched_by_launcher(const EnvLookup& env) {
-  for (const char* v : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "DDPDIAG_LAUNCHER"})
+  for (const char* v : kRankVariables)
     if (env(v)) return true;
-  return false;
+  return env("DDPDIAG_LAUNCHER").has_value();
 }
 
 World discover_world(const WorldFlags& flags, const EnvLookup& env,
@@ -252,6 +254,35 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
       throw world_error(
           fmt::format("OMPI_COMM_WORLD_RANK={} is set but OMPI_COMM_WORLD_SIZE is not", *rank),
           "run under mpirun, or pass --world-size");
+  } else if (auto v = r.integer("MV2_COMM_WORLD_RANK")) {
+    w.launcher = Launcher::kMvapich;
+    rank = v;
+    rank_var = "MV2_COMM_WORLD_RANK";
+    size_var = "MV2_COMM_WORLD_SIZE";
+    lrank_var = "MV2_COMM_WORLD_LOCAL_RANK";
+    lsize_var = "MV2_COMM_WORLD_LOCAL_SIZE";
+    size = r.integer(size_var);
+    local_rank = r.integer(lrank_var);
+    local_size = r.integer(lsize_var);
+    if (!size)
+      throw world_error(
+          fmt::format("MV2_COMM_WORLD_RANK={} is set but MV2_COMM_WORLD_SIZE is not", *rank),
+          "run under mpirun_rsh, or pass --world-size");
+  } else if (auto v = r.integer("PMI_RANK")) {
+    // MPICH's and Intel MPI's Hydra: PMI_RANK and PMI_SIZE, and the rank and
+    // count on this node in MPI_LOCALRANKID and MPI_LOCALNRANKS.
+    w.launcher = Launcher::kMpich;
+    rank = v;
+    rank_var = "PMI_RANK";
+    size_var = "PMI_SIZE";
+    lrank_var = "MPI_LOCALRANKID";
+    lsize_var = "MPI_LOCALNRANKS";
+    size = r.integer(size_var);
+    local_rank = r.integer(lrank_var);
+    local_size = r.integer(lsize_var);
+    if (!size)
+      throw world_error(fmt::format("PMI_RANK={} is set but PMI_SIZE is not", *rank),
+                        "run under mpirun / mpiexec, or pass --world-size");
   }
 
   // Flags win over the environment.
@@ -368,6 +399,12 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
         w.launcher == Launcher::kOpenMpi
             ? "pass MASTER_ADDR to every rank: mpirun -x MASTER_ADDR=<host of rank 0> ..., or "
               "pass --master-addr"
+        : w.launcher == Launcher::kMpich
+            ? "pass MASTER_ADDR to every rank: mpirun -genv MASTER_ADDR <host of rank 0> ..., or "
+              "pass --master-addr"
+        : w.launcher == Launcher::kMvapich
+            ? "pass MASTER_ADDR to every rank: mpirun_rsh ... MASTER_ADDR=<host of rank 0> "
+              "ddpdiag ..., or pass --master-addr"
             : "export MASTER_ADDR=<host of rank 0> (e.g. the first host of $SLURM_JOB_NODELIST) "
               "or pass --master-addr");
   }
@@ -398,7 +435,8 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
 
 std::map<std::string, std::string> recorded_environment() {
   static const char* kPrefixes[] = {"NCCL_",  "GLOO_",        "MASTER_",           "TORCHELASTIC_",
-                                    "SLURM_", "OMPI_COMM_WORLD_", "DDPDIAG_",       "TORCH_"};
+                                    "SLURM_", "OMPI_COMM_WORLD_", "DDPDIAG_",       "TORCH_",
+                                    "MV2_COMM_WORLD_", "PMI_", "MPI_LOCAL"};
   static const char* kNames[] = {"RANK",        "WORLD_SIZE", "LOCAL_RANK",
                                  "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                                  "ROLE_RANK",   "ROLE_NAME",  "ROLE_WORLD_SIZE",

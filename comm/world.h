@@ -20,8 +20,17 @@ enum class Launcher : std::uint8_t {
   kTorchrun,  // torchrun / torch.distributed.run (TORCHELASTIC_RUN_ID)
   kEnv,       // plain RANK/WORLD_SIZE without a known launcher
   kSlurm,     // srun (SLURM_PROCID)
-  kOpenMpi,   // mpirun (OMPI_COMM_WORLD_RANK)
+  kOpenMpi,   // Open MPI's mpirun (OMPI_COMM_WORLD_RANK)
+  kMvapich,   // MVAPICH's mpirun_rsh (MV2_COMM_WORLD_RANK)
+  kMpich,     // MPICH's and Intel MPI's mpirun / mpiexec (Hydra: PMI_RANK)
 };
+
+// The variables a launcher gives each rank its rank in, in the order they
+// are read (the first set wins: torchrun inside srun sets RANK and
+// SLURM_PROCID, and RANK is the true one; MVAPICH under Hydra sets
+// MV2_COMM_WORLD_RANK and PMI_RANK alike).
+inline constexpr const char* kRankVariables[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
+                                                 "MV2_COMM_WORLD_RANK", "PMI_RANK"};
 std::string_view launcher_name(Launcher l);
 
 // Flags given on the command line; unset fields fall back to the environment.
@@ -95,14 +104,14 @@ std::vector<int> expand_slurm_tasks_per_node(std::string_view s);
 // std::invalid_argument naming the list when it is empty or malformed.
 std::string first_slurm_host(std::string_view list);
 
-// True when the environment was set by some launcher (any of RANK,
-// SLURM_PROCID, OMPI_COMM_WORLD_RANK, ...), i.e. this process is one rank of a
+// True when the environment was set by some launcher (any of
+// kRankVariables, or DDPDIAG_LAUNCHER), i.e. this process is one rank of a
 // job rather than the user's shell.
 bool launched_by_launcher(const EnvLookup& env);
 
 // Environment variables recorded in reports: NCCL_*, GLOO_*, MASTER_*,
-// TORCHELASTIC_*, the rank variables, CUDA_VISIBLE_DEVICES, SLURM_* and
-// OMPI_COMM_WORLD_* (all that are set).
+// TORCHELASTIC_*, the rank variables, CUDA_VISIBLE_DEVICES, SLURM_*,
+// OMPI_COMM_WORLD_*, MV2_COMM_WORLD_*, PMI_* and MPI_LOCAL* (all that are set).
 std::map<std::string, std::string> recorded_environment();
 
 }  // namespace ddpdiag

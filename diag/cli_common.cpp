@@ -1974,7 +1974,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   // its report goes beside the job's, under the rank it was given, rather
   // than over the job's.
   if (!job.world_known)
-    for (const char* var : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
+    for (const char* var : kRankVariables)
       if (const char* v = std::getenv(var); v && *v) {
         char* end = nullptr;
         const long r = std::strtol(v, &end, 10);

@@ -143,7 +143,7 @@ void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
   if (const CLI::Option* opt = sub->get_option_no_throw("--rank"); opt && !opt->results().empty())
     rank_text = opt->results().back();
   else
-    for (const char* var : {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"})
+    for (const char* var : ddpdiag::kRankVariables)
       if (const char* v = std::getenv(var); v && *v) {
         rank_text = v;
         break;

@@ -6,6 +6,8 @@
 using namespace ddpdiag;
 
 namespace {
+using Catch::Matchers::Contains;
+
 World discover(std::map<std::string, std::string> env, WorldFlags flags = {},
                std::optional<int> gpus = std::nullopt) {
   return discover_world(flags, map_env(std::move(env)), gpus);
@@ -78,6 +80,40 @@ TEST_CASE("Slurm and Open MPI variables", "[world]") {
   CHECK(m.world_size == 4);
   CHECK(m.local_world_size == 2);
   CHECK(m.master_port == 1234);
+}
+
+TEST_CASE("MPICH, Intel MPI and MVAPICH variables", "[world]") {
+  // Hydra (MPICH's and Intel MPI's mpirun / mpiexec).
+  auto h = discover({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"},
+                     {"MPI_LOCALNRANKS", "2"}, {"PMI_FD", "7"}, {"MASTER_ADDR", "10.0.0.1"}});
+  CHECK(h.launcher == Launcher::kMpich);
+  CHECK(launcher_name(h.launcher) == "mpich");
+  CHECK((h.rank == 3 && h.world_size == 4 && h.local_rank == 1 && h.local_world_size == 2));
+  // MVAPICH's mpirun_rsh; under Hydra it sets PMI_RANK too, which agrees.
+  auto m = discover({{"MV2_COMM_WORLD_RANK", "5"}, {"MV2_COMM_WORLD_SIZE", "8"},
+                     {"MV2_COMM_WORLD_LOCAL_RANK", "1"}, {"MV2_COMM_WORLD_LOCAL_SIZE", "4"},
+                     {"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"MASTER_ADDR", "n1"}});
+  CHECK(m.launcher == Launcher::kMvapich);
+  CHECK((m.rank == 5 && m.world_size == 8 && m.local_rank == 1 && m.local_world_size == 4));
+  // torchrun inside such a job: RANK wins.
+  auto t = discover({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"PMI_RANK", "7"}, {"PMI_SIZE", "8"},
+                     {"TORCHELASTIC_RUN_ID", "x"}});
+  CHECK(t.launcher == Launcher::kTorchrun);
+  CHECK(t.rank == 0);
+  // Half a world is named, with the launcher's own variable.
+  CHECK_THROWS_WITH(discover({{"PMI_RANK", "1"}}), Contains("PMI_RANK=1 is set but PMI_SIZE is not"));
+  CHECK_THROWS_WITH(discover({{"MV2_COMM_WORLD_RANK", "1"}}),
+                    Contains("MV2_COMM_WORLD_RANK=1 is set but MV2_COMM_WORLD_SIZE is not"));
+  CHECK_THROWS_WITH(discover({{"PMI_RANK", "4"}, {"PMI_SIZE", "4"}}),
+                    Contains("PMI_RANK=4 is out of range for PMI_SIZE=4"));
+  // Several hosts without MASTER_ADDR: the hint says how Hydra passes it.
+  try {
+    discover({{"PMI_RANK", "1"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}});
+    FAIL("no error without MASTER_ADDR");
+  } catch (const Error& e) {
+    CHECK_THAT(e.what(), Contains("MASTER_ADDR is not set"));
+    CHECK_THAT(e.context().hint, Contains("mpirun -genv MASTER_ADDR"));
+  }
 }
 
 TEST_CASE("Slurm: uneven task layouts and the store host from the node list", "[world]") {

@@ -399,6 +399,22 @@ class LauncherEnvironments(unittest.TestCase):
         check_report(self, rep, n)
         self.assertEqual(rep["world"]["launcher"], "openmpi")
 
+    def test_mpich_intel_mpi_and_mvapich_variables(self):
+        # The variables MPICH's and Intel MPI's Hydra (PMI_*, MPI_LOCAL*) and
+        # MVAPICH's mpirun_rsh (MV2_COMM_WORLD_*) give each rank.
+        n = 2
+        for launcher, names in (("mpich", ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")),
+                                ("mvapich", ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE",
+                                             "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"))):
+            with self.subTest(launcher=launcher):
+                port = free_port()
+                envs = [clean_env(**dict(zip(names, (r, n, r, n))), MASTER_ADDR="127.0.0.1",
+                                  MASTER_PORT=port) for r in range(n)]
+                rep, _ = self.run_world(envs)
+                check_report(self, rep, n)
+                self.assertEqual(rep["world"]["launcher"], launcher)
+                self.assertEqual(rep["environment"].get(names[1]), str(n))
+
     def test_explicit_flags_win(self):
         port = free_port()
         n = 2
