@@ -40,6 +40,7 @@ from common import (BIN, DEADLINE_S, check_report, clean_env, free_port, load,  
 
 CPUS = sorted(os.sched_getaffinity(0))
 MPIRUN = shutil.which("mpirun")
+MPIRUN_MPICH = shutil.which("mpirun.mpich")  # Debian's mpich: MPICH's Hydra, beside Open MPI
 SLURMCTLD = shutil.which("slurmctld") or (os.path.exists("/usr/sbin/slurmctld") and "/usr/sbin/slurmctld")
 SLURMD = shutil.which("slurmd") or (os.path.exists("/usr/sbin/slurmd") and "/usr/sbin/slurmd")
 SRUN = shutil.which("srun")
@@ -258,6 +259,21 @@ class OpenMpi(Case):
         rep = self.passed(p, path, np)
         self.assertEqual(self.warning_names(rep), ["cpu_oversubscribed"])
 
+
+
+@unittest.skipUnless(MPIRUN_MPICH, "mpirun.mpich not found (Debian: apt-get install mpich)")
+class Mpich(Case):
+    def test_hydra_mpirun_two_ranks(self):
+        # MPICH's Hydra gives PMI_RANK, PMI_SIZE, MPI_LOCALRANKID and
+        # MPI_LOCALNRANKS (as Intel MPI's does), and passes MASTER_* with -genv.
+        path = os.path.join(self.tmp, "r.json")
+        p = self.run_cmd([MPIRUN_MPICH, "-n", "2", "-genv", "MASTER_ADDR", "127.0.0.1", "-genv",
+                          "MASTER_PORT", str(free_port()), BIN, "allreduce-test", "--json", path] + SWEEP,
+                         clean_env())
+        rep = self.passed(p, path, 2)
+        self.assertEqual(rep["world"]["launcher"], "mpich")
+        self.assertEqual(rep["environment"].get("PMI_SIZE"), "2")
+        self.assertEqual(sorted(r["local_rank"] for r in rep["world"]["ranks"]), [0, 1])
 
 
 class SlurmCluster:
