@@ -240,49 +240,39 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
     if (!size)
       throw world_error(fmt::format("SLURM_PROCID={} is set but SLURM_NTASKS is not", *rank),
                         "run under srun with --ntasks, or pass --world-size");
-  } else if (auto v = r.integer("OMPI_COMM_WORLD_RANK")) {
-    w.launcher = Launcher::kOpenMpi;
-    rank = v;
-    rank_var = "OMPI_COMM_WORLD_RANK";
-    size_var = "OMPI_COMM_WORLD_SIZE";
-    lrank_var = "OMPI_COMM_WORLD_LOCAL_RANK";
-    lsize_var = "OMPI_COMM_WORLD_LOCAL_SIZE";
-    size = r.integer(size_var);
-    local_rank = r.integer(lrank_var);
-    local_size = r.integer(lsize_var);
-    if (!size)
-      throw world_error(
-          fmt::format("OMPI_COMM_WORLD_RANK={} is set but OMPI_COMM_WORLD_SIZE is not", *rank),
-          "run under mpirun, or pass --world-size");
-  } else if (auto v = r.integer("MV2_COMM_WORLD_RANK")) {
-    w.launcher = Launcher::kMvapich;
-    rank = v;
-    rank_var = "MV2_COMM_WORLD_RANK";
-    size_var = "MV2_COMM_WORLD_SIZE";
-    lrank_var = "MV2_COMM_WORLD_LOCAL_RANK";
-    lsize_var = "MV2_COMM_WORLD_LOCAL_SIZE";
-    size = r.integer(size_var);
-    local_rank = r.integer(lrank_var);
-    local_size = r.integer(lsize_var);
-    if (!size)
-      throw world_error(
-          fmt::format("MV2_COMM_WORLD_RANK={} is set but MV2_COMM_WORLD_SIZE is not", *rank),
-          "run under mpirun_rsh, or pass --world-size");
-  } else if (auto v = r.integer("PMI_RANK")) {
-    // MPICH's and Intel MPI's Hydra: PMI_RANK and PMI_SIZE, and the rank and
-    // count on this node in MPI_LOCALRANKID and MPI_LOCALNRANKS.
-    w.launcher = Launcher::kMpich;
-    rank = v;
-    rank_var = "PMI_RANK";
-    size_var = "PMI_SIZE";
-    lrank_var = "MPI_LOCALRANKID";
-    lsize_var = "MPI_LOCALNRANKS";
-    size = r.integer(size_var);
-    local_rank = r.integer(lrank_var);
-    local_size = r.integer(lsize_var);
-    if (!size)
-      throw world_error(fmt::format("PMI_RANK={} is set but PMI_SIZE is not", *rank),
-                        "run under mpirun / mpiexec, or pass --world-size");
+  } else {
+    // The MPI launchers: each names the rank, the size and the rank and
+    // count on this node in variables of its own.
+    struct MpiVariables {
+      Launcher launcher;
+      const char *rank, *size, *local_rank, *local_size, *how_to_run;
+    };
+    static constexpr MpiVariables kMpi[] = {
+        {Launcher::kOpenMpi, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE", "run under mpirun"},
+        {Launcher::kMvapich, "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK",
+         "MV2_COMM_WORLD_LOCAL_SIZE", "run under mpirun_rsh"},
+        // MPICH's and Intel MPI's Hydra.
+        {Launcher::kMpich, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+         "run under mpirun / mpiexec"},
+    };
+    for (const MpiVariables& m : kMpi) {
+      const auto v = r.integer(m.rank);
+      if (!v) continue;
+      w.launcher = m.launcher;
+      rank = v;
+      rank_var = m.rank;
+      size_var = m.size;
+      lrank_var = m.local_rank;
+      lsize_var = m.local_size;
+      size = r.integer(size_var);
+      local_rank = r.integer(lrank_var);
+      local_size = r.integer(lsize_var);
+      if (!size)
+        throw world_error(fmt::format("{}={} is set but {} is not", m.rank, *rank, m.size),
+                          fmt::format("{}, or pass --world-size", m.how_to_run));
+      break;
+    }
   }
 
   // Flags win over the environment.
