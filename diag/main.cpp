@@ -92,10 +92,7 @@ std::string explain_conversion(const CLI::App& app, const CLI::ConversionError& 
   char* end = nullptr;
   const long long v = value.empty() ? 0 : std::strtoll(value.c_str(), &end, 0);
   if (value.empty() || !end || *end != '\0')
-    return fmt::format("{}: '{}' is not a whole number{}", name, value,
-                       value.size() > 1 && value[0] == '0' && value.find_first_not_of("0123456789") == std::string::npos
-                           ? " (a leading 0 reads it as octal)"
-                           : "");
+    return fmt::format("{}: '{}' is not a whole number", name, value);
   const bool negative = errno == ERANGE ? value[0] == '-' : v < 0;
   if (errno == ERANGE || v > 2147483647LL || v < -2147483648LL)
     return fmt::format("{}: {} is out of range; it takes {}", name, value,
@@ -197,6 +194,27 @@ int main(int argc, char** argv) {
       cli::add_memory_command(app),
       cli::add_model_command(app),
   };
+  // CLI11 reads an integer with a leading 0 as octal: `-n 010` would run 8
+  // iterations and `--master-port 029500` dial another port. Refused, on
+  // every integer option of every subcommand.
+  {
+    const CLI::Validator no_octal(
+        [](std::string& v) -> std::string {
+          const std::size_t i = (!v.empty() && (v[0] == '+' || v[0] == '-')) ? 1 : 0;
+          if (v.size() > i + 1 && v[i] == '0' && v.find_first_not_of("0123456789", i) == std::string::npos)
+            return fmt::format("'{}' has a leading 0, which would read it as octal: write it without", v);
+          return {};
+        },
+        "", "no_octal");
+    std::vector<CLI::App*> todo = {&app};
+    while (!todo.empty()) {
+      CLI::App* a = todo.back();
+      todo.pop_back();
+      for (CLI::Option* opt : a->get_options())
+        if (opt->get_type_name().rfind("INT", 0) == 0) opt->check(no_octal);
+      for (CLI::App* sub : a->get_subcommands([](CLI::App*) { return true; })) todo.push_back(sub);
+    }
+  }
   // CLI11 would answer "A subcommand is required" to a misspelt one.
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;

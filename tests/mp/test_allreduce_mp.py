@@ -724,7 +724,9 @@ class BadInput(unittest.TestCase):
              "--nproc: 99999999999999999999 is out of range; it takes at most 2147483647"),
             (["--rank", "-2147483649"], "--rank: -2147483649 is out of range; it takes at least -2147483648"),
             (["--master-port", "1e3"], "--master-port: '1e3' is not a whole number"),
-            (["-n", "08"], "--iters: '08' is not a whole number (a leading 0 reads it as octal)"),
+            (["-n", "08"], "--iters: '08' has a leading 0, which would read it as octal"),
+            (["-n", "010"], "--iters: '010' has a leading 0, which would read it as octal"),
+            (["--master-port", "029500"], "--master-port: '029500' has a leading 0"),
             (["-n", "0x80000000"], "--iters: 0x80000000 is out of range; it takes at most 2147483647"),
             (["-f", "two"], "--stepfactor: 'two' is not a number"),
         ]
