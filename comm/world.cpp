@@ -176,6 +176,12 @@ bool launched_by_launcher(const EnvLookup& env) {
   return env("DDPDIAG_LAUNCHER").has_value();
 }
 
+std::optional<std::string> launcher_rank_text(const EnvLookup& env) {
+  for (const char* v : kRankVariables)
+    if (auto text = env(v); text && !text->empty()) return text;
+  return std::nullopt;
+}
+
 World discover_world(const WorldFlags& flags, const EnvLookup& env,
                      std::optional<int> visible_gpus) {
   World w;

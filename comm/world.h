@@ -109,6 +109,10 @@ std::string first_slurm_host(std::string_view list);
 // job rather than the user's shell.
 bool launched_by_launcher(const EnvLookup& env);
 
+// The text of the first of kRankVariables that is set: this process's rank
+// as its launcher gave it, before any check; nullopt when none is set.
+std::optional<std::string> launcher_rank_text(const EnvLookup& env);
+
 // Environment variables recorded in reports: NCCL_*, GLOO_*, MASTER_*,
 // TORCHELASTIC_*, the rank variables, CUDA_VISIBLE_DEVICES, SLURM_*,
 // OMPI_COMM_WORLD_*, MV2_COMM_WORLD_*, PMI_* and MPI_LOCAL* (all that are set).

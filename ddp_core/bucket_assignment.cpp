@@ -214,6 +214,12 @@ std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
   return out;
 }
 
+std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
+                                          std::uint64_t first_bucket_bytes, bool find_unused_parameters) {
+  return find_unused_parameters ? ddp_buckets_unrebuilt(layout, bucket_cap_bytes, first_bucket_bytes)
+                                : ddp_buckets(layout, bucket_cap_bytes, first_bucket_bytes);
+}
+
 const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets) {
   DDPDIAG_ASSERT(!buckets.empty());
   return *std::max_element(buckets.begin(), buckets.end(),

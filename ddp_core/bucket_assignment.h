@@ -113,6 +113,11 @@ std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
                                              std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes,
                                              std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes);
 
+// The buckets DDP reduces for the whole run: ddp_buckets_unrebuilt() with
+// find_unused_parameters (DDP never rebuilds them then), else ddp_buckets().
+std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
+                                          std::uint64_t first_bucket_bytes, bool find_unused_parameters);
+
 // The bucket with the most bytes (the first of equals); `buckets` is not empty.
 const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets);
 

@@ -151,9 +151,8 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   }
   // With find_unused_parameters DDP never rebuilds its buckets from the
   // ready order: it keeps the constructor's.
-  const auto specs = options_.find_unused_parameters
-                         ? ddp_buckets_unrebuilt(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes)
-                         : ddp_buckets(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes);
+  const auto specs = ddp_buckets_as_run(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes,
+                                        options_.find_unused_parameters);
   where_.resize(layout_.tensors.size());
   buckets_.reserve(specs.size());
   state_.resize(specs.size());

@@ -1974,13 +1974,11 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   // its report goes beside the job's, under the rank it was given, rather
   // than over the job's.
   if (!job.world_known)
-    for (const char* var : kRankVariables)
-      if (const char* v = std::getenv(var); v && *v) {
-        char* end = nullptr;
-        const long r = std::strtol(v, &end, 10);
-        if (end && *end == '\0' && r > 0 && r < (1L << 30)) job.world.rank = static_cast<int>(r);
-        break;
-      }
+    if (const auto text = launcher_rank_text(env)) {
+      char* end = nullptr;
+      const long r = std::strtol(text->c_str(), &end, 10);
+      if (end && *end == '\0' && r > 0 && r < (1L << 30)) job.world.rank = static_cast<int>(r);
+    }
   const bool own_report = job.world.rank > 0 && (store_unreachable || rank0_gone || !job.world_known ||
                                                  (job.monitor && job.monitor->store_lost()));
   if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {

@@ -85,9 +85,7 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   row.cap_mb = cap_mb;
   row.cap_bytes = static_cast<std::uint64_t>(cap_mb * kMiB);  // as DDP: int(cap * 1024 * 1024)
   const auto first_bytes = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
-  row.expected_buckets = (o.find_unused ? ddp_buckets_unrebuilt(layout, row.cap_bytes, first_bytes)
-                                         : ddp_buckets(layout, row.cap_bytes, first_bytes))
-                             .size();
+  row.expected_buckets = ddp_buckets_as_run(layout, row.cap_bytes, first_bytes, o.find_unused).size();
   ReducerOptions ro;
   ro.bucket_cap_bytes = row.cap_bytes;
   ro.first_bucket_bytes = first_bytes;

@@ -143,8 +143,7 @@ int run_buckets(const BucketsOptions& o) {
     (void)trainable_parameters(layout);
     // Indices and names stay the layout's; frozen tensors are in no bucket.
     // With find_unused_parameters DDP keeps the buckets of its constructor.
-    const std::vector<DdpBucket> buckets =
-        o.find_unused ? ddp_buckets_unrebuilt(layout, cap, first) : ddp_buckets(layout, cap, first);
+    const std::vector<DdpBucket> buckets = ddp_buckets_as_run(layout, cap, first, o.find_unused);
 
     // Results are data: the table and the JSON report are two views of it.
     json jbuckets = json::array();

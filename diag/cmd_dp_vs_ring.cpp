@@ -241,6 +241,26 @@ void print_row(const Row& r) {
   std::fflush(stdout);
 }
 
+// The world sizes to run at (--world-sizes; default the job's). Throws
+// UsageError naming an entry outside 1..the job's size.
+std::set<int> world_sizes_of(const DpVsRingOptions& o, const Job& job) {
+  std::set<int> ks;
+  for (const auto& w : split_list(o.world_sizes, "--world-sizes", "2,4", job.rank())) {
+    int k = 0;
+    try {
+      k = std::stoi(w);
+    } catch (const std::exception&) {
+      k = -1;
+    }
+    if (k < 1 || k > job.size())
+      throw UsageError(fmt::format("--world-sizes: '{}' is not in 1..{}", w, job.size()),
+                       {"flags", job.rank(), -1, "list world sizes up to the job's rank count"});
+    ks.insert(k);
+  }
+  if (ks.empty()) ks.insert(job.size());
+  return ks;
+}
+
 void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
   auto dtype = parse_dtype(o.dtype);
   if (!dtype)
@@ -257,20 +277,7 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
   }
   if (algos.empty())
     throw UsageError("--algorithms is empty", {"flags", job.rank(), -1, "e.g. gather,ring,backend"});
-  std::set<int> ks;
-  for (const auto& w : split_list(o.world_sizes, "--world-sizes", "2,4", job.rank())) {
-    int k = 0;
-    try {
-      k = std::stoi(w);
-    } catch (const std::exception&) {
-      k = -1;
-    }
-    if (k < 1 || k > job.size())
-      throw UsageError(fmt::format("--world-sizes: '{}' is not in 1..{}", w, job.size()),
-                       {"flags", job.rank(), -1, "list world sizes up to the job's rank count"});
-    ks.insert(k);
-  }
-  if (ks.empty()) ks.insert(job.size());
+  const std::set<int> ks = world_sizes_of(o, job);
   const std::size_t minb = parse_size(o.min_bytes), maxb = parse_size(o.max_bytes);
   if (maxb < minb)
     throw UsageError(fmt::format("--maxbytes {} is below --minbytes {}", o.max_bytes, o.min_bytes),
@@ -440,18 +447,14 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
                   bool gather = false;
                   for (const auto& a : split_list(opts->algorithms, "--algorithms", "gather,ring,backend"))
                     gather = gather || a == "gather";
-                  // The largest world the gather runs at (--world-sizes; run()
-                  // refuses sizes out of range).
+                  // The largest world the gather runs at (a size out of range:
+                  // run() says why).
                   int widest = 0;
-                  for (const auto& w : split_list(opts->world_sizes, "--world-sizes", "2,4")) {
-                    int k = 0;
-                    try {
-                      k = std::stoi(w);
-                    } catch (const std::exception&) {
-                    }
-                    if (k >= 1 && k <= job.size()) widest = std::max(widest, k);
+                  try {
+                    widest = *world_sizes_of(*opts, job).rbegin();
+                  } catch (const UsageError&) {
+                    return;
                   }
-                  if (widest == 0) widest = job.size();
                   const long double root_extra =
                       gloo && gather && job.rank() == 0
                           ? static_cast<long double>(largest) * (widest - 1)

@@ -171,12 +171,6 @@ std::optional<SameReport> same_report(const std::vector<std::pair<std::string, j
   return std::nullopt;
 }
 
-// Both paths name one existing file (through links, ./, hard links).
-bool same_existing_file(const std::string& a, const std::string& b) {
-  std::error_code ec;
-  return std::filesystem::equivalent(a, b, ec) && !ec;
-}
-
 void run_model(const ModelOptions& o, reports::Report& report) {
   auto& res = report.results();
   // ---- flags -------------------------------------------------------------
@@ -660,7 +654,7 @@ Subcommand add_model_command(CLI::App& parent) {
             read.insert(read.end(), opts->check_against.begin(), opts->check_against.end());
             for (const auto* out : {&opts->json_path, &opts->markdown_path})
               for (const auto& in : read)
-                if (!out->empty() && same_existing_file(*out, in))
+                if (reports::same_file(*out, in))
                   throw UsageError(fmt::format("{} {} is also a report model reads ({}): writing "
                                                "the model's report would replace it",
                                                out == &opts->json_path ? "--json" : "--markdown", *out, in),

@@ -6,7 +6,6 @@
 #include <cstdlib>
 #include <cstdio>
 #include <exception>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -129,10 +128,7 @@ void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
   for (const CLI::Option* opt : sub->get_options()) {
     if (opt->check_name("--json") || opt->check_name("--markdown")) continue;
     for (const std::string& v : opt->results())
-      for (const std::string* out : {&json_path, &markdown_path}) {
-        std::error_code ec;
-        if (!out->empty() && std::filesystem::equivalent(*out, v, ec) && !ec) return;
-      }
+      if (ddpdiag::reports::same_file(json_path, v) || ddpdiag::reports::same_file(markdown_path, v)) return;
   }
   // This process's rank, as --rank or the launchers' variables give it
   // (as comm/world.cpp reads them): only rank 0 writes the job's report.
@@ -140,11 +136,7 @@ void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
   if (const CLI::Option* opt = sub->get_option_no_throw("--rank"); opt && !opt->results().empty())
     rank_text = opt->results().back();
   else
-    for (const char* var : ddpdiag::kRankVariables)
-      if (const char* v = std::getenv(var); v && *v) {
-        rank_text = v;
-        break;
-      }
+    rank_text = ddpdiag::launcher_rank_text(ddpdiag::process_env()).value_or("");
   if (!rank_text.empty()) {
     char* end = nullptr;
     const long r = std::strtol(rank_text.c_str(), &end, 10);
