@@ -45,6 +45,12 @@ class Work {
   virtual void abort() = 0;
 };
 
+// What to try when the ranks' world was called off at rendezvous (a rank
+// found it inconsistent and posted why).
+inline constexpr const char* kWorldAbortedHint =
+    "every rank must be started the same way: the same world size, the same subcommand flags, "
+    "and a distinct rank";
+
 struct CommOptions {
   Backend backend = Backend::kGloo;
   int rank = 0;
@@ -75,6 +81,11 @@ struct CommOptions {
   struct PeerFailure {
     int rank = -1;
     std::string message;
+    // Not one rank's backend: the world was called off at rendezvous (a
+    // rank found it inconsistent, e.g. rank 0 claimed twice, after this
+    // rank had met its peers). `message` says why; the init stops with a
+    // rendezvous error.
+    bool world_aborted = false;
   };
   std::function<std::optional<PeerFailure>()> peer_failure;
 };

@@ -1193,9 +1193,7 @@ void wait_for_ranks(Job& job) {
     answer_hellos(job);
     if (job.store->check({"abort"})) {
       std::string why = to_string(job.store->get("abort", job.timeout));
-      throw RendezvousError(why, {"rendezvous", me, -1,
-                                  "every rank must be started the same way: the same world "
-                                  "size, the same subcommand flags, and a distinct rank"});
+      throw RendezvousError(why, {"rendezvous", me, -1, kWorldAbortedHint});
     }
     std::int64_t joined = job.store->add("joined", 0);
     if (joined >= n) break;
@@ -1432,6 +1430,7 @@ void create_communicator(Job& job, const CommonOptions& o) {
   struct Watch {
     std::shared_ptr<Store> store;
     bool broken = false;
+    bool aborted = false;  // the world was called off ("abort")
   };
   auto watch = std::make_shared<Watch>();
   // The watch's connection is for the init only: closed once it is over.
@@ -1449,6 +1448,16 @@ void create_communicator(Job& job, const CommonOptions& o) {
       if (watch->broken) return std::nullopt;
       try {
         if (!watch->store) watch->store = connect_own_store(client, prefix, io, io);
+        // A rank that found the world inconsistent after this one had met
+        // its peers (a second rank 0 named by the first) posts "abort":
+        // the peer it names will never come to the init.
+        if (watch->store->check({"abort"})) {
+          CommOptions::PeerFailure f;
+          f.message = to_string(watch->store->get("abort", io));
+          f.world_aborted = true;
+          watch->aborted = true;
+          return f;
+        }
         if (!watch->store->check({"backend_failed"})) return std::nullopt;
         // "<rank>\n<message>", as posted below.
         const std::string posted = to_string(watch->store->get("backend_failed", io));
@@ -1474,7 +1483,7 @@ void create_communicator(Job& job, const CommonOptions& o) {
   } catch (const Error& e) {
     // Only a rank whose own backend failed posts: one that stopped because
     // another did (a PeerError) has nothing to add.
-    if (!dynamic_cast<const PeerError*>(&e)) {
+    if (!dynamic_cast<const PeerError*>(&e) && !watch->aborted) {
       try {
         job.store->set("backend_failed", to_bytes(fmt::format("{}\n{}", me, e.what())));
       } catch (const Error&) {

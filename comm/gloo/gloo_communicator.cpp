@@ -1481,6 +1481,12 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
       if (const auto failed = opts.peer_failure()) {
         adapter->abandon();
         connector.detach();
+        if (failed->world_aborted)
+          throw RendezvousError("gloo: rank " + std::to_string(opts.rank) +
+                                    " stopped waiting for its peers' connections: the world was "
+                                    "called off at rendezvous: " + failed->message,
+                                ErrorContext{"backend.init", opts.rank, failed->rank,
+                                             kWorldAbortedHint});
         throw PeerError("gloo: rank " + std::to_string(opts.rank) +
                             " stopped waiting for its peers' connections: rank " +
                             std::to_string(failed->rank) + " failed in backend init: " +

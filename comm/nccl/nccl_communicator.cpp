@@ -828,7 +828,13 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
   // why (opts.peer_failure): the others stop waiting for it at once.
   const auto stop_if_peer_failed = [&] {
     if (!opts.peer_failure) return;
-    if (const auto failed = opts.peer_failure())
+    const auto failed = opts.peer_failure();
+    if (failed && failed->world_aborted)
+      throw RendezvousError("NCCL: rank " + std::to_string(rank) +
+                                " stopped waiting for its peers: the world was called off at "
+                                "rendezvous: " + failed->message,
+                            ctx(kWorldAbortedHint, failed->rank));
+    if (failed)
       throw PeerError("NCCL: rank " + std::to_string(rank) + " stopped waiting for its peers: rank " +
                           std::to_string(failed->rank) + " failed in backend init: " + failed->message,
                       ctx("rank " + std::to_string(failed->rank) + "'s own error, in its log, is the cause",

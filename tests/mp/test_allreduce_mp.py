@@ -341,6 +341,48 @@ class LauncherEnvironments(unittest.TestCase):
         if 0 in rcs[:2]:
             self.assertEqual(rcs[2], 0, errs)  # rank 1 ran in that world
 
+    def test_a_world_called_off_after_a_rank_met_it_stops_that_rank_in_its_backend_init(self):
+        # The race of two rank 0s, made deterministic: rank 1 meets a rank 0
+        # (played here through the store) and goes into its backend's init;
+        # then that rank 0 finds it was given rank 0 twice, posts "abort"
+        # and exits without ever starting its backend. Rank 1 must stop at
+        # once with that cause (exit 3), not wait out --timeout for an
+        # address rank 0 will never publish.
+        port = self.agent_store()
+        addr = "127.0.0.1:%d" % port
+
+        def store(*args):
+            r = subprocess.run([BIN, "store"] + list(args) + ["--addr", addr], env=clean_env(),
+                               capture_output=True, text=True, timeout=30)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return r.stdout.strip()
+
+        t0 = time.monotonic()
+        rank1 = subprocess.Popen([BIN, "allreduce-test", "--timeout", "40"] + SMALL,
+                                 env=agent_env(1, 2, port, True), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: rank1.poll() is None and rank1.kill())
+        store("get", "ddpdiag/hello/1", "--timeout", "20")
+        store("set", "ddpdiag/welcome/1", "1 %d %s" % (os.getpid(), socket.gethostname()))
+        store("get", "ddpdiag/run/1/joined", "--timeout", "20")
+        mine = json.loads(store("get", "ddpdiag/run/1/rank/1", "--timeout", "20"))
+        mine.update(rank=0, local_rank=0, pid=os.getpid())
+        store("set", "ddpdiag/run/1/rank/0", json.dumps(mine))
+        store("set", "ddpdiag/run/1/joined", "2")
+        # Rank 1 publishes its own address for the backend: it is in the init.
+        deadline = time.monotonic() + 20
+        while "ddpdiag/run/1/comm/" not in store("keys"):
+            self.assertLess(time.monotonic(), deadline, "rank 1 never began its backend's init")
+            self.assertIsNone(rank1.poll(), rank1.stderr.read() if rank1.poll() is not None else "")
+            time.sleep(0.1)
+        called_off = time.monotonic()
+        store("set", "ddpdiag/run/1/abort", "rank 0 is claimed twice: by pid 1 on host h1 and by pid 2 on host h2")
+        _, se = rank1.communicate(timeout=60)
+        self.assertEqual(rank1.returncode, 3, se)
+        self.assertIn("the world was called off at rendezvous: rank 0 is claimed twice: by pid 1", se)
+        self.assertLess(time.monotonic() - called_off, 10, se)
+        self.assertLess(time.monotonic() - t0, 30, se)
+
     def test_ranks_of_different_subcommands_are_named(self):
         port = self.agent_store()
         res = run_ranks([["allreduce-test", "--timeout", "20"] + SMALL,
