@@ -1510,7 +1510,10 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
     // Name the ranks that never published their addresses.
     std::string missing;
     for (int r = 0; r < opts.world_size; ++r) {
-      if (opts.store->check({StoreAdapter::key_of(std::to_string(r))})) continue;
+      // Gloo's key for a rank's address: "rank_<r>" (older Gloo: "<r>").
+      if (opts.store->check({StoreAdapter::key_of("rank_" + std::to_string(r))}) ||
+          opts.store->check({StoreAdapter::key_of(std::to_string(r))}))
+        continue;
       missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     }
     throw TimeoutError(
