@@ -179,6 +179,27 @@ std::string write_report_on_terminate(const std::string& message, const std::str
 // under a report being written, nor a report be written from destroyed
 // globals (the signal came as the command finished).
 std::mutex g_interrupt_mutex;
+// The run's exit code once its final report is written (FinalReportWindow);
+// -1 before.
+std::atomic<int> g_final_rc{-1};
+
+FinalReportWindow::FinalReportWindow() {
+  // A signal's thread already writing the armed report ends the process
+  // while this waits.
+  g_interrupt_mutex.lock();
+  held_ = true;
+  disarm_report();
+}
+
+FinalReportWindow::~FinalReportWindow() {
+  if (held_) g_interrupt_mutex.unlock();
+}
+
+void FinalReportWindow::written(int rc) {
+  g_final_rc.store(rc);
+  if (held_) g_interrupt_mutex.unlock();
+  held_ = false;
+}
 
 void write_report_on_interrupt() {
   if (g_signal_pipe[0] >= 0 || ::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return;
@@ -188,12 +209,22 @@ void write_report_on_interrupt() {
     char c = 0;
     while (::read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
     }
-    // Never released: this thread ends the process.
-    if (!g_interrupt_mutex.try_lock()) return;  // the process is exiting on its own
+    // Never released: this thread ends the process. Held by the main thread
+    // while it writes its final report (then this waits for the write), and
+    // for good once the process exits normally (then this waits for ever).
+    g_interrupt_mutex.lock();
     const int sig = static_cast<unsigned char>(c);
     const char* abbrev = sigabbrev_np(sig);
     const std::string name = abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
     const int rank = current_rank();
+    if (const int final_rc = g_final_rc.load(); final_rc >= 0) {
+      std::fflush(stdout);
+      std::fprintf(stderr, "ddpdiag: %s%s came after the run had finished and written its report; "
+                   "exit code %d is the run's\n",
+                   rank >= 0 ? fmt::format("rank {}: ", rank).c_str() : "", name.c_str(), final_rc);
+      std::fflush(stderr);
+      std::_Exit(final_rc);
+    }
     // Stopped because another rank failed: by ddpdiag's launcher (its note
     // names the rank), or by torchrun, which ends every worker with SIGTERM
     // once one has failed (a worker of this machine whose process is gone
@@ -1972,7 +2003,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       }
     }
   }
-  disarm_report();
+  FinalReportWindow final_report;
   // The job's report comes from rank 0. A rank cut off from the store (it
   // never reached it, or lost it) cannot hand its view to rank 0, so it
   // writes its own next to it: out.json -> out.rank<R>.json.
@@ -2013,6 +2044,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
     }
   }
+  final_report.written(rc);
   leave_job(job, rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed));
   return rc;
 }

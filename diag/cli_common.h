@@ -179,6 +179,23 @@ void record_known_world(const Job& job, const CommonOptions& o, reports::Report&
 // stands now (a copy): rank 0's to --json, another rank's beside it.
 void arm_report(const reports::Report& report, const CommonOptions& o);
 void disarm_report();
+// The window in which a command writes its final report itself (the armed
+// one is disarmed): a SIGINT/SIGTERM that comes meanwhile waits for the
+// write, so no report is lost or left half-written, and once written(rc) is
+// called it ends the process at once with rc, the run's own exit code
+// (rather than calling a finished run interrupted, or blaming a peer that
+// ended normally).
+class FinalReportWindow {
+ public:
+  FinalReportWindow();
+  ~FinalReportWindow();
+  FinalReportWindow(const FinalReportWindow&) = delete;
+  FinalReportWindow& operator=(const FinalReportWindow&) = delete;
+  void written(int rc);
+
+ private:
+  bool held_ = false;
+};
 // This process's rank, once known, for messages and the armed report.
 void note_current_rank(int rank);
 // Creates the backend's communicator, wrapped in a MonitoredCommunicator.

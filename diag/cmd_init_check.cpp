@@ -488,7 +488,9 @@ int run_init_check(const InitCheckOptions& io) {
     }
     if (failure) report.set_error(*failure);
     const std::string json_path = rank_report_path(o.json_path, ".json", job.world.rank);
-    disarm_report();  // this one replaces what a signal would have written
+    // This one replaces what a signal would have written; a signal waits
+    // for it.
+    FinalReportWindow window;
     try {
       reports::write_report_outputs(report.finish(), json_path,
                                     rank_report_path(o.markdown_path, ".md", job.world.rank));
@@ -734,7 +736,7 @@ int run_init_check(const InitCheckOptions& io) {
     }
     std::printf("# Verdict: %s\n", report.verdict().c_str());
     std::fflush(stdout);
-    disarm_report();
+    FinalReportWindow window;
     if (!o.json_path.empty() || !o.markdown_path.empty()) {
       try {
         reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
@@ -743,8 +745,9 @@ int run_init_check(const InitCheckOptions& io) {
         if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
       }
     }
+    window.written(rc);
   }
-  disarm_report();
+  FinalReportWindow().written(rc);  // a signal from here on ends the process with rc
   leave_job(job, rc != 0);
   return rc;
 }

@@ -8,10 +8,12 @@ as Gloo's does on a protocol error), slow@rank=R,ms=M and
 corrupt@rank=R (bisect). --test-hosts gives every rank a host name of its own.
 Every wait is bounded: the ranks must end within the timeout plus a margin."""
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
@@ -154,6 +156,43 @@ class InitCheck(unittest.TestCase):
         self.assertEqual(rep["error"]["kind"], "interrupted")
         phases = [ph["name"] for ph in rep["results"]["ranks"][0]["phases"] if ph["status"] == "ok"]
         self.assertIn("store_connect", phases)
+
+    @unittest.skipUnless(os.environ.get("DDPDIAG_TEST_SLOW_RENAME"),
+                         "needs the slow_rename shim (tests/CMakeLists.txt; not in sanitizer builds)")
+    def test_a_signal_while_the_final_report_is_written_waits_for_it(self):
+        # A run that has finished: a SIGTERM (torchrun ending its workers, a
+        # scheduler's time limit) that comes while rank 0 writes its report
+        # neither loses the report (nor leaves a temporary file) nor calls
+        # the run interrupted: the process ends with the run's exit code.
+        for cmd, expect_rc in ((["allreduce-test", "-b", "8", "-e", "64"], 0),
+                               (["init-check", "--timeout", "20"], 0)):
+            with self.subTest(cmd=cmd[0]):
+                d = tempfile.mkdtemp()
+                path = os.path.join(d, "out.json")
+                flag = os.path.join(d, "writing")
+                env = clean_env(RANK=0, WORLD_SIZE=1, MASTER_ADDR="127.0.0.1",
+                                MASTER_PORT=free_port(),
+                                LD_PRELOAD=os.environ["DDPDIAG_TEST_SLOW_RENAME"],
+                                SLOW_RENAME_SUFFIX="/out.json", SLOW_RENAME_FLAG=flag,
+                                SLOW_RENAME_MS=3000)
+                p = subprocess.Popen([BIN] + cmd + ["--json", path], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                deadline = time.monotonic() + 60
+                while not os.path.exists(flag):
+                    if p.poll() is not None or time.monotonic() > deadline:
+                        p.kill()
+                        self.fail("never reached its report's write: " + p.communicate()[1])
+                    time.sleep(0.02)
+                p.send_signal(signal.SIGTERM)
+                out, err = p.communicate(timeout=30)
+                self.assertEqual(p.returncode, expect_rc, err)
+                self.assertIn("SIGTERM came after the run had finished and written its report; "
+                              "exit code %d is the run's" % expect_rc, err)
+                self.assertIn("# Verdict: PASS", out)
+                rep = load(path)
+                self.assertEqual(rep["verdict"], "PASS")
+                self.assertEqual(sorted(os.listdir(d)), ["out.json", "writing"])
+                shutil.rmtree(d)
 
     def test_rejected_environment_claims_no_rank(self):
         # RANK=4 in a world of 4: the rank is unknown and the store was never
