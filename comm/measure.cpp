@@ -75,6 +75,20 @@ double wrapping_value(DType t) {
 // The value a rank contributes to element i. Each op's inputs differ from
 // rank to rank, so that an all_reduce that leaves a rank's buffer alone, or
 // computes another op, is caught (sum, prod and max give different results).
+// A pseudo-random number for element i of rank r (splitmix64's
+// finaliser): small values taken from it have no period in r, so no two
+// ranks' buffers are alike, and a backend that adds one peer's data twice
+// and another's never cannot pass (a pattern like (i + r) % 3 repeats every
+// 3 ranks).
+std::uint64_t element_hash(std::size_t i, int r) {
+  std::uint64_t x = static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ULL +
+                    static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) * 0xC2B2AE3D27D4EB4FULL +
+                    0x165667B19E3779F9ULL;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
 double input_value(DType t, ReduceOp op, int n, int r, std::size_t i) {
   const double limit = exact_limit(t);
   switch (op) {
@@ -83,9 +97,9 @@ double input_value(DType t, ReduceOp op, int n, int r, std::size_t i) {
       // fifth element is large, so that its sum wraps.
       if (is_integer_type(t)) {
         if (i % 5 == 4 && wrapping_value(t) > 0) return wrapping_value(t);
-        return static_cast<double>((i + r) % 3);
+        return static_cast<double>(element_hash(i, r) % 3);
       }
-      if (2.0 * n <= limit) return static_cast<double>((i + r) % 3);
+      if (2.0 * n <= limit) return static_cast<double>(element_hash(i, r) % 3);
       // Too many ranks for the small-integer range: one rank per element
       // contributes, so each sum is a single value 1..3.
       return (i % static_cast<std::size_t>(n) == static_cast<std::size_t>(r))
@@ -118,7 +132,12 @@ double input_value(DType t, ReduceOp op, int n, int r, std::size_t i) {
     }
     case ReduceOp::kMin:
     case ReduceOp::kMax:
-      return static_cast<double>((i * 13 + static_cast<std::size_t>(r) * 7) % 17);
+      // Every rank holds the only extreme of some elements (i = r mod n:
+      // 0, the minimum, or 17, the maximum, in turn), so a reduction that
+      // drops any one rank's data is caught; elsewhere 1..16 at random.
+      if (i % static_cast<std::size_t>(n) == static_cast<std::size_t>(r))
+        return (i / static_cast<std::size_t>(n)) % 2 == 0 ? 0.0 : 17.0;
+      return static_cast<double>(1 + element_hash(i, r) % 16);
   }
   return 0;
 }

@@ -24,7 +24,7 @@ std::vector<std::size_t> sweep_sizes(std::size_t min_bytes, std::size_t max_byte
 
 // Inputs whose all_reduce is exact in any order of reduction, for any world
 // size: small integers kept below the dtype's exact-integer range (sum, avg),
-// one factor of 2 per element (prod), values 0..16 (min, max). Integer sums
+// one factor of 2 per element (prod), values 0..17 (min, max; each rank the only extreme of some elements). Integer sums
 // may wrap, which is exact too (modular arithmetic is associative).
 void fill_exact_inputs(DType dtype, ReduceOp op, int world_size, int rank, void* host,
                        std::size_t count);

@@ -1789,9 +1789,29 @@ std::vector<nlohmann::json> Job::gather_to_root(const std::string& key,
   store->set(fmt::format("gather/{}/{}", key, rank()), to_bytes(mine.dump()));
   std::vector<nlohmann::json> out;
   if (rank() != 0) return out;
-  for (int r = 0; r < size(); ++r)
-    out.push_back(nlohmann::json::parse(
-        to_string(store->get(fmt::format("gather/{}/{}", key, r), timeout))));
+  for (int r = 0; r < size(); ++r) {
+    // In slices: a rank that failed before handing its part over (an error
+    // of its own after its last collective) posts error/<r> as it stops;
+    // waiting on for its part would only end at --timeout.
+    const std::string part = fmt::format("gather/{}/{}", key, r);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+      try {
+        store->wait({part}, std::clamp(left, Millis(1), Millis(500)));
+        break;
+      } catch (const TimeoutError& e) {
+        if (left <= Millis(500)) throw;
+        if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
+      }
+      const std::string failed = fmt::format("error/{}", r);
+      if (store->check({failed}))
+        throw PeerError(fmt::format("rank {} failed before handing its results to rank 0: {}", r,
+                                    to_string(store->get(failed, timeout))),
+                        {"gather", 0, r, fmt::format("rank {}'s own error, in its log, is the cause", r)});
+    }
+    out.push_back(nlohmann::json::parse(to_string(store->get(part, timeout))));
+  }
   return out;
 }
 
@@ -1965,6 +1985,10 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   int rc = 0;
   bool store_unreachable = false;  // this rank never reached the store, or lost it
   bool checked = false;            // before_start passed
+  // Opened when the body has ended, by success or by an error: from then on
+  // a signal (torchrun ending every worker once one has failed) waits for
+  // this rank's own report, which keeps the diagnosis it reached.
+  std::optional<FinalReportWindow> final_report;
   try {
     discover_job(job, o);
     // A report written from here on (a signal during the rendezvous) has the
@@ -1980,6 +2004,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     body(job, report);
     if (report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
   } catch (const Error& e) {
+    final_report.emplace();
     print_error(e);
     report.set_error(to_error_info(e));
     // The world as far as this rank got to know it: its size, backend and
@@ -2003,7 +2028,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       }
     }
   }
-  FinalReportWindow final_report;
+  if (!final_report) final_report.emplace();
   // The job's report comes from rank 0. A rank cut off from the store (it
   // never reached it, or lost it) cannot hand its view to rank 0, so it
   // writes its own next to it: out.json -> out.rank<R>.json.
@@ -2044,7 +2069,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
     }
   }
-  final_report.written(rc);
+  final_report->written(rc);
   leave_job(job, rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed));
   return rc;
 }

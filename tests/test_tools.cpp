@@ -370,6 +370,30 @@ TEST_CASE("exact inputs: the check tells every op from the others and from doing
   }
 }
 
+TEST_CASE("exact inputs: a reduction that takes one rank's data in place of another's is caught",
+          "[tools][measure]") {
+  // A backend (or a ring of ours) that reads the wrong peer's chunk counts
+  // one rank twice and another never. No two ranks' inputs may be alike, at
+  // any world size, or that passes (with (i + r) % 3 it did for ranks r and
+  // r + 3).
+  const int n = GENERATE(2, 3, 4, 7, 8, 18, 64);
+  const ReduceOp op = GENERATE(ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProd, ReduceOp::kMin,
+                               ReduceOp::kMax);
+  const std::size_t count = 2048;
+  const auto in = inputs_of(op, n, count);
+  for (int lost = 0; lost < n; ++lost)
+    for (int step : {1, 3, 17}) {  // periods a simple pattern could have
+      const int twice = (lost + step) % n;
+      if (twice == lost) continue;
+      INFO("n=" << n << " op=" << reduce_op_name(op) << " rank " << lost << "'s data replaced by rank "
+                << twice << "'s");
+      auto swapped = in;
+      swapped[lost] = in[twice];
+      const auto wrong = reduce_as(op, swapped);
+      CHECK(count_wrong_allreduce(DType::kFloat64, op, n, wrong.data(), count) > 0);
+    }
+}
+
 TEST_CASE("exact inputs: NCCL's pre-multiplied average passes, anything else is still caught",
           "[tools][measure]") {
   // ncclAvg on a floating dtype: each input times 1/n rounded to the dtype,
