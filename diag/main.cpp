@@ -226,11 +226,16 @@ int main(int argc, char** argv) {
   } catch (const CLI::ConversionError& e) {
     const std::string message = explain_conversion(app, e);
     std::fprintf(stderr, "%s\nRun with --help for more information.\n", message.c_str());
+    cli::write_torchelastic_error_file("ddpdiag usage error: " + message);
     write_flag_error_report(app, CLI::ConversionError(message));
     return static_cast<int>(ExitCode::kUsage);
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
-    if (rc != 0) write_flag_error_report(app, e);
+    if (rc != 0) {
+      // Under torchrun: its summary shows the error, not "<N/A>".
+      cli::write_torchelastic_error_file(std::string("ddpdiag usage error: ") + e.what());
+      write_flag_error_report(app, e);
+    }
     return rc == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
   }
   try {

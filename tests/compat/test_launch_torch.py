@@ -172,6 +172,17 @@ class RealTorchrun(unittest.TestCase):
         self.assertIn("ddpdiag error on rank", summary, p.stderr[-3000:])
         self.assertIn("Rank 1 behind", summary)
 
+    def test_torchrun_summary_shows_a_usage_error(self):
+        # A flag refused while parsing (exit 2) reaches torchrun's summary too.
+        cmd = self.torchrun_cmd() + ["--standalone", "--nproc-per-node", "2", "--no-python", BIN,
+                                     "allreduce-test", "-b", "1K", "-e", "8"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+        summary = p.stderr[p.stderr.find("Root Cause"):]
+        self.assertIn("exitcode  : 2", summary, p.stderr[-3000:])
+        self.assertIn("ddpdiag usage error: --maxbytes: 8 is below --minbytes 1K", summary,
+                      p.stderr[-3000:])
+
     def test_worker_stopped_after_another_died_names_it(self):
         # torchrun ends the other workers with SIGTERM once one has died;
         # the survivor's report (the job's) names the one that died.
