@@ -20,6 +20,7 @@
 #include <limits>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <sstream>
 #include <filesystem>
 #include <fstream>
@@ -1879,6 +1880,35 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
            fmt::format("drop {} to start {} local rank(s), or drop --nproc to run one rank of a "
                        "world started elsewhere",
                        list, o.nproc)});
+    }
+  }
+  // --nproc in every rank of a launcher's job: each would start a world of
+  // its own, and the job would run as so many separate worlds, all passing.
+  // (Slurm's variables are left out: a batch script's shell has them, with
+  // SLURM_PROCID=0, and --nproc there is a world on the allocation's first
+  // node.)
+  if (o.nproc > 0 && !env("DDPDIAG_LAUNCHER")) {
+    for (const auto& [rank_var, size_var, who] :
+         {std::tuple<const char*, const char*, const char*>{"RANK", "WORLD_SIZE", "torchrun"},
+          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"},
+          {"PMI_RANK", "PMI_SIZE", "mpiexec (MPICH, Intel MPI)"},
+          {"MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "mpirun_rsh (MVAPICH)"}}) {
+      const auto rank_text = env(rank_var);
+      const auto size_text = env(size_var);
+      if (!rank_text || !size_text) continue;
+      char* end = nullptr;
+      const long size = std::strtol(size_text->c_str(), &end, 10);
+      if (!end || *end != '\0' || size < 2) continue;
+      throw UsageError(
+          fmt::format("--nproc {} cannot be used in one rank of a launcher's job: this process "
+                      "is rank {} of {} ({}={}, {}={}, as {} sets them), and every rank would "
+                      "start a world of {} of its own",
+                      o.nproc, *rank_text, *size_text, rank_var, *rank_text, size_var, *size_text,
+                      who, o.nproc),
+          {"flags", -1, -1,
+           fmt::format("drop --nproc to run as one rank of the launcher's world, or run ddpdiag "
+                       "--nproc {} once, outside the launcher",
+                       o.nproc)});
     }
   }
   if (builtin && o.nproc <= 0 && !under_launcher) {

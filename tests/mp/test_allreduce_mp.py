@@ -622,6 +622,27 @@ class BadInput(unittest.TestCase):
                 self.assertNotIn("LOCAL_WORLD_SIZE", p.stderr)
                 self.assertEqual(p.stderr.count("ddpdiag: error"), 1, p.stderr)
 
+    def test_nproc_in_every_rank_of_a_launchers_job_is_a_usage_error(self):
+        # `torchrun --nproc-per-node 2 ddpdiag ... --nproc 2` (or mpirun's)
+        # ran two separate worlds that both passed. Slurm's batch shell
+        # (SLURM_PROCID=0 and SLURM_NTASKS set) keeps --nproc.
+        for env, named in (({"RANK": 1, "WORLD_SIZE": 2, "TORCHELASTIC_RUN_ID": "x"},
+                            "rank 1 of 2 (RANK=1, WORLD_SIZE=2, as torchrun sets them)"),
+                           ({"OMPI_COMM_WORLD_RANK": 0, "OMPI_COMM_WORLD_SIZE": 4},
+                            "rank 0 of 4 (OMPI_COMM_WORLD_RANK=0, OMPI_COMM_WORLD_SIZE=4, as "
+                            "mpirun (Open MPI) sets them)"),
+                           ({"PMI_RANK": 1, "PMI_SIZE": 2}, "as mpiexec (MPICH, Intel MPI) sets them")):
+            with self.subTest(env=env):
+                p = run(["allreduce-test", "--nproc", "2", "-e", "1K"], env=clean_env(**env))
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("--nproc 2 cannot be used in one rank of a launcher's job: this "
+                              "process is " if "RANK" in env else "--nproc 2 cannot be used", p.stderr)
+                self.assertIn(named, p.stderr)
+                self.assertNotIn("[rank", p.stderr)  # no world was started
+        p = run(["allreduce-test", "--nproc", "2"] + SMALL,
+                env=clean_env(SLURM_PROCID=0, SLURM_NTASKS=2, SLURM_JOB_ID=7))
+        self.assertEqual(p.returncode, 0, p.stderr)
+
     def test_default_world_with_store_flags_is_a_usage_error(self):
         # No launcher, no --rank/--world-size: ddpdiag starts its own ranks
         # and hosts their store on a free port; a store address of the
