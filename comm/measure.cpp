@@ -1,4 +1,5 @@
 #include "comm/measure.h"
+#include "comm/splitmix64.h"
 
 #include <algorithm>
 #include <chrono>
@@ -81,12 +82,8 @@ double wrapping_value(DType t) {
 // and another's never cannot pass (a pattern like (i + r) % 3 repeats every
 // 3 ranks).
 std::uint64_t element_hash(std::size_t i, int r) {
-  std::uint64_t x = static_cast<std::uint64_t>(i) * 0x9E3779B97F4A7C15ULL +
-                    static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)) * 0xC2B2AE3D27D4EB4FULL +
-                    0x165667B19E3779F9ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
+  return splitmix64_mix(splitmix64_mix(static_cast<std::uint64_t>(i) + kSplitmix64Gamma) ^
+                        static_cast<std::uint64_t>(static_cast<std::uint32_t>(r)));
 }
 
 double input_value(DType t, ReduceOp op, int n, int r, std::size_t i) {

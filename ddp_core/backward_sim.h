@@ -7,8 +7,11 @@
 // Gradient values are chosen so that their mean over ranks is exactly
 // representable and exactly computed whatever the order of reduction:
 // element i of parameter p on rank r in iteration t is
-//     world_size * k * scale,   k = ((i + 7p + 3r + 5t) mod 16) - 8,
-// so after division by the world size every rank contributes k * scale, and
+//     world_size * k * scale,   k = (top 4 bits of mix32(seed + i * 0x9e3779b9)) - 8,
+// mix32 a 32-bit integer hash, seed a hash of (p, r, t): k lies in -8..7, and no
+// two ranks, parameters or iterations share a pattern (a reducer that adds
+// one rank's gradient twice, swaps two parameters or shifts by some elements
+// is caught); so after division by the world size every rank contributes k * scale, and
 // with scale 1 every partial sum is a small integer (exact in float32, fp16
 // and bf16). The true mean is scale * (sum over the ranks that used p of k).
 // A scale that is not a power of two (0.1) makes the values inexact in 16

@@ -61,6 +61,37 @@ void expect_exact(const Reducer& red, Communicator& c, std::uint64_t it, const s
 
 }  // namespace
 
+TEST_CASE("simulated gradients: no two ranks, parameters or shifts share a pattern", "[reducer]") {
+  // The check adds up every rank's values: a reducer that counts one rank
+  // twice and another never, swaps two parameters of one size, or reads its
+  // bucket at a wrong offset passes wherever the patterns coincide (with
+  // (i + 7p + 3r + 5t) mod 16 they did every 16 ranks, parameters and
+  // elements).
+  const int world = 64;
+  const std::size_t n = 256;
+  const auto pattern = [&](int r, std::size_t p, std::uint64_t it, std::size_t shift) {
+    std::vector<double> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = sim_gradient_value(world, r, p, i + shift, it, 1.0);
+    return v;
+  };
+  std::vector<std::vector<double>> seen;
+  for (int r = 0; r < world; ++r)
+    for (std::size_t p = 0; p < 40; ++p)
+      for (std::uint64_t it = 0; it < 3; ++it) seen.push_back(pattern(r, p, it, 0));
+  std::sort(seen.begin(), seen.end());
+  CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
+  const auto base = pattern(5, 3, 1, 0);
+  for (std::size_t shift = 1; shift <= 64; ++shift) {
+    INFO("shift " << shift);
+    CHECK(pattern(5, 3, 1, shift) != base);
+  }
+  for (std::size_t i = 0; i < n; ++i) {  // the range the exactness rests on
+    const double k = sim_gradient_value(world, 7, 2, i, 0, 1.0) / world;
+    CHECK(k >= -8);
+    CHECK(k <= 7);
+  }
+}
+
 TEST_CASE("reducer: buckets follow DDP's assignment, one larger than the cap", "[reducer]") {
   const Failures f = run_gloo_ranks(1, [](Communicator& c, int, Failures& fail) {
     Reducer red(c, small_layout(), small_options());
