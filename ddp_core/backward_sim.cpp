@@ -163,6 +163,7 @@ GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::u
   GradientCheck c;
   std::vector<std::uint8_t> host;
   std::vector<int> users;
+  std::size_t at_param = 0, at_element = 0;  // what judge is looking at
   auto judge = [&](double have, long sum, long abs_sum) {
     const double want = scale * static_cast<double>(sum);
     const double err = std::fabs(have - want);
@@ -170,11 +171,18 @@ GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::u
     const bool ok = tol == 0 ? have == static_cast<double>(static_cast<float>(want)) || have == want
                              : err <= tol * std::fabs(scale) * static_cast<double>(abs_sum + 1) +
                                           1e-30;
-    if (!ok || std::isnan(have)) ++c.wrong;
+    if (ok && !std::isnan(have)) return;
+    if (c.wrong++ == 0) {
+      c.first_wrong_param = static_cast<std::int64_t>(at_param);
+      c.first_wrong_element = static_cast<std::int64_t>(at_element);
+      c.first_wrong_have = have;
+      c.first_wrong_want = want;
+    }
   };
   for (std::size_t p = 0; p < tensors.size(); ++p) {
     const auto& t = tensors[p];
     const auto n = static_cast<std::size_t>(t.numel());
+    at_param = p;
     users.clear();
     for (int r = 0; r < world; ++r)
       if (!used_by || used_by(r, p)) users.push_back(r);
@@ -210,8 +218,10 @@ GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::u
         ++matched;
         const auto* vals = g.values.data() +
                            static_cast<std::size_t>(it - g.rows.begin()) * rn * elem;
-        for (std::size_t e = 0; e < rn; ++e)
+        for (std::size_t e = 0; e < rn; ++e) {
+          at_element = static_cast<std::size_t>(row) * rn + e;
           judge(load_as_double(t.dtype, vals, e), sums.first[e], sums.second[e]);
+        }
       }
       // Rows in the result that nobody touched.
       c.wrong += static_cast<std::int64_t>((g.rows.size() - matched) * rn);
@@ -231,6 +241,7 @@ GradientCheck check_gradients(const Reducer& reducer, Communicator& comm, std::u
         sum += k;
         abs_sum += k < 0 ? -k : k;
       }
+      at_element = i;
       judge(t.dtype == DType::kFloat32 ? static_cast<const float*>(got)[i]
                                        : load_as_double(t.dtype, got, i),
             sum, abs_sum);

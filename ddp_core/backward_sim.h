@@ -86,6 +86,13 @@ struct GradientCheck {
   std::int64_t wrong = 0;    // elements outside tolerance
   std::int64_t checked = 0;  // elements compared
   double max_abs_error = 0;
+  // The first element outside tolerance (parameters in layout order): its
+  // parameter's index, its index in that parameter (a sparse one: row *
+  // row_numel + e), the value found and the true mean; -1 when none.
+  std::int64_t first_wrong_param = -1;
+  std::int64_t first_wrong_element = -1;
+  double first_wrong_have = 0;
+  double first_wrong_want = 0;
 };
 
 // Compares every gradient element with the true mean. relative_tolerance 0

@@ -103,6 +103,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
 
   std::vector<double> iter_us, backward_us, comm_us, exposed_us;
   std::int64_t wrong = 0, checked = 0;
+  nlohmann::json first_wrong;  // this rank's first wrong element
   nlohmann::json timeline = nlohmann::json::array();
   for (int it = 0; it < o.warmup + o.iters; ++it) {
     job.comm->barrier()->wait(job.timeout);
@@ -112,6 +113,15 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
     if (!o.no_check) {
       const auto c = check_gradients(red, *job.comm, static_cast<std::uint64_t>(it), 1.0, 0, {},
                                      so.sparse_rows);
+      if (c.wrong > 0 && wrong == 0) {
+        const auto& t = red.layout().tensors[static_cast<std::size_t>(c.first_wrong_param)];
+        first_wrong = {{"iteration", it},
+                       {"parameter", t.name},
+                       {"parameter_index", c.first_wrong_param},
+                       {"element", c.first_wrong_element},
+                       {"got", c.first_wrong_have},
+                       {"expected", c.first_wrong_want}};
+      }
       wrong += c.wrong;
       checked += c.checked;
     }
@@ -145,6 +155,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                                {"exposed_comm_us", median(exposed_us)},
                                {"wrong", wrong},
                                {"checked", checked},
+                               {"first_wrong", first_wrong},
                                {"timeline", timeline}};
   const auto all = job.gather_to_root("ddp-step/result", mine);
   if (job.rank() != 0) return;
@@ -175,12 +186,26 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["timeline_rank0"] = all.empty() ? nlohmann::json::array() : all[0]["timeline"];
   if (o.no_check)
     report.add_check({"gradients_correct", reports::CheckStatus::kSkip, "--no-check"});
-  else
+  else {
+    // Which ranks got wrong gradients, and where the first one was.
+    std::string where;
+    for (std::size_t r = 0; r < all.size(); ++r) {
+      const auto w = all[r]["wrong"].get<std::int64_t>();
+      if (w == 0) continue;
+      where += fmt::format("{}rank {}: {}", where.empty() ? "; wrong on " : ", ", r, w);
+      const auto& f = all[r]["first_wrong"];
+      if (f.is_object())
+        where += fmt::format(" (first: {}[{}] = {} instead of {}, iteration {})",
+                             f.value("parameter", std::string("?")), f.value("element", -1L),
+                             f.value("got", 0.0), f.value("expected", 0.0), f.value("iteration", -1));
+    }
     report.add_check({"gradients_correct",
                       wrong_total == 0 ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
                       fmt::format("{} wrong of {} gradient elements, summed over {} rank(s) and "
-                                  "{} iteration(s)",
-                                  wrong_total, checked_total, job.size(), o.warmup + o.iters)});
+                                  "{} iteration(s){}",
+                                  wrong_total, checked_total, job.size(), o.warmup + o.iters,
+                                  where)});
+  }
   std::printf("# %14s %14s %14s %14s %10s\n", "time/iter(us)", "backward(us)", "comm(us)",
               "exposed(us)", "#wrong");
   std::printf("  %14.1f %14.1f %14.1f %14.1f %10lld\n", t, b, c, e,

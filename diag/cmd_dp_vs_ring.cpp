@@ -317,6 +317,23 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
       }
     }
     res["wrong_total"] = wrong;
+    // Where: the first few (rank, algorithm, size, world size) with wrong
+    // elements.
+    std::string where;
+    int named = 0, unnamed = 0;
+    for (const auto& r : rows)
+      for (std::size_t k = 0; k < r.ranks.size(); ++k) {
+        if (r.ranks[k].wrong <= 0) continue;
+        if (named == 4) {
+          ++unnamed;
+          continue;
+        }
+        where += fmt::format("{}rank {} ({} {} B at world size {}: {})", named ? ", " : "; wrong on ",
+                             k, algo_name(r.algo), r.bytes, r.world_size,
+                             static_cast<std::int64_t>(r.ranks[k].wrong));
+        ++named;
+      }
+    if (unnamed) where += fmt::format(" and {} more", unnamed);
     if (!complete && rows.empty())
       report.add_check({"correctness", reports::CheckStatus::kSkip,
                         "the run ended with an error before any size was measured"});
@@ -327,8 +344,9 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
                                     job.rank())});
     else
       report.add_check({"correctness", tools::pass_if(wrong == 0 && !rows.empty()),
-                        fmt::format("{} wrong element(s) over {} row(s), every rank checked{}", wrong,
-                                    rows.size(), complete ? "" : " before the run ended with an error")});
+                        fmt::format("{} wrong element(s) over {} row(s), every rank checked{}{}",
+                                    wrong, rows.size(),
+                                    complete ? "" : " before the run ended with an error", where)});
     if (traffic_rows)
       report.add_check({"traffic_matches_theory", tools::pass_if(traffic_ok),
                         fmt::format("bytes sent and received by every rank {} theory in {} "

@@ -90,6 +90,38 @@ class DdpStep(unittest.TestCase):
         finally:
             os.unlink(layout)
 
+    def test_a_wrong_gradient_names_its_rank_parameter_and_element(self):
+        # The fault adds 1 to element 0 of rank 2's first all_reduce result.
+        path = tmp_json()
+        p = run(["ddp-step", "--nproc", "3", "--model", "mlp", "--json", path, "--iters", "1",
+                 "--warmup-iters", "0", "--inject-fault", "corrupt@rank=2"])
+        self.assertEqual(p.returncode, 1, p.stderr + p.stdout)
+        rep = load(path)
+        os.unlink(path)
+        c = check("gradients_correct", rep)
+        self.assertEqual(c["status"], "fail")
+        self.assertIn("; wrong on rank 2: ", c["detail"])
+        self.assertNotIn("rank 0:", c["detail"])
+        self.assertNotIn("rank 1:", c["detail"])
+        self.assertRegex(c["detail"], r"\(first: [\w.]+\[\d+\] = \S+ instead of \S+, iteration 0\)")
+        first = rep["results"]["per_rank"][2]["first_wrong"]
+        self.assertEqual(first["iteration"], 0)
+        self.assertEqual(first["got"], first["expected"] + 1)
+        self.assertIsNone(rep["results"]["per_rank"][0]["first_wrong"])
+        self.assertIn("wrong on rank 2", p.stdout)
+
+    def test_dp_vs_ring_names_the_rank_with_wrong_data(self):
+        path = tmp_json()
+        p = run(["dp-vs-ring", "--nproc", "3", "-b", "1K", "-e", "4K", "-n", "1", "-w", "0",
+                 "--json", path, "--inject-fault", "corrupt@rank=2"])
+        self.assertEqual(p.returncode, 1, p.stderr + p.stdout)
+        rep = load(path)
+        os.unlink(path)
+        c = check("correctness", rep)
+        self.assertEqual(c["status"], "fail")
+        self.assertIn("; wrong on rank 2 (", c["detail"])
+        self.assertNotRegex(c["detail"], r"rank [01] \(")
+
     def test_bad_hook_is_usage_error(self):
         p = run(["ddp-step", "--nproc", "2", "--model", "mlp", "--hook", "int8"])
         self.assertEqual(p.returncode, 2, p.stderr)
