@@ -1,7 +1,9 @@
 #include "reports/render.h"
 #include "diag/cli_common.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <csignal>
 #include <netdb.h>
 #include <arpa/inet.h>
@@ -142,16 +144,92 @@ int note_rank(const std::string& note) {
 // The other ranks on this machine (rank, pid), known once the rendezvous
 // passed: a rank stopped by SIGTERM (torchrun ends every worker once one
 // has failed) looks for the one whose process is gone.
-std::mutex g_local_peers_mutex;
-std::vector<std::pair<int, long>> g_local_peers;
+// The start time of a process (clock ticks since boot, field 22 of
+// /proc/<pid>/stat) as text: with the pid, it names one process even after
+// the pid is reused. "0" when there is no such process.
+std::string process_start_ticks(long pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  if (!in) return "0";
+  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto close = all.rfind(')');
+  if (close == std::string::npos) return "0";
+  std::istringstream fields(all.substr(close + 1));
+  std::string f;
+  // After the name: state is field 3, start time field 22.
+  for (int i = 3; i <= 22; ++i)
+    if (!(fields >> f)) return "0";
+  return f;
+}
 
-// The first rank on this machine whose process is gone, as "rank 1 (pid
-// 4889)"; "" when none is known to be.
+struct LocalPeer {
+  int rank = -1;
+  long pid = 0;
+  std::string start_ticks;  // while it ran ("0": unknown)
+};
+std::mutex g_local_peers_mutex;
+std::vector<LocalPeer> g_local_peers;
+
+// A rank that ends without being the cause of a failure (it finished, a
+// check failed, another rank's failure or a signal stopped it) leaves an
+// empty file named after its pid and start time here, so that a peer on
+// this machine that torchrun then stops (with SIGTERM, every worker at once)
+// does not take it for the rank that failed. Files older than an hour are
+// removed as new ones come.
+std::string ended_mark_dir() { return fmt::format("/tmp/ddpdiag-ended-{}", static_cast<long>(getuid())); }
+
+std::string ended_mark_path(long pid, const std::string& ticks) {
+  return fmt::format("{}/{}-{}", ended_mark_dir(), pid, ticks);
+}
+
+bool blameless_exit(int rc) {
+  return rc == 0 || rc == static_cast<int>(ExitCode::kCheckFailed) ||
+         rc == static_cast<int>(ExitCode::kPeerFailed) || rc > 128;
+}
+
+// Only where a peer on this machine could look for it. Best effort.
+void leave_ended_mark(int rc) {
+  if (!blameless_exit(rc)) return;
+  {
+    std::unique_lock<std::mutex> lock(g_local_peers_mutex, std::try_to_lock);
+    if (!lock.owns_lock() || g_local_peers.empty()) return;
+  }
+  const std::string ticks = process_start_ticks(getpid());
+  if (ticks == "0") return;
+  const std::string dir = ended_mark_dir();
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return;
+  const int fd = ::open(ended_mark_path(getpid(), ticks).c_str(),
+                        O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd >= 0) ::close(fd);
+  if (DIR* d = ::opendir(dir.c_str())) {
+    const auto old = std::chrono::system_clock::now() - std::chrono::hours(1);
+    while (const dirent* e = ::readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      const std::string path = dir + "/" + e->d_name;
+      struct stat st {};
+      if (::lstat(path.c_str(), &st) == 0 &&
+          std::chrono::system_clock::from_time_t(st.st_mtime) < old)
+        ::unlink(path.c_str());
+    }
+    ::closedir(d);
+  }
+}
+
+bool left_ended_mark(const LocalPeer& p) {
+  if (p.start_ticks.empty() || p.start_ticks == "0") return false;
+  struct stat st {};
+  return ::stat(ended_mark_path(p.pid, p.start_ticks).c_str(), &st) == 0;
+}
+
+// The first rank on this machine whose process is gone without leaving the
+// mark of a blameless end, as "rank 1 (pid 4889)"; "" when none is known to
+// be.
 std::string gone_local_peer(int* rank_out) {
   std::unique_lock<std::mutex> lock(g_local_peers_mutex, std::try_to_lock);
   if (!lock.owns_lock()) return {};
-  for (const auto& [rank, pid] : g_local_peers) {
-    if (process_gone(pid)) {
+  for (const auto& peer : g_local_peers) {
+    const int rank = peer.rank;
+    const long pid = peer.pid;
+    if (process_gone(pid) && !left_ended_mark(peer)) {
       *rank_out = rank;
       return fmt::format("rank {} (pid {} on this machine) had ended", rank, pid);
     }
@@ -224,6 +302,7 @@ void write_report_on_interrupt() {
                    "exit code %d is the run's\n",
                    rank >= 0 ? fmt::format("rank {}: ", rank).c_str() : "", name.c_str(), final_rc);
       std::fflush(stderr);
+      leave_ended_mark(final_rc);
       std::_Exit(final_rc);
     }
     // Stopped because another rank failed: by ddpdiag's launcher (its note
@@ -260,6 +339,7 @@ void write_report_on_interrupt() {
                    rank >= 0 ? fmt::format("rank {}: ", rank).c_str() : "", peer_text.c_str(),
                    written.empty() ? "" : fmt::format("; report: {}", written).c_str());
       std::fflush(stderr);
+      leave_ended_mark(static_cast<int>(ExitCode::kPeerFailed));
       std::_Exit(static_cast<int>(ExitCode::kPeerFailed));
     }
     const std::string written = write_armed_report(
@@ -272,6 +352,7 @@ void write_report_on_interrupt() {
                  rank >= 0 ? fmt::format("rank {}: ", rank).c_str() : "", name.c_str(),
                  written.empty() ? "" : fmt::format("; report: {}", written).c_str());
     std::fflush(stderr);
+    leave_ended_mark(128 + sig);
     std::_Exit(128 + sig);
   }).detach();
   struct sigaction sa {};
@@ -950,22 +1031,6 @@ namespace {
 // A rank waits for the answer to its own hello, a key no earlier process can
 // have set, and keeps every key of the job under run/<N> from then on.
 // ddpdiag's own launcher starts a fresh store for every job: no need there.
-// The start time of a process (clock ticks since boot, field 22 of
-// /proc/<pid>/stat) as text: with the pid, it names one process even after
-// the pid is reused. "0" when there is no such process.
-std::string process_start_ticks(long pid) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  if (!in) return "0";
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto close = all.rfind(')');
-  if (close == std::string::npos) return "0";
-  std::istringstream fields(all.substr(close + 1));
-  std::string f;
-  // After the name: state is field 3, start time field 22.
-  for (int i = 3; i <= 22; ++i)
-    if (!(fields >> f)) return "0";
-  return f;
-}
 
 bool agrees_on_run(const Job& job) {
   return job.world.agent_store && job.world.launcher != Launcher::kDdpdiag &&
@@ -1564,14 +1629,15 @@ void create_communicator(Job& job, const CommonOptions& o) {
   mo.desync_check = o.desync_check;
   mo.faults = std::move(faults);
   const std::string here = machine_id();
-  std::vector<std::pair<int, long>> local_peers;
+  std::vector<LocalPeer> local_peers;
   for (const auto& r : job.ranks) {
     MonitorOptions::Peer p;
     p.host = r.host;
     p.pid = r.pid;
     p.same_machine = r.rank < static_cast<int>(job.machines.size()) &&
                      job.machines[r.rank] == here;
-    if (p.same_machine && r.rank != me && r.pid > 0) local_peers.push_back({r.rank, r.pid});
+    if (p.same_machine && r.rank != me && r.pid > 0)
+      local_peers.push_back({r.rank, static_cast<long>(r.pid), process_start_ticks(r.pid)});
     mo.peers.push_back(p);
   }
   {
@@ -2101,6 +2167,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   }
   final_report->written(rc);
   leave_job(job, rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed));
+  leave_ended_mark(rc);
   return rc;
 }
 

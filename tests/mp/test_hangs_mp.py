@@ -19,7 +19,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reports"))
-from common import BIN, clean_env, free_port, load, run, run_ranks, tmp_json, main  # noqa: E402
+from common import (BIN, clean_env, free_port, load, readline_within, run, run_ranks, tmp_json,
+                    main)  # noqa: E402
 from validate_hook import validate  # noqa: E402
 
 TIMEOUT = 6       # --timeout of the fault tests (s)
@@ -193,6 +194,42 @@ class InitCheck(unittest.TestCase):
                 self.assertEqual(rep["verdict"], "PASS")
                 self.assertEqual(sorted(os.listdir(d)), ["out.json", "writing"])
                 shutil.rmtree(d)
+
+    def test_a_sigterm_to_every_worker_blames_no_rank_that_ended_the_same_way(self):
+        # A scheduler's time limit or a kill of torchrun: every worker gets
+        # SIGTERM, and one that ends first must not be taken for the rank
+        # that failed by a peer stopped later (it was, as "torchrun stopped
+        # this rank ...: rank 1 ... had ended", exit 5). Rank 0 is held
+        # (slow fault) outside any collective while rank 1 is stopped.
+        port = free_port()
+        envs = [clean_env(RANK=r, WORLD_SIZE=2, LOCAL_RANK=r, LOCAL_WORLD_SIZE=2,
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=port, TORCHELASTIC_RUN_ID="t",
+                          TORCHELASTIC_USE_AGENT_STORE="False", TORCHELASTIC_RESTART_COUNT=0)
+                for r in range(2)]
+        args = [BIN, "allreduce-test", "-b", "8", "-e", "64", "-n", "3", "-w", "1", "--timeout",
+                "40", "--inject-fault", "slow@rank=0,seq=5,ms=15000"]
+        procs = [subprocess.Popen(args, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for e in envs]
+        try:
+            while True:  # the header: the ranks met; rank 0 then sleeps before #5
+                line = readline_within(procs[0], 30)
+                self.assertTrue(line, "rank 0 printed no header")
+                if "(B)" in line:
+                    break
+            time.sleep(1.0)
+            procs[1].send_signal(signal.SIGTERM)
+            _, err1 = procs[1].communicate(timeout=30)
+            self.assertEqual(procs[1].returncode, 143, err1)
+            procs[0].send_signal(signal.SIGTERM)
+            _, err0 = procs[0].communicate(timeout=30)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        self.assertEqual(procs[0].returncode, 143, err0)
+        self.assertIn("ddpdiag: rank 0: interrupted by SIGTERM", err0)
+        self.assertNotIn("had ended", err0)
 
     def test_rejected_environment_claims_no_rank(self):
         # RANK=4 in a world of 4: the rank is unknown and the store was never
