@@ -1261,6 +1261,20 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                           ? fmt::format("pid {} on host {}", other.value("pid", 0L),
                                         other.value("host", std::string("?")))
                           : "another process";
+    // A rank of another job that uses the same store address (two jobs on
+    // one node with the default port): named as such, and the job whose
+    // store it is left alone.
+    const std::string theirs = other.is_object() ? other.value("job", std::string()) : "";
+    const std::string ours = info.value("job", std::string());
+    if (!theirs.empty() && !ours.empty() && theirs != ours)
+      throw RendezvousError(
+          fmt::format("ranks of different jobs met at the store {}:{}: rank {} there is {} from "
+                      "{}, and this process (pid {} on host {}) is rank {} of {}",
+                      job.world.master_addr, job.world.master_port, me, who, theirs,
+                      static_cast<long>(getpid()), host, me, ours),
+          {"rendezvous", me, -1,
+           "two jobs use the same MASTER_ADDR:MASTER_PORT: give each job a port of its own (e.g. "
+           "MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000)))"});
     std::string msg = fmt::format("rank {} is claimed twice: by {} and by pid {} on host {}", me,
                                   who, static_cast<long>(getpid()), host);
     job.store->set("abort", to_bytes(msg));

@@ -422,6 +422,37 @@ class LauncherEnvironments(unittest.TestCase):
         check_report(self, rep, n)
         self.assertEqual(rep["world"]["launcher"], "slurm")
 
+    def test_a_rank_of_another_job_finding_its_rank_taken_names_the_jobs(self):
+        # Job 1001 runs; a rank 1 of job 2002 reaches its store (same node,
+        # same MASTER_PORT). It is named another job's rank, not "rank 1 is
+        # claimed twice", and job 1001 is left alone.
+        port = free_port()
+        envs = [clean_env(SLURM_PROCID=r, SLURM_NTASKS=2, SLURM_LOCALID=r,
+                          SLURM_NTASKS_PER_NODE=2, SLURM_JOB_ID=1001, MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=port) for r in range(2)]
+        cmd = [BIN, "allreduce-test", "-b", "1M", "-e", "1M", "-n", "1500", "--timeout", "30"]
+        world = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for e in envs]
+        self.addCleanup(lambda: [p.kill() for p in world if p.poll() is None])
+        while True:
+            line = readline_within(world[0], 30)
+            self.assertTrue(line, "rank 0 printed no sweep table")
+            if line.startswith("#   "):
+                break
+        stray = dict(envs[1], SLURM_JOB_ID="2002")
+        res = run_ranks([cmd[1:]], [stray])
+        rc, _, se, elapsed = res[0]
+        self.assertEqual(rc, 3, se)
+        self.assertIn("ranks of different jobs met at the store 127.0.0.1:%d: rank 1 there is pid %d"
+                      % (port, world[1].pid), se)
+        self.assertIn("from SLURM_JOB_ID=1001", se)
+        self.assertIn("is rank 1 of SLURM_JOB_ID=2002", se)
+        self.assertNotIn("claimed twice", se)
+        self.assertLess(elapsed, 15, se)
+        for p in world:
+            _, err = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, err)
+
     def test_ranks_of_another_job_on_the_same_port_are_refused(self):
         # Two Slurm jobs that share a node and MASTER_PORT: job 2002's rank 1
         # reaches job 1001's store. Both ranks stop, naming both jobs, rather
