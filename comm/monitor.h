@@ -130,9 +130,13 @@ std::string rank_list(const std::vector<int>& ranks);
 //                         as Gloo's network thread does on a protocol error
 //                         (the process ends in std::terminate)
 //   slow@rank=2,ms=20     rank 2 adds 20 ms before every collective
-//   corrupt@rank=2        rank 2's all_reduce results are off by one
+//   corrupt@rank=2        rank 2's all_reduce results are off by one (their
+//                         first element), and the middle byte of every
+//                         point-to-point buffer it receives (recv, sendrecv)
+//                         is inverted
 // seq is 1-based and counts this communicator's collectives; seq-free kinds
-// apply to every collective. rank is the world rank.
+// apply to every collective (corrupt with a seq: collective seq only, and no
+// point-to-point op, which has no seq). rank is the world rank.
 struct Fault {
   enum class Kind { kHang, kSkip, kDesync, kExit, kThrow, kSlow, kCorrupt };
   Kind kind = Kind::kHang;

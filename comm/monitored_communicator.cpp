@@ -87,7 +87,9 @@ class MonitoredWork final : public Work {
     if (seq_ > 0) owner_->mark_completed(seq_);
     if (corrupt_target_ && !corrupted_) {
       corrupted_ = true;
-      owner_->corrupt_result(corrupt_target_, dtype_, count_);
+      // A point-to-point op has no sequence number; its count is in bytes.
+      if (seq_ > 0) owner_->corrupt_result(corrupt_target_, dtype_, count_);
+      else owner_->corrupt_received(corrupt_target_, count_);
     }
   }
 
@@ -230,7 +232,8 @@ void MonitoredCommunicator::prune_p2p() {
 }
 
 std::shared_ptr<Work> MonitoredCommunicator::issue_p2p(Fingerprint fp, std::vector<int> peers,
-                                                       std::shared_ptr<Work> work) {
+                                                       std::shared_ptr<Work> work, void* received,
+                                                       std::size_t received_bytes) {
   // Point-to-point ops differ between ranks by design; they get no sequence
   // number but are watched like collectives.
   if (work && opts_.heartbeat_stall.count() > 0) {
@@ -240,8 +243,10 @@ std::shared_ptr<Work> MonitoredCommunicator::issue_p2p(Fingerprint fp, std::vect
     prune_p2p();
     p2p_open_.push_back({++p2p_issued_, fp, std::move(peers), Clock::now(), work});
   }
-  return std::make_shared<MonitoredWork>(this, 0, std::move(fp), std::move(work), nullptr,
-                                         DType::kFloat32, 0);
+  // A corrupt fault without seq reaches what this rank receives too.
+  if (!fault_at(Fault::Kind::kCorrupt, 0)) received = nullptr;
+  return std::make_shared<MonitoredWork>(this, 0, std::move(fp), std::move(work), received,
+                                         DType::kUInt8, received_bytes);
 }
 
 std::shared_ptr<Work> MonitoredCommunicator::allreduce(const void* send, void* recv,
@@ -292,7 +297,7 @@ std::shared_ptr<Work> MonitoredCommunicator::send(const void* buf, std::size_t c
 std::shared_ptr<Work> MonitoredCommunicator::recv(void* buf, std::size_t count, DType dtype,
                                                   int peer, std::uint32_t tag) {
   return issue_p2p(make_fp("recv", count, dtype, peer, std::nullopt), {peer},
-                   inner_->recv(buf, count, dtype, peer, tag));
+                   inner_->recv(buf, count, dtype, peer, tag), buf, count * dtype_size(dtype));
 }
 
 std::shared_ptr<Work> MonitoredCommunicator::sendrecv(const void* send_buf, std::size_t send_count,
@@ -301,7 +306,8 @@ std::shared_ptr<Work> MonitoredCommunicator::sendrecv(const void* send_buf, std:
                                                       DType dtype, std::uint32_t tag) {
   return issue_p2p(make_fp("sendrecv", send_count, dtype, send_peer, std::nullopt),
                    {send_peer, recv_peer}, inner_->sendrecv(send_buf, send_count, send_peer, recv_buf, recv_count,
-                                    recv_peer, dtype, tag));
+                                    recv_peer, dtype, tag),
+                   recv_buf, recv_count * dtype_size(dtype));
 }
 
 void MonitoredCommunicator::abort() {
@@ -368,6 +374,15 @@ void MonitoredCommunicator::corrupt_result(void* recv, DType dtype, std::size_t 
   inner_->copy_to_host(first.data(), recv, first.size());
   store_from_double(dtype, first.data(), 0, load_as_double(dtype, first.data(), 0) + 1);
   inner_->copy_from_host(recv, first.data(), first.size());
+}
+
+void MonitoredCommunicator::corrupt_received(void* buf, std::size_t bytes) {
+  if (bytes == 0) return;
+  auto* middle = static_cast<std::uint8_t*>(buf) + bytes / 2;
+  std::uint8_t b = 0;
+  inner_->copy_to_host(&b, middle, 1);
+  b = static_cast<std::uint8_t>(~b);
+  inner_->copy_from_host(middle, &b, 1);
 }
 
 RankState MonitoredCommunicator::state(const std::string& reason) const {

@@ -159,6 +159,9 @@ class MonitoredCommunicator final : public Communicator {
   [[noreturn]] void fail(std::int64_t seq, const Error& cause, const Fingerprint* fp = nullptr);
   void mark_completed(std::int64_t seq);
   void corrupt_result(void* recv, DType dtype, std::size_t count);
+  // The corrupt fault on a received point-to-point buffer: its middle byte
+  // inverted.
+  void corrupt_received(void* buf, std::size_t bytes);
   bool alarm_seen() const { return alarm_seen_.load(); }
   // The deadline of one collective (--timeout): what a message about a
   // collective that never completed quotes, whatever its caller waited.
@@ -203,9 +206,11 @@ class MonitoredCommunicator final : public Communicator {
   template <typename MakeFn>
   std::shared_ptr<Work> issue(Fingerprint fp, MakeFn make, void* corrupt_target = nullptr,
                               DType dtype = DType::kFloat32, std::size_t count = 0);
-  // peers: the ranks the op sends to or receives from.
+  // peers: the ranks the op sends to or receives from; received: the
+  // buffer it receives into (received_bytes long), null for a send.
   std::shared_ptr<Work> issue_p2p(Fingerprint fp, std::vector<int> peers,
-                                  std::shared_ptr<Work> work);
+                                  std::shared_ptr<Work> work, void* received = nullptr,
+                                  std::size_t received_bytes = 0);
   const Fault* fault_at(Fault::Kind kind, std::int64_t seq) const;
   void stall(std::int64_t seq, const Fingerprint& fp);
   void check_fingerprints(std::int64_t seq, const Fingerprint& fp);

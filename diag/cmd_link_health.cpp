@@ -10,6 +10,14 @@
 // before the verdict: a stall of a shared machine makes a healthy link look
 // slow once, a slow link stays slow.
 //
+// Data. Every pair's payloads are checked, after the timed loops: each rank
+// sends a pattern of its own (a hash of its rank, the pair's round and the
+// byte's offset) and compares every byte of the last exchange and ping it
+// received with the peer's pattern; then one all_reduce of inputs whose sum
+// is exact is compared bit for bit. Wrong data fails the data_correct check
+// on every rank, naming the rank that received it, the peer, the first
+// wrong byte and the count.
+//
 // NCCL transports. NCCL reads NCCL_DEBUG once per process, at its first
 // call, so the log cannot be switched on once the job's communicator exists.
 // Before the job starts (before the built-in launcher forks the ranks, and
@@ -29,6 +37,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -42,6 +51,7 @@
 
 #include "comm/measure.h"
 #include "comm/net_info.h"
+#include "comm/splitmix64.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
 #include "diag/tools_analysis.h"
@@ -70,19 +80,56 @@ struct LinkHealthOptions {
 constexpr std::uint32_t kLatencyTag = 0x11e40000;
 constexpr std::uint32_t kBandwidthTag = 0x11e50000;
 
+// Bytes of a payload that differ from what the peer sent.
+struct WrongBytes {
+  std::int64_t count = 0;
+  std::int64_t first = -1;  // offset of the first, -1 when none
+};
+
+// Byte i of what `sender` sends in tag round `round`: byte i mod 8 of a
+// splitmix64 hash of (sender, round, i / 8), so no two senders, rounds or
+// offsets share a pattern (a stale round, a swapped peer or a shifted block
+// reads wrong). `check` compares `p` with it instead of writing it.
+WrongBytes sender_pattern(std::uint8_t* p, std::size_t bytes, int sender, std::uint32_t round,
+                          bool check) {
+  const std::uint64_t seed = splitmix64_mix((static_cast<std::uint64_t>(round) << 32) |
+                                            static_cast<std::uint32_t>(sender));
+  WrongBytes w;
+  for (std::size_t i = 0; i < bytes; i += 8) {
+    const std::uint64_t v = splitmix64_mix(seed + (i / 8 + 1) * kSplitmix64Gamma);
+    for (std::size_t k = 0; k < 8 && i + k < bytes; ++k) {
+      const auto b = static_cast<std::uint8_t>(v >> (8 * k));
+      if (!check) {
+        p[i + k] = b;
+      } else if (p[i + k] != b) {
+        if (w.count++ == 0) w.first = static_cast<std::int64_t>(i + k);
+      }
+    }
+  }
+  return w;
+}
+
 // One rank's side of one pair.
 struct SideResult {
   int peer = 0;
   double latency_us = 0;         // half the median ping-pong round trip
   double bandwidth_time_us = 0;  // median per exchange, both directions in flight
+  WrongBytes exchange_wrong;     // in the last bandwidth exchange received
+  WrongBytes ping_wrong;         // in the last ping received
 };
 
 SideResult measure_pair(Communicator& comm, int peer, std::size_t bw_bytes, const LinkHealthOptions& o,
                         std::uint32_t round, Millis timeout, CommBuffer& out, CommBuffer& in,
-                        CommBuffer& small_out, CommBuffer& small_in) {
+                        CommBuffer& small_out, CommBuffer& small_in, std::vector<std::uint8_t>& host) {
   const int me = comm.rank();
   SideResult s;
   s.peer = peer;
+  // This rank's pattern for this round, in both payloads.
+  std::uint8_t ping_data[8];
+  sender_pattern(host.data(), bw_bytes, me, round, false);
+  sender_pattern(ping_data, 8, me, round, false);
+  comm.copy_from_host(out.get(), host.data(), bw_bytes);
+  comm.copy_from_host(small_out.get(), ping_data, 8);
   // Latency: ping-pong of 8 bytes; the lower rank serves first.
   const bool first = me < peer;
   auto ping = [&] {
@@ -115,6 +162,12 @@ SideResult measure_pair(Communicator& comm, int peer, std::size_t bw_bytes, cons
   };
   for (int i = 0; i < o.warmup; ++i) exchange();
   s.bandwidth_time_us = median_us(std::max(1, o.iters), exchange);
+  // The data check, outside the timed loops: every byte received last, from
+  // the peer's pattern for this round.
+  comm.copy_to_host(host.data(), in.get(), bw_bytes);
+  s.exchange_wrong = sender_pattern(host.data(), bw_bytes, peer, round, true);
+  comm.copy_to_host(ping_data, small_in.get(), 8);
+  s.ping_wrong = sender_pattern(ping_data, 8, peer, round, true);
   return s;
 }
 
@@ -271,13 +324,14 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
                        {"min_link_pct", o.thresholds.min_link_pct}};
   res["nccl_log"] = nccl_log;
 
-  // Pairs, round by round; a barrier keeps the rounds apart.
+  // Pairs, round by round; a barrier keeps the rounds apart. `host` holds
+  // the pattern sent, then the payload received.
   CommBuffer out(comm, bw_bytes), in(comm, bw_bytes), small_out(comm, 8), small_in(comm, 8);
-  {
-    std::vector<std::uint8_t> fill(bw_bytes, 0x5a);
-    comm.copy_from_host(out.get(), fill.data(), bw_bytes);
-    comm.copy_from_host(small_out.get(), fill.data(), 8);
-  }
+  std::vector<std::uint8_t> host(bw_bytes);
+  // This rank's wrong payloads, over every pass: {peer, round, payload,
+  // bytes, wrong_bytes, first_wrong_byte}.
+  json data_errors = json::array();
+  std::int64_t payloads_checked = 0;
   // Rounds of disjoint pairs, each rank measuring its own; a barrier keeps
   // the rounds apart. Each round has tags of its own.
   std::uint32_t next_round = 0;
@@ -290,9 +344,18 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
         if (a != me && b != me) continue;
         const int peer = a == me ? b : a;
         auto s = measure_pair(comm, peer, bw_bytes, o, tag_round, job.timeout, out, in, small_out,
-                              small_in);
+                              small_in, host);
         mine.push_back({{"peer", s.peer}, {"latency_us", s.latency_us},
                         {"bandwidth_time_us", s.bandwidth_time_us}});
+        auto note_wrong = [&](const char* payload, std::size_t bytes, const WrongBytes& w) {
+          ++payloads_checked;
+          if (w.count > 0)
+            data_errors.push_back({{"peer", peer}, {"round", tag_round}, {"payload", payload},
+                                   {"bytes", bytes}, {"wrong_bytes", w.count},
+                                   {"first_wrong_byte", w.first}});
+        };
+        note_wrong("exchange", bw_bytes, s.exchange_wrong);
+        note_wrong("ping", 8, s.ping_wrong);
       }
       comm.barrier()->wait(job.timeout);
       job.progress_line(fmt::format("[progress] {}round {} of {} done", what, r + 1, rounds.size()));
@@ -389,11 +452,83 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
                           std::max(1, o.allreduce_iters);
   const auto ar_times = allgather_doubles(comm, {my_ar_us}, job.timeout);
 
+  // The all_reduce's data check, after the timed loop: one more, of inputs
+  // whose sum is exact in any order, compared bit for bit.
+  std::int64_t ar_wrong = 0, ar_first_wrong = -1;
+  {
+    std::vector<std::uint8_t> got(ar_bytes);
+    fill_exact_inputs(DType::kFloat32, ReduceOp::kSum, n, me, got.data(), ar_count);
+    comm.copy_from_host(ar.get(), got.data(), ar_bytes);
+    comm.allreduce(ar.get(), ar.get(), ar_count, DType::kFloat32, ReduceOp::kSum)->wait(job.timeout);
+    comm.copy_to_host(got.data(), ar.get(), ar_bytes);
+    ar_wrong = count_wrong_allreduce(DType::kFloat32, ReduceOp::kSum, n, got.data(), ar_count);
+    if (ar_wrong > 0) {
+      std::vector<std::uint8_t> expected(ar_bytes);
+      fill_expected_allreduce(DType::kFloat32, ReduceOp::kSum, n, expected.data(), ar_count);
+      for (std::size_t i = 0; i < ar_count && ar_first_wrong < 0; ++i)
+        if (std::memcmp(&got[4 * i], &expected[4 * i], 4) != 0) ar_first_wrong = static_cast<std::int64_t>(i);
+    }
+  }
+
+  // What every rank received wrong, on every rank: each fails the check (and
+  // exits 1) with the same detail. Per rank: payloads checked, payloads
+  // wrong, bytes wrong, the first wrong payload's peer, whether it was a
+  // ping, its first wrong byte; all_reduce elements wrong, the first.
+  constexpr std::size_t kData = 8;
+  std::vector<double> my_data(kData, -1);
+  my_data[0] = static_cast<double>(payloads_checked);
+  my_data[1] = static_cast<double>(data_errors.size());
+  my_data[2] = 0;
+  for (const auto& e : data_errors) my_data[2] += e["wrong_bytes"].get<double>();
+  if (!data_errors.empty()) {
+    my_data[3] = data_errors[0]["peer"].get<double>();
+    my_data[4] = data_errors[0]["payload"] == "ping" ? 1 : 0;
+    my_data[5] = data_errors[0]["first_wrong_byte"].get<double>();
+  }
+  my_data[6] = static_cast<double>(ar_wrong);
+  my_data[7] = static_cast<double>(ar_first_wrong);
+  const auto data = allgather_doubles(comm, my_data, job.timeout);
+  auto data_of = [&](int r, std::size_t k) {
+    return static_cast<std::int64_t>(data[static_cast<std::size_t>(r) * kData + k]);
+  };
+  std::int64_t checked = 0;
+  std::vector<std::string> wrong_data;
+  for (int r = 0; r < n; ++r) {
+    checked += data_of(r, 0);
+    if (data_of(r, 1) > 0) {
+      const int peer = static_cast<int>(data_of(r, 3));
+      const bool ping = data_of(r, 4) > 0;
+      wrong_data.push_back(fmt::format(
+          "rank {} received {} wrong byte(s) in {} payload(s), the first from rank {} (pair {}-{}) "
+          "at byte {} of its {}-byte {}",
+          r, data_of(r, 2), data_of(r, 1), peer, std::min(r, peer), std::max(r, peer), data_of(r, 5),
+          ping ? std::size_t{8} : bw_bytes, ping ? "ping" : "exchange"));
+    }
+    if (data_of(r, 6) > 0)
+      wrong_data.push_back(fmt::format("rank {}'s all_reduce result had {} of {} element(s) wrong, "
+                                       "the first at element {}",
+                                       r, data_of(r, 6), ar_count, data_of(r, 7)));
+  }
+  std::string data_detail;
+  if (wrong_data.empty()) {
+    data_detail = fmt::format("every byte of {} pair payload(s) as its sender sent it, and every "
+                              "rank's all_reduce of {} exact",
+                              checked, format_size(ar_bytes));
+  } else {
+    data_detail = "wrong data: ";
+    for (std::size_t i = 0; i < wrong_data.size(); ++i) data_detail += (i ? "; " : "") + wrong_data[i];
+  }
+  const reports::Check data_check{"data_correct", tools::pass_if(wrong_data.empty()), data_detail};
+
   std::string why_unknown;
   json transports = nccl_transports(job, why_unknown);
   auto gathered = job.gather_to_root("link-health/transports",
-                                     {{"transports", transports}, {"transport_note", why_unknown}});
-  if (me != 0) return;
+                                     {{"transports", transports}, {"transport_note", why_unknown},
+                                      {"data_errors", data_errors}});
+  if (me != 0) {
+    report.add_check(data_check);
+    return;
+  }
 
   const auto pairs = pair_measurements();
   const auto judged = tools::judge_pairs(pairs, o.thresholds);
@@ -461,8 +596,17 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   std::vector<int> slow_ranks;
   for (int r = 0; r < n; ++r)
     if (pair_count[r] >= 2 && slow_count[r] == pair_count[r]) slow_ranks.push_back(r);
-  json ar_rows = json::array();
-  for (int r = 0; r < n; ++r) ar_rows.push_back({{"rank", r}, {"allreduce_time_us", ar_times[r]}});
+  json ar_rows = json::array(), all_data_errors = json::array();
+  for (int r = 0; r < n; ++r) {
+    ar_rows.push_back({{"rank", r},
+                       {"allreduce_time_us", ar_times[r]},
+                       {"wrong_elements", data_of(r, 6)},
+                       {"first_wrong_element", data_of(r, 7) >= 0 ? json(data_of(r, 7)) : json()}});
+    for (auto e : gathered[r]["data_errors"]) {
+      e["rank"] = r;
+      all_data_errors.push_back(e);
+    }
+  }
   json notes = json::object();
   for (int r = 0; r < n; ++r) {
     const auto& note = gathered[r]["transport_note"];
@@ -481,6 +625,8 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   res["allreduce_bytes"] = ar_bytes;
   res["allreduce"] = ar_rows;
   res["transport_notes"] = notes;
+  res["data_checked_payloads"] = checked;
+  res["data_errors"] = all_data_errors;
   res["median_busbw_gbps"] = median([&] {
     std::vector<double> v;
     for (const auto& p : pairs) v.push_back(p.bandwidth_gbps);
@@ -523,6 +669,7 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
     report.add_check({"slow_ranks", reports::CheckStatus::kFail,
                       fmt::format("every link of rank(s) {} is slow", names)});
   }
+  report.add_check(data_check);
 
   // The tables.
   std::printf("# ddpdiag link-health: %d rank(s), backend %s; %zu round(s) of disjoint pairs; "

@@ -16,7 +16,7 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import BIN, clean_env, load, main, run, tmp_json  # noqa: E402
+from common import BIN, clean_env, free_port, load, main, run, run_ranks, tmp_json  # noqa: E402
 
 WORLDS = (2, 3, 4)
 
@@ -342,6 +342,62 @@ class LinkHealth(unittest.TestCase):
         self.assertEqual(res["rechecked_pairs"], [])
         self.assertEqual([q["measurements"] for q in res["pairs"]], [1, 1, 1])
         self.assertEqual(res["slow_pairs"], [[0, 1], [0, 2], [1, 2]])
+
+    SMALL = ["--bytes", "64K", "-n", "1", "--latency-iters", "2", "--allreduce-bytes", "64K",
+             "--allreduce-iters", "1"]
+
+    def test_wrong_data_fails_on_every_rank_and_names_the_rank(self):
+        # corrupt@rank=1 inverts the middle byte of every buffer rank 1
+        # receives and puts its all_reduce result off by one. Each rank, run
+        # as a process of its own, exits 1; rank 0's report names rank 1, the
+        # pair, the first wrong byte and the count in data_correct.
+        n, port, path = 3, free_port(), tmp_json()
+        args = ["link-health"] + self.SMALL + ["--rechecks", "0", "--inject-fault", "corrupt@rank=1",
+                                               "--json", path]
+        envs = [clean_env(RANK=r, WORLD_SIZE=n, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                for r in range(n)]
+        out = run_ranks([args] * n, envs)
+        for r, (rc, so, se, _) in enumerate(out):
+            self.assertEqual(rc, 1, "rank %d: %s%s" % (r, so, se))
+        stdout = out[0][1]
+        self.assertIn("# Verdict: FAIL", stdout)
+        self.assertIn("# Check data_correct", stdout)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["verdict"], "FAIL")
+        check = [c for c in rep["checks"] if c["name"] == "data_correct"]
+        self.assertEqual(len(check), 1, rep["checks"])
+        self.assertEqual(check[0]["status"], "fail")
+        detail = check[0]["detail"]
+        # An exchange and a ping from each of its two peers; the middle of
+        # 64 KiB is byte 32768.
+        self.assertRegex(detail, r"rank 1 received 4 wrong byte\(s\) in 4 payload\(s\), the first from "
+                                 r"rank ([02]) \(pair (0-1|1-2)\) at byte 32768 of its 65536-byte exchange")
+        self.assertIn("rank 1's all_reduce result had 1 of 16384 element(s) wrong, the first at element 0",
+                      detail)
+        self.assertNotIn("rank 0 received", detail)
+        self.assertNotIn("rank 2 received", detail)
+        res = rep["results"]
+        errors = res["data_errors"]
+        self.assertEqual({e["rank"] for e in errors}, {1})
+        # From both peers, in the exchange (its middle byte) and the ping.
+        self.assertEqual({(e["peer"], e["payload"]) for e in errors},
+                         {(0, "exchange"), (0, "ping"), (2, "exchange"), (2, "ping")})
+        for e in errors:
+            self.assertEqual(e["wrong_bytes"], 1, e)
+            self.assertEqual(e["first_wrong_byte"], e["bytes"] // 2, e)
+        self.assertEqual([a["wrong_elements"] for a in res["allreduce"]], [0, 1, 0])
+        self.assertEqual(res["allreduce"][1]["first_wrong_element"], 0)
+
+    def test_clean_run_checks_the_data_and_passes(self):
+        # Two ranks: one pair, with no other to be found slow against.
+        p, rep = tool(self, ["link-health"] + self.SMALL, 2)
+        self.assertEqual(rep["verdict"], "PASS", p.stdout)
+        check = [c for c in rep["checks"] if c["name"] == "data_correct"][0]
+        self.assertEqual(check["status"], "pass", check)
+        self.assertIn("every byte of 4 pair payload(s)", check["detail"])
+        self.assertEqual(rep["results"]["data_errors"], [])
+        self.assertEqual([a["wrong_elements"] for a in rep["results"]["allreduce"]], [0, 0])
 
 
 def sanitized(path):
