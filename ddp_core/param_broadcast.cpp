@@ -7,6 +7,7 @@
 
 #include <fmt/core.h>
 
+#include "comm/splitmix64.h"
 #include "ddp_core/bucket_assignment.h"
 
 namespace ddpdiag::ddp_core {
@@ -196,8 +197,40 @@ std::uint64_t checksum64(const void* data, std::size_t n, std::uint64_t seed) {
   return h;
 }
 
+namespace {
+
+// "0, 1, 2" (the first eight, then how many more).
+std::string iteration_list(const std::vector<int>& its) {
+  std::string s;
+  for (std::size_t i = 0; i < its.size() && i < 8; ++i) s += fmt::format("{}{}", i ? ", " : "", its[i]);
+  if (its.size() > 8) s += fmt::format(" and {} more", its.size() - 8);
+  return s;
+}
+
+}  // namespace
+
 std::string ChecksumVerdict::describe() const {
-  if (identical) return "every rank holds identical parameters";
+  if (identical)
+    return against_expected ? "every rank holds the root's values after every broadcast"
+                            : "every rank holds identical parameters";
+  if (against_expected) {
+    std::string s;
+    for (int r : differing_ranks) {
+      std::vector<const ParamMismatch*> mine;
+      for (const auto& m : mismatches)
+        if (m.rank == r) mine.push_back(&m);
+      const auto& its = wrong_iterations[static_cast<std::size_t>(r)];
+      if (!s.empty()) s += "; ";
+      s += fmt::format("rank {}{} holds wrong values after {} of {} broadcast(s) (iteration {}; "
+                       "the first {} warm-up) in {} tensor(s):",
+                       r, r == root ? " (the root)" : "", its.size(), iterations,
+                       iteration_list(its), warmup, mine.size());
+      for (std::size_t i = 0; i < mine.size() && i < 5; ++i)
+        s += fmt::format(" {} (index {})", mine[i]->name, mine[i]->tensor);
+      if (mine.size() > 5) s += fmt::format(" and {} more", mine.size() - 5);
+    }
+    return s;
+  }
   // The tensors a rank's copy differs in, named (the first five).
   const auto tensors_of = [&](int r) {
     std::vector<const ParamMismatch*> mine;
@@ -284,6 +317,181 @@ ChecksumVerdict verify_identical(Communicator& comm, std::span<const ParamTensor
   }
   v.time_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
   return v;
+}
+
+void fill_start_pattern(void* host, std::uint64_t bytes, int rank, std::size_t tensor) {
+  // Distinct from the other splitmix64 users' seeds; the rank is hashed
+  // whole, so ranks r and r + 256 (or any period) differ.
+  constexpr std::uint64_t kStartSalt = 0x62726f6164636173ull;  // "broadcas"
+  std::uint64_t state =
+      splitmix64_mix(splitmix64_mix(kStartSalt + static_cast<std::uint64_t>(rank)) +
+                     static_cast<std::uint64_t>(tensor));
+  auto* p = static_cast<std::uint8_t*>(host);
+  std::uint64_t i = 0;
+  for (; i + 8 <= bytes; i += 8) {
+    const std::uint64_t w = splitmix64_next(state);
+    std::memcpy(p + i, &w, 8);
+  }
+  if (i < bytes) {
+    const std::uint64_t w = splitmix64_next(state);
+    std::memcpy(p + i, &w, static_cast<std::size_t>(bytes - i));
+  }
+}
+
+namespace {
+
+std::uint64_t largest(std::span<const ParamTensor> tensors) {
+  std::uint64_t m = 0;
+  for (const auto& t : tensors) m = std::max(m, t.bytes);
+  return m;
+}
+
+}  // namespace
+
+void fill_start_values(Communicator& comm, std::span<const ParamTensor> tensors, int rank) {
+  const bool device = comm.memory_kind() == MemoryKind::kDevice;
+  std::vector<std::uint8_t> host(device ? largest(tensors) : 0);
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    if (!device) {
+      fill_start_pattern(t.data, t.bytes, rank, i);
+      continue;
+    }
+    fill_start_pattern(host.data(), t.bytes, rank, i);
+    if (t.bytes) comm.copy_from_host(t.data, host.data(), t.bytes);
+  }
+}
+
+std::vector<std::uint64_t> start_pattern_checksums(std::span<const ParamTensor> tensors, int rank) {
+  std::vector<std::uint8_t> host(largest(tensors));
+  std::vector<std::uint64_t> out;
+  out.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    fill_start_pattern(host.data(), tensors[i].bytes, rank, i);
+    out.push_back(checksum64(host.data(), tensors[i].bytes));
+  }
+  return out;
+}
+
+std::vector<std::uint64_t> tensor_checksums(Communicator& comm, std::span<const ParamTensor> tensors) {
+  const bool device = comm.memory_kind() == MemoryKind::kDevice;
+  std::vector<std::uint8_t> host(device ? largest(tensors) : 0);
+  std::vector<std::uint64_t> out;
+  out.reserve(tensors.size());
+  for (const auto& t : tensors) {
+    const void* p = t.data;
+    if (device) {
+      if (t.bytes) comm.copy_to_host(host.data(), t.data, t.bytes);
+      p = host.data();
+    }
+    out.push_back(checksum64(p, t.bytes));
+  }
+  return out;
+}
+
+BroadcastChecks start_broadcast_checks(std::vector<std::uint64_t> expected, int iterations) {
+  BroadcastChecks c;
+  const std::size_t n = expected.size();
+  c.expected = std::move(expected);
+  c.checksums.assign(n, 0);
+  c.wrong_count.assign(n, 0);
+  c.first_wrong.assign(n, -1);
+  c.wrong_checksum.assign(n, 0);
+  c.wrong_tensors.assign(static_cast<std::size_t>(std::max(iterations, 0)), 0);
+  c.time_us.assign(c.wrong_tensors.size(), 0);
+  return c;
+}
+
+std::size_t check_broadcast(Communicator& comm, std::span<const ParamTensor> tensors, int iteration,
+                            BroadcastChecks& c) {
+  DDPDIAG_ASSERT(tensors.size() == c.expected.size());
+  DDPDIAG_ASSERT(iteration >= 0 && static_cast<std::size_t>(iteration) < c.wrong_tensors.size());
+  const auto start = Clock::now();
+  c.checksums = tensor_checksums(comm, tensors);
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (c.checksums[i] == c.expected[i]) continue;
+    ++wrong;
+    if (c.wrong_count[i]++ == 0) c.first_wrong[i] = iteration;
+    c.wrong_checksum[i] = c.checksums[i];
+  }
+  const auto it = static_cast<std::size_t>(iteration);
+  c.wrong_tensors[it] = wrong;
+  c.time_us[it] = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  return wrong;
+}
+
+ChecksumVerdict gather_broadcast_checks(Communicator& comm, std::span<const ParamTensor> tensors,
+                                        const BroadcastChecks& c, int root, int warmup,
+                                        Millis timeout) {
+  const auto start = Clock::now();
+  const std::size_t n = c.expected.size(), iters = c.wrong_tensors.size();
+  const std::size_t world = static_cast<std::size_t>(comm.size());
+  DDPDIAG_ASSERT(tensors.size() == n);
+  // Per rank: wrong_count[n], first_wrong[n], wrong_checksum[n], wrong_tensors[iters].
+  const std::size_t words = 3 * n + iters;
+  std::vector<std::uint64_t> mine;
+  mine.reserve(words);
+  mine.insert(mine.end(), c.wrong_count.begin(), c.wrong_count.end());
+  for (auto f : c.first_wrong) mine.push_back(static_cast<std::uint64_t>(f));
+  mine.insert(mine.end(), c.wrong_checksum.begin(), c.wrong_checksum.end());
+  mine.insert(mine.end(), c.wrong_tensors.begin(), c.wrong_tensors.end());
+  std::vector<std::uint64_t> all(words * world);
+  if (words) {
+    CommBuffer send(comm, words * 8), recv(comm, words * 8 * world);
+    comm.copy_from_host(send.get(), mine.data(), words * 8);
+    comm.allgather(send.get(), recv.get(), words, DType::kInt64)->wait(effective(comm, timeout));
+    comm.copy_to_host(all.data(), recv.get(), words * 8 * world);
+  }
+  ChecksumVerdict v;
+  v.checksums = c.checksums;
+  v.world = static_cast<int>(world);
+  v.root = root;
+  v.against_expected = true;
+  v.iterations = static_cast<int>(iters);
+  v.warmup = warmup;
+  v.wrong_iterations.resize(world);
+  for (std::size_t r = 0; r < world; ++r) {
+    const std::uint64_t* w = all.data() + r * words;
+    for (std::size_t i = 0; i < n; ++i) {
+      if (w[i] == 0) continue;
+      ParamMismatch m{static_cast<int>(r), i, tensors[i].name, w[2 * n + i], c.expected[i]};
+      m.wrong_iterations = w[i];
+      m.first_iteration = static_cast<int>(static_cast<std::int64_t>(w[n + i]));
+      v.mismatches.push_back(std::move(m));
+    }
+    for (std::size_t it = 0; it < iters; ++it)
+      if (w[3 * n + it]) v.wrong_iterations[r].push_back(static_cast<int>(it));
+    if (!v.wrong_iterations[r].empty()) v.differing_ranks.push_back(static_cast<int>(r));
+  }
+  v.identical = v.mismatches.empty();
+  v.time_us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+  return v;
+}
+
+BroadcastSeries broadcast_series(Communicator& comm, std::span<const ParamTensor> tensors,
+                                 std::span<const std::uint64_t> expected,
+                                 const BroadcastSeriesOptions& o) {
+  const int root = o.broadcast.root;
+  const int total = o.warmup + o.iters;
+  const Millis timeout = effective(comm, o.broadcast.timeout);
+  BroadcastSeries s;
+  BroadcastChecks checks =
+      start_broadcast_checks(std::vector<std::uint64_t>(expected.begin(), expected.end()), total);
+  bool root_ok = false;  // the root holds its pattern (its last check passed)
+  for (int it = 0; it < total; ++it) {
+    // A broadcast that delivers nothing leaves the refilled values, which
+    // the check sees; the root keeps what it holds unless that went bad.
+    if (comm.rank() != root || !root_ok) fill_start_values(comm, tensors, comm.rank());
+    comm.barrier()->wait(timeout);
+    s.stats = broadcast_parameters(comm, tensors, o.broadcast);
+    if (it >= o.warmup) s.times_us.push_back(s.stats.time_us);
+    if (o.after_broadcast) o.after_broadcast(it);
+    root_ok = check_broadcast(comm, tensors, it, checks) == 0;
+  }
+  s.check_us = checks.time_us;
+  s.verdict = gather_broadcast_checks(comm, tensors, checks, root, o.warmup, timeout);
+  return s;
 }
 
 }  // namespace ddpdiag::ddp_core

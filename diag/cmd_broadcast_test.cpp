@@ -1,10 +1,13 @@
 // ddpdiag broadcast-test: DDP's start-of-training parameter broadcast for a
 // model layout, timed per chunk size (coalesced chunks from rank 0, at most
-// two in flight), followed by the checksum all_gather that proves every rank
-// holds identical parameters or names the ranks and tensors that differ.
+// two in flight). Before every broadcast each rank other than 0 refills its
+// tensors with its own pattern, and after it every rank checksums what it
+// holds against the checksums of rank 0's pattern, computed locally: a
+// broadcast that delivers nothing, or corrupts rank 0's own copy, fails the
+// iteration it happened in, and the wrong ranks are named at any world size.
+// One all_gather per chunk size collects the checks (ddp_core::broadcast_series).
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <memory>
 #include <sstream>
 
@@ -27,7 +30,7 @@ struct BroadcastTestOptions {
   std::string chunk_mb = "250,64,16";
   int iters = 5;
   int warmup = 1;
-  int corrupt_rank = -1;  // testing seam: this rank flips a byte before the checksum
+  int corrupt_rank = -1;  // testing seam: this rank flips a byte after every broadcast
 };
 
 // The largest --chunk-mb, as --caps' largest bucket cap.
@@ -63,17 +66,6 @@ std::vector<std::uint64_t> parse_chunks(const std::string& s, int rank) {
   return out;
 }
 
-// Rank-dependent bytes, so that only a working broadcast makes ranks agree.
-void fill_rank_values(const LayoutParams& lp, int rank) {
-  std::vector<std::uint8_t> host;
-  for (std::size_t i = 0; i < lp.tensors.size(); ++i) {
-    host.resize(lp.tensors[i].bytes);
-    for (std::size_t k = 0; k < host.size(); ++k)
-      host[k] = static_cast<std::uint8_t>(k * 131 + i * 7 + static_cast<std::size_t>(rank) * 29 + 1);
-    if (!host.empty()) std::memcpy(lp.tensors[i].data, host.data(), host.size());
-  }
-}
-
 void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
   const ModelLayout layout = load_model(o.model);
   // DDP broadcasts every parameter, frozen ones too, but torch refuses to
@@ -86,7 +78,9 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
                      {"flags", job.rank(), -1, "pass a rank in 0..world_size-1"});
   Communicator& comm = *job.comm;
   LayoutParams lp = allocate_layout_params(comm, layout);
-  const bool device = comm.memory_kind() == MemoryKind::kDevice;
+  // What every rank must hold after each broadcast: rank 0's start pattern,
+  // hashed here without any communication, so a wrong rank 0 is seen too.
+  const std::vector<std::uint64_t> expected = start_pattern_checksums(lp.tensors, 0);
 
   auto& res = report.results();
   res["model"] = layout.name;
@@ -107,46 +101,33 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
   bool all_identical = true;
   std::string detail;
   for (std::size_t ci = 0; ci < chunk_sizes.size(); ++ci) {
-    BroadcastOptions bo;
-    bo.chunk_bytes = chunk_sizes[ci];
-    bo.timeout = job.timeout;
-    // Ranks start from different values each time, as models initialised
-    // with different seeds do.
-    if (device) {
-      // Fill on the host, then copy: the layout's one flat buffer.
-      std::vector<std::uint8_t> host(layout.total_bytes());
-      LayoutParams hp;
-      std::uint64_t off = 0;
-      for (const auto& t : lp.tensors) {
-        hp.tensors.push_back({t.name, host.data() + off, t.bytes});
-        off += t.bytes;
-      }
-      fill_rank_values(hp, job.rank());
-      comm.copy_from_host(lp.flat.get(), host.data(), host.size());
-    } else {
-      fill_rank_values(lp, job.rank());
-    }
-    std::vector<double> times;
-    BroadcastStats st;
-    for (int it = 0; it < o.warmup + o.iters; ++it) {
-      comm.barrier()->wait(job.timeout);
-      st = broadcast_parameters(comm, lp.tensors, bo);
-      if (it >= o.warmup) times.push_back(st.time_us);
-    }
-    if (job.rank() == o.corrupt_rank && !lp.tensors.empty()) {
-      // The middle tensor's first byte, so the message has a name to show.
-      const auto& t = lp.tensors[lp.tensors.size() / 2];
-      std::uint8_t b = 0;
-      comm.copy_to_host(&b, t.data, 1);
-      b ^= 0x5a;
-      comm.copy_from_host(t.data, &b, 1);
-    }
-    const auto verdict = verify_identical(comm, lp.tensors, 0, job.timeout);
-    const auto gathered =
-        job.gather_to_root(fmt::format("broadcast-test/{}", ci), median(times));
+    BroadcastSeriesOptions so;
+    so.broadcast.chunk_bytes = chunk_sizes[ci];
+    so.broadcast.timeout = job.timeout;
+    so.warmup = o.warmup;
+    so.iters = o.iters;
+    if (job.rank() == o.corrupt_rank && !lp.tensors.empty())
+      so.after_broadcast = [&](int) {
+        // The middle tensor's first byte, so the message has a name to show.
+        const auto& t = lp.tensors[lp.tensors.size() / 2];
+        std::uint8_t b = 0;
+        comm.copy_to_host(&b, t.data, 1);
+        b ^= 0x5a;
+        comm.copy_from_host(t.data, &b, 1);
+      };
+    const BroadcastSeries series = broadcast_series(comm, lp.tensors, expected, so);
+    const BroadcastOptions& bo = so.broadcast;
+    const BroadcastStats& st = series.stats;
+    const ChecksumVerdict& verdict = series.verdict;
+    const auto gathered = job.gather_to_root(
+        fmt::format("broadcast-test/{}", ci),
+        nlohmann::json{{"time_us", median(series.times_us)}, {"check_us", median(series.check_us)}});
     if (job.rank() != 0) continue;
-    double t = 0;
-    for (const auto& g : gathered) t = std::max(t, g.get<double>());  // slowest rank
+    double t = 0, check_us = 0;  // the slowest rank's
+    for (const auto& g : gathered) {
+      t = std::max(t, g.at("time_us").get<double>());
+      check_us = std::max(check_us, g.at("check_us").get<double>());
+    }
     const double algbw = t > 0 ? static_cast<double>(st.bytes) / (t * 1e3) : 0;
     // What each broadcast carried: torch's grouping (param_broadcast.h).
     nlohmann::json chunk_list = nlohmann::json::array();
@@ -154,7 +135,15 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
       chunk_list.push_back({{"dtype", torch_dtype_name(c.dtype)}, {"bytes", c.bytes}, {"tensors", c.tensors}});
     nlohmann::json mism = nlohmann::json::array();
     for (const auto& m : verdict.mismatches)
-      mism.push_back({{"rank", m.rank}, {"tensor", m.tensor}, {"name", m.name}});
+      mism.push_back({{"rank", m.rank},
+                      {"tensor", m.tensor},
+                      {"name", m.name},
+                      {"wrong_iterations", m.wrong_iterations},
+                      {"first_iteration", m.first_iteration}});
+    // Iterations count from 0, the warm-ups first.
+    nlohmann::json wrong_its = nlohmann::json::array();
+    for (int r : verdict.differing_ranks)
+      wrong_its.push_back({{"rank", r}, {"iterations", verdict.wrong_iterations[static_cast<std::size_t>(r)]}});
     res["rows"].push_back({{"chunk_bytes", bo.chunk_bytes},
                            {"chunks", st.chunks},
                            {"chunk_list", chunk_list},
@@ -162,13 +151,15 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
                            {"time_us", t},
                            {"algbw_gbps", algbw},
                            {"busbw_gbps", algbw * busbw_factor(Collective::kBroadcast, job.size())},
-                           {"checksum_us", verdict.time_us},
+                           {"checksum_us", check_us},
+                           {"checked_iterations", verdict.iterations},
                            {"identical", verdict.identical},
                            {"differing_ranks", verdict.differing_ranks},
+                           {"wrong_iterations", wrong_its},
                            {"mismatches", mism}});
     std::printf("  %12llu %8zu %12.1f %10.3f %12.1f %10s\n",
                 static_cast<unsigned long long>(bo.chunk_bytes), st.chunks, t, algbw,
-                verdict.time_us, verdict.identical ? "true" : "false");
+                check_us, verdict.identical ? "true" : "false");
     std::fflush(stdout);
     if (!verdict.identical) {
       all_identical = false;
@@ -178,9 +169,10 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
   if (job.rank() != 0) return;
   report.add_check({"parameters_identical",
                     all_identical ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                    all_identical ? fmt::format("checksums of all {} tensors agree on {} rank(s) "
-                                                "after every broadcast",
-                                                layout.tensors.size(), job.size())
+                    all_identical ? fmt::format("every rank's checksums of all {} tensors match rank 0's "
+                                                "known values after each of the {} broadcast(s) per "
+                                                "chunk size on {} rank(s)",
+                                                layout.tensors.size(), o.warmup + o.iters, job.size())
                                   : detail});
   print_checks_and_verdict(report);
 }
@@ -216,7 +208,7 @@ Subcommand add_broadcast_test_command(CLI::App& parent) {
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up broadcasts per chunk size")
       ->check(cli::non_negative_number());
   app->add_option("--corrupt-rank", opts->corrupt_rank,
-                  "(testing) this rank alters one byte after the broadcast; the check must name it")
+                  "(testing) this rank alters one byte after every broadcast; the check must name it")
       ->group("");
   return {app, [opts] {
             return run_distributed(

@@ -208,3 +208,233 @@ TEST_CASE("broadcast: a corrupted rank is named with the tensor", "[broadcast]")
   INFO(describe(f));
   CHECK(f.empty());
 }
+
+// --- Checked series: every rank against the root's known values -----------
+
+namespace {
+
+class DoneWork final : public Work {
+ public:
+  bool is_completed() override { return true; }
+  void wait(Millis) override {}
+  void abort() override {}
+};
+
+// A Gloo communicator whose broadcast path goes wrong on purpose: after the
+// first `deliver` broadcasts it delivers nothing (every rank skips the call,
+// so the ranks stay in step), or the root's own buffer is altered before it
+// is sent (every rank, the root too, then holds the same wrong bytes).
+// device: says its memory is the device's, so fills and checks go through
+// copy_to_host/copy_from_host.
+class BrokenBroadcast final : public Communicator {
+ public:
+  BrokenBroadcast(Communicator& inner, int deliver, bool corrupt_root, bool device = false)
+      : inner_(inner), deliver_(deliver), corrupt_root_(corrupt_root), device_(device) {
+    timeout_ = inner.default_timeout();
+  }
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  Backend backend() const override { return inner_.backend(); }
+  MemoryKind memory_kind() const override { return device_ ? MemoryKind::kDevice : MemoryKind::kHost; }
+  std::string library_version() const override { return inner_.library_version(); }
+  std::string device_name() const override { return inner_.device_name(); }
+  std::shared_ptr<Work> allreduce(const void* s, void* r, std::size_t count, DType dtype,
+                                  ReduceOp op) override {
+    return inner_.allreduce(s, r, count, dtype, op);
+  }
+  std::shared_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root) override {
+    if (deliver_ >= 0 && broadcasts_++ >= deliver_) return std::make_shared<DoneWork>();
+    if (corrupt_root_ && rank() == root && count > 0) static_cast<std::uint8_t*>(buf)[count / 2] ^= 0x24;
+    return inner_.broadcast(buf, count, dtype, root);
+  }
+  std::shared_ptr<Work> reduce(const void* s, void* r, std::size_t count, DType dtype, ReduceOp op,
+                               int root) override {
+    return inner_.reduce(s, r, count, dtype, op, root);
+  }
+  std::shared_ptr<Work> allgather(const void* s, void* r, std::size_t count, DType dtype) override {
+    return inner_.allgather(s, r, count, dtype);
+  }
+  std::shared_ptr<Work> reduce_scatter(const void* s, void* r, std::size_t count, DType dtype,
+                                       ReduceOp op) override {
+    return inner_.reduce_scatter(s, r, count, dtype, op);
+  }
+  std::shared_ptr<Work> send(const void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t tag) override {
+    return inner_.send(buf, count, dtype, peer, tag);
+  }
+  std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer,
+                             std::uint32_t tag) override {
+    return inner_.recv(buf, count, dtype, peer, tag);
+  }
+  std::shared_ptr<Work> barrier() override { return inner_.barrier(); }
+  void* alloc(std::size_t bytes) override { return inner_.alloc(bytes); }
+  void free(void* ptr) override { inner_.free(ptr); }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    ++copies_;
+    inner_.copy_to_host(dst, src, bytes);
+  }
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
+    ++copies_;
+    inner_.copy_from_host(dst, src, bytes);
+  }
+  void abort() override { inner_.abort(); }
+  int copies() const { return copies_; }
+
+ private:
+  Communicator& inner_;
+  int deliver_;  // broadcasts delivered before the rest do nothing; -1: all
+  bool corrupt_root_;
+  bool device_;
+  int broadcasts_ = 0;
+  int copies_ = 0;
+};
+
+BroadcastSeriesOptions series_options(std::uint64_t chunk, int warmup, int iters) {
+  BroadcastSeriesOptions o;
+  o.broadcast.chunk_bytes = chunk;
+  o.broadcast.timeout = 20s;
+  o.warmup = warmup;
+  o.iters = iters;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("broadcast: start patterns differ for every rank and tensor, with no period in the rank",
+          "[broadcast]") {
+  const std::vector<ParamTensor> ts = {{"a", nullptr, 4096}, {"b", nullptr, 13}, {"c", nullptr, 0}};
+  std::vector<std::uint8_t> a(4096), b(4096);
+  for (int r : {0, 1, 255, 256, 257, 4095, 65536}) {
+    fill_start_pattern(a.data(), a.size(), r, 0);
+    for (int q : {0, 1, 255, 256, 257, 4095, 65536}) {
+      if (q == r) continue;
+      fill_start_pattern(b.data(), b.size(), q, 0);
+      CAPTURE(r, q);
+      CHECK(a != b);
+      CHECK(start_pattern_checksums(ts, r)[0] != start_pattern_checksums(ts, q)[0]);
+    }
+    fill_start_pattern(b.data(), b.size(), r, 1);
+    CHECK(a != b);  // tensors differ too
+  }
+  // Deterministic, and the checksums are those of the bytes.
+  fill_start_pattern(a.data(), 13, 7, 1);
+  fill_start_pattern(b.data(), 13, 7, 1);
+  CHECK(std::memcmp(a.data(), b.data(), 13) == 0);
+  CHECK(start_pattern_checksums(ts, 7)[1] == checksum64(a.data(), 13));
+  CHECK(start_pattern_checksums(ts, 7)[2] == checksum64(nullptr, 0));
+}
+
+TEST_CASE("broadcast: a checked series passes when every broadcast delivers", "[broadcast]") {
+  const int n = GENERATE(1, 2, 3);
+  const bool device = GENERATE(false, true);
+  CAPTURE(n, device);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& gloo, int rank, Failures& fail) {
+    BrokenBroadcast c(gloo, -1, false, device);
+    auto lp = allocate_layout_params(c, bcast_layout());
+    const auto expected = start_pattern_checksums(lp.tensors, 0);
+    const auto s = broadcast_series(c, lp.tensors, expected, series_options(4096, 1, 3));
+    if (!s.verdict.identical) fail.push_back(fmt::format("rank {}: {}", rank, s.verdict.describe()));
+    if (s.times_us.size() != 3 || s.check_us.size() != 4 || s.verdict.iterations != 4)
+      fail.push_back(fmt::format("rank {}: {} times, {} checks", rank, s.times_us.size(), s.check_us.size()));
+    if (s.stats.chunks != 5) fail.push_back(fmt::format("rank {}: {} chunks", rank, s.stats.chunks));
+    if (device && c.copies() == 0) fail.push_back("device memory not reached through copies");
+    if (tensor_checksums(c, lp.tensors) != expected) fail.push_back(fmt::format("rank {}: final values", rank));
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("broadcast: a broadcast that delivers nothing after the first iteration is caught",
+          "[broadcast]") {
+  // The old proof filled once and compared with the root's checksums after
+  // the last broadcast: after the first broadcast every rank held the root's
+  // bytes, so broadcasts that did nothing later still passed.
+  const int n = GENERATE(2, 3);
+  const bool device = GENERATE(false, true);
+  CAPTURE(n, device);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& gloo, int rank, Failures& fail) {
+    auto lp = allocate_layout_params(gloo, bcast_layout());
+    // 4 KiB chunks: 5 broadcasts per iteration; all of the first iteration's arrive.
+    BrokenBroadcast c(gloo, 5, false, device);
+    const auto expected = start_pattern_checksums(lp.tensors, 0);
+    const auto s = broadcast_series(c, lp.tensors, expected, series_options(4096, 1, 2));
+    const auto& v = s.verdict;
+    std::vector<int> others;
+    for (int r = 1; r < n; ++r) others.push_back(r);
+    if (v.identical) fail.push_back(fmt::format("rank {}: not caught", rank));
+    if (v.differing_ranks != others) fail.push_back(fmt::format("rank {}: named {}", rank, v.describe()));
+    for (int r = 0; r < n; ++r) {
+      const auto want = r == 0 ? std::vector<int>{} : std::vector<int>{1, 2};
+      if (v.wrong_iterations.at(static_cast<std::size_t>(r)) != want)
+        fail.push_back(fmt::format("rank {}: rank {}'s iterations: {}", rank, r, v.describe()));
+    }
+    // Every tensor is wrong on every other rank, first after iteration 1.
+    if (v.mismatches.size() != lp.tensors.size() * static_cast<std::size_t>(n - 1))
+      fail.push_back(fmt::format("rank {}: {} mismatches", rank, v.mismatches.size()));
+    for (const auto& m : v.mismatches)
+      if (m.first_iteration != 1 || m.wrong_iterations != 2)
+        fail.push_back(fmt::format("rank {}: {} of rank {}: first {}, {} iterations", rank, m.name,
+                                   m.rank, m.first_iteration, m.wrong_iterations));
+    const auto d = v.describe();
+    if (d.find("rank 1 holds wrong values after 2 of 3 broadcast(s) (iteration 1, 2;") ==
+            std::string::npos ||
+        d.find("a.weight") == std::string::npos)
+      fail.push_back("describe(): " + d);
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("broadcast: a root whose own tensors the broadcast alters is named with every rank",
+          "[broadcast]") {
+  // The old proof compared each rank with the root's current checksums: all
+  // ranks agreed on the root's altered bytes, and it passed.
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& gloo, int rank, Failures& fail) {
+    BrokenBroadcast c(gloo, -1, true);
+    auto lp = allocate_layout_params(c, bcast_layout());
+    const auto s =
+        broadcast_series(c, lp.tensors, start_pattern_checksums(lp.tensors, 0), series_options(4096, 1, 1));
+    const auto& v = s.verdict;
+    std::vector<int> all;
+    for (int r = 0; r < n; ++r) all.push_back(r);
+    if (v.differing_ranks != all) fail.push_back(fmt::format("rank {}: named {}", rank, v.describe()));
+    for (int r = 0; r < n; ++r)
+      if (v.wrong_iterations.at(static_cast<std::size_t>(r)) != std::vector<int>{0, 1})
+        fail.push_back(fmt::format("rank {}: rank {}'s iterations: {}", rank, r, v.describe()));
+    // And yet every rank holds the same bytes: agreement alone passes it.
+    if (!verify_identical(c, lp.tensors).identical) fail.push_back("ranks disagree");
+    if (v.describe().find("rank 0 (the root) holds wrong values") == std::string::npos)
+      fail.push_back("describe(): " + v.describe());
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("broadcast: a rank altered after the broadcast is named at 2 ranks, the root too",
+          "[broadcast]") {
+  const int bad = GENERATE(0, 1);
+  CAPTURE(bad);
+  const Failures f = run_gloo_ranks(2, [&](Communicator& c, int rank, Failures& fail) {
+    auto lp = allocate_layout_params(c, bcast_layout());
+    auto o = series_options(kDefaultBroadcastChunkBytes, 0, 3);
+    // Only in iteration 1: the root refills after a failed check, so
+    // iteration 2 passes again.
+    if (rank == bad)
+      o.after_broadcast = [&](int it) {
+        if (it == 1) static_cast<std::uint8_t*>(lp.tensors[4].data)[100] ^= 0x10;  // c.weight
+      };
+    const auto s = broadcast_series(c, lp.tensors, start_pattern_checksums(lp.tensors, 0), o);
+    const auto& v = s.verdict;
+    if (v.differing_ranks != std::vector<int>{bad} || v.mismatches.size() != 1 ||
+        v.mismatches[0].name != "c.weight" || v.mismatches[0].first_iteration != 1 ||
+        v.wrong_iterations[static_cast<std::size_t>(bad)] != std::vector<int>{1})
+      fail.push_back(fmt::format("rank {}: {}", rank, v.describe()));
+    const std::string who = fmt::format("rank {}{} holds wrong values after 1 of 3", bad,
+                                        bad == 0 ? " (the root)" : "");
+    if (v.describe().find(who) == std::string::npos) fail.push_back("describe(): " + v.describe());
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}

@@ -152,6 +152,9 @@ class BroadcastTest(unittest.TestCase):
                     self.assertEqual(len(rows), 2)
                     for row in rows:
                         self.assertTrue(row["identical"], row)
+                        self.assertEqual(row["checked_iterations"], 3)  # 1 warm-up + 2 timed
+                        self.assertEqual(row["wrong_iterations"], [])
+                        self.assertEqual(row["differing_ranks"], [])
                         self.assertGreater(row["time_us"], 0)
                         self.assertGreater(row["algbw_gbps"], 0)
                         self.assertEqual(row["bytes"], rep["results"]["bytes"])
@@ -173,6 +176,27 @@ class BroadcastTest(unittest.TestCase):
         self.assertEqual(c["status"], "fail")
         self.assertIn("rank 2", c["detail"])
         self.assertIn(row["mismatches"][0]["name"], c["detail"])
+        # Altered after every broadcast: every iteration, warm-up included.
+        self.assertEqual(row["wrong_iterations"], [{"rank": 2, "iterations": [0, 1, 2]}])
+        self.assertEqual(row["mismatches"][0]["first_iteration"], 0)
+        self.assertEqual(row["mismatches"][0]["wrong_iterations"], 3)
+
+    def test_corrupted_rank_is_named_at_two_ranks_root_included(self):
+        # Each rank is checked against rank 0's known values, not against
+        # rank 0: with two ranks the wrong one is named, rank 0 too.
+        for bad in (0, 1):
+            with self.subTest(bad=bad):
+                rep, p = self.run_bcast(2, "mlp", ["--chunk-mb", "1,250", "--corrupt-rank", str(bad)], rc=1)
+                for row in rep["results"]["rows"]:
+                    self.assertFalse(row["identical"])
+                    self.assertEqual(row["differing_ranks"], [bad])
+                    self.assertEqual(row["wrong_iterations"], [{"rank": bad, "iterations": [0, 1, 2]}])
+                    self.assertEqual(len(row["mismatches"]), 1)
+                c = check("parameters_identical", rep)
+                self.assertEqual(c["status"], "fail")
+                self.assertIn("rank %d%s holds wrong values" % (bad, " (the root)" if bad == 0 else ""),
+                              c["detail"])
+                self.assertNotIn("cannot be told", c["detail"])
 
 
 if __name__ == "__main__":
