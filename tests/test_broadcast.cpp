@@ -10,6 +10,7 @@
 #include <fmt/core.h>
 
 #include "ddp_core/param_broadcast.h"
+#include "tests/forwarding_communicator.h"
 #include "tests/rank_threads.h"
 
 using namespace ddpdiag;
@@ -226,62 +227,27 @@ class DoneWork final : public Work {
 // is sent (every rank, the root too, then holds the same wrong bytes).
 // device: says its memory is the device's, so fills and checks go through
 // copy_to_host/copy_from_host.
-class BrokenBroadcast final : public Communicator {
+class BrokenBroadcast final : public test::ForwardingCommunicator {
  public:
   BrokenBroadcast(Communicator& inner, int deliver, bool corrupt_root, bool device = false)
-      : inner_(inner), deliver_(deliver), corrupt_root_(corrupt_root), device_(device) {
-    timeout_ = inner.default_timeout();
-  }
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Backend backend() const override { return inner_.backend(); }
+      : ForwardingCommunicator(inner), deliver_(deliver), corrupt_root_(corrupt_root), device_(device) {}
   MemoryKind memory_kind() const override { return device_ ? MemoryKind::kDevice : MemoryKind::kHost; }
-  std::string library_version() const override { return inner_.library_version(); }
-  std::string device_name() const override { return inner_.device_name(); }
-  std::shared_ptr<Work> allreduce(const void* s, void* r, std::size_t count, DType dtype,
-                                  ReduceOp op) override {
-    return inner_.allreduce(s, r, count, dtype, op);
-  }
   std::shared_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root) override {
     if (deliver_ >= 0 && broadcasts_++ >= deliver_) return std::make_shared<DoneWork>();
     if (corrupt_root_ && rank() == root && count > 0) static_cast<std::uint8_t*>(buf)[count / 2] ^= 0x24;
-    return inner_.broadcast(buf, count, dtype, root);
+    return ForwardingCommunicator::broadcast(buf, count, dtype, root);
   }
-  std::shared_ptr<Work> reduce(const void* s, void* r, std::size_t count, DType dtype, ReduceOp op,
-                               int root) override {
-    return inner_.reduce(s, r, count, dtype, op, root);
-  }
-  std::shared_ptr<Work> allgather(const void* s, void* r, std::size_t count, DType dtype) override {
-    return inner_.allgather(s, r, count, dtype);
-  }
-  std::shared_ptr<Work> reduce_scatter(const void* s, void* r, std::size_t count, DType dtype,
-                                       ReduceOp op) override {
-    return inner_.reduce_scatter(s, r, count, dtype, op);
-  }
-  std::shared_ptr<Work> send(const void* buf, std::size_t count, DType dtype, int peer,
-                             std::uint32_t tag) override {
-    return inner_.send(buf, count, dtype, peer, tag);
-  }
-  std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer,
-                             std::uint32_t tag) override {
-    return inner_.recv(buf, count, dtype, peer, tag);
-  }
-  std::shared_ptr<Work> barrier() override { return inner_.barrier(); }
-  void* alloc(std::size_t bytes) override { return inner_.alloc(bytes); }
-  void free(void* ptr) override { inner_.free(ptr); }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
     ++copies_;
-    inner_.copy_to_host(dst, src, bytes);
+    ForwardingCommunicator::copy_to_host(dst, src, bytes);
   }
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
     ++copies_;
-    inner_.copy_from_host(dst, src, bytes);
+    ForwardingCommunicator::copy_from_host(dst, src, bytes);
   }
-  void abort() override { inner_.abort(); }
   int copies() const { return copies_; }
 
  private:
-  Communicator& inner_;
   int deliver_;  // broadcasts delivered before the rest do nothing; -1: all
   bool corrupt_root_;
   bool device_;

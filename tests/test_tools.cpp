@@ -26,6 +26,7 @@
 #include "comm/memory.h"
 #include "comm/store/store.h"
 #include "diag/tools_analysis.h"
+#include "tests/forwarding_communicator.h"
 #include "tests/rank_threads.h"
 
 using namespace ddpdiag;
@@ -477,54 +478,17 @@ namespace {
 
 // A Gloo communicator that says its memory is the device's (so the sweep
 // takes its NCCL defaults) and records where each all_reduce reads from.
-class RecordingCommunicator final : public Communicator {
+class RecordingCommunicator final : public test::ForwardingCommunicator {
  public:
-  explicit RecordingCommunicator(Communicator& inner) : inner_(inner) { timeout_ = inner.default_timeout(); }
+  using ForwardingCommunicator::ForwardingCommunicator;
   std::vector<std::pair<const void*, std::size_t>> reads;  // (send, count) of each all_reduce
 
-  int rank() const override { return inner_.rank(); }
-  int size() const override { return inner_.size(); }
-  Backend backend() const override { return inner_.backend(); }
   MemoryKind memory_kind() const override { return MemoryKind::kDevice; }
-  std::string library_version() const override { return inner_.library_version(); }
-  std::string device_name() const override { return inner_.device_name(); }
   std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) override {
     reads.emplace_back(send, count);
-    return inner_.allreduce(send, recv, count, dtype, op);
+    return ForwardingCommunicator::allreduce(send, recv, count, dtype, op);
   }
-  std::shared_ptr<Work> broadcast(void* buf, std::size_t count, DType dtype, int root) override {
-    return inner_.broadcast(buf, count, dtype, root);
-  }
-  std::shared_ptr<Work> reduce(const void* s, void* r, std::size_t count, DType dtype, ReduceOp op,
-                               int root) override {
-    return inner_.reduce(s, r, count, dtype, op, root);
-  }
-  std::shared_ptr<Work> allgather(const void* s, void* r, std::size_t count, DType dtype) override {
-    return inner_.allgather(s, r, count, dtype);
-  }
-  std::shared_ptr<Work> reduce_scatter(const void* s, void* r, std::size_t count, DType dtype,
-                                       ReduceOp op) override {
-    return inner_.reduce_scatter(s, r, count, dtype, op);
-  }
-  std::shared_ptr<Work> send(const void* buf, std::size_t count, DType dtype, int peer,
-                             std::uint32_t tag) override {
-    return inner_.send(buf, count, dtype, peer, tag);
-  }
-  std::shared_ptr<Work> recv(void* buf, std::size_t count, DType dtype, int peer, std::uint32_t tag) override {
-    return inner_.recv(buf, count, dtype, peer, tag);
-  }
-  std::shared_ptr<Work> barrier() override { return inner_.barrier(); }
-  void* alloc(std::size_t bytes) override { return inner_.alloc(bytes); }
-  void free(void* ptr) override { inner_.free(ptr); }
-  void copy_to_host(void* dst, const void* src, std::size_t bytes) override { inner_.copy_to_host(dst, src, bytes); }
-  void copy_from_host(void* dst, const void* src, std::size_t bytes) override {
-    inner_.copy_from_host(dst, src, bytes);
-  }
-  void abort() override { inner_.abort(); }
-
- private:
-  Communicator& inner_;
 };
 
 }  // namespace
