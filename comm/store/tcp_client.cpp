@@ -287,6 +287,8 @@ struct TcpStoreClient::Impl {
         detail.clear();
         hint = "the store is not up yet, or it listens on another port: start rank 0 (or the "
                "launcher whose agent hosts it) first, or start one with `ddpdiag store serve`; "
+               "rank 0 may also have stopped at once (a flag or path it refused: its own log "
+               "says why); "
                "check that MASTER_ADDR/MASTER_PORT name the store's host and port; if the "
                "store is up there, a firewall rejects the port (firewalld/ufw REJECT answers "
                "as a closed port does)";
