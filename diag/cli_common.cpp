@@ -21,6 +21,7 @@
 #include <iterator>
 #include <limits>
 #include <mutex>
+#include <functional>
 #include <optional>
 #include <tuple>
 #include <sstream>
@@ -144,6 +145,27 @@ int note_rank(const std::string& note) {
 // The other ranks on this machine (rank, pid), known once the rendezvous
 // passed: a rank stopped by SIGTERM (torchrun ends every worker once one
 // has failed) looks for the one whose process is gone.
+// Waits for `key` until `deadline` in slices of at most 500 ms, calling
+// between() after each slice that ended without it (to look for a reason to
+// stop waiting; it throws one). At the deadline the store's own
+// TimeoutError ("store wait timed out ...") comes through.
+void wait_in_slices(Store& store, const std::string& key,
+                    std::chrono::steady_clock::time_point deadline,
+                    const std::function<void()>& between) {
+  for (;;) {
+    const auto left =
+        std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
+    try {
+      store.wait({key}, std::clamp(left, Millis(1), Millis(500)));
+      return;
+    } catch (const TimeoutError& e) {
+      if (left <= Millis(500)) throw;
+      if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
+    }
+    between();
+  }
+}
+
 // The start time of a process (clock ticks since boot, field 22 of
 // /proc/<pid>/stat) as text: with the pid, it names one process even after
 // the pid is reused. "0" when there is no such process.
@@ -1093,16 +1115,7 @@ void join_store_run(Job& job, const std::string& host) {
     try {
       // In slices: a rank 0 that finds another rank 0 leaves its message
       // under duplicate/<newest run>, for the ranks that wait too.
-      for (;;) {
-        const auto left = std::chrono::duration_cast<Millis>(job.rendezvous_deadline.value() -
-                                                              std::chrono::steady_clock::now());
-        try {
-          store.wait({key}, std::clamp(left, Millis(1), Millis(500)));
-          break;
-        } catch (const TimeoutError& e) {
-          if (left <= Millis(500)) throw;
-          if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
-        }
+      wait_in_slices(store, key, job.rendezvous_deadline.value(), [&] {
         if (const std::int64_t latest = store.add("runs", 0); latest > 0) {
           const std::string dup = fmt::format("duplicate/{}", latest);
           if (store.check({dup}))
@@ -1111,7 +1124,7 @@ void join_store_run(Job& job, const std::string& host) {
                                    "two processes were given rank 0; check RANK / --rank / the "
                                    "launcher's node ranks and task counts"});
         }
-      }
+      });
     } catch (const TimeoutError& e) {
       if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
       throw RendezvousError(
@@ -1875,22 +1888,13 @@ std::vector<nlohmann::json> Job::gather_to_root(const std::string& key,
     // of its own after its last collective) posts error/<r> as it stops;
     // waiting on for its part would only end at --timeout.
     const std::string part = fmt::format("gather/{}/{}", key, r);
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      const auto left = std::chrono::duration_cast<Millis>(deadline - std::chrono::steady_clock::now());
-      try {
-        store->wait({part}, std::clamp(left, Millis(1), Millis(500)));
-        break;
-      } catch (const TimeoutError& e) {
-        if (left <= Millis(500)) throw;
-        if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
-      }
+    wait_in_slices(*store, part, std::chrono::steady_clock::now() + timeout, [&] {
       const std::string failed = fmt::format("error/{}", r);
       if (store->check({failed}))
         throw PeerError(fmt::format("rank {} failed before handing its results to rank 0: {}", r,
                                     to_string(store->get(failed, timeout))),
                         {"gather", 0, r, fmt::format("rank {}'s own error, in its log, is the cause", r)});
-    }
+    });
     out.push_back(nlohmann::json::parse(to_string(store->get(part, timeout))));
   }
   return out;

@@ -271,6 +271,14 @@ class LauncherEnvironments(unittest.TestCase):
             server.terminate()
             server.wait(10)
 
+    def wait_for_sweep_table(self, rank0):
+        """Reads rank 0's output until its sweep table has begun."""
+        while True:
+            line = readline_within(rank0, 30)
+            self.assertTrue(line, "rank 0 printed no sweep table")
+            if line.startswith("#   "):
+                return
+
     def agent_store(self):
         """`ddpdiag store serve` as torchrun's agent store: (port, process)."""
         port = free_port()
@@ -307,12 +315,7 @@ class LauncherEnvironments(unittest.TestCase):
         world = [subprocess.Popen(cmd, env=agent_env(r, 2, port, True), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True) for r in range(2)]
         self.addCleanup(lambda: [p.kill() for p in world if p.poll() is None])
-        # The sweep's table has begun: the ranks met.
-        while True:
-            line = readline_within(world[0], 30)
-            self.assertTrue(line, "rank 0 printed no sweep table")
-            if line.startswith("#   "):
-                break
+        self.wait_for_sweep_table(world[0])  # the ranks met
         res = run_ranks([cmd[1:]], [agent_env(0, 2, port, True)])
         rc, _, se, elapsed = res[0]
         self.assertEqual(rc, 3, se)
@@ -434,11 +437,7 @@ class LauncherEnvironments(unittest.TestCase):
         world = [subprocess.Popen(cmd, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True) for e in envs]
         self.addCleanup(lambda: [p.kill() for p in world if p.poll() is None])
-        while True:
-            line = readline_within(world[0], 30)
-            self.assertTrue(line, "rank 0 printed no sweep table")
-            if line.startswith("#   "):
-                break
+        self.wait_for_sweep_table(world[0])
         stray = dict(envs[1], SLURM_JOB_ID="2002")
         res = run_ranks([cmd[1:]], [stray])
         rc, _, se, elapsed = res[0]
