@@ -2086,6 +2086,36 @@ void record_warnings(const Job& job, reports::Report& report) {
   report.results()["warnings"] = jw;
 }
 
+// Rank 0 judges most runs alone: it gathers every rank's figures and adds
+// the checks. Its verdict goes to every rank through the store, so that
+// each rank exits as the job does (1 on a FAIL on every rank): launchers
+// (torchrun, srun, mpirun) and scripts read the status of every rank, or of
+// whichever rank ends last. A rank whose own checks failed keeps its 1.
+void share_verdict(Job& job, const reports::Report& report, int& rc) {
+  if (job.size() < 2 || !job.store) return;
+  if (job.monitor && job.monitor->store_lost()) return;
+  const std::string key = "verdict";
+  if (job.rank() == 0) {
+    std::string failed;
+    for (const auto& name : report.failed_checks()) failed += (failed.empty() ? "" : ", ") + name;
+    job.store->set(key, to_bytes(failed.empty() ? std::string("pass") : "fail: " + failed));
+    return;
+  }
+  wait_in_slices(*job.store, key, std::chrono::steady_clock::now() + job.timeout, [&] {
+    if (job.store->check({"error/0"}))
+      throw PeerError(fmt::format("rank 0 failed while judging the run: {}",
+                                  to_string(job.store->get("error/0", job.timeout))),
+                      {"verdict", job.rank(), 0, "rank 0's own error, in its log, is the cause"});
+  });
+  const std::string verdict = to_string(job.store->get(key, job.timeout));
+  if (verdict.rfind("fail", 0) != 0) return;
+  if (rc == 0) rc = static_cast<int>(ExitCode::kCheckFailed);
+  std::fprintf(stderr,
+               "ddpdiag: rank %d: rank 0 judged the run FAIL (failed check(s): %s); the job's "
+               "report, written by rank 0, has the details\n",
+               job.rank(), verdict.size() > 6 ? verdict.c_str() + 6 : "?");
+}
+
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body,
                     const std::function<void(const Job&)>& before_start) {
   if (auto rc = launch_if_asked(o)) return *rc;
@@ -2117,6 +2147,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     arm_report(report, o);
     body(job, report);
     if (report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
+    share_verdict(job, report, rc);
   } catch (const Error& e) {
     final_report.emplace();
     print_error(e);

@@ -101,6 +101,13 @@ bool Report::has_failed_check() const {
   return false;
 }
 
+std::vector<std::string> Report::failed_checks() const {
+  std::vector<std::string> out;
+  for (const auto& c : checks_)
+    if (c.status == CheckStatus::kFail) out.push_back(c.name);
+  return out;
+}
+
 std::string Report::verdict() const {
   if (error_ && error_->kind != "check") return "ERROR";
   if (has_failed_check() || error_) return "FAIL";

@@ -87,6 +87,8 @@ class Report {
   // "FAIL" when a check failed, "ERROR" when the run ended with an error.
   std::string verdict() const;
   bool has_failed_check() const;
+  // The names of the checks that failed, in the order they were added.
+  std::vector<std::string> failed_checks() const;
 
   // Fills duration and verdict and returns the document.
   nlohmann::json finish() const;

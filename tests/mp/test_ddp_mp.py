@@ -8,11 +8,49 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import load, run, tmp_json, main  # noqa: E402
+from common import clean_env, free_port, load, run, run_ranks, tmp_json, main  # noqa: E402
 
 
 def check(name, rep):
     return next(c for c in rep["checks"] if c["name"] == name)
+
+
+def run_by_hand(command, n, extra):
+    """Starts n ranks by hand (--rank/--world-size, no launcher between them
+    and the caller): each rank's own exit code and stderr."""
+    port = free_port()
+    return run_ranks([[command, "--rank", str(r), "--world-size", str(n), "--master-addr",
+                       "127.0.0.1", "--master-port", str(port), "--timeout", "30"] + list(extra)
+                      for r in range(n)], [clean_env() for _ in range(n)], timeout=90)
+
+
+class EveryRankExitsAsTheJob(unittest.TestCase):
+    """Rank 0 alone judges ddp-step and broadcast-test; every rank must still
+    exit 1 on a FAIL (srun and mpirun report each task's status, and a script
+    may wait on any rank), and 0 on a PASS."""
+
+    def expect(self, command, n, extra, rc):
+        res = run_by_hand(command, n, extra)
+        for r, (code, so, se, _) in enumerate(res):
+            with self.subTest(rank=r):
+                self.assertEqual(code, rc, se + so)
+                if rc == 1 and r > 0:
+                    self.assertIn("ddpdiag: rank %d: rank 0 judged the run FAIL (failed check(s): " % r, se)
+                if rc == 0:
+                    self.assertNotIn("judged the run FAIL", se)
+        return res
+
+    def test_ddp_step(self):
+        base = ["--model", "mlp", "--iters", "1", "--warmup-iters", "0"]
+        res = self.expect("ddp-step", 3, base + ["--inject-fault", "corrupt@rank=2"], 1)
+        self.assertIn("gradients_correct)", res[1][2])
+        self.expect("ddp-step", 3, base, 0)
+
+    def test_broadcast_test(self):
+        base = ["--model", "mlp", "--iters", "1", "--warmup-iters", "0", "--chunk-mb", "1"]
+        res = self.expect("broadcast-test", 3, base + ["--corrupt-rank", "2"], 1)
+        self.assertIn("parameters_identical)", res[2][2])
+        self.expect("broadcast-test", 3, base, 0)
 
 
 class DdpStep(unittest.TestCase):
