@@ -211,36 +211,46 @@ double ulp_of(DType t, double v) {
 
 }  // namespace
 
-std::int64_t count_wrong_allreduce(DType dtype, ReduceOp op, int world_size, const void* got,
+WrongElements find_wrong_allreduce(DType dtype, ReduceOp op, int world_size, const void* got,
                                    std::size_t count, AvgRounding avg) {
   const std::size_t es = dtype_size(dtype);
   const int n = world_size;
+  WrongElements out;
+  auto note = [&](std::size_t i) {
+    if (out.count++ > 0) return;
+    out.first = static_cast<std::int64_t>(i);
+    out.got = load_as_double(dtype, got, i);
+    out.expected = expected_value(dtype, op, n, i);
+  };
   if (avg == AvgRounding::kPreMultiplied && op == ReduceOp::kAvg && dtype_is_floating(dtype) &&
       n > 1 && (n & (n - 1)) != 0) {
-    std::int64_t wrong = 0;
     for (std::size_t i = 0; i < count; ++i) {
       const double want = expected_value(dtype, op, n, i);
       const double have = load_as_double(dtype, got, i);
       // NaN compares false: wrong.
       const double tolerance = want > 0 ? (n + 1) * ulp_of(dtype, want) : 0.0;
-      if (!(std::fabs(have - want) <= tolerance)) ++wrong;
+      if (!(std::fabs(have - want) <= tolerance)) note(i);
     }
-    return wrong;
+    return out;
   }
   // The expected pattern repeats; compare in chunks to bound the scratch.
   constexpr std::size_t kChunk = 1 << 16;
   std::vector<std::uint8_t> expect(kChunk * es);
-  std::int64_t wrong = 0;
   const auto* g = static_cast<const std::uint8_t*>(got);
   for (std::size_t base = 0; base < count; base += kChunk) {
-    std::size_t n = std::min(kChunk, count - base);
-    for (std::size_t j = 0; j < n; ++j)
+    std::size_t m = std::min(kChunk, count - base);
+    for (std::size_t j = 0; j < m; ++j)
       store_from_double(dtype, expect.data(), j, expected_value(dtype, op, world_size, base + j));
-    if (std::memcmp(expect.data(), g + base * es, n * es) == 0) continue;
-    for (std::size_t j = 0; j < n; ++j)
-      if (std::memcmp(expect.data() + j * es, g + (base + j) * es, es) != 0) ++wrong;
+    if (std::memcmp(expect.data(), g + base * es, m * es) == 0) continue;
+    for (std::size_t j = 0; j < m; ++j)
+      if (std::memcmp(expect.data() + j * es, g + (base + j) * es, es) != 0) note(base + j);
   }
-  return wrong;
+  return out;
+}
+
+std::int64_t count_wrong_allreduce(DType dtype, ReduceOp op, int world_size, const void* got,
+                                   std::size_t count, AvgRounding avg) {
+  return find_wrong_allreduce(dtype, op, world_size, got, count, avg).count;
 }
 
 std::vector<double> allgather_doubles(Communicator& comm, const std::vector<double>& mine,
@@ -316,13 +326,13 @@ double time_block(Communicator& comm, const SweepOptions& o, void* send, void* r
   return std::chrono::duration<double, std::micro>(t1 - t0).count() / std::max(1, o.iters);
 }
 
-// Runs check_iters correct-input all_reduces and returns this rank's number
-// of wrong elements (the most any one of them had: an element wrong in every
-// iteration counts once).
-std::int64_t check_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
+// Runs check_iters correct-input all_reduces and returns this rank's wrong
+// elements: those of the check that had the most (an element wrong in every
+// iteration counts once), with its first wrong element.
+WrongElements check_block(Communicator& comm, const SweepOptions& o, void* send, void* recv,
                          bool in_place, std::size_t count, std::vector<std::uint8_t>& host) {
   const std::size_t bytes = count * dtype_size(o.dtype);
-  std::int64_t wrong = 0;
+  WrongElements wrong;
   for (int c = 0; c < o.check_iters; ++c) {
     fill_exact_inputs(o.dtype, o.op, comm.size(), comm.rank(), host.data(), count);
     comm.copy_from_host(in_place ? recv : send, host.data(), bytes);
@@ -333,10 +343,10 @@ std::int64_t check_block(Communicator& comm, const SweepOptions& o, void* send, 
     }
     comm.allreduce(in_place ? recv : send, recv, count, o.dtype, o.op)->wait(o.timeout);
     comm.copy_to_host(host.data(), recv, bytes);
-    wrong = std::max(wrong, count_wrong_allreduce(o.dtype, o.op, comm.size(), host.data(), count,
-                                                  comm.backend() == Backend::kNccl
-                                                      ? AvgRounding::kPreMultiplied
-                                                      : AvgRounding::kExact));
+    const auto w = find_wrong_allreduce(
+        o.dtype, o.op, comm.size(), host.data(), count,
+        comm.backend() == Backend::kNccl ? AvgRounding::kPreMultiplied : AvgRounding::kExact);
+    if (w.count > wrong.count) wrong = w;
   }
   return wrong;
 }
@@ -369,35 +379,45 @@ void run_allreduce_sweep(Communicator& comm, const SweepOptions& o, std::vector<
     res.dtype = o.dtype;
     res.op = o.op;
     res.count = res.bytes / dtype_size(o.dtype);
-    // Both blocks' times and wrong counts of this rank, gathered in one go.
-    std::vector<double> mine(4, 0.0);
+    // Both blocks' times and wrong elements of this rank, gathered in one
+    // go: per block time, wrong count, first wrong index, its value found
+    // and expected (indices and counts are exact as doubles up to 2^53).
+    constexpr int kPerBlock = 5, kPerRank = 2 * kPerBlock;
+    std::vector<double> mine(kPerRank, 0.0);
+    mine[2] = mine[kPerBlock + 2] = -1;
     const std::size_t slots = rotate ? std::max<std::size_t>(1, max_bytes / res.bytes) : 1;
+    auto put_wrong = [&](int block, const WrongElements& w) {
+      mine[block * kPerBlock + 1] = static_cast<double>(w.count);
+      mine[block * kPerBlock + 2] = static_cast<double>(w.first);
+      mine[block * kPerBlock + 3] = w.got;
+      mine[block * kPerBlock + 4] = w.expected;
+    };
     if (o.out_of_place) {
       mine[0] = time_block(comm, o, send.get(), recv.get(), res.count, slots);
-      mine[1] = o.check_iters > 0
-                    ? static_cast<double>(check_block(comm, o, send.get(), recv.get(), false,
-                                                      res.count, host))
-                    : 0.0;
+      if (o.check_iters > 0)
+        put_wrong(0, check_block(comm, o, send.get(), recv.get(), false, res.count, host));
     }
     if (o.in_place) {
-      mine[2] = time_block(comm, o, recv.get(), recv.get(), res.count, slots);
-      mine[3] = o.check_iters > 0
-                    ? static_cast<double>(check_block(comm, o, send.get(), recv.get(), true,
-                                                      res.count, host))
-                    : 0.0;
+      mine[kPerBlock] = time_block(comm, o, recv.get(), recv.get(), res.count, slots);
+      if (o.check_iters > 0)
+        put_wrong(1, check_block(comm, o, send.get(), recv.get(), true, res.count, host));
     }
     auto all = allgather_doubles(comm, mine, o.timeout);
-    auto make_block = [&](int t_index, int w_index) {
+    auto make_block = [&](int block) {
       TimingBlock b;
       b.min_rank_time_us = std::numeric_limits<double>::infinity();
       b.max_rank_time_us = -1;
       double sum_t = 0, wrong = 0;
       for (int r = 0; r < n; ++r) {
-        double t = all[r * 4 + t_index];
+        const double* v = &all[static_cast<std::size_t>(r * kPerRank + block * kPerBlock)];
+        double t = v[0];
         sum_t += t;
-        wrong += all[r * 4 + w_index];
-        if (o.check_iters > 0)
-          b.wrong_by_rank.push_back(static_cast<std::int64_t>(all[r * 4 + w_index]));
+        wrong += v[1];
+        if (o.check_iters > 0) {
+          b.wrong_by_rank.push_back(static_cast<std::int64_t>(v[1]));
+          b.first_wrong_by_rank.push_back({static_cast<std::int64_t>(v[1]),
+                                           static_cast<std::int64_t>(v[2]), v[3], v[4]});
+        }
         if (t < b.min_rank_time_us) {
           b.min_rank_time_us = t;
           b.fastest_rank = r;
@@ -413,8 +433,8 @@ void run_allreduce_sweep(Communicator& comm, const SweepOptions& o, std::vector<
       b.wrong = o.check_iters > 0 ? static_cast<std::int64_t>(wrong) : -1;
       return b;
     };
-    if (o.out_of_place) res.out_of_place = make_block(0, 1);
-    if (o.in_place) res.in_place = make_block(2, 3);
+    if (o.out_of_place) res.out_of_place = make_block(0);
+    if (o.in_place) res.in_place = make_block(1);
     out.push_back(res);
     if (o.on_size_done) o.on_size_done(idx, out.back());
   }

@@ -47,6 +47,17 @@ enum class AvgRounding { kExact, kPreMultiplied };
 std::int64_t count_wrong_allreduce(DType dtype, ReduceOp op, int world_size, const void* got,
                                    std::size_t count, AvgRounding avg = AvgRounding::kExact);
 
+// The wrong elements of one result: how many, and the first of them (its
+// index, the value found and the value expected, as doubles).
+struct WrongElements {
+  std::int64_t count = 0;
+  std::int64_t first = -1;  // -1 when none is wrong
+  double got = 0;
+  double expected = 0;
+};
+WrongElements find_wrong_allreduce(DType dtype, ReduceOp op, int world_size, const void* got,
+                                   std::size_t count, AvgRounding avg = AvgRounding::kExact);
+
 struct TimingBlock {
   double time_us = 0;           // mean over ranks of each rank's time per op
   double min_rank_time_us = 0;  // fastest rank
@@ -59,6 +70,9 @@ struct TimingBlock {
   // Each rank's wrong elements (empty when not checked): which rank's
   // result was wrong, for the bad-rank hunt.
   std::vector<std::int64_t> wrong_by_rank;
+  // Each rank's first wrong element (count 0 where none was), from the
+  // check that found the most (empty when not checked).
+  std::vector<WrongElements> first_wrong_by_rank;
 };
 
 struct SizeResult {

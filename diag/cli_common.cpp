@@ -2108,8 +2108,10 @@ void share_verdict(Job& job, const reports::Report& report, int& rc) {
                       {"verdict", job.rank(), 0, "rank 0's own error, in its log, is the cause"});
   });
   const std::string verdict = to_string(job.store->get(key, job.timeout));
-  if (verdict.rfind("fail", 0) != 0) return;
-  if (rc == 0) rc = static_cast<int>(ExitCode::kCheckFailed);
+  // A rank that judged the run itself (allreduce-test: every rank has every
+  // figure) has said so already.
+  if (verdict.rfind("fail", 0) != 0 || rc != 0) return;
+  rc = static_cast<int>(ExitCode::kCheckFailed);
   std::fprintf(stderr,
                "ddpdiag: rank %d: rank 0 judged the run FAIL (failed check(s): %s); the job's "
                "report, written by rank 0, has the details\n",

@@ -50,6 +50,17 @@ nlohmann::json wrong_ranks_json(const TimingBlock& b) {
   return out;
 }
 
+// ", element 0 = 4 instead of 3" for an entry of results.wrong_ranks ("" when
+// it names no element); a value JSON cannot hold (NaN, inf) is null there.
+std::string first_element_text(const nlohmann::json& w) {
+  if (!w.contains("first_element") || !w["first_element"].is_number()) return "";
+  auto value = [](const nlohmann::json& v) {
+    return v.is_number() ? fmt::format("{}", v.get<double>()) : std::string("nan or inf");
+  };
+  return fmt::format(", element {} = {} instead of {}", w["first_element"].get<std::int64_t>(),
+                     value(w["got"]), value(w["expected"]));
+}
+
 nlohmann::json block_json(const std::optional<TimingBlock>& b) {
   if (!b) return nullptr;
   return {{"time_us", b->time_us},
@@ -267,7 +278,8 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
     // place it went wrong: the bad rank (GPU, host) to look at.
     struct RankWrong {
       std::int64_t wrong = 0;
-      std::string first;
+      std::string first;     // the size, dtype, op and placement
+      WrongElements element;  // the first wrong element there
     };
     std::map<int, RankWrong> by_rank;
     for (const auto& r : results)
@@ -277,19 +289,33 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
         for (std::size_t k = 0; k < (*b)->wrong_by_rank.size(); ++k) {
           if ((*b)->wrong_by_rank[k] <= 0) continue;
           auto& w = by_rank[static_cast<int>(k)];
-          if (w.first.empty())
+          if (w.first.empty()) {
             w.first = fmt::format("{} B {} {} {}", r.bytes, dtype_name(r.dtype),
                                   reduce_op_name(r.op), placement);
+            if (k < (*b)->first_wrong_by_rank.size()) w.element = (*b)->first_wrong_by_rank[k];
+          }
           w.wrong += (*b)->wrong_by_rank[k];
         }
       }
     std::string wrong_where;
     nlohmann::json wrong_ranks = nlohmann::json::array();
-    for (const auto& [rank, w] : by_rank) {
+    for (auto& [rank, w] : by_rank) {
       std::string host;
       for (const auto& info : job.ranks)
         if (info.rank == rank) host = info.host;
-      wrong_ranks.push_back({{"rank", rank}, {"host", host}, {"wrong", w.wrong}, {"first", w.first}});
+      // A NaN or infinity has no JSON number: null there, "nan" in text.
+      auto number = [](double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(); };
+      const bool have_element = w.element.first >= 0;
+      wrong_ranks.push_back({{"rank", rank},
+                             {"host", host},
+                             {"wrong", w.wrong},
+                             {"first", w.first},
+                             {"first_element", have_element ? nlohmann::json(w.element.first) : nlohmann::json()},
+                             {"got", have_element ? number(w.element.got) : nlohmann::json()},
+                             {"expected", have_element ? number(w.element.expected) : nlohmann::json()}});
+      if (have_element)
+        w.first += fmt::format(", element {} = {} instead of {}", w.element.first, w.element.got,
+                               w.element.expected);
       if (by_rank.size() <= 8)
         wrong_where += fmt::format("{}rank {}{}: {} (first at {})", wrong_where.empty() ? "" : "; ",
                                    rank, host.empty() ? "" : " on " + host, w.wrong, w.first);
@@ -403,12 +429,12 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
       std::printf("# Out of bounds values : N/A (-c 0: not checked)\n");
     if (res.contains("wrong_ranks"))
       for (const auto& w : res["wrong_ranks"])
-        std::printf("# Wrong on rank %d%s : %lld element(s), first at %s\n", w["rank"].get<int>(),
+        std::printf("# Wrong on rank %d%s : %lld element(s), first at %s%s\n", w["rank"].get<int>(),
                     w["host"].get<std::string>().empty()
                         ? ""
                         : (" (" + w["host"].get<std::string>() + ")").c_str(),
                     static_cast<long long>(w["wrong"].get<std::int64_t>()),
-                    w["first"].get<std::string>().c_str());
+                    w["first"].get<std::string>().c_str(), first_element_text(w).c_str());
     std::printf("# Avg bus bandwidth    : %.4f GB/s\n", avg);
     if (link)
       std::printf("# Slowest link         : %s (%.3f GB/s); busbw at %zu B (%s %s) is %.3f GB/s, %.*f%% of it\n",

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -369,6 +370,35 @@ TEST_CASE("exact inputs: the check tells every op from the others and from doing
       CHECK(count_wrong_allreduce(DType::kFloat64, op, n, wrong.data(), count) > 0);
     }
   }
+}
+
+TEST_CASE("exact inputs: the first wrong element is named with its value and the expected one",
+          "[tools][measure]") {
+  const int n = 3;
+  const std::size_t count = 200000;  // more than one chunk of the comparison
+  const auto in = inputs_of(ReduceOp::kSum, n, count);
+  auto got = reduce_as(ReduceOp::kSum, in);
+  auto w = find_wrong_allreduce(DType::kFloat64, ReduceOp::kSum, n, got.data(), count);
+  CHECK(w.count == 0);
+  CHECK(w.first == -1);
+  const double right_70000 = got[70000];
+  got[70000] += 1;
+  got[150000] = std::nan("");
+  got[199999] -= 2;
+  w = find_wrong_allreduce(DType::kFloat64, ReduceOp::kSum, n, got.data(), count);
+  CHECK(w.count == 3);
+  CHECK(w.first == 70000);
+  CHECK(w.got == right_70000 + 1);
+  CHECK(w.expected == right_70000);
+  CHECK(count_wrong_allreduce(DType::kFloat64, ReduceOp::kSum, n, got.data(), count) == 3);
+  // NCCL's pre-multiplied average (tolerant path) names its first one too.
+  auto avg = reduce_as(ReduceOp::kAvg, inputs_of(ReduceOp::kAvg, n, 100));
+  avg[42] *= 2;
+  w = find_wrong_allreduce(DType::kFloat64, ReduceOp::kAvg, n, avg.data(), 100,
+                           AvgRounding::kPreMultiplied);
+  CHECK(w.count == 1);
+  CHECK(w.first == 42);
+  CHECK(w.got == 2 * w.expected);
 }
 
 TEST_CASE("exact inputs: a reduction that takes one rank's data in place of another's is caught",

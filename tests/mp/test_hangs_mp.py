@@ -723,11 +723,19 @@ class Bisect(unittest.TestCase):
                 self.assertIn("a check failed (verdict FAIL)", p.stderr)
                 self.assertNotIn("failed first", p.stderr)
                 rep = load(path)
+                validate(path)
                 os.unlink(path)
                 r = rep["results"]
                 self.assertEqual([w["rank"] for w in r["wrong_ranks"]], [bad])
                 self.assertEqual(r["wrong_ranks"][0]["host"], host)
                 self.assertEqual(r["wrong_ranks"][0]["first"], "8 B float sum out-of-place")
+                # The fault adds 1 to element 0 of one result: the element,
+                # the value found and the one expected are named.
+                w = r["wrong_ranks"][0]
+                self.assertEqual(w["first_element"], 0)
+                self.assertEqual(w["got"], w["expected"] + 1)
+                self.assertIn("first at 8 B float sum out-of-place, element 0 = %g instead of %g"
+                              % (w["got"], w["expected"]), p.stdout)
                 for row in r["sizes"]:
                     self.assertEqual(row["out_of_place"]["wrong_ranks"], [bad])
                 # -c 3 checks three times: an element wrong each time counts once.
