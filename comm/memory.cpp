@@ -1,5 +1,7 @@
 #include "comm/memory.h"
 
+#include <sys/resource.h>
+
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -212,6 +214,24 @@ std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc
     }
   }
   return best;
+}
+
+std::optional<AddressSpaceLeft> address_space_left() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return std::nullopt;
+  std::uint64_t mapped = 0;
+  if (auto status = read_text("/proc/self/status")) {
+    std::istringstream in(*status);
+    std::string line;
+    while (std::getline(in, line))
+      if (line.rfind("VmSize:", 0) == 0) {
+        std::istringstream f(line.substr(7));
+        std::uint64_t kib = 0;
+        if (f >> kib) mapped = kib * 1024;
+      }
+  }
+  const std::uint64_t limit = rl.rlim_cur;
+  return AddressSpaceLeft{limit > mapped ? limit - mapped : 0, limit};
 }
 
 }  // namespace ddpdiag

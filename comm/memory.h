@@ -181,6 +181,16 @@ std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc
                                                          const std::string& cgroup_root =
                                                              "/sys/fs/cgroup");
 
+// What this process may still map under its address-space limit
+// (RLIMIT_AS, `ulimit -v`, which some clusters set per job): the limit less
+// VmSize (/proc/self/status). nullopt without such a limit. Unlike host
+// memory it is per process: ranks sharing a host do not share it.
+struct AddressSpaceLeft {
+  std::uint64_t bytes = 0;
+  std::uint64_t limit = 0;
+};
+std::optional<AddressSpaceLeft> address_space_left();
+
 // cudaMemGetInfo of a device. Only comm/nccl/ talks to CUDA: in builds
 // without CUDA, or without a driver/GPU, available is false and reason says
 // why.

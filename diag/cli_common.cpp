@@ -388,6 +388,22 @@ void write_report_on_interrupt() {
 void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string& what,
                        const std::string& hint, std::uint64_t this_rank_extra,
                        const std::string& extra_what) {
+  const auto gib = [](long double b) { return fmt::format("{:.1f} GiB", static_cast<double>(b / (1ULL << 30))); };
+  const std::string extra =
+      this_rank_extra > 0
+          ? fmt::format(", and {} more on this rank ({})", gib(this_rank_extra), extra_what)
+          : std::string();
+  // This process's own address-space limit (ulimit -v) binds first: an
+  // allocation past it fails however much memory the host has.
+  if (const auto as = address_space_left();
+      as && static_cast<long double>(per_rank) + this_rank_extra > static_cast<long double>(as->bytes))
+    throw UsageError(
+        fmt::format("{} take about {} per rank{}, but this process may map only {} more: its "
+                    "address-space limit (ulimit -v) is {}",
+                    what, gib(per_rank), extra, gib(as->bytes), gib(as->limit)),
+        {"flags", job.rank(), -1,
+         hint + "; or raise the limit (ulimit -v unlimited, or the scheduler's memory setting for "
+                "the job)"});
   const auto avail = host_memory_available();
   if (!avail) return;
   // Where no launcher or flag said how many ranks share this host, count
@@ -395,11 +411,6 @@ void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string
   const int here = job.world.local_world_size_given ? std::max(1, job.world.local_world_size) : 1;
   const long double need = static_cast<long double>(per_rank) * here + this_rank_extra;
   if (need <= static_cast<long double>(avail->bytes)) return;
-  const auto gib = [](long double b) { return fmt::format("{:.1f} GiB", static_cast<double>(b / (1ULL << 30))); };
-  const std::string extra =
-      this_rank_extra > 0
-          ? fmt::format(", and {} more on this rank ({})", gib(this_rank_extra), extra_what)
-          : std::string();
   throw UsageError(
       fmt::format("{} take about {} per rank{}{}, but this host has {} of memory left ({}): the "
                   "ranks would be killed by the OOM killer or swap",
@@ -1319,6 +1330,19 @@ void wait_for_ranks(Job& job) {
       std::string why = to_string(job.store->get("abort", job.timeout));
       throw RendezvousError(why, {"rendezvous", me, -1, kWorldAbortedHint});
     }
+    if (job.store->check({"refused"})) {
+      // A rank refused to start (its flags, its input files, its memory):
+      // tell_world_of_refusal. "<rank>\n<its message>".
+      const std::string text = to_string(job.store->get("refused", job.timeout));
+      const auto nl = text.find('\n');
+      const int who = nl == std::string::npos ? -1 : std::atoi(text.substr(0, nl).c_str());
+      throw RendezvousError(
+          fmt::format("rank {} refused to start, so this world cannot meet: {}", who,
+                      nl == std::string::npos ? text : text.substr(nl + 1)),
+          {"rendezvous", me, who,
+           "fix what that rank refused (its own message says the same) and start every rank "
+           "again"});
+    }
     std::int64_t joined = job.store->add("joined", 0);
     if (joined >= n) break;
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -1475,7 +1499,8 @@ void host_store(Job& job) {
   }
 }
 
-std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o) {
+std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o,
+                                     std::optional<Millis> connect_timeout) {
   std::shared_ptr<Store> base;
   if (job.world.world_size == 1 && !job.world.agent_store) {
     base = std::make_shared<MemoryStore>();
@@ -1484,7 +1509,7 @@ std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o) {
     co.host = job.world.hosts_store() ? std::string("127.0.0.1") : job.world.master_addr;
     co.port = job.world.master_port;
     co.protocol = parse_store_protocol(o.store_protocol);
-    co.connect_timeout = job.timeout;
+    co.connect_timeout = connect_timeout.value_or(job.timeout);
     co.io_timeout = job.timeout;
     co.rank = job.world.rank;
     // Our own server when rank 0 hosts it or ddpdiag's launcher does; under
@@ -2086,6 +2111,54 @@ void record_warnings(const Job& job, reports::Report& report) {
   report.results()["warnings"] = jw;
 }
 
+// A rank that refused to start before the rendezvous (a flag, an input
+// file, memory it lacks) would leave the others waiting out --timeout for it
+// at the store. So it tells them: rank 0 hosts the store anyway, posts why
+// it stopped ("refused") and keeps the store up until every other rank has
+// come and read it (5 s for the first to come, at most 30 s, or --timeout
+// if shorter); another rank
+// posts its reason at rank 0's store, where rank 0 reads it while it waits
+// for the world. Not under torchrun's agent store or ddpdiag's launcher:
+// those end every rank once one has failed, and name the one that did.
+void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& why) {
+  if (job.size() < 2 || job.world.agent_store || job.world.launcher == Launcher::kDdpdiag) return;
+  const Millis bound = std::min(job.timeout, Millis(30000));
+  try {
+    if (job.world.hosts_store()) host_store(job);
+    // Another rank only tries briefly: rank 0, when it started at all,
+    // hosts the store within moments.
+    connect_store(job, o, job.world.hosts_store() ? job.timeout : std::min(job.timeout, Millis(5000)));
+    if (!job.store->check({"refused"}))
+      job.store->set("refused", to_bytes(fmt::format("{}\n{}", job.rank(), why)));
+    job.store->add("refused_ranks", 1);
+    if (job.server) {
+      // Ranks a launcher starts together come within moments: when none has
+      // come after 5 s (rank 0 started alone), they are not waited for.
+      const Millis first = std::min(bound, Millis(5000));
+      std::fprintf(stderr,
+                   "ddpdiag: rank 0 keeps the store (port %d) up so that the other ranks learn "
+                   "why it stopped instead of waiting out --timeout: %.0f s for the first to "
+                   "come, at most %.0f s in all\n",
+                   job.world.master_port, first.count() / 1000.0, bound.count() / 1000.0);
+      const auto start = std::chrono::steady_clock::now();
+      for (;;) {
+        // Every other rank either refused too or met the refusal at the
+        // rendezvous and left.
+        const std::int64_t came = job.store->add("joined", 0) + job.store->add("refused_ranks", 0) - 1;
+        if (job.store->add("left", 0) + job.store->add("refused_ranks", 0) >= job.size()) break;
+        const auto waited = std::chrono::steady_clock::now() - start;
+        if (waited >= bound || (came == 0 && waited >= first)) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+  } catch (const Error&) {
+    // The store could not be hosted or reached: the others wait out
+    // --timeout, as they would have.
+  }
+  job.store.reset();
+  job.server.reset();
+}
+
 // Rank 0 judges most runs alone: it gathers every rank's figures and adds
 // the checks. Its verdict goes to every rank through the store, so that
 // each rank exits as the job does (1 on a FAIL on every rank): launchers
@@ -2135,6 +2208,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   // a signal (torchrun ending every worker once one has failed) waits for
   // this rank's own report, which keeps the diagnosis it reached.
   std::optional<FinalReportWindow> final_report;
+  std::optional<std::string> refusal;  // this rank refused to start, before the rendezvous
   try {
     discover_job(job, o);
     // A report written from here on (a signal during the rendezvous) has the
@@ -2162,6 +2236,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     // backend init) belongs in the report of the failure too.
     if (!job.warnings.empty() && !report.results().contains("warnings")) record_warnings(job, report);
     rc = static_cast<int>(e.exit_code());
+    if (rc == static_cast<int>(ExitCode::kUsage) && !job.store && job.world_known) refusal = e.what();
     store_unreachable = !job.store || e.context().phase.rfind("store.connect", 0) == 0;
     if (job.monitor) {
       auto watchdog = job.monitor->failure_report();
@@ -2217,6 +2292,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     }
   }
   final_report->written(rc);
+  if (refusal) tell_world_of_refusal(job, o, *refusal);
   leave_job(job, rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed));
   leave_ended_mark(rc);
   return rc;

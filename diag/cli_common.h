@@ -143,7 +143,9 @@ std::string every_address();
 void host_store(Job& job);
 // Connects this rank to the store (a MemoryStore for a world of 1) and sets
 // job.store under the job's ddpdiag prefix. Returns the raw client.
-std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o);
+// connect_timeout: how long to try (default --timeout).
+std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o,
+                                     std::optional<Millis> connect_timeout = std::nullopt);
 // Rendezvous: registers this rank (rank/<r>, compare_set so duplicates are
 // named), then waits for every rank, naming the missing ones at the deadline
 // and the ones that disagree on the world size.

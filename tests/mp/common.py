@@ -1,6 +1,7 @@
 """Helpers for the multi-process tests: find the binary, free ports, run ranks
 with a deadline, parse reports. Standard library only."""
 import json
+import mmap
 import os
 import socket
 import subprocess
@@ -16,6 +17,17 @@ BIN = os.environ.get("DDPDIAG_BIN", "ddpdiag")
 # Generous: Gloo spins while it waits, so with more ranks than cores small
 # messages cost a scheduler tick each.
 DEADLINE_S = float(os.environ.get("DDPDIAG_TEST_DEADLINE", "240"))
+
+
+def sanitized(path):
+    """Whether the binary is built with a sanitizer: ASan and TSan reserve
+    terabytes of address space for their shadow memory, so no address-space
+    limit can be set under them."""
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+        return m.find(b"__asan_init") >= 0 or m.find(b"__tsan_init") >= 0
+
+
+SANITIZED = sanitized(BIN) if os.path.exists(BIN) else False
 
 # Variables a launcher may have left in the test's own environment; every
 # test builds the rank environment it means to test from a clean base.

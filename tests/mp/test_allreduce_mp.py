@@ -3,6 +3,7 @@ environment (torchrun agent store, rank-0 store, Slurm, Open MPI, flags), and
 its failure modes: port taken, nothing listening, world size mismatch,
 missing rank, duplicate rank, a killed rank."""
 import json
+import resource
 import os
 import shutil
 import signal
@@ -14,8 +15,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import (BIN, check_report, clean_env, free_port, load, readline_within, run,  # noqa: E402
-                    run_ranks, tmp_json, main)
+from common import (BIN, SANITIZED, check_report, clean_env, free_port, load,  # noqa: E402
+                    readline_within, run, run_ranks, tmp_json, main)
 
 SMALL = ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
 ALL_TYPES = ["-d", "all", "-o", "all"]
@@ -512,6 +513,71 @@ class LauncherEnvironments(unittest.TestCase):
         for rc, so, se, _ in res:
             self.assertEqual(rc, 0, se)
         check_report(self, load(paths[0]), n)
+
+
+class RefusalBeforeTheRendezvous(unittest.TestCase):
+    """A rank that refuses to start (its flags, its memory) before the
+    rendezvous tells the others, started by hand or by srun, at once: they
+    stop naming it (exit 3) instead of waiting out --timeout (60 s here)."""
+
+    def start(self, n, args, limit_as_of=None, json_of=None):
+        port = free_port()
+        procs, t0 = [], time.monotonic()
+        for r in range(n):
+            extra = ["--json", json_of[r]] if json_of and json_of.get(r) else []
+            limit = None
+            if limit_as_of is not None and r == limit_as_of:
+                def limit():
+                    resource.setrlimit(resource.RLIMIT_AS, (900 << 20, 900 << 20))
+            procs.append(subprocess.Popen(
+                [BIN] + args + ["--rank", str(r), "--world-size", str(n), "--master-addr",
+                                "127.0.0.1", "--master-port", str(port), "--timeout", "60"] + extra,
+                env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                preexec_fn=limit))
+        out = []
+        for p in procs:
+            try:
+                so, se = p.communicate(timeout=50)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise AssertionError("a rank waited for one that had refused to start")
+            out.append((p.returncode, se, time.monotonic() - t0))
+        return out
+
+    def test_rank_0_refusing_its_report_path(self):
+        res = self.start(3, ["allreduce-test"] + SMALL, json_of={0: "/nonexistent-dir/out.json"})
+        self.assertEqual(res[0][0], 2, res[0][1])
+        self.assertIn("--json /nonexistent-dir/out.json", res[0][1])
+        for rc, se, elapsed in res[1:]:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("rank 0 refused to start, so this world cannot meet: --json "
+                          "/nonexistent-dir/out.json: cannot write the report there", se)
+            self.assertIn("(peer rank 0) during rendezvous", se)
+            self.assertLess(elapsed, 30, se)
+
+    @unittest.skipIf(SANITIZED, "no address-space limit can be set under a sanitizer")
+    def test_rank_1_refusing_for_its_address_space_limit(self):
+        # 256 MiB buffers need about 0.8 GiB; rank 1 alone may map 900 MiB.
+        res = self.start(3, ["allreduce-test", "-b", "256M", "-e", "256M", "-n", "1", "-w", "0"],
+                         limit_as_of=1)
+        self.assertEqual(res[1][0], 2, res[1][1])
+        self.assertIn("its address-space limit (ulimit -v) is", res[1][1])
+        for r in (0, 2):
+            rc, se, elapsed = res[r]
+            self.assertEqual(rc, 3, se)
+            self.assertIn("(peer rank 1) during rendezvous: rank 1 refused to start, so this world "
+                          "cannot meet: buffers of 256M", se)
+            self.assertLess(elapsed, 30, se)
+
+    def test_every_rank_refusing_ends_at_once(self):
+        # 1000 GiB buffers fit on no rank: each says so, and rank 0 does not
+        # keep the store up for ranks that all refused too.
+        res = self.start(3, ["allreduce-test", "-b", "1000G", "-e", "1000G"])
+        for rc, se, elapsed in res:
+            self.assertEqual(rc, 2, se)
+            self.assertIn("buffers of 1000G", se)
+            self.assertLess(elapsed, 25, se)
 
 
 class BadInput(unittest.TestCase):

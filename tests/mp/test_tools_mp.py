@@ -6,7 +6,6 @@ dp-vs-ring bytes against theory, memory categories against the totals, the
 link-health matrix n x n and complete. Sizes are kept small: with 4 ranks on
 2 cores each small message costs a scheduler tick."""
 import json
-import mmap
 import os
 import resource
 import shutil
@@ -16,7 +15,8 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import BIN, clean_env, free_port, load, main, run, run_ranks, tmp_json  # noqa: E402
+from common import (BIN, SANITIZED, clean_env, free_port, load, main, run, run_ranks,  # noqa: E402
+                    tmp_json)
 
 WORLDS = (2, 3, 4)
 
@@ -400,15 +400,6 @@ class LinkHealth(unittest.TestCase):
         self.assertEqual([a["wrong_elements"] for a in rep["results"]["allreduce"]], [0, 0])
 
 
-def sanitized(path):
-    """Whether the binary is built with a sanitizer: ASan and TSan reserve
-    terabytes of address space for their shadow memory, so no address-space
-    limit can be set under them."""
-    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        return m.find(b"__asan_init") >= 0 or m.find(b"__tsan_init") >= 0
-
-
-SANITIZED = sanitized(BIN) if os.path.exists(BIN) else False
 
 
 def run_bounded(args, stdout=subprocess.PIPE, env=None, timeout=120):
