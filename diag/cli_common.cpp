@@ -2268,7 +2268,13 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     }
   const bool own_report = job.world.rank > 0 && (store_unreachable || rank0_gone || !job.world_known ||
                                                  (job.monitor && job.monitor->store_lost()));
-  if ((job.world.rank == 0 || own_report) && (!o.json_path.empty() || !o.markdown_path.empty())) {
+  // A rank that refused its report paths has said so: no second error from
+  // trying to write there anyway.
+  const bool paths_refused =
+      refusal && (reports::same_file(o.json_path, o.markdown_path) ||
+                  reports::output_path_problem(o.json_path) || reports::output_path_problem(o.markdown_path));
+  if ((job.world.rank == 0 || own_report) && !paths_refused &&
+      (!o.json_path.empty() || !o.markdown_path.empty())) {
     auto path_of = [&](const std::string& path, const std::string& ext) {
       return own_report ? rank_report_path(path, ext, job.world.rank) : path;
     };
