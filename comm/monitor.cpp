@@ -336,9 +336,10 @@ std::vector<Fault> parse_faults(const std::string& spec) {
     else if (kind == "throw") f.kind = Fault::Kind::kThrow;
     else if (kind == "slow") f.kind = Fault::Kind::kSlow;
     else if (kind == "corrupt") f.kind = Fault::Kind::kCorrupt;
+    else if (kind == "gather") f.kind = Fault::Kind::kGather;
     else
       throw std::invalid_argument("unknown fault '" + kind +
-                                  "' (hang, skip, desync, exit, throw, slow, corrupt)");
+                                  "' (hang, skip, desync, exit, throw, slow, corrupt, gather)");
     std::string args = at == std::string::npos ? std::string() : part.substr(at + 1);
     std::size_t p = 0;
     while (p < args.size()) {

@@ -134,11 +134,14 @@ std::string rank_list(const std::vector<int>& ranks);
 //                         first element), and the middle byte of every
 //                         point-to-point buffer it receives (recv, sendrecv)
 //                         is inverted
+//   gather@rank=2         rank 2 fails (an error of its own, posted at the
+//                         store) as it hands its results to rank 0, after
+//                         its last collective
 // seq is 1-based and counts this communicator's collectives; seq-free kinds
 // apply to every collective (corrupt with a seq: collective seq only, and no
 // point-to-point op, which has no seq). rank is the world rank.
 struct Fault {
-  enum class Kind { kHang, kSkip, kDesync, kExit, kThrow, kSlow, kCorrupt };
+  enum class Kind { kHang, kSkip, kDesync, kExit, kThrow, kSlow, kCorrupt, kGather };
   Kind kind = Kind::kHang;
   int rank = -1;
   std::int64_t seq = 0;  // 0: every collective (slow, corrupt)

@@ -1905,6 +1905,13 @@ reports::ErrorInfo to_error_info(const Error& e) {
 
 std::vector<nlohmann::json> Job::gather_to_root(const std::string& key,
                                                 const nlohmann::json& mine) {
+  // Not the start-up gathers (gather_rank_devices): the fault is the
+  // command's own hand-over.
+  if (monitor && monitor->fault_on_gather() && key != "device" && key != "network")
+    throw BackendError(fmt::format("injected fault: rank {} failed as it handed its results ({}) "
+                                   "to rank 0",
+                                   rank(), key),
+                       {"gather", rank(), -1, "a test's fault (--inject-fault gather@rank=R)"});
   store->set(fmt::format("gather/{}/{}", key, rank()), to_bytes(mine.dump()));
   std::vector<nlohmann::json> out;
   if (rank() != 0) return out;

@@ -52,6 +52,31 @@ class EveryRankExitsAsTheJob(unittest.TestCase):
         self.assertIn("parameters_identical)", res[2][2])
         self.expect("broadcast-test", 3, base, 0)
 
+    def test_a_rank_failing_as_it_hands_over_its_results(self):
+        # Rank 2 fails after its last collective, as it hands its figures to
+        # rank 0: rank 0 names it at once (exit 5) instead of waiting out
+        # --timeout for its part, and rank 1, waiting for rank 0's verdict,
+        # names rank 0's error.
+        path = tmp_json()
+        try:
+            res = run_by_hand("ddp-step", 3, ["--model", "mlp", "--iters", "1", "--warmup-iters",
+                                              "0", "--inject-fault", "gather@rank=2", "--json", path])
+            codes = [r[0] for r in res]
+            self.assertEqual(codes, [5, 5, 3], [r[2] for r in res])
+            self.assertIn("(peer rank 2) during gather: rank 2 failed before handing its results "
+                          "to rank 0: injected fault", res[0][2])
+            self.assertIn("(peer rank 0) during verdict: rank 0 failed while judging the run: "
+                          "rank 2 failed before handing its results", res[1][2])
+            for r in res:
+                self.assertLess(r[3], 20, r[2])  # --timeout is 30
+            rep = load(path)
+            self.assertEqual(rep["verdict"], "ERROR")
+            self.assertEqual((rep["error"]["kind"], rep["error"]["peer"], rep["error"]["phase"]),
+                             ("peer", 2, "gather"))
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+
 
 class DdpStep(unittest.TestCase):
     def run_step(self, n, model, extra=(), iters="2"):
