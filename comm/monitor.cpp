@@ -337,9 +337,12 @@ std::vector<Fault> parse_faults(const std::string& spec) {
     else if (kind == "slow") f.kind = Fault::Kind::kSlow;
     else if (kind == "corrupt") f.kind = Fault::Kind::kCorrupt;
     else if (kind == "gather") f.kind = Fault::Kind::kGather;
+    else if (kind == "gather-exit") f.kind = Fault::Kind::kGatherExit;
+    else if (kind == "gather-hang") f.kind = Fault::Kind::kGatherHang;
     else
       throw std::invalid_argument("unknown fault '" + kind +
-                                  "' (hang, skip, desync, exit, throw, slow, corrupt, gather)");
+                                  "' (hang, skip, desync, exit, throw, slow, corrupt, gather, "
+                                  "gather-exit, gather-hang)");
     std::string args = at == std::string::npos ? std::string() : part.substr(at + 1);
     std::size_t p = 0;
     while (p < args.size()) {

@@ -137,11 +137,14 @@ std::string rank_list(const std::vector<int>& ranks);
 //   gather@rank=2         rank 2 fails (an error of its own, posted at the
 //                         store) as it hands its results to rank 0, after
 //                         its last collective
+//   gather-exit@rank=2    rank 2 is SIGKILLed there instead (no error posted)
+//   gather-hang@rank=2    rank 2 stops itself there (SIGSTOP: every thread,
+//                         its heartbeat too)
 // seq is 1-based and counts this communicator's collectives; seq-free kinds
 // apply to every collective (corrupt with a seq: collective seq only, and no
 // point-to-point op, which has no seq). rank is the world rank.
 struct Fault {
-  enum class Kind { kHang, kSkip, kDesync, kExit, kThrow, kSlow, kCorrupt, kGather };
+  enum class Kind { kHang, kSkip, kDesync, kExit, kThrow, kSlow, kCorrupt, kGather, kGatherExit, kGatherHang };
   Kind kind = Kind::kHang;
   int rank = -1;
   std::int64_t seq = 0;  // 0: every collective (slow, corrupt)

@@ -170,8 +170,9 @@ class MonitoredCommunicator final : public Communicator {
   // the store is out of reach from this rank, and callers should not wait on
   // it either.
   bool store_lost() const { return store_lost_.load(); }
-  // The gather fault (monitor.h) is set for this rank.
-  bool fault_on_gather() const { return fault_at(Fault::Kind::kGather, 0) != nullptr; }
+  // The gather faults (monitor.h) set for this rank: the error, the
+  // SIGKILL or the SIGSTOP as it hands its results to rank 0.
+  bool fault_on_gather(Fault::Kind kind) const { return fault_at(kind, 0) != nullptr; }
 
  private:
   // The flight recorder's entry: the last flight_size collectives.

@@ -1907,25 +1907,58 @@ std::vector<nlohmann::json> Job::gather_to_root(const std::string& key,
                                                 const nlohmann::json& mine) {
   // Not the start-up gathers (gather_rank_devices): the fault is the
   // command's own hand-over.
-  if (monitor && monitor->fault_on_gather() && key != "device" && key != "network")
-    throw BackendError(fmt::format("injected fault: rank {} failed as it handed its results ({}) "
-                                   "to rank 0",
-                                   rank(), key),
-                       {"gather", rank(), -1, "a test's fault (--inject-fault gather@rank=R)"});
+  if (monitor && key != "device" && key != "network") {
+    if (monitor->fault_on_gather(Fault::Kind::kGather))
+      throw BackendError(fmt::format("injected fault: rank {} failed as it handed its results ({}) "
+                                     "to rank 0",
+                                     rank(), key),
+                         {"gather", rank(), -1, "a test's fault (--inject-fault gather@rank=R)"});
+    if (monitor->fault_on_gather(Fault::Kind::kGatherExit)) ::kill(::getpid(), SIGKILL);
+    if (monitor->fault_on_gather(Fault::Kind::kGatherHang)) ::kill(::getpid(), SIGSTOP);
+  }
   store->set(fmt::format("gather/{}/{}", key, rank()), to_bytes(mine.dump()));
   std::vector<nlohmann::json> out;
   if (rank() != 0) return out;
+  // A peer whose watchdog's heartbeat stands still this long is taken for
+  // dead, frozen or cut off (the watchdog's own rule: a quarter of
+  // --timeout, 10 s at least, where that comes well before --timeout).
+  const Millis stall = std::max(Millis(10000), Millis(timeout.count() / 4));
+  const bool watch_heartbeats = monitor && stall + Millis(5000) <= timeout;
   for (int r = 0; r < size(); ++r) {
     // In slices: a rank that failed before handing its part over (an error
     // of its own after its last collective) posts error/<r> as it stops;
-    // waiting on for its part would only end at --timeout.
+    // one that died posts nothing, but its process is gone (on this
+    // machine) or its heartbeat stands still. Waiting on for its part would
+    // only end at --timeout.
     const std::string part = fmt::format("gather/{}/{}", key, r);
+    const std::string heartbeat_key = fmt::format("monitor/heartbeat/{}", r);
+    std::string heartbeat;
+    auto heartbeat_since = std::chrono::steady_clock::now();
     wait_in_slices(*store, part, std::chrono::steady_clock::now() + timeout, [&] {
       const std::string failed = fmt::format("error/{}", r);
       if (store->check({failed}))
         throw PeerError(fmt::format("rank {} failed before handing its results to rank 0: {}", r,
                                     to_string(store->get(failed, timeout))),
                         {"gather", 0, r, fmt::format("rank {}'s own error, in its log, is the cause", r)});
+      int gone = -1;
+      if (const std::string who = gone_local_peer(&gone); !who.empty() && gone == r)
+        throw PeerError(fmt::format("{} before handing its results to rank 0", who),
+                        {"gather", 0, r,
+                         "it was killed or crashed: its log, and the kernel's (dmesg: the OOM "
+                         "killer), say why"});
+      if (!watch_heartbeats || !store->check({heartbeat_key})) return;
+      const std::string now_heartbeat = to_string(store->get(heartbeat_key, timeout));
+      const auto now = std::chrono::steady_clock::now();
+      if (now_heartbeat != heartbeat) {
+        heartbeat = now_heartbeat;
+        heartbeat_since = now;
+      } else if (now - heartbeat_since >= stall) {
+        throw PeerError(
+            fmt::format("rank {} wrote no heartbeat for {:.0f} s before handing its results to "
+                        "rank 0: it is dead, frozen (stopped) or cut off from the store",
+                        r, std::chrono::duration<double>(now - heartbeat_since).count()),
+            {"gather", 0, r, fmt::format("look at rank {}'s host and log", r)});
+      }
     });
     out.push_back(nlohmann::json::parse(to_string(store->get(part, timeout))));
   }

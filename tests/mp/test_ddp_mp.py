@@ -4,11 +4,13 @@ gradient must be the true mean on every rank and every rank must hold
 identical parameters after the broadcast. A rank corrupted on purpose must
 be named. Gloo spins while it waits, so resnet50 runs few iterations."""
 import os
+import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import clean_env, free_port, load, run, run_ranks, tmp_json, main  # noqa: E402
+from common import BIN, clean_env, free_port, load, run, run_ranks, tmp_json, main  # noqa: E402
 
 
 def check(name, rep):
@@ -76,6 +78,39 @@ class EveryRankExitsAsTheJob(unittest.TestCase):
         finally:
             if os.path.exists(path):
                 os.unlink(path)
+
+    def test_a_rank_killed_as_it_hands_over_its_results(self):
+        # No error posted: rank 0 finds rank 2's process gone on this machine.
+        res = run_by_hand("ddp-step", 3, ["--model", "mlp", "--iters", "1", "--warmup-iters", "0",
+                                          "--inject-fault", "gather-exit@rank=2"])
+        self.assertEqual([r[0] for r in res], [5, 5, -9], [r[2] for r in res])
+        self.assertRegex(res[0][2], r"\(peer rank 2\) during gather: rank 2 \(pid \d+ on this "
+                                    r"machine\) had ended before handing its results to rank 0")
+        self.assertLess(res[0][3], 20, res[0][2])
+
+    def test_a_rank_frozen_as_it_hands_over_its_results(self):
+        # Rank 2 stops itself (SIGSTOP): its heartbeat stands still, and
+        # rank 0 names it after 10 s of silence (--timeout 30 s).
+        port = free_port()
+        procs = [subprocess.Popen(
+            [BIN, "ddp-step", "--rank", str(r), "--world-size", "3", "--master-addr", "127.0.0.1",
+             "--master-port", str(port), "--timeout", "30", "--model", "mlp", "--iters", "1",
+             "--warmup-iters", "0", "--inject-fault", "gather-hang@rank=2"],
+            env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for r in range(3)]
+        t0 = time.monotonic()
+        try:
+            _, err0 = procs[0].communicate(timeout=60)
+            elapsed = time.monotonic() - t0
+            _, err1 = procs[1].communicate(timeout=30)
+        finally:
+            procs[2].kill()
+            procs[2].communicate()
+        self.assertEqual(procs[0].returncode, 5, err0)
+        self.assertIn("(peer rank 2) during gather: rank 2 wrote no heartbeat for 10 s before "
+                      "handing its results to rank 0: it is dead, frozen (stopped) or cut off", err0)
+        self.assertLess(elapsed, 25, err0)
+        self.assertEqual(procs[1].returncode, 5, err1)
 
 
 class DdpStep(unittest.TestCase):
