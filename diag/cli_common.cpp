@@ -1903,6 +1903,66 @@ reports::ErrorInfo to_error_info(const Error& e) {
   return {e.kind(), e.what(), c.phase, c.rank, c.peer, c.hint, static_cast<int>(e.exit_code())};
 }
 
+namespace {
+
+// Watches one peer while this rank waits at the store for something only
+// that peer can post (its results, rank 0's verdict). check() throws a
+// PeerError naming it once it has posted an error of its own (error/<r>),
+// its process is gone from this machine, or its watchdog's heartbeat has
+// stood still a quarter of --timeout (10 s at least; the watchdog's own
+// rule, and only where that comes well before --timeout): it is dead,
+// frozen or cut off.
+class PeerWatch {
+ public:
+  PeerWatch(Job& job, int peer, std::string phase, std::string what)
+      : job_(job), peer_(peer), phase_(std::move(phase)), what_(std::move(what)),
+        stall_(std::max(Millis(10000), Millis(job.timeout.count() / 4))),
+        watch_heartbeat_(job.monitor && stall_ + Millis(5000) <= job.timeout),
+        heartbeat_key_(fmt::format("monitor/heartbeat/{}", peer)),
+        since_(std::chrono::steady_clock::now()) {}
+
+  void check() {
+    Store& store = *job_.store;
+    const std::string failed = fmt::format("error/{}", peer_);
+    if (store.check({failed}))
+      throw PeerError(fmt::format("rank {} failed {}: {}", peer_, what_,
+                                  to_string(store.get(failed, job_.timeout))),
+                      {phase_, job_.rank(), peer_,
+                       fmt::format("rank {}'s own error, in its log, is the cause", peer_)});
+    int gone = -1;
+    if (const std::string who = gone_local_peer(&gone); !who.empty() && gone == peer_)
+      throw PeerError(fmt::format("{} {}", who, what_),
+                      {phase_, job_.rank(), peer_,
+                       "it was killed or crashed: its log, and the kernel's (dmesg: the OOM "
+                       "killer), say why"});
+    if (!watch_heartbeat_ || !store.check({heartbeat_key_})) return;
+    const std::string now_heartbeat = to_string(store.get(heartbeat_key_, job_.timeout));
+    const auto now = std::chrono::steady_clock::now();
+    if (now_heartbeat != heartbeat_) {
+      heartbeat_ = now_heartbeat;
+      since_ = now;
+    } else if (now - since_ >= stall_) {
+      throw PeerError(
+          fmt::format("rank {} wrote no heartbeat for {:.0f} s {}: it is dead, frozen (stopped) "
+                      "or cut off from the store",
+                      peer_, std::chrono::duration<double>(now - since_).count(), what_),
+          {phase_, job_.rank(), peer_, fmt::format("look at rank {}'s host and log", peer_)});
+    }
+  }
+
+ private:
+  Job& job_;
+  int peer_;
+  std::string phase_, what_;
+  Millis stall_;
+  bool watch_heartbeat_;
+  std::string heartbeat_key_;
+  std::string heartbeat_;
+  std::chrono::steady_clock::time_point since_;
+};
+
+}  // namespace
+
 std::vector<nlohmann::json> Job::gather_to_root(const std::string& key,
                                                 const nlohmann::json& mine) {
   // Not the start-up gathers (gather_rank_devices): the fault is the
@@ -1919,47 +1979,13 @@ std::vector<nlohmann::json> Job::gather_to_root(const std::string& key,
   store->set(fmt::format("gather/{}/{}", key, rank()), to_bytes(mine.dump()));
   std::vector<nlohmann::json> out;
   if (rank() != 0) return out;
-  // A peer whose watchdog's heartbeat stands still this long is taken for
-  // dead, frozen or cut off (the watchdog's own rule: a quarter of
-  // --timeout, 10 s at least, where that comes well before --timeout).
-  const Millis stall = std::max(Millis(10000), Millis(timeout.count() / 4));
-  const bool watch_heartbeats = monitor && stall + Millis(5000) <= timeout;
   for (int r = 0; r < size(); ++r) {
     // In slices: a rank that failed before handing its part over (an error
-    // of its own after its last collective) posts error/<r> as it stops;
-    // one that died posts nothing, but its process is gone (on this
-    // machine) or its heartbeat stands still. Waiting on for its part would
-    // only end at --timeout.
+    // of its own after its last collective, a crash, the OOM killer, a
+    // freeze) is named at once, not waited for until --timeout.
     const std::string part = fmt::format("gather/{}/{}", key, r);
-    const std::string heartbeat_key = fmt::format("monitor/heartbeat/{}", r);
-    std::string heartbeat;
-    auto heartbeat_since = std::chrono::steady_clock::now();
-    wait_in_slices(*store, part, std::chrono::steady_clock::now() + timeout, [&] {
-      const std::string failed = fmt::format("error/{}", r);
-      if (store->check({failed}))
-        throw PeerError(fmt::format("rank {} failed before handing its results to rank 0: {}", r,
-                                    to_string(store->get(failed, timeout))),
-                        {"gather", 0, r, fmt::format("rank {}'s own error, in its log, is the cause", r)});
-      int gone = -1;
-      if (const std::string who = gone_local_peer(&gone); !who.empty() && gone == r)
-        throw PeerError(fmt::format("{} before handing its results to rank 0", who),
-                        {"gather", 0, r,
-                         "it was killed or crashed: its log, and the kernel's (dmesg: the OOM "
-                         "killer), say why"});
-      if (!watch_heartbeats || !store->check({heartbeat_key})) return;
-      const std::string now_heartbeat = to_string(store->get(heartbeat_key, timeout));
-      const auto now = std::chrono::steady_clock::now();
-      if (now_heartbeat != heartbeat) {
-        heartbeat = now_heartbeat;
-        heartbeat_since = now;
-      } else if (now - heartbeat_since >= stall) {
-        throw PeerError(
-            fmt::format("rank {} wrote no heartbeat for {:.0f} s before handing its results to "
-                        "rank 0: it is dead, frozen (stopped) or cut off from the store",
-                        r, std::chrono::duration<double>(now - heartbeat_since).count()),
-            {"gather", 0, r, fmt::format("look at rank {}'s host and log", r)});
-      }
-    });
+    PeerWatch watch(*this, r, "gather", "before handing its results to rank 0");
+    wait_in_slices(*store, part, std::chrono::steady_clock::now() + timeout, [&] { watch.check(); });
     out.push_back(nlohmann::json::parse(to_string(store->get(part, timeout))));
   }
   return out;
@@ -2214,12 +2240,9 @@ void share_verdict(Job& job, const reports::Report& report, int& rc) {
     job.store->set(key, to_bytes(failed.empty() ? std::string("pass") : "fail: " + failed));
     return;
   }
-  wait_in_slices(*job.store, key, std::chrono::steady_clock::now() + job.timeout, [&] {
-    if (job.store->check({"error/0"}))
-      throw PeerError(fmt::format("rank 0 failed while judging the run: {}",
-                                  to_string(job.store->get("error/0", job.timeout))),
-                      {"verdict", job.rank(), 0, "rank 0's own error, in its log, is the cause"});
-  });
+  PeerWatch watch(job, 0, "verdict", "while judging the run");
+  wait_in_slices(*job.store, key, std::chrono::steady_clock::now() + job.timeout,
+                 [&] { watch.check(); });
   const std::string verdict = to_string(job.store->get(key, job.timeout));
   // A rank that judged the run itself (allreduce-test: every rank has every
   // figure) has said so already.
