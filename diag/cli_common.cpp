@@ -242,6 +242,15 @@ bool left_ended_mark(const LocalPeer& p) {
   return ::stat(ended_mark_path(p.pid, p.start_ticks).c_str(), &st) == 0;
 }
 
+// Whether `rank` is another rank's process on this machine.
+bool peer_on_this_machine(int rank) {
+  if (rank < 0) return false;
+  std::lock_guard<std::mutex> lock(g_local_peers_mutex);
+  for (const auto& p : g_local_peers)
+    if (p.rank == rank) return true;
+  return false;
+}
+
 // The first rank on this machine whose process is gone without leaving the
 // mark of a blameless end, as "rank 1 (pid 4889)"; "" when none is known to
 // be.
@@ -283,6 +292,11 @@ std::mutex g_interrupt_mutex;
 // The run's exit code once its final report is written (FinalReportWindow);
 // -1 before.
 std::atomic<int> g_final_rc{-1};
+// TORCHELASTIC_ERROR_FILE's text of a failure caused by another rank's,
+// held back until the end (run_distributed); a SIGTERM that ends the
+// process first writes it. Set before FinalReportWindow::written, read
+// after it (g_interrupt_mutex orders the two).
+std::string g_pending_error_file;
 
 FinalReportWindow::FinalReportWindow() {
   // A signal's thread already writing the armed report ends the process
@@ -319,6 +333,7 @@ void write_report_on_interrupt() {
     const std::string name = abbrev ? std::string("SIG") + abbrev : std::to_string(sig);
     const int rank = current_rank();
     if (const int final_rc = g_final_rc.load(); final_rc >= 0) {
+      if (!g_pending_error_file.empty()) write_torchelastic_error_file(g_pending_error_file);
       std::fflush(stdout);
       std::fprintf(stderr, "ddpdiag: %s%s came after the run had finished and written its report; "
                    "exit code %d is the run's\n",
@@ -453,17 +468,32 @@ UsageError report_write_error(const reports::WriteError& e, int rank) {
                                      "another path"});
 }
 
-void print_error(const Error& e) {
+namespace {
+
+// " on rank 0 (peer rank 1) during gather"
+std::string error_where(const Error& e) {
   const auto& c = e.context();
   std::string where;
   if (c.rank >= 0) where += fmt::format(" on rank {}", c.rank);
   // A peer is another rank: a rank never names itself as its own peer.
   if (c.peer >= 0 && c.peer != c.rank) where += fmt::format(" (peer rank {})", c.peer);
   if (!c.phase.empty()) where += fmt::format(" during {}", c.phase);
-  std::fprintf(stderr, "ddpdiag: error%s: %s\n", where.c_str(), e.what());
+  return where;
+}
+
+}  // namespace
+
+std::string error_file_text(const Error& e) {
+  const auto& c = e.context();
+  return fmt::format("ddpdiag error{}: {}{}", error_where(e), e.what(),
+                     c.hint.empty() ? "" : " (hint: " + c.hint + ")");
+}
+
+void print_error(const Error& e, bool error_file) {
+  const auto& c = e.context();
+  std::fprintf(stderr, "ddpdiag: error%s: %s\n", error_where(e).c_str(), e.what());
   if (!c.hint.empty()) std::fprintf(stderr, "ddpdiag: hint: %s\n", c.hint.c_str());
-  write_torchelastic_error_file(fmt::format("ddpdiag error{}: {}{}", where, e.what(),
-                                            c.hint.empty() ? "" : " (hint: " + c.hint + ")"));
+  if (error_file) write_torchelastic_error_file(error_file_text(e));
 }
 
 void write_torchelastic_error_file(const std::string& message) {
@@ -2272,6 +2302,9 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   // this rank's own report, which keeps the diagnosis it reached.
   std::optional<FinalReportWindow> final_report;
   std::optional<std::string> refusal;  // this rank refused to start, before the rendezvous
+  // Set when this rank's error file waits for torchrun to see the failure
+  // that caused it (the catch below).
+  std::optional<std::chrono::steady_clock::time_point> defer_error_file_since;
   try {
     discover_job(job, o);
     // A report written from here on (a signal during the rendezvous) has the
@@ -2289,7 +2322,25 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     share_verdict(job, report, rc);
   } catch (const Error& e) {
     final_report.emplace();
-    print_error(e);
+    // Under torchrun, a failure caused by another rank's (a peer died, its
+    // connection dropped) goes into the error file last. torchrun names as
+    // root cause the failure with the earliest timestamp, in whole seconds,
+    // ties going to the lowest rank, so a survivor that stopped within the
+    // second its peer died was named instead of it (rank 0 for rank 1).
+    // Its error file now comes after torchrun has seen the death: when
+    // torchrun ends this rank (SIGTERM) or after a pause (end of this
+    // function).
+    // Only for a peer of this machine: torchrun sees the workers of its own
+    // node alone.
+    const bool defer_error_file = e.exit_code() == ExitCode::kPeerFailed &&
+                                  std::getenv("TORCHELASTIC_RUN_ID") && !std::getenv("DDPDIAG_LAUNCHER") &&
+                                  std::getenv("TORCHELASTIC_ERROR_FILE") &&
+                                  peer_on_this_machine(e.context().peer);
+    print_error(e, !defer_error_file);
+    if (defer_error_file) {
+      g_pending_error_file = error_file_text(e);
+      defer_error_file_since = std::chrono::steady_clock::now();
+    }
     report.set_error(to_error_info(e));
     // The world as far as this rank got to know it: its size, backend and
     // launcher once the environment was read, every rank's identity once the
@@ -2364,6 +2415,15 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   if (refusal) tell_world_of_refusal(job, o, *refusal);
   leave_job(job, rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed));
   leave_ended_mark(rc);
+  if (defer_error_file_since) {
+    // torchrun polls its workers every 0.1 s (--monitor-interval; 5 s in
+    // torch 1.x): within this pause it has seen the peer that died and ends
+    // this rank (the signal's thread writes the file then). The pause also
+    // puts this file's timestamp past the second of the death.
+    const auto until = *defer_error_file_since + std::chrono::milliseconds(5500);
+    std::this_thread::sleep_until(until);
+    write_torchelastic_error_file(g_pending_error_file);
+  }
   return rc;
 }
 

@@ -34,7 +34,10 @@ double median(std::vector<double> v);
 // A report that could not be written, as the error users read (exit 2,
 // phase "report", a hint for a full disk or a bad directory).
 UsageError report_write_error(const reports::WriteError& e, int rank);
-void print_error(const Error& e);
+// error_file: also write it into TORCHELASTIC_ERROR_FILE (under torchrun).
+void print_error(const Error& e, bool error_file = true);
+// The text print_error writes into TORCHELASTIC_ERROR_FILE.
+std::string error_file_text(const Error& e);
 // Under torchrun: the worker's failure as torch's @record writes it into
 // TORCHELASTIC_ERROR_FILE, so torchrun's summary shows it (print_error does
 // this for every error it prints). Nothing without that variable.

@@ -224,6 +224,12 @@ class RealTorchrun(unittest.TestCase):
                 os.killpg(p.pid, signal.SIGKILL)
                 p.communicate()
         self.assertNotEqual(p.returncode, 0)
+        # torchrun's summary names the rank that died as the root cause, not
+        # the survivor that stopped within the same second (its error file
+        # waits until torchrun has seen the death).
+        root = err[err.find("Root Cause"):]
+        self.assertRegex(root, r"Root Cause \(first observed failure\):\n\[0\]:\n(  .*\n)*?"
+                               r"  rank      : 1 \(local_rank: 1\)", err[-3000:])
         rep = load(path)
         os.unlink(path)
         self.assertEqual(rep["error"]["rank"], 0)
