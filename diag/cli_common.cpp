@@ -251,6 +251,17 @@ bool peer_on_this_machine(int rank) {
   return false;
 }
 
+// "rank 1 (pid 4889 on this machine) had ended" when `rank` runs on this
+// machine and its process is gone without the mark of a blameless end; ""
+// otherwise.
+std::string local_peer_gone(int rank) {
+  std::lock_guard<std::mutex> lock(g_local_peers_mutex);
+  for (const auto& peer : g_local_peers)
+    if (peer.rank == rank && process_gone(peer.pid) && !left_ended_mark(peer))
+      return fmt::format("rank {} (pid {} on this machine) had ended", rank, peer.pid);
+  return {};
+}
+
 // The first rank on this machine whose process is gone without leaving the
 // mark of a blameless end, as "rank 1 (pid 4889)"; "" when none is known to
 // be.
@@ -409,16 +420,25 @@ void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string
           ? fmt::format(", and {} more on this rank ({})", gib(this_rank_extra), extra_what)
           : std::string();
   // This process's own address-space limit (ulimit -v) binds first: an
-  // allocation past it fails however much memory the host has.
+  // allocation past it fails however much memory the host has. What is
+  // mapped now leaves out what the run maps later besides the buffers: the
+  // backend's and the watchdog's threads (their stacks) and the allocator's
+  // per-thread arenas (64 MiB of address space each with glibc), so 1 GiB
+  // is kept for those.
+  constexpr std::uint64_t kAddressSpaceMargin = std::uint64_t{1} << 30;
   if (const auto as = address_space_left();
-      as && static_cast<long double>(per_rank) + this_rank_extra > static_cast<long double>(as->bytes))
+      as && static_cast<long double>(per_rank) + this_rank_extra + kAddressSpaceMargin >
+                static_cast<long double>(as->bytes))
     throw UsageError(
-        fmt::format("{} take about {} per rank{}, but this process may map only {} more: its "
-                    "address-space limit (ulimit -v) is {}",
-                    what, gib(per_rank), extra, gib(as->bytes), gib(as->limit)),
+        fmt::format("{} take about {} per rank{}, and the run's threads and allocator about {} "
+                    "more, but this process may map only {} more: its address-space limit "
+                    "(ulimit -v) is {}",
+                    what, gib(per_rank), extra, gib(kAddressSpaceMargin), gib(as->bytes),
+                    gib(as->limit)),
         {"flags", job.rank(), -1,
-         hint + "; or raise the limit (ulimit -v unlimited, or the scheduler's memory setting for "
-                "the job)"});
+         "the limit is this process's own, whatever the host has: raise it (ulimit -v "
+         "unlimited, or the scheduler's memory setting for the job), or make the run smaller "
+         "(a smaller -e or model)"});
   const auto avail = host_memory_available();
   if (!avail) return;
   // Where no launcher or flag said how many ranks share this host, count
@@ -1362,16 +1382,23 @@ void wait_for_ranks(Job& job) {
     }
     if (job.store->check({"refused"})) {
       // A rank refused to start (its flags, its input files, its memory):
-      // tell_world_of_refusal. "<rank>\n<its message>".
+      // tell_world_of_refusal. "<rank>\n<job>\n<its message>"; a rank of
+      // another job on this port is not this world's.
       const std::string text = to_string(job.store->get("refused", job.timeout));
       const auto nl = text.find('\n');
+      const auto nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
       const int who = nl == std::string::npos ? -1 : std::atoi(text.substr(0, nl).c_str());
+      const std::string theirs = nl2 == std::string::npos ? "" : text.substr(nl + 1, nl2 - nl - 1);
+      const std::string ours = job_identity();
+      if (theirs.empty() || ours.empty() || theirs == ours) {
+      job.world_refused = true;
       throw RendezvousError(
           fmt::format("rank {} refused to start, so this world cannot meet: {}", who,
-                      nl == std::string::npos ? text : text.substr(nl + 1)),
+                      nl2 == std::string::npos ? text : text.substr(nl2 + 1)),
           {"rendezvous", me, who,
            "fix what that rank refused (its own message says the same) and start every rank "
            "again"});
+      }
     }
     std::int64_t joined = job.store->add("joined", 0);
     if (joined >= n) break;
@@ -1944,23 +1971,29 @@ namespace {
 // frozen or cut off.
 class PeerWatch {
  public:
-  PeerWatch(Job& job, int peer, std::string phase, std::string what)
+  // store: where to look (default the job's; under the job's prefix).
+  PeerWatch(Job& job, int peer, std::string phase, std::string what,
+            std::shared_ptr<Store> store = nullptr)
       : job_(job), peer_(peer), phase_(std::move(phase)), what_(std::move(what)),
-        stall_(std::max(Millis(10000), Millis(job.timeout.count() / 4))),
+        store_(store ? std::move(store) : job.store), stall_(stall_of(job)),
         watch_heartbeat_(job.monitor && stall_ + Millis(5000) <= job.timeout),
         heartbeat_key_(fmt::format("monitor/heartbeat/{}", peer)),
         since_(std::chrono::steady_clock::now()) {}
 
+  // How long a heartbeat may stand still before its rank is taken for gone.
+  static Millis stall_of(const Job& job) {
+    return std::max(Millis(10000), Millis(job.timeout.count() / 4));
+  }
+
   void check() {
-    Store& store = *job_.store;
+    Store& store = *store_;
     const std::string failed = fmt::format("error/{}", peer_);
     if (store.check({failed}))
       throw PeerError(fmt::format("rank {} failed {}: {}", peer_, what_,
                                   to_string(store.get(failed, job_.timeout))),
                       {phase_, job_.rank(), peer_,
                        fmt::format("rank {}'s own error, in its log, is the cause", peer_)});
-    int gone = -1;
-    if (const std::string who = gone_local_peer(&gone); !who.empty() && gone == peer_)
+    if (const std::string who = local_peer_gone(peer_); !who.empty())
       throw PeerError(fmt::format("{} {}", who, what_),
                       {phase_, job_.rank(), peer_,
                        "it was killed or crashed: its log, and the kernel's (dmesg: the OOM "
@@ -1984,6 +2017,7 @@ class PeerWatch {
   Job& job_;
   int peer_;
   std::string phase_, what_;
+  std::shared_ptr<Store> store_;
   Millis stall_;
   bool watch_heartbeat_;
   std::string heartbeat_key_;
@@ -2207,46 +2241,63 @@ void record_warnings(const Job& job, reports::Report& report) {
   report.results()["warnings"] = jw;
 }
 
+// Rank 0, hosting the store, once the world cannot meet because a rank
+// refused to start (its own refusal or another's): keeps the store up so
+// that the other ranks, those still to come too, read why instead of
+// waiting out --timeout for a store that is gone. Until every rank has
+// refused or left, or no new rank has come for 5 s (ranks a launcher starts
+// together come within moments), at most 30 s (or --timeout if shorter).
+// Rank 0 has counted itself (refused_ranks or left) before.
+void keep_store_for_the_others(Job& job) {
+  if (!job.server || !job.store) return;
+  const Millis bound = std::min(job.timeout, Millis(30000));
+  const Millis quiet = std::min(bound, Millis(5000));
+  std::fprintf(stderr,
+               "ddpdiag: rank 0 keeps the store (port %d) up so that the other ranks learn why "
+               "the world cannot meet instead of waiting out --timeout: until %.0f s pass "
+               "without a rank coming, at most %.0f s\n",
+               job.world.master_port, quiet.count() / 1000.0, bound.count() / 1000.0);
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    auto last_arrival = start;
+    std::int64_t arrived = -1;
+    for (;;) {
+      const std::int64_t refused = job.store->add("refused_ranks", 0);
+      // Every other rank either refused too or met the refusal at the
+      // rendezvous and left.
+      if (job.store->add("left", 0) + refused >= job.size()) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (const std::int64_t came = job.store->add("joined", 0) + refused; came != arrived) {
+        arrived = came;
+        last_arrival = now;
+      }
+      if (now - start >= bound || now - last_arrival >= quiet) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  } catch (const Error&) {
+  }
+}
+
 // A rank that refused to start before the rendezvous (a flag, an input
 // file, memory it lacks) would leave the others waiting out --timeout for it
 // at the store. So it tells them: rank 0 hosts the store anyway, posts why
-// it stopped ("refused") and keeps the store up until every other rank has
-// come and read it (5 s for the first to come, at most 30 s, or --timeout
-// if shorter); another rank
-// posts its reason at rank 0's store, where rank 0 reads it while it waits
-// for the world. Not under torchrun's agent store or ddpdiag's launcher:
-// those end every rank once one has failed, and name the one that did.
+// it stopped ("refused") and keeps it up (keep_store_for_the_others);
+// another rank posts its reason at rank 0's store, where rank 0 reads it
+// while it waits for the world (and then keeps the store up too). The value
+// names the job (job_identity), so a rank of another job that shares the
+// port calls off nothing. Not under torchrun's agent store or ddpdiag's
+// launcher: those end every rank once one has failed, and name it.
 void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& why) {
   if (job.size() < 2 || job.world.agent_store || job.world.launcher == Launcher::kDdpdiag) return;
-  const Millis bound = std::min(job.timeout, Millis(30000));
   try {
     if (job.world.hosts_store()) host_store(job);
     // Another rank only tries briefly: rank 0, when it started at all,
     // hosts the store within moments.
     connect_store(job, o, job.world.hosts_store() ? job.timeout : std::min(job.timeout, Millis(5000)));
     if (!job.store->check({"refused"}))
-      job.store->set("refused", to_bytes(fmt::format("{}\n{}", job.rank(), why)));
+      job.store->set("refused", to_bytes(fmt::format("{}\n{}\n{}", job.rank(), job_identity(), why)));
     job.store->add("refused_ranks", 1);
-    if (job.server) {
-      // Ranks a launcher starts together come within moments: when none has
-      // come after 5 s (rank 0 started alone), they are not waited for.
-      const Millis first = std::min(bound, Millis(5000));
-      std::fprintf(stderr,
-                   "ddpdiag: rank 0 keeps the store (port %d) up so that the other ranks learn "
-                   "why it stopped instead of waiting out --timeout: %.0f s for the first to "
-                   "come, at most %.0f s in all\n",
-                   job.world.master_port, first.count() / 1000.0, bound.count() / 1000.0);
-      const auto start = std::chrono::steady_clock::now();
-      for (;;) {
-        // Every other rank either refused too or met the refusal at the
-        // rendezvous and left.
-        const std::int64_t came = job.store->add("joined", 0) + job.store->add("refused_ranks", 0) - 1;
-        if (job.store->add("left", 0) + job.store->add("refused_ranks", 0) >= job.size()) break;
-        const auto waited = std::chrono::steady_clock::now() - start;
-        if (waited >= bound || (came == 0 && waited >= first)) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
+    keep_store_for_the_others(job);
   } catch (const Error&) {
     // The store could not be hosted or reached: the others wait out
     // --timeout, as they would have.
@@ -2260,28 +2311,77 @@ void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& 
 // each rank exits as the job does (1 on a FAIL on every rank): launchers
 // (torchrun, srun, mpirun) and scripts read the status of every rank, or of
 // whichever rank ends last. A rank whose own checks failed keeps its 1.
-void share_verdict(Job& job, const reports::Report& report, int& rc) {
-  if (job.size() < 2 || !job.store) return;
+// Rank 0 posts it once its report is written (a report it could not write
+// fails the run: exit 2 there, 1 on the others).
+void post_verdict(Job& job, const reports::Report& report, int rc) {
+  if (job.size() < 2 || !job.store || job.rank() != 0) return;
+  std::string failed;
+  for (const auto& name : report.failed_checks()) failed += (failed.empty() ? "" : ", ") + name;
+  if (rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed))
+    failed += std::string(failed.empty() ? "" : ", ") + "report (rank 0 could not write it)";
+  try {
+    job.store->set("verdict", to_bytes(failed.empty() ? std::string("pass") : "fail: " + failed));
+  } catch (const Error&) {
+    // The others name the store's failure, or rank 0's silence.
+  }
+}
+
+void await_verdict(Job& job, int& rc) {
+  if (job.size() < 2 || !job.store || job.rank() == 0) return;
   if (job.monitor && job.monitor->store_lost()) return;
   const std::string key = "verdict";
-  if (job.rank() == 0) {
-    std::string failed;
-    for (const auto& name : report.failed_checks()) failed += (failed.empty() ? "" : ", ") + name;
-    job.store->set(key, to_bytes(failed.empty() ? std::string("pass") : "fail: " + failed));
-    return;
+  // Where rank 0 hosts the store, its death or freeze takes the store with
+  // it; on the job's connection (--timeout's deadlines) a wait would then
+  // reconnect or wait that long. So a connection of its own with short
+  // deadlines, and rank 0 named once its process is gone or the store has
+  // not answered for as long as a stalled heartbeat takes.
+  const bool rank0_hosts = !job.world.agent_store && job.store_client.has_value();
+  std::shared_ptr<Store> store = job.store;
+  const auto deadline = std::chrono::steady_clock::now() + job.timeout;
+  const Millis stall = PeerWatch::stall_of(job);
+  std::optional<std::chrono::steady_clock::time_point> unanswered_since;
+  std::optional<PeerWatch> watch;
+  for (;;) {
+    try {
+      if (rank0_hosts && store == job.store)
+        store = connect_own_store(*job.store_client, job_store_prefix(job), Millis(2000), Millis(2000));
+      if (!watch) watch.emplace(job, 0, "verdict", "while judging the run", store);
+      wait_in_slices(*store, key, deadline, [&] {
+        unanswered_since.reset();
+        watch->check();
+      });
+      break;
+    } catch (const PeerError&) {
+      throw;
+    } catch (const Error& e) {
+      const auto now = std::chrono::steady_clock::now();
+      if (!rank0_hosts || now >= deadline) throw;
+      if (std::string why = local_peer_gone(0); !why.empty())
+        throw PeerError(fmt::format("{} while judging the run (it hosted the store)", why),
+                        {"verdict", job.rank(), 0,
+                         "it was killed or crashed: its log, and the kernel's (dmesg: the OOM "
+                         "killer), say why"});
+      if (!unanswered_since) unanswered_since = now;
+      if (now - *unanswered_since >= stall)
+        throw PeerError(fmt::format("rank 0, which hosts the store, has not answered for {:.0f} s "
+                                    "while judging the run: it is dead, frozen (stopped) or cut "
+                                    "off ({})",
+                                    std::chrono::duration<double>(now - *unanswered_since).count(),
+                                    e.what()),
+                        {"verdict", job.rank(), 0, "look at rank 0's host and log"});
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
   }
-  PeerWatch watch(job, 0, "verdict", "while judging the run");
-  wait_in_slices(*job.store, key, std::chrono::steady_clock::now() + job.timeout,
-                 [&] { watch.check(); });
-  const std::string verdict = to_string(job.store->get(key, job.timeout));
+  const std::string verdict = to_string(store->get(key, job.timeout));
   // A rank that judged the run itself (allreduce-test: every rank has every
   // figure) has said so already.
   if (verdict.rfind("fail", 0) != 0 || rc != 0) return;
   rc = static_cast<int>(ExitCode::kCheckFailed);
-  std::fprintf(stderr,
-               "ddpdiag: rank %d: rank 0 judged the run FAIL (failed check(s): %s); the job's "
-               "report, written by rank 0, has the details\n",
-               job.rank(), verdict.size() > 6 ? verdict.c_str() + 6 : "?");
+  const bool no_report = verdict.find("could not write it") != std::string::npos;
+  std::fprintf(stderr, "ddpdiag: rank %d: rank 0 judged the run FAIL (failed check(s): %s); %s\n",
+               job.rank(), verdict.size() > 6 ? verdict.c_str() + 6 : "?",
+               no_report ? "rank 0's own output says why"
+                         : "the job's report, written by rank 0, has the details");
 }
 
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body,
@@ -2302,6 +2402,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   // this rank's own report, which keeps the diagnosis it reached.
   std::optional<FinalReportWindow> final_report;
   std::optional<std::string> refusal;  // this rank refused to start, before the rendezvous
+  bool report_error = false;           // the run ended with an error (posted as error/<r>)
   // Set when this rank's error file waits for torchrun to see the failure
   // that caused it (the catch below).
   std::optional<std::chrono::steady_clock::time_point> defer_error_file_since;
@@ -2319,8 +2420,9 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     arm_report(report, o);
     body(job, report);
     if (report.has_failed_check()) rc = static_cast<int>(ExitCode::kCheckFailed);
-    share_verdict(job, report, rc);
+    await_verdict(job, rc);
   } catch (const Error& e) {
+    report_error = true;
     final_report.emplace();
     // Under torchrun, a failure caused by another rank's (a peer died, its
     // connection dropped) goes into the error file last. torchrun names as
@@ -2412,8 +2514,10 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     }
   }
   final_report->written(rc);
+  if (!report_error) post_verdict(job, report, rc);
   if (refusal) tell_world_of_refusal(job, o, *refusal);
   leave_job(job, rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed));
+  if (job.world_refused) keep_store_for_the_others(job);
   leave_ended_mark(rc);
   if (defer_error_file_since) {
     // torchrun polls its workers every 0.1 s (--monitor-interval; 5 s in

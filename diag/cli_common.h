@@ -92,6 +92,9 @@ struct Job {
   // world and backend hold what this rank was started with (discover_world
   // succeeded and the backend was chosen); before that they are defaults.
   bool world_known = false;
+  // The rendezvous met a rank's refusal to start ("refused"): rank 0 keeps
+  // the store up for the ranks still to come.
+  bool world_refused = false;
   Millis timeout{60000};
   std::unique_ptr<TcpStoreServer> server;  // rank 0 when it hosts the store
   std::shared_ptr<Store> store;            // under this job's ddpdiag prefix

@@ -1131,6 +1131,32 @@ TEST_CASE("a host that drops every SYN is reported as timed out, with the firewa
   }
 }
 
+TEST_CASE("a store that answered before and is gone now fails a reconnect at once, not at connect_timeout",
+          "[store][tcp]") {
+  auto proto = GENERATE(StoreProtocol::kV1, StoreProtocol::kV2);
+  auto server = std::make_unique<TcpStoreServer>(TcpStoreServerOptions{});
+  const int port = server->port();
+  auto o = client_opts(port, proto);
+  o.connect_timeout = 20000ms;
+  TcpStoreClient c(o);
+  c.set("k", to_bytes("1"));
+  server.reset();  // the store's process ended: its port refuses connections
+  const auto t0 = std::chrono::steady_clock::now();
+  // The first call may learn of the closed connection (or, a 1.13 SET that
+  // has no reply, not even that); the next one reconnects, and is refused.
+  std::string what;
+  for (int i = 0; i < 3 && what.find("answered before") == std::string::npos; ++i) {
+    try {
+      c.add("n", 1);
+    } catch (const Error& e) {
+      what = e.what();
+    }
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took < 5000ms);  // the grace is 1 s; connect_timeout is 20 s
+  CHECK_THAT(what, Catch::Contains("answered before, and nothing listens there now: its process has ended"));
+}
+
 TEST_CASE("a refusal on earlier attempts is not masked by a last attempt that ran out of time",
           "[store][tcp]") {
   // QA's case: a remote host refuses every attempt, the retries run to the

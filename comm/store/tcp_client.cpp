@@ -59,6 +59,12 @@ using Deadline = Clock::time_point;
 constexpr Millis kDetectTimeout{2000};
 constexpr Millis kFirstBackoff{20};
 constexpr Millis kMaxBackoff{1000};
+// A store that answered before (this connection, or another of this
+// process) and now refuses connections has ended: nothing will listen on
+// its port again, so a reconnect stops trying after this long, not after
+// connect_timeout (a watchdog's heartbeat, and the exit that joins it, were
+// held 10 s by a store whose host rank had died).
+constexpr Millis kGoneStoreGrace{1000};
 
 enum class IoStatus { kOk, kTimeout, kClosed, kError };
 
@@ -152,6 +158,7 @@ struct TcpStoreClient::Impl {
   int fd = -1;
   StoreProtocol protocol = StoreProtocol::kAuto;  // resolved after the first connect
   int attempts = 0;
+  bool connected_once = false;  // a connect of this client succeeded
   std::mt19937_64 rng{client_seed()};
 
   ~Impl() { drop(); }
@@ -231,6 +238,7 @@ struct TcpStoreClient::Impl {
     ConnectFailure failure = ConnectFailure::kNone;
     std::string detail;
     int tries = 0;
+    bool gone = false;  // refused by a store that answered before
     for (;;) {
       ++tries;
       ++attempts;
@@ -253,6 +261,7 @@ struct TcpStoreClient::Impl {
           if (s >= 0) {
             ::freeaddrinfo(res);
             fd = s;
+            connected_once = true;
             return;
           }
           ConnectFailure f = ConnectFailure::kOther;
@@ -269,6 +278,11 @@ struct TcpStoreClient::Impl {
       }
       auto now = Clock::now();
       if (now >= deadline) break;
+      if (failure == ConnectFailure::kRefused && (connected_once || opts.known_store) &&
+          now - start >= kGoneStoreGrace) {
+        gone = true;
+        break;
+      }
       // Jitter spreads the reconnects of many ranks that all started at once.
       std::uniform_real_distribution<double> jitter(0.5, 1.5);
       auto sleep = Millis(static_cast<long long>(static_cast<double>(backoff.count()) * jitter(rng)));
@@ -283,8 +297,15 @@ struct TcpStoreClient::Impl {
     switch (failure) {
       case ConnectFailure::kRefused:
         // strerror would only repeat "Connection refused".
-        what = "connection refused: nothing listens on " + where() + " (yet)";
         detail.clear();
+        if (gone) {
+          what = "connection refused: the store at " + where() +
+                 " answered before, and nothing listens there now: its process has ended";
+          hint = "the store's host (rank 0, or the launcher's agent) has ended: its own log says "
+                 "why";
+          break;
+        }
+        what = "connection refused: nothing listens on " + where() + " (yet)";
         hint = "the store is not up yet, or it listens on another port: start rank 0 (or the "
                "launcher whose agent hosts it) first, or start one with `ddpdiag store serve`; "
                "rank 0 may also have stopped at once (a flag or path it refused: its own log "

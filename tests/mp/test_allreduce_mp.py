@@ -520,7 +520,7 @@ class RefusalBeforeTheRendezvous(unittest.TestCase):
     rendezvous tells the others, started by hand or by srun, at once: they
     stop naming it (exit 3) instead of waiting out --timeout (60 s here)."""
 
-    def start(self, n, args, limit_as_of=None, json_of=None):
+    def start(self, n, args, limit_as_of=None, json_of=None, late=None):
         port = free_port()
         procs, t0 = [], time.monotonic()
         for r in range(n):
@@ -529,6 +529,8 @@ class RefusalBeforeTheRendezvous(unittest.TestCase):
             if limit_as_of is not None and r == limit_as_of:
                 def limit():
                     resource.setrlimit(resource.RLIMIT_AS, (900 << 20, 900 << 20))
+            if late is not None and r == late:
+                time.sleep(3)
             procs.append(subprocess.Popen(
                 [BIN] + args + ["--rank", str(r), "--world-size", str(n), "--master-addr",
                                 "127.0.0.1", "--master-port", str(port), "--timeout", "60"] + extra,
@@ -569,6 +571,17 @@ class RefusalBeforeTheRendezvous(unittest.TestCase):
             self.assertIn("(peer rank 1) during rendezvous: rank 1 refused to start, so this world "
                           "cannot meet: buffers of 256M", se)
             self.assertLess(elapsed, 30, se)
+
+    @unittest.skipIf(SANITIZED, "no address-space limit can be set under a sanitizer")
+    def test_a_rank_started_late_still_learns_of_the_refusal(self):
+        # Rank 0 meets rank 1's refusal at once; rank 2 comes 3 s later, and
+        # rank 0 kept the store up for it.
+        res = self.start(3, ["allreduce-test", "-b", "256M", "-e", "256M", "-n", "1", "-w", "0"],
+                         limit_as_of=1, late=2)
+        self.assertEqual([r[0] for r in res], [3, 2, 3], [r[1] for r in res])
+        self.assertIn("rank 0 keeps the store", res[0][1])
+        self.assertIn("(peer rank 1) during rendezvous: rank 1 refused to start", res[2][1])
+        self.assertLess(res[2][2], 20, res[2][1])
 
     def test_every_rank_refusing_ends_at_once(self):
         # 1000 GiB buffers fit on no rank: each says so, and rank 0 does not

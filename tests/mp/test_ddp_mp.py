@@ -112,6 +112,32 @@ class EveryRankExitsAsTheJob(unittest.TestCase):
         self.assertLess(elapsed, 25, err0)
         self.assertEqual(procs[1].returncode, 5, err1)
 
+    def test_rank_0_killed_while_judging_the_run(self):
+        # Rank 0 hosts the store and dies after the others handed their
+        # figures over: they name it at once (exit 5), not after --timeout.
+        res = run_by_hand("ddp-step", 3, ["--model", "mlp", "--iters", "1", "--warmup-iters", "0",
+                                          "--inject-fault", "gather-exit@rank=0"])
+        self.assertEqual([r[0] for r in res], [-9, 5, 5], [r[2] for r in res])
+        for r in (1, 2):
+            self.assertRegex(res[r][2], r"\(peer rank 0\) during verdict: rank 0 \(pid \d+ on this "
+                                        r"machine\) had ended while judging the run")
+            self.assertLess(res[r][3], 10, res[r][2])  # --timeout is 30
+
+    def test_a_report_rank_0_cannot_write_fails_every_rank(self):
+        # /dev/full passes the path check and fails the write: exit 2 on
+        # rank 0, and the others do not pass a run whose report is lost.
+        res = run_by_hand("ddp-step", 2, ["--model", "mlp", "--iters", "1", "--warmup-iters", "0"])
+        self.assertEqual([r[0] for r in res], [0, 0], [r[2] for r in res])
+        port = free_port()
+        res = run_ranks([["ddp-step", "--rank", str(r), "--world-size", "2", "--master-addr",
+                          "127.0.0.1", "--master-port", str(port), "--timeout", "30", "--model",
+                          "mlp", "--iters", "1"] + (["--json", "/dev/full"] if r == 0 else [])
+                         for r in range(2)], [clean_env(), clean_env()], timeout=90)
+        self.assertEqual([r[0] for r in res], [2, 1], [r[2] for r in res])
+        self.assertIn("cannot write report /dev/full", res[0][2])
+        self.assertIn("rank 0 judged the run FAIL (failed check(s): report (rank 0 could not write "
+                      "it)); rank 0's own output says why", res[1][2])
+
 
 class DdpStep(unittest.TestCase):
     def run_step(self, n, model, extra=(), iters="2"):
