@@ -210,6 +210,11 @@ void note_current_rank(int rank);
 void create_communicator(Job& job, const CommonOptions& o);
 // Rank 0 keeps the store up until every rank has left (bounded).
 void leave_job(Job& job, bool after_error);
+// A rank that refused to start before the rendezvous (a usage error, the
+// world known, no store yet) posts why at the store, rank 0 hosting it all
+// the same, so that the others stop at once instead of waiting out
+// --timeout (cli_common.cpp says when and how long).
+void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& why);
 reports::ErrorInfo to_error_info(const Error& e);
 // After the rendezvous: the warnings of diag/placement.h (ranks that run
 // different ddpdiag builds or backend library versions; Gloo ranks short of

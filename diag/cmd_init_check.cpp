@@ -224,6 +224,7 @@ int run_init_check(const InitCheckOptions& io) {
   Job job;
   job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
   std::optional<reports::ErrorInfo> failure;
+  std::optional<std::string> refusal;  // this rank refused to start, before the store
   int rc = 0;
   bool reached_store = false, rendezvous_ok = false;
   std::string host;
@@ -413,6 +414,7 @@ int run_init_check(const InitCheckOptions& io) {
     });
   } catch (const Error& e) {
     print_error(e);
+    if (e.exit_code() == ExitCode::kUsage && !job.store && job.world_known) refusal = e.what();
     failure = to_error_info(e);
     if (failure->phase.empty()) failure->phase = "init";
     rc = static_cast<int>(e.exit_code());
@@ -737,7 +739,12 @@ int run_init_check(const InitCheckOptions& io) {
     std::printf("# Verdict: %s\n", report.verdict().c_str());
     std::fflush(stdout);
     FinalReportWindow window;
-    if (!o.json_path.empty() || !o.markdown_path.empty()) {
+    // A rank that refused its report paths has said so: no second error.
+    const bool paths_refused =
+        refusal && (reports::same_file(o.json_path, o.markdown_path) ||
+                    reports::output_path_problem(o.json_path) ||
+                    reports::output_path_problem(o.markdown_path));
+    if (!paths_refused && (!o.json_path.empty() || !o.markdown_path.empty())) {
       try {
         reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
       } catch (const std::exception& e) {
@@ -748,6 +755,7 @@ int run_init_check(const InitCheckOptions& io) {
     window.written(rc);
   }
   FinalReportWindow().written(rc);  // a signal from here on ends the process with rc
+  if (refusal) tell_world_of_refusal(job, o, *refusal);
   leave_job(job, rc != 0);
   return rc;
 }

@@ -548,15 +548,20 @@ class RefusalBeforeTheRendezvous(unittest.TestCase):
         return out
 
     def test_rank_0_refusing_its_report_path(self):
-        res = self.start(3, ["allreduce-test"] + SMALL, json_of={0: "/nonexistent-dir/out.json"})
-        self.assertEqual(res[0][0], 2, res[0][1])
-        self.assertIn("--json /nonexistent-dir/out.json", res[0][1])
-        for rc, se, elapsed in res[1:]:
-            self.assertEqual(rc, 3, se)
-            self.assertIn("rank 0 refused to start, so this world cannot meet: --json "
-                          "/nonexistent-dir/out.json: cannot write the report there", se)
-            self.assertIn("(peer rank 0) during rendezvous", se)
-            self.assertLess(elapsed, 30, se)
+        for command, args, phase in (("allreduce-test", SMALL, "rendezvous"),
+                                     ("init-check", [], "wait_for_ranks")):
+            with self.subTest(command=command):
+                res = self.start(3, [command] + args, json_of={0: "/nonexistent-dir/out.json"})
+                self.assertEqual(res[0][0], 2, res[0][1])
+                self.assertIn("--json /nonexistent-dir/out.json", res[0][1])
+                # One error: the report is not tried there again.
+                self.assertNotIn("cannot write report", res[0][1])
+                for rc, se, elapsed in res[1:]:
+                    self.assertEqual(rc, 3, se)
+                    self.assertIn("rank 0 refused to start, so this world cannot meet: --json "
+                                  "/nonexistent-dir/out.json: cannot write the report there", se)
+                    self.assertIn("(peer rank 0) during %s" % phase, se)
+                    self.assertLess(elapsed, 30, se)
 
     @unittest.skipIf(SANITIZED, "no address-space limit can be set under a sanitizer")
     def test_rank_1_refusing_for_its_address_space_limit(self):
