@@ -147,6 +147,22 @@ std::optional<std::uint64_t> stat_field(const std::string& path, const std::stri
   return std::nullopt;
 }
 
+// A "Name:   1234 kB" line of a /proc file (meminfo, self/status), in
+// bytes; nullopt when the file or the line is missing.
+std::optional<std::uint64_t> proc_kib_field(const std::string& path, const std::string& name) {
+  auto text = read_text(path);
+  if (!text) return std::nullopt;
+  std::istringstream in(*text);
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(name, 0) == 0) {
+      std::istringstream f(line.substr(name.size()));
+      std::uint64_t kib = 0;
+      if (f >> kib) return kib * 1024;
+    }
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc_root,
@@ -155,16 +171,8 @@ std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc
   const auto consider = [&](std::uint64_t bytes, std::string source) {
     if (!best || bytes < best->bytes) best = HostMemoryAvailable{bytes, std::move(source)};
   };
-  if (auto info = read_text(proc_root + "/meminfo")) {
-    std::istringstream in(*info);
-    std::string line;
-    while (std::getline(in, line))
-      if (line.rfind("MemAvailable:", 0) == 0) {
-        std::istringstream f(line.substr(13));
-        std::uint64_t kib = 0;
-        if (f >> kib) consider(kib * 1024, "MemAvailable");
-      }
-  }
+  if (auto bytes = proc_kib_field(proc_root + "/meminfo", "MemAvailable:"))
+    consider(*bytes, "MemAvailable");
   // A v1 limit of "none" reads as the largest page-aligned int64.
   constexpr std::uint64_t kNoLimit = std::uint64_t{1} << 60;
   if (auto groups = read_text(proc_root + "/self/cgroup")) {
@@ -219,17 +227,7 @@ std::optional<HostMemoryAvailable> host_memory_available(const std::string& proc
 std::optional<AddressSpaceLeft> address_space_left() {
   rlimit rl{};
   if (::getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY) return std::nullopt;
-  std::uint64_t mapped = 0;
-  if (auto status = read_text("/proc/self/status")) {
-    std::istringstream in(*status);
-    std::string line;
-    while (std::getline(in, line))
-      if (line.rfind("VmSize:", 0) == 0) {
-        std::istringstream f(line.substr(7));
-        std::uint64_t kib = 0;
-        if (f >> kib) mapped = kib * 1024;
-      }
-  }
+  const std::uint64_t mapped = proc_kib_field("/proc/self/status", "VmSize:").value_or(0);
   const std::uint64_t limit = rl.rlim_cur;
   return AddressSpaceLeft{limit > mapped ? limit - mapped : 0, limit};
 }

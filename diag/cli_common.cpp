@@ -242,24 +242,24 @@ bool left_ended_mark(const LocalPeer& p) {
   return ::stat(ended_mark_path(p.pid, p.start_ticks).c_str(), &st) == 0;
 }
 
-// Whether `rank` is another rank's process on this machine.
-bool peer_on_this_machine(int rank) {
-  if (rank < 0) return false;
+// `rank`'s process on this machine, if it runs here (a copy: the list is
+// shared with the signal's thread).
+std::optional<LocalPeer> local_peer(int rank) {
   std::lock_guard<std::mutex> lock(g_local_peers_mutex);
   for (const auto& p : g_local_peers)
-    if (p.rank == rank) return true;
-  return false;
+    if (p.rank == rank) return p;
+  return std::nullopt;
 }
+
+bool peer_on_this_machine(int rank) { return local_peer(rank).has_value(); }
 
 // "rank 1 (pid 4889 on this machine) had ended" when `rank` runs on this
 // machine and its process is gone without the mark of a blameless end; ""
 // otherwise.
 std::string local_peer_gone(int rank) {
-  std::lock_guard<std::mutex> lock(g_local_peers_mutex);
-  for (const auto& peer : g_local_peers)
-    if (peer.rank == rank && process_gone(peer.pid) && !left_ended_mark(peer))
-      return fmt::format("rank {} (pid {} on this machine) had ended", rank, peer.pid);
-  return {};
+  const auto peer = local_peer(rank);
+  if (!peer || !process_gone(peer->pid) || left_ended_mark(*peer)) return {};
+  return fmt::format("rank {} (pid {} on this machine) had ended", rank, peer->pid);
 }
 
 // The first rank on this machine whose process is gone without leaving the
@@ -1299,6 +1299,24 @@ std::string job_identity() {
   return "";
 }
 
+// The "refused" key's value: "<rank>\n<job_identity()>\n<the message>".
+struct Refusal {
+  int rank = -1;
+  std::string job, message;
+};
+
+std::string refusal_text(int rank, const std::string& message) {
+  return fmt::format("{}\n{}\n{}", rank, job_identity(), message);
+}
+
+Refusal parse_refusal(const std::string& text) {
+  const auto nl = text.find('\n');
+  const auto nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
+  if (nl2 == std::string::npos) return {-1, "", text};
+  return {std::atoi(text.substr(0, nl).c_str()), text.substr(nl + 1, nl2 - nl - 1),
+          text.substr(nl2 + 1)};
+}
+
 }  // namespace
 
 // Rendezvous protocol, under the job's ddpdiag prefix:
@@ -1380,26 +1398,19 @@ void wait_for_ranks(Job& job) {
       std::string why = to_string(job.store->get("abort", job.timeout));
       throw RendezvousError(why, {"rendezvous", me, -1, kWorldAbortedHint});
     }
-    if (job.store->check({"refused"})) {
-      // A rank refused to start (its flags, its input files, its memory):
-      // tell_world_of_refusal. "<rank>\n<job>\n<its message>"; a rank of
-      // another job on this port is not this world's.
-      const std::string text = to_string(job.store->get("refused", job.timeout));
-      const auto nl = text.find('\n');
-      const auto nl2 = nl == std::string::npos ? nl : text.find('\n', nl + 1);
-      const int who = nl == std::string::npos ? -1 : std::atoi(text.substr(0, nl).c_str());
-      const std::string theirs = nl2 == std::string::npos ? "" : text.substr(nl + 1, nl2 - nl - 1);
-      const std::string ours = job_identity();
-      if (theirs.empty() || ours.empty() || theirs == ours) {
-      job.world_refused = true;
-      throw RendezvousError(
-          fmt::format("rank {} refused to start, so this world cannot meet: {}", who,
-                      nl2 == std::string::npos ? text : text.substr(nl2 + 1)),
-          {"rendezvous", me, who,
-           "fix what that rank refused (its own message says the same) and start every rank "
-           "again"});
+    // A rank refused to start (its flags, its input files, its memory):
+    // tell_world_of_refusal. A rank of another job on this port is not this
+    // world's.
+    if (job.store->check({"refused"}))
+      if (const Refusal r = parse_refusal(to_string(job.store->get("refused", job.timeout)));
+          r.job.empty() || job_identity().empty() || r.job == job_identity()) {
+        job.world_refused = true;
+        throw RendezvousError(
+            fmt::format("rank {} refused to start, so this world cannot meet: {}", r.rank, r.message),
+            {"rendezvous", me, r.rank,
+             "fix what that rank refused (its own message says the same) and start every rank "
+             "again"});
       }
-    }
     std::int64_t joined = job.store->add("joined", 0);
     if (joined >= n) break;
     if (std::chrono::steady_clock::now() >= deadline) {
@@ -2061,6 +2072,11 @@ void Job::progress_line(const std::string& line) const {
 
 void check_report_outputs(const CommonOptions& o) { check_report_outputs(o.json_path, o.markdown_path); }
 
+bool report_outputs_refused(const std::string& json_path, const std::string& markdown_path) {
+  return reports::same_file(json_path, markdown_path) || reports::output_path_problem(json_path) ||
+         reports::output_path_problem(markdown_path);
+}
+
 void check_report_outputs(const std::string& json_path, const std::string& markdown_path) {
   if (reports::same_file(json_path, markdown_path))
     throw UsageError(fmt::format("--json and --markdown name the same file ({}): one would "
@@ -2295,7 +2311,7 @@ void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& 
     // hosts the store within moments.
     connect_store(job, o, job.world.hosts_store() ? job.timeout : std::min(job.timeout, Millis(5000)));
     if (!job.store->check({"refused"}))
-      job.store->set("refused", to_bytes(fmt::format("{}\n{}\n{}", job.rank(), job_identity(), why)));
+      job.store->set("refused", to_bytes(refusal_text(job.rank(), why)));
     job.store->add("refused_ranks", 1);
     keep_store_for_the_others(job);
   } catch (const Error&) {
@@ -2486,9 +2502,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
                                                  (job.monitor && job.monitor->store_lost()));
   // A rank that refused its report paths has said so: no second error from
   // trying to write there anyway.
-  const bool paths_refused =
-      refusal && (reports::same_file(o.json_path, o.markdown_path) ||
-                  reports::output_path_problem(o.json_path) || reports::output_path_problem(o.markdown_path));
+  const bool paths_refused = refusal && report_outputs_refused(o.json_path, o.markdown_path);
   if ((job.world.rank == 0 || own_report) && !paths_refused &&
       (!o.json_path.empty() || !o.markdown_path.empty())) {
     auto path_of = [&](const std::string& path, const std::string& ext) {

@@ -168,6 +168,9 @@ void record_rank_settings(const CLI::App& subcommand);
 void check_report_outputs(const CommonOptions& o);
 // The same for a command without CommonOptions (sampler, buckets).
 void check_report_outputs(const std::string& json_path, const std::string& markdown_path);
+// Whether check_report_outputs would refuse these paths (a rank that did has
+// said so, and does not try to write there).
+bool report_outputs_refused(const std::string& json_path, const std::string& markdown_path);
 void wait_for_ranks(Job& job);
 // Once the communicator is up: every rank's device as its backend chose it
 // and, on Gloo, the interface, address and link speed it listens on

@@ -740,10 +740,7 @@ int run_init_check(const InitCheckOptions& io) {
     std::fflush(stdout);
     FinalReportWindow window;
     // A rank that refused its report paths has said so: no second error.
-    const bool paths_refused =
-        refusal && (reports::same_file(o.json_path, o.markdown_path) ||
-                    reports::output_path_problem(o.json_path) ||
-                    reports::output_path_problem(o.markdown_path));
+    const bool paths_refused = refusal && report_outputs_refused(o.json_path, o.markdown_path);
     if (!paths_refused && (!o.json_path.empty() || !o.markdown_path.empty())) {
       try {
         reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
