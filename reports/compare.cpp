@@ -372,6 +372,9 @@ std::string verdict_of(const json& r) { return str_or(r, "verdict", ""); }
 std::string percent(double f) {
   if (!std::isfinite(f)) return f > 0 ? "+inf%" : "-inf%";
   if (std::fabs(f) >= 1e4) return fmt::format("{:+.3g}%", f * 100);
+  // A change below 0.05% (judged against a tolerance that small) keeps two
+  // significant digits rather than showing as +0.0%.
+  if (f != 0 && std::fabs(f) < 5e-4) return fmt::format("{:+.2g}%", f * 100);
   return fmt::format("{:+.1f}%", f * 100);
 }
 
@@ -625,7 +628,9 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
       const double band = bf.noise;
       fc.noise = scale > 0 ? band / scale : 0;
       const double worse = bf.higher_is_better ? -fc.change : fc.change;
-      if (std::fabs(worse) <= o.max_regression)
+      // A change of exactly the tolerance is within it: 0.7 -> 0.77 is
+      // +10%, though the quotient in doubles comes out a hair above 0.1.
+      if (std::fabs(worse) <= o.max_regression * (1 + 1e-9) + 1e-12)
         fc.kind = ChangeKind::kUnchanged;
       else if (std::fabs(d) <= band)
         fc.kind = ChangeKind::kNoise;

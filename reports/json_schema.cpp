@@ -1,6 +1,10 @@
 #include "reports/json_schema.h"
 
+#include <regex.h>
+
+#include <cctype>
 #include <cmath>
+#include <cstring>
 #include <set>
 
 #include <fmt/core.h>
@@ -8,6 +12,85 @@
 namespace ddpdiag::reports {
 
 using nlohmann::json;
+
+namespace {
+
+// The POSIX ERE of an ECMAScript pattern, for the syntax both read alike;
+// throws SchemaError for the rest. ECMAScript's `.` does not match a line
+// break and POSIX's does: outside brackets it becomes [^\n\r].
+std::string posix_pattern(const std::string& source) {
+  const auto refuse = [&](const std::string& what) {
+    throw SchemaError(fmt::format("pattern '{}': {} is not supported by this validator", source, what));
+  };
+  std::string out;
+  bool in_brackets = false;
+  for (std::size_t i = 0; i < source.size(); ++i) {
+    const char c = source[i];
+    if (c == '\0') refuse("a NUL character");
+    if (in_brackets) {
+      // POSIX reads a backslash in brackets as itself, ECMAScript as an
+      // escape; [:class:], [=x=] and [.x.] exist in POSIX only.
+      if (c == '\\') refuse("a backslash inside [...]");
+      if (c == '[' && i + 1 < source.size() && std::strchr(":=.", source[i + 1])) refuse("[: [= or [. inside [...]");
+      if (c == ']') in_brackets = false;
+      out += c;
+      continue;
+    }
+    if (c == '\\') {
+      if (i + 1 >= source.size()) refuse("a lone backslash at the end");
+      const char e = source[++i];
+      if (std::isalnum(static_cast<unsigned char>(e)))
+        refuse(fmt::format("the escape \\{} (write a class such as [0-9] instead)", e));
+      out += c;
+      out += e;
+    } else if (c == '[') {
+      in_brackets = true;
+      out += c;
+      // A leading ] (after an optional ^) is a literal ] to POSIX and ends
+      // an empty class in ECMAScript.
+      if (i + 1 < source.size() && source[i + 1] == '^') out += source[++i];
+      if (i + 1 < source.size() && source[i + 1] == ']') refuse("[] or [^]");
+    } else if (c == '(' && i + 1 < source.size() && source[i + 1] == '?') {
+      refuse("a (?...) group");
+    } else if ((c == '*' || c == '+' || c == '?' || c == '}') && i + 1 < source.size() &&
+               source[i + 1] == '?') {
+      refuse("a lazy quantifier");
+    } else if (c == '.') {
+      out += "[^\n\r]";
+    } else {
+      out += c;
+    }
+  }
+  if (in_brackets) refuse("an unclosed [");
+  return out;
+}
+
+}  // namespace
+
+SchemaPattern::SchemaPattern(const std::string& source) {
+  const std::string posix = posix_pattern(source);
+  auto* re = new regex_t;
+  const int rc = ::regcomp(re, posix.c_str(), REG_EXTENDED | REG_NOSUB);
+  if (rc != 0) {
+    char why[256];
+    ::regerror(rc, re, why, sizeof(why));
+    delete re;
+    throw SchemaError(fmt::format("bad regular expression '{}': {}", source, why));
+  }
+  re_ = std::shared_ptr<void>(re, [](void* p) {
+    ::regfree(static_cast<regex_t*>(p));
+    delete static_cast<regex_t*>(p);
+  });
+}
+
+bool SchemaPattern::search(const std::string& text) const {
+  // REG_STARTEND: the text's own length, so a NUL inside it is a character
+  // like any other (as it is to ECMAScript), not its end.
+  regmatch_t whole[1];
+  whole[0].rm_so = 0;
+  whole[0].rm_eo = static_cast<regoff_t>(text.size());
+  return ::regexec(static_cast<const regex_t*>(re_.get()), text.c_str(), 1, whole, REG_STARTEND) == 0;
+}
 
 namespace {
 
@@ -154,7 +237,13 @@ void JsonSchema::check_schema(const json& s, const std::string& path) {
     } else if (k == "properties" || k == "patternProperties") {
       sub_map(k, v);
       if (k == "patternProperties")
-        for (auto p = v.begin(); p != v.end(); ++p) patterns_.emplace(p.key(), std::regex(p.key(), std::regex::ECMAScript));
+        for (auto p = v.begin(); p != v.end(); ++p) {
+          try {
+            patterns_.emplace(p.key(), SchemaPattern(p.key()));
+          } catch (const SchemaError& e) {
+            throw SchemaError(fmt::format("{}/patternProperties: {}", path, e.what()));
+          }
+        }
     } else if (k == "required") {
       if (!v.is_array()) throw SchemaError(fmt::format("{}/required: must be an array of names", path));
       for (const auto& n : v)
@@ -172,9 +261,9 @@ void JsonSchema::check_schema(const json& s, const std::string& path) {
     } else if (k == "pattern") {
       if (!v.is_string()) throw SchemaError(fmt::format("{}/pattern: must be a string", path));
       try {
-        patterns_.emplace(v.get<std::string>(), std::regex(v.get<std::string>(), std::regex::ECMAScript));
-      } catch (const std::regex_error& e) {
-        throw SchemaError(fmt::format("{}/pattern: bad regular expression: {}", path, e.what()));
+        patterns_.emplace(v.get<std::string>(), SchemaPattern(v.get<std::string>()));
+      } catch (const SchemaError& e) {
+        throw SchemaError(fmt::format("{}/pattern: {}", path, e.what()));
       }
     } else if (k == "$ref") {
       if (!v.is_string() || v.get<std::string>().rfind("#", 0) != 0)
@@ -258,9 +347,9 @@ struct JsonSchema::Walk {
     } else if (k == "patternProperties") {
       if (!inst.is_object()) return;
       for (auto p = v.begin(); p != v.end(); ++p) {
-        const std::regex& re = self.patterns_.at(p.key());
+        const SchemaPattern& re = self.patterns_.at(p.key());
         for (auto it = inst.begin(); it != inst.end(); ++it)
-          if (std::regex_search(it.key(), re))
+          if (re.search(it.key()))
             run(it.value(), p.value(), ip + "/" + json_pointer_escape(it.key()),
                 kp + "/" + json_pointer_escape(p.key()), out);
       }
@@ -271,7 +360,7 @@ struct JsonSchema::Walk {
         bool by_pattern = false;
         if (s.contains("patternProperties"))
           for (auto p = s["patternProperties"].begin(); p != s["patternProperties"].end(); ++p)
-            if (std::regex_search(it.key(), self.patterns_.at(p.key()))) by_pattern = true;
+            if (self.patterns_.at(p.key()).search(it.key())) by_pattern = true;
         if (by_pattern) continue;
         const std::string child = ip + "/" + json_pointer_escape(it.key());
         if (v.is_boolean() && !v.get<bool>())
@@ -322,7 +411,7 @@ struct JsonSchema::Walk {
         add(out, ip, kp, fmt::format("{} is longer than {} character(s)", short_dump(inst), n));
     } else if (k == "pattern") {
       if (!inst.is_string()) return;
-      if (!std::regex_search(inst.get<std::string>(), self.patterns_.at(v.get<std::string>())))
+      if (!self.patterns_.at(v.get<std::string>()).search(inst.get<std::string>()))
         add(out, ip, kp, fmt::format("{} does not match the pattern {}", short_dump(inst), v.get<std::string>()));
     } else if (k == "minimum" || k == "maximum" || k == "exclusiveMinimum" || k == "exclusiveMaximum") {
       if (!inst.is_number()) return;

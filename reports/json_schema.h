@@ -2,7 +2,7 @@
 // report schema uses: type (one or a list), const, enum, properties,
 // required, additionalProperties, patternProperties, propertyNames, items,
 // prefixItems, contains, minItems/maxItems, minLength/maxLength, pattern
-// (ECMAScript, std::regex, unanchored as the spec says), minimum/maximum,
+// (unanchored, as the spec says; see SchemaPattern for the syntax), minimum/maximum,
 // exclusiveMinimum/exclusiveMaximum, $ref to "#/..." in the same document,
 // allOf/anyOf/oneOf/not and if/then/else. Annotations (title, description,
 // $comment, $schema, $id, default, examples) are ignored.
@@ -13,7 +13,6 @@
 
 #include <map>
 #include <memory>
-#include <regex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -38,6 +37,24 @@ class SchemaError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A schema's `pattern` (or patternProperties key), matched with POSIX
+// extended regular expressions (regcomp/regexec), whose matcher needs no
+// stack in proportion to the text: std::regex recurses per character and
+// overflows the stack on strings of some tens of kilobytes (a CPU list of
+// a large machine, a hostile report). The syntax both ECMAScript and POSIX
+// read alike is accepted: literals, ., [classes], ^ $, groups, |, and the
+// quantifiers ? * + {m,n}. What ECMAScript alone gives (\d \w \s \b,
+// back-references, (?...) groups, lazy quantifiers) is refused when the
+// schema is loaded (SchemaError), never read with another meaning.
+class SchemaPattern {
+ public:
+  explicit SchemaPattern(const std::string& source);  // throws SchemaError
+  bool search(const std::string& text) const;         // matches anywhere in text
+
+ private:
+  std::shared_ptr<void> re_;  // a regex_t, freed with regfree
+};
+
 class JsonSchema {
  public:
   // Checks every keyword and $ref and compiles every pattern; throws SchemaError.
@@ -53,7 +70,7 @@ class JsonSchema {
   void check_schema(const nlohmann::json& s, const std::string& path);
 
   nlohmann::json schema_;
-  std::map<std::string, std::regex> patterns_;  // by source text
+  std::map<std::string, SchemaPattern> patterns_;  // by source text
 };
 
 // RFC 6901: "~" -> "~0", "/" -> "~1".

@@ -16,7 +16,7 @@ std::string verdict_badge(const std::string& v) {
   if (v == "PASS") return "✅ PASS";
   if (v == "FAIL") return "❌ FAIL";
   if (v == "ERROR") return "💥 ERROR";
-  return v.empty() ? "(no verdict)" : v;
+  return v.empty() ? "(no verdict)" : markdown_text(v);
 }
 
 std::string table_md(const view::Table& t) {
@@ -41,7 +41,7 @@ std::string table_md(const view::Table& t) {
 std::string render_markdown(const json& report) {
   std::string out;
   const std::string command = view::str(report, "command", "?");
-  out += fmt::format("## ddpdiag {}: {}\n\n", command, verdict_badge(view::str(report, "verdict")));
+  out += fmt::format("## ddpdiag {}: {}\n\n", markdown_text(command), verdict_badge(view::str(report, "verdict")));
 
   out += "| | |\n|---|---|\n";
   for (const auto& [k, v] : view::context(report))

@@ -183,6 +183,29 @@ TEST_CASE("validator: $ref, allOf, anyOf, oneOf and if/then/else", "[reports][sc
   CHECK(both[0].message.find("none of the 2 alternatives") != std::string::npos);
 }
 
+TEST_CASE("validator: patterns over long strings, line breaks and NULs", "[reports][schema]") {
+  // A CPU list of a large machine: std::regex recursed per character and
+  // overflowed the stack at some tens of kilobytes.
+  const json cpus = {{"pattern", "^([0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*)?$"}};
+  std::string list = "0";
+  for (int c = 2; c < 200000; c += 2) list += "," + std::to_string(c);
+  REQUIRE(list.size() > 500000);
+  CHECK(check(cpus, list).empty());
+  CHECK_FALSE(check(cpus, list + ",x").empty());
+  const json name = {{"propertyNames", {{"pattern", "^[a-z][a-z0-9_]*$"}}}};
+  CHECK(check(name, {{std::string(100000, 'a'), 1}}).empty());
+  CHECK_FALSE(check(name, {{std::string(100000, 'a') + "B", 1}}).empty());
+  // ECMAScript's . stops at a line break, and $ is the end of the text.
+  CHECK(check({{"pattern", "^a.c$"}}, "abc").empty());
+  CHECK_FALSE(check({{"pattern", "^a.c$"}}, "a\nc").empty());
+  CHECK_FALSE(check({{"pattern", "^[a-z]+$"}}, "abc\nXYZ").empty());
+  CHECK(check({{"pattern", "^[0-9]+\\.[0-9]+"}}, "1.2").empty());
+  CHECK_FALSE(check({{"pattern", "^[0-9]+\\.[0-9]+"}}, "1x2").empty());
+  // A NUL is a character of the text, not its end.
+  CHECK_FALSE(check({{"pattern", "^[a-z]+$"}}, std::string("ab\0CD", 5)).empty());
+  CHECK(check({{"pattern", "CD"}}, std::string("ab\0CD", 5)).empty());
+}
+
 TEST_CASE("validator: propertyNames and boolean schemas", "[reports][schema]") {
   json schema = {{"propertyNames", {{"pattern", "^[a-z][a-z0-9_]*$"}}}};
   CHECK(check(schema, {{"busbw_gbps", 1}}).empty());
@@ -197,6 +220,11 @@ TEST_CASE("validator: a schema with an unsupported keyword or a dangling $ref is
   CHECK_THROWS_AS(JsonSchema(json{{"$ref", "#/$defs/nowhere"}}), SchemaError);
   CHECK_THROWS_AS(JsonSchema(json{{"$ref", "other.json#/x"}}), SchemaError);
   CHECK_THROWS_AS(JsonSchema(json{{"pattern", "("}}), SchemaError);
+  // What ECMAScript reads otherwise than POSIX's matcher is refused, not
+  // read with another meaning.
+  for (const char* p : {"^\\d+$", "\\w", "(?:a)", "a+?", "[\\-]", "[[:alpha:]]", "[]a]", "a\\"})
+    CHECK_THROWS_AS(JsonSchema(json{{"pattern", p}}), SchemaError);
+  CHECK_THROWS_AS(JsonSchema(json{{"patternProperties", {{"^\\s", true}}}}), SchemaError);
   CHECK_NOTHROW(JsonSchema(json{{"title", "t"}, {"description", "d"}, {"$comment", "c"}}));
 }
 
@@ -318,6 +346,16 @@ TEST_CASE("compare: improvement, regression beyond and within tolerance", "[repo
     pts[2].busbw_gbps = 9.5;
     CHECK_FALSE(compare_reports(base, allreduce_report(pts)).regressed());
     CHECK(compare_reports(base, allreduce_report(pts), {0.02, false}).regressed());
+  }
+  SECTION("a change of exactly the tolerance is within it, one a hair over is not") {
+    // (0.77 - 0.7) / 0.7 is 0.10000000000000009 in doubles.
+    const auto exact = compare_reports(allreduce_report({{1024, 1.0, 0.7, 0.7}}),
+                                       allreduce_report({{1024, 1.0, 0.77, 0.77}}));
+    CHECK_FALSE(exact.regressed());
+    CHECK(exact.rows(ChangeKind::kUnchanged) == 2);
+    CHECK(compare_reports(allreduce_report({{1024, 1.0, 0.7, 0.7}}),
+                          allreduce_report({{1024, 1.0, 0.7701, 0.7701}}))
+              .regressed());
   }
   SECTION("a slower time is a regression (lower is better)") {
     pts[0].min_rank_time_us = 139;

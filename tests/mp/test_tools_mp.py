@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -553,6 +554,94 @@ class ReportCommand(unittest.TestCase):
             text = f.read()
         self.assertTrue(text.startswith("earlier step\n"), text)
         self.assertIn("## ddpdiag report compare", text)
+
+    def test_a_report_nested_thousands_deep_is_refused_not_a_crash(self):
+        with open(self.base) as f:
+            doc = json.load(f)
+        text = json.dumps(doc)
+        # 20,000 levels inside results: the schema lets results hold anything.
+        deep = text[:-1] + ', "results": ' + "[" * 20000 + "]" * 20000 + "}"
+        bad = self.path("deep.json")
+        with open(bad, "w") as f:
+            f.write(deep)
+        for args in (["report", "validate", bad], ["report", "render", bad],
+                     ["report", "compare", self.base, bad], ["report", "compare", bad, self.base]):
+            with self.subTest(args=args[:2]):
+                r = run_bounded(args)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn("more than 64 levels deep", r.stderr)
+
+    def test_long_strings_are_checked_against_their_patterns(self):
+        with open(self.base) as f:
+            doc = json.load(f)
+        # A check name of 50,000 letters fits its pattern; with a capital it
+        # does not. std::regex overflowed the stack on either.
+        doc["checks"].append({"name": "a" * 50000, "status": "pass", "detail": "long"})
+        good = self.write_json("long-good.json", doc)
+        doc["checks"][-1]["name"] = "a" * 50000 + "B"
+        bad = self.write_json("long-bad.json", doc)
+        r = run_bounded(["report", "validate", good])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = run_bounded(["report", "validate", bad])
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("/checks/%d/name" % (len(doc["checks"]) - 1), r.stdout)
+        r = run_bounded(["report", "compare", self.base, bad])
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+
+    def test_a_step_summary_append_that_fails_part_way_is_taken_back(self):
+        summary = self.path("summary.md")
+        with open(summary, "w") as f:
+            f.write("earlier step\n")
+
+        def one_kib_files():
+            # Writes past 100 bytes more fail with EFBIG (SIGXFSZ ignored,
+            # as a runner's shell may leave it): the table is longer.
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            limit = len("earlier step\n") + 100
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        r = subprocess.run([BIN, "report", "compare", self.base, self.base, "--markdown", summary],
+                           env=clean_env(GITHUB_STEP_SUMMARY=summary), capture_output=True,
+                           text=True, timeout=60, preexec_fn=one_kib_files)
+        self.assertIn("taken back", r.stderr)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("cannot append to", r.stderr)
+        with open(summary) as f:
+            self.assertEqual(f.read(), "earlier step\n")
+        # A read-only summary is refused, as a read-only report is, even by root.
+        os.chmod(summary, 0o444)
+        r = run(["report", "compare", self.base, self.base, "--markdown", summary],
+                env=clean_env(GITHUB_STEP_SUMMARY=summary))
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("read-only", r.stderr)
+        with open(summary) as f:
+            self.assertEqual(f.read(), "earlier step\n")
+
+    def test_render_refuses_one_file_for_both_pages_under_two_spellings(self):
+        page = self.path("page.md")
+        with open(page, "w") as f:
+            f.write("old")
+        os.symlink(page, self.path("link.md"))
+        for md in ("./" + os.path.relpath(page), self.path("link.md")):
+            with self.subTest(markdown=md):
+                r = run(["report", "render", self.base, "--html", page, "--markdown", md])
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("both name", r.stderr)
+                with open(page) as f:
+                    self.assertEqual(f.read(), "old")
+
+    def test_markdown_escapes_the_command_and_verdict_of_a_report(self):
+        with open(self.base) as f:
+            doc = json.load(f)
+        doc["command"] = "buckets<script>x</script>[a](javascript:b)"
+        doc["verdict"] = "<b>PASS</b>"
+        bad = self.write_json("cmd.json", doc)
+        r = run(["report", "render", bad])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        heading = r.stdout.splitlines()[0]
+        self.assertNotIn("<script>", heading)
+        self.assertNotIn("<b>", heading)
+        self.assertNotIn("[a](", heading)
+        self.assertIn("&lt;script&gt;", heading)
 
     def test_a_report_name_of_250_bytes_is_written(self):
         long_json = self.path("r" * 245 + ".json")
