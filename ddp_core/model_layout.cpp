@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/errors.h"
+#include "comm/json_bounded.h"
 
 namespace ddpdiag::ddp_core {
 
@@ -327,7 +328,9 @@ std::string torch_dtype_name(DType t) {
 ModelLayout parse_model_layout_json(std::string_view text, const std::string& source) {
   json doc;
   try {
-    doc = json::parse(text.begin(), text.end());
+    doc = parse_json_bounded(text);
+  } catch (const JsonTooDeep& e) {
+    fail(source, std::string(e.what()) + "; a layout nests four levels at most");
   } catch (const json::parse_error& e) {
     // e.byte is 1-based: the byte at which parsing stopped.
     const std::size_t byte = e.byte > 0 ? e.byte - 1 : 0;

@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/errors.h"
+#include "comm/json_bounded.h"
 #include "ddp_core/bucket_assignment.h"
 #include "ddp_core/model_layout.h"
 #include "reports/render.h"
@@ -86,7 +87,9 @@ int run_assign_case(const std::string& path) {
   }
   json doc;
   try {
-    doc = json::parse(text);
+    doc = parse_json_bounded(text);
+  } catch (const JsonTooDeep& e) {
+    throw UsageError(fmt::format("case file '{}': {}", path, e.what()), ErrorContext{"buckets", -1, -1, ""});
   } catch (const json::exception& e) {
     throw UsageError(fmt::format("case file '{}': {}", path, e.what()), ErrorContext{"buckets", -1, -1, ""});
   }

@@ -1,5 +1,7 @@
 #include "reports/report.h"
 
+#include "comm/json_bounded.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -321,28 +323,11 @@ nlohmann::json read_json(const std::string& path) {
   if (!in) throw std::runtime_error(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
   std::stringstream ss;
   ss << in.rdbuf();
-  // No report nests deeper than a few levels; a file nested thousands deep
-  // (hand-made or hostile) would overflow the stack of every recursive walk
-  // over it (the renderer's, a copy's), so it is refused as it is read.
-  constexpr int kMaxDepth = 64;
-  bool too_deep = false;
-  const nlohmann::json::parser_callback_t limit = [&](int depth, nlohmann::json::parse_event_t event,
-                                                      nlohmann::json&) {
-    if (depth > kMaxDepth && (event == nlohmann::json::parse_event_t::object_start ||
-                              event == nlohmann::json::parse_event_t::array_start)) {
-      too_deep = true;
-      throw std::runtime_error("too deep");
-    }
-    return true;
-  };
   try {
-    return nlohmann::json::parse(ss.str(), limit);
-  } catch (const std::runtime_error&) {
-    if (!too_deep) throw;
-    throw std::runtime_error(fmt::format(
-        "{} nests JSON objects or arrays more than {} levels deep; no ddpdiag report does, so it is "
-        "not read (is it a report?)",
-        path, kMaxDepth));
+    return parse_json_bounded(ss.str());
+  } catch (const JsonTooDeep& e) {
+    throw std::runtime_error(
+        fmt::format("{}: {}; no ddpdiag report does, so it is not read (is it a report?)", path, e.what()));
   } catch (const nlohmann::json::parse_error& e) {
     throw std::runtime_error(fmt::format("{} is not valid JSON: {}", path, e.what()));
   } catch (const nlohmann::json::exception& e) {

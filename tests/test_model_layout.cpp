@@ -293,3 +293,15 @@ TEST_CASE("presets carry the gradient ready order torch's autograd gives", "[lay
     CHECK(layout.ready_order.size() == layout.tensors.size());
   }
 }
+
+TEST_CASE("a layout nested thousands deep is an error naming the file, not a crash", "[layout]") {
+  // The shape's value is dumped into the error message: a recursive dump of
+  // 100,000 levels overflowed the stack (SIGSEGV).
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  CHECK_THAT(error_of(R"({"tensors": [{"name": "a", "shape": )" + deep + "}]}", "deep.json"),
+             Catch::Contains("deep.json") && Catch::Contains("more than 64 levels deep"));
+  CHECK_THAT(error_of(R"([["a", )" + deep + R"(, "torch.float32", true]])"),
+             Catch::Contains("more than 64 levels deep"));
+  // A legitimate layout nests four levels.
+  CHECK_NOTHROW(parse_model_layout_json(R"({"tensors": [{"name": "n", "shape": [2, 3]}]})", "o.json"));
+}
