@@ -272,23 +272,57 @@ void check_ready_order(const ModelLayout& layout, const std::string& source) {
                                layout.tensors[k].name, seen_at[k], pos));
     seen_at[k] = pos;
   }
-  std::vector<std::string> missing;
-  std::size_t missing_count = 0;
-  for (std::size_t k = 0; k < n; ++k)
-    if (layout.tensors[k].requires_grad && seen_at[k] == SIZE_MAX) {
-      if (missing.size() < 5) missing.push_back(fmt::format("{} ('{}')", k, layout.tensors[k].name));
-      ++missing_count;
-    }
-  if (missing_count > 0) {
-    std::string list;
-    for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
-    if (missing_count > missing.size()) list += fmt::format(" and {} more", missing_count - missing.size());
-    fail(source, fmt::format("'ready_order' leaves out {} tensor(s) that require grad: {}. It "
-                             "lists every parameter that requires grad once: record it from a "
-                             "backward that reaches all of them, or mark an unused one "
-                             "\"requires_grad\": false",
-                             missing_count, list));
+}
+
+std::vector<std::size_t> ModelLayout::unused_in_backward() const {
+  std::vector<std::size_t> out;
+  if (ready_order.empty()) return out;
+  std::vector<std::uint8_t> listed(tensors.size(), 0);
+  for (std::size_t k : ready_order)
+    if (k < listed.size()) listed[k] = 1;
+  for (std::size_t k = 0; k < tensors.size(); ++k)
+    if (tensors[k].requires_grad && !listed[k]) out.push_back(k);
+  return out;
+}
+
+void check_unused_parameters(const ModelLayout& layout, bool find_unused_parameters,
+                             const std::string& command, bool has_flag) {
+  const auto unused = layout.unused_in_backward();
+  if (find_unused_parameters) {
+    // DDP marks an unused parameter ready at backward's first hook, and a
+    // sparse one needs a gradient there: torch raises in backward.
+    for (std::size_t k : unused)
+      if (layout.tensors[k].expects_sparse)
+        throw UsageError(
+            fmt::format("model {}: tensor {} ('{}') is sparse and unused in the recorded backward "
+                        "(its 'ready_order' leaves it out); DDP with find_unused_parameters=True "
+                        "raises in backward for such a parameter (\"Expected sparse gradient to be "
+                        "defined\")",
+                        layout.name, k, layout.tensors[k].name),
+            ErrorContext{command, -1, -1,
+                         "use the sparse embedding in forward on every iteration, or mark it "
+                         "\"requires_grad\": false if it is frozen"});
+    return;
   }
+  if (unused.empty()) return;
+  std::string list;
+  for (std::size_t i = 0; i < unused.size() && i < 5; ++i)
+    list += fmt::format("{}{} ('{}')", i ? ", " : "", unused[i], layout.tensors[unused[i]].name);
+  if (unused.size() > 5) list += fmt::format(" and {} more", unused.size() - 5);
+  throw UsageError(
+      fmt::format("model {}: its 'ready_order' leaves out {} tensor(s) that require grad: {}. The "
+                  "recorded backward gave them no gradient (unused in forward), and DDP with "
+                  "find_unused_parameters=False stops at its second iteration with such a model "
+                  "(\"Expected to have finished reduction in the prior iteration before starting "
+                  "a new one\")",
+                  layout.name, unused.size(), list),
+      ErrorContext{command, -1, -1,
+                   has_flag ? "give --find-unused-parameters, as DDP(..., find_unused_parameters=True) "
+                              "needs for this model; or mark parameters that are frozen "
+                              "\"requires_grad\": false"
+                            : command + " models DDP without find_unused_parameters: mark parameters "
+                                        "that are frozen \"requires_grad\": false, or record "
+                                        "'ready_order' from a backward that reaches every parameter"});
 }
 
 ModelLayout trainable_parameters(const ModelLayout& layout) {

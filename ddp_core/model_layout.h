@@ -53,6 +53,10 @@ struct ModelLayout {
 
   // ready_order, or the reverse order of the tensors that require grad.
   std::vector<std::size_t> gradient_ready_order() const;
+  // The tensors that require grad and that ready_order leaves out: the
+  // recorded backward gave them no gradient (unused in forward, the case
+  // DDP's find_unused_parameters=True is for). Empty when ready_order is.
+  std::vector<std::size_t> unused_in_backward() const;
 
   std::int64_t total_numel() const;
   std::uint64_t total_bytes() const;           // every parameter (what DDP broadcasts)
@@ -72,9 +76,19 @@ std::optional<DType> parse_torch_dtype(std::string_view s);
 // The canonical torch spelling: "torch.float32", "torch.bfloat16", ...
 std::string torch_dtype_name(DType t);
 
-// Throws UsageError unless ready_order is empty or lists every tensor that
-// requires grad exactly once and nothing else. source names the layout.
+// Throws UsageError unless ready_order is empty or lists tensors that
+// require grad, each at most once. One it leaves out is unused in backward
+// (unused_in_backward). source names the layout.
 void check_ready_order(const ModelLayout& layout, const std::string& source);
+
+// DDP with find_unused_parameters=False stops at its second iteration when a
+// parameter got no gradient ("Expected to have finished reduction in the
+// prior iteration ..."). Throws UsageError naming the layout's unused
+// parameters when it has some and find_unused_parameters is false;
+// `command` names the subcommand and `has_flag` whether it takes
+// --find-unused-parameters, for the hint.
+void check_unused_parameters(const ModelLayout& layout, bool find_unused_parameters,
+                             const std::string& command, bool has_flag);
 
 // Parses a layout in either JSON form above. source names the file in
 // errors. Throws UsageError naming the source, the tensor entry and the field

@@ -93,19 +93,26 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   ro.timeout = job.timeout;
   Reducer red(comm, layout, ro);
   for (const auto& b : red.buckets()) row.bucket_bytes.push_back(b.spec.bytes);
+  // Parameters unused in forward (checked in run(): only with
+  // find_unused_parameters): no rank gives them a gradient.
+  const std::vector<std::size_t> unused = layout.unused_in_backward();
+  std::vector<std::uint8_t> is_unused(layout.tensors.size(), 0);
+  for (std::size_t p : unused) is_unused[p] = 1;
+  const UsedBy used_by = unused.empty() ? UsedBy{} : UsedBy([&](int, std::size_t p) { return !is_unused[p]; });
 
   std::uint64_t iteration = 0;
   auto run_phase = [&](double compute_gbps, std::vector<double>& comm_us, std::vector<double>& exposed_us,
                        std::vector<double>& step_us, std::vector<double>& backward_us) {
     BackwardSimOptions so;
     so.compute_gbps = compute_gbps;
+    so.unused = unused;
     for (int it = 0; it < o.warmup + o.iters; ++it) {
       comm.barrier()->wait(job.timeout);
       const auto bw = simulate_backward(red, comm, iteration, so);
       red.finalize();
       const auto& tm = red.last_timing();
       if (it + 1 == o.warmup + o.iters)
-        row.wrong += check_gradients(red, comm, iteration).wrong;
+        row.wrong += check_gradients(red, comm, iteration, 1.0, 0, used_by).wrong;
       ++iteration;
       if (it < o.warmup) continue;
       // Communication alone: from the first launch to the end of finalize.
@@ -174,6 +181,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                      {"flags", job.rank(), -1, "swap them"});
   // Frozen parameters have no gradient: DDP reduces the others only.
   const ModelLayout layout = trainable_parameters(load_model(o.model));
+  check_unused_parameters(layout, o.find_unused, "bucket-sweep", true);
   check_backward_rate(layout.gradient_bytes(), o.compute_gbps, job.rank());
   auto& res = report.results();
   res["model"] = layout.name;

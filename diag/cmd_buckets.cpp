@@ -144,6 +144,8 @@ int run_buckets(const BucketsOptions& o) {
     const std::uint64_t first = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", -1, true);
     // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
     (void)trainable_parameters(layout);
+    // Parameters the recorded backward never reached need find_unused_parameters.
+    check_unused_parameters(layout, o.find_unused, "buckets", true);
     // Indices and names stay the layout's; frozen tensors are in no bucket.
     // With find_unused_parameters DDP keeps the buckets of its constructor.
     const std::vector<DdpBucket> buckets = ddp_buckets_as_run(layout, cap, first, o.find_unused);

@@ -43,6 +43,14 @@ struct DdpStepOptions {
 void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   // Frozen parameters have no gradient: DDP reduces the others only.
   const ModelLayout layout = trainable_parameters(load_model(o.model));
+  check_unused_parameters(layout, o.find_unused, "ddp-step", true);
+  // Parameters unused in forward (left out of the layout's ready_order):
+  // with find_unused_parameters DDP finds them before backward and reduces
+  // the rest; no rank gives them a gradient.
+  const std::vector<std::size_t> unused = layout.unused_in_backward();
+  std::vector<std::uint8_t> is_unused(layout.tensors.size(), 0);
+  for (std::size_t p : unused) is_unused[p] = 1;
+  const UsedBy used_by = unused.empty() ? UsedBy{} : UsedBy([&](int, std::size_t p) { return !is_unused[p]; });
   ReducerOptions ro;
   ro.bucket_cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
   ro.first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
@@ -68,6 +76,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   BackwardSimOptions so;
   so.compute_gbps = o.compute_gbps;
   so.sparse_rows = o.sparse_rows;
+  so.unused = unused;
   const bool any_sparse = std::any_of(layout.tensors.begin(), layout.tensors.end(),
                                       [](const TensorSpec& t) { return t.expects_sparse; });
   // Hooks round in 16 bits: the values are small integers, exact there too,
@@ -111,7 +120,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
     red.finalize();
     const auto& tm = red.last_timing();
     if (!o.no_check) {
-      const auto c = check_gradients(red, *job.comm, static_cast<std::uint64_t>(it), 1.0, 0, {},
+      const auto c = check_gradients(red, *job.comm, static_cast<std::uint64_t>(it), 1.0, 0, used_by,
                                      so.sparse_rows);
       if (c.wrong > 0 && wrong == 0) {
         const auto& t = red.layout().tensors[static_cast<std::size_t>(c.first_wrong_param)];

@@ -88,6 +88,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     throw UsageError(fmt::format("--workspace-mb {} is not between 0 and {}", o.workspace_mb, kMaxWorkspaceMb),
                      {"flags", me, -1, "the default is 1"});
   const ModelLayout layout = load_model(o.model);
+  check_unused_parameters(layout, false, "memory", false);
   const bool device = job.comm->memory_kind() == MemoryKind::kDevice;
   const int device_ordinal = job.world.local_rank;
   std::uint64_t inject_bytes = 0;

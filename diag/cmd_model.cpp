@@ -234,6 +234,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                        "give the backward's duration in milliseconds (at most 3,600,000)");
     // Frozen parameters have no gradient: DDP reduces the others only.
     model_layout = ddp_core::trainable_parameters(ddp_core::load_model(o.model));
+    ddp_core::check_unused_parameters(*model_layout, false, "model", false);
     if (o.backward_ms == 0) cli::check_backward_rate(model_layout->gradient_bytes(), o.compute_gbps, -1);
   } else if (o.caps_opt && o.caps_opt->count()) {
     throw flag_error("--caps needs --model: the best cap is found for a model's buckets",

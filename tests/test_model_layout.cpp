@@ -258,7 +258,31 @@ TEST_CASE("ready_order: parsed, checked, renumbered without frozen tensors", "[l
   CHECK_THAT(error_of(with("[1, 3, 0, 2]")), Catch::Contains("tensor 2 ('c')") &&
                                                  Catch::Contains("does not require grad"));
   CHECK_THAT(error_of(with("[1, 3, 1, 0]")), Catch::Contains("tensor 1 ('b') twice (items 0 and 2)"));
-  CHECK_THAT(error_of(with("[1, 3]")), Catch::Contains("leaves out 1 tensor(s)") && Catch::Contains("0 ('a')"));
+  // A tensor left out got no gradient in the recorded backward (unused in
+  // forward): DDP needs find_unused_parameters for such a model.
+  const ModelLayout partial = parse_model_layout_json(with("[1, 3]"), "m.json");
+  CHECK(partial.unused_in_backward() == std::vector<std::size_t>{0});
+  CHECK(l.unused_in_backward().empty());
+  CHECK(plain.unused_in_backward().empty());
+  CHECK(trainable_parameters(partial).unused_in_backward() == std::vector<std::size_t>{0});
+  CHECK_NOTHROW(check_unused_parameters(partial, true, "buckets", true));
+  CHECK_NOTHROW(check_unused_parameters(l, false, "buckets", true));
+  try {
+    check_unused_parameters(partial, false, "buckets", true);
+    FAIL("no error");
+  } catch (const UsageError& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("leaves out 1 tensor(s)") && Catch::Contains("0 ('a')") &&
+                                          Catch::Contains("find_unused_parameters=False"));
+    CHECK_THAT(e.context().hint, Catch::Contains("--find-unused-parameters"));
+  }
+  CHECK_THROWS_WITH(check_unused_parameters(partial, false, "memory", false),
+                    Catch::Contains("leaves out 1 tensor(s)"));
+  // An unused sparse parameter: DDP raises in backward even with find_unused.
+  const std::string sparse =
+      R"({"name": "s", "tensors": [{"name": "emb", "shape": [10, 4], "sparse": true},
+          {"name": "w", "shape": [3]}], "ready_order": [1]})";
+  CHECK_THROWS_WITH(check_unused_parameters(parse_model_layout_json(sparse, "s.json"), true, "buckets", true),
+                    Catch::Contains("tensor 0 ('emb') is sparse and unused"));
   CHECK_THAT(error_of(with("[]")), Catch::Contains("'ready_order' is empty"));
   CHECK_THAT(error_of(with("[1, -3, 0]")), Catch::Contains("item 1 must be a tensor index"));
   CHECK_THAT(error_of(with("\"reverse\"")), Catch::Contains("must be a list of tensor indices"));

@@ -586,6 +586,49 @@ class DdpAsRunTest(unittest.TestCase):
         self.assertEqual([b["param_indices"] for b in results["buckets"]], [[1, 2, 3, 4, 5], [0]])
         self.assertEqual((results["order"], results["find_unused_parameters"]), ("registration", True))
 
+    def test_a_model_with_an_unused_branch_exported_as_the_readme_says(self):
+        # The README's export of a model whose forward skips a layer leaves
+        # that layer out of ready_order. DDP runs it with
+        # find_unused_parameters=True (buckets of its constructor) and stops
+        # at its second iteration without it; ddpdiag refused the file even
+        # with --find-unused-parameters.
+        class Branchy(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(100, 100)
+                self.head = nn.Linear(100, 10)
+                self.aux = nn.Linear(100, 300)  # never used in forward
+
+            def forward(self, x):
+                return self.head(torch.relu(self.a(x)))
+
+        torch.manual_seed(0)
+        step = lambda m: m(torch.ones(2, 100))  # noqa: E731
+        cap_mb = 0.05
+        first_bytes = int(cap_mb * MIB) if TORCH_MAJOR >= 2 else None
+        theirs = ddp_buckets_of(Branchy(), step, cap_mb, first_bytes, find_unused=True)
+        self.assertEqual(sorted(i for b in theirs for i in b), list(range(6)))  # aux is bucketed
+        with tempfile.TemporaryDirectory() as d:
+            path, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
+            export_layout(Branchy(), step, path)
+            with open(path) as f:
+                self.assertNotIn(4, json.load(f)["ready_order"])  # aux.weight got no gradient
+            first_mb = repr(cap_mb) if TORCH_MAJOR >= 2 else "1"
+            p = run_bin(["buckets", "--model", path, "--bucket-cap-mb", repr(cap_mb), "--first-bucket-mb",
+                         first_mb, "--find-unused-parameters", "--json", out])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            with open(out) as f:
+                self.assertEqual([b["param_indices"] for b in json.load(f)["results"]["buckets"]], theirs)
+            # Without find_unused_parameters DDP stops at its second step;
+            # ddpdiag refuses, naming the parameters and the flag.
+            with self.assertRaises(RuntimeError):
+                ddp_buckets_of(Branchy(), step, cap_mb, first_bytes)
+            p = run_bin(["buckets", "--model", path, "--bucket-cap-mb", repr(cap_mb)])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("4 ('aux.weight'), 5 ('aux.bias')", p.stderr)
+            self.assertIn("--find-unused-parameters", p.stderr)
+        bump("DDP runs compared", 2)
+
     def test_frozen_parameters_exported_as_the_readme_says(self):
         # The README's export line, with p.requires_grad as a fourth item.
         layout = [{"name": "0.weight", "shape": [512, 784], "dtype": "torch.float32", "requires_grad": False},
