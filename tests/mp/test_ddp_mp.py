@@ -188,6 +188,34 @@ class DdpStep(unittest.TestCase):
         self.assertLess(tl[0]["launched_us"], end / 2)
         self.assertLess(tl[0]["completed_us"], end)
 
+    def test_a_layer_unused_in_forward_runs_with_find_unused_parameters(self):
+        # ready_order leaves out "aux": the recorded backward never reached
+        # it. With --find-unused-parameters no rank gives it a gradient and
+        # the others are checked; without, DDP would stop at its second
+        # iteration, and ddpdiag refuses the model on every rank.
+        layout = tmp_json()
+        with open(layout, "w") as f:
+            f.write('{"tensors": [{"name": "a.weight", "shape": [100, 100]}, {"name": "a.bias", "shape": [100]},'
+                    ' {"name": "aux.weight", "shape": [300, 100]}, {"name": "aux.bias", "shape": [300]},'
+                    ' {"name": "head.weight", "shape": [10, 100]}, {"name": "head.bias", "shape": [10]}],'
+                    ' "ready_order": [5, 4, 1, 0]}')
+        try:
+            res = self.run_step(2, layout, ["--find-unused-parameters", "--bucket-cap-mb", "0.05",
+                                            "--first-bucket-mb", "0.05"])
+            self.assertEqual(res["params"], 6)
+            p = run(["bucket-sweep", "--nproc", "2", "--model", layout, "--find-unused-parameters",
+                     "--caps", "0.05,1", "-n", "1", "-w", "1", "--no-size-sweep"])
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("Check correctness               : pass", p.stdout)
+            for cmd in (["ddp-step"], ["bucket-sweep", "--no-size-sweep"], ["memory"]):
+                with self.subTest(cmd=cmd[0]):
+                    p = run(cmd + ["--nproc", "2", "--model", layout])
+                    self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                    self.assertIn("2 ('aux.weight'), 3 ('aux.bias')", p.stderr)
+                    self.assertIn("find_unused_parameters=False", p.stderr)
+        finally:
+            os.unlink(layout)
+
     def test_sparse_embedding_2_3_4_ranks(self):
         # A layout with an nn.Embedding(sparse=True) between dense tensors:
         # the sparse gradient is checked exactly on every rank, and its
