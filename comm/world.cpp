@@ -359,6 +359,30 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
     if (addr->empty())
       throw world_error(fmt::format("{} is empty", addr_var),
                         "set it to the host name or address of rank 0 (or of the store)");
+    // Forms that no resolver takes, said at once rather than after
+    // --timeout of failed lookups ("cannot resolve host name").
+    const std::string& a = *addr;
+    const auto colons = std::count(a.begin(), a.end(), ':');
+    const std::size_t close = a.find(']');
+    std::string problem;
+    if (a.find("://") != std::string::npos)
+      problem = "is a URL";
+    else if (std::any_of(a.begin(), a.end(), [](char c) { return static_cast<unsigned char>(c) <= ' ' || c == 0x7f; }))
+      problem = "holds a space or a control character";
+    else if (a.front() == '[' && close != std::string::npos && close + 1 < a.size() && a[close + 1] == ':')
+      problem = fmt::format("holds a port ('{}')", a.substr(close + 1));
+    else if ((a.front() == '[') != (close != std::string::npos) || (close != std::string::npos && close + 1 != a.size()) ||
+             a.find('[', 1) != std::string::npos || a == "[]")
+      problem = "has unbalanced brackets (an IPv6 address is written ::1 or [::1])";
+    else if (colons == 1)
+      problem = fmt::format("holds a port ('{}')", a.substr(a.find(':')));
+    if (!problem.empty())
+      throw world_error(fmt::format("{}='{}' {}: it must be a host name or an address alone", addr_var, a, problem),
+                        problem.rfind("holds a port", 0) == 0
+                            ? fmt::format("put the host in {} and the port in {}", addr_var,
+                                          flags.master_addr ? "--master-port" : "MASTER_PORT")
+                            : "give the host name or address of rank 0 (or of the store), e.g. node0, "
+                              "10.0.0.1 or ::1");
     // "[::1]" (the URL form of an IPv6 address) is the address ::1.
     w.master_addr = addr->size() > 2 && addr->front() == '[' && addr->back() == ']'
                         ? addr->substr(1, addr->size() - 2)

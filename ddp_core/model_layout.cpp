@@ -1,5 +1,7 @@
 #include "ddp_core/model_layout.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/errors.h"
+#include "comm/input_file.h"
 #include "comm/json_bounded.h"
 
 namespace ddpdiag::ddp_core {
@@ -371,6 +374,10 @@ ModelLayout parse_model_layout_json(std::string_view text, const std::string& so
     auto [line, col] = line_col(text, byte);
     fail(source, fmt::format("invalid JSON at byte {} (line {}, column {}): {}", byte, line, col,
                              e.what()));
+  } catch (const json::exception& e) {
+    // Valid syntax that cannot be held: a number past a double's range
+    // (1e999, out_of_range.406).
+    fail(source, fmt::format("a value cannot be read: {}", e.what()));
   }
   ModelLayout layout;
   const json* entries = nullptr;
@@ -437,29 +444,19 @@ ModelLayout parse_model_layout_json(std::string_view text, const std::string& so
 }
 
 ModelLayout load_model_layout_file(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw UsageError(fmt::format("model layout '{}' is a directory, not a JSON file", path),
-                     ErrorContext{"model.load", -1, -1, kFormatHint});
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw UsageError(fmt::format("cannot open model layout file '{}'", path),
-                     ErrorContext{"model.load", -1, -1, kFormatHint});
-  // Read at most kMaxLayoutFileBytes (+1 to notice more): a pipe or device
-  // such as /dev/zero would otherwise be read until memory runs out. A
-  // million tensors make about 60 MB of JSON.
+  // A million tensors make about 60 MB of JSON.
   constexpr std::size_t kMaxLayoutFileBytes = std::size_t{256} << 20;
   std::string text;
-  char buf[1 << 16];
-  while (in && text.size() <= kMaxLayoutFileBytes) {
-    in.read(buf, sizeof buf);
-    text.append(buf, static_cast<std::size_t>(in.gcount()));
-  }
-  if (text.size() > kMaxLayoutFileBytes)
-    throw UsageError(fmt::format("model layout '{}' is larger than {} MiB, far beyond any model's "
-                                 "list of parameters",
-                                 path, kMaxLayoutFileBytes >> 20),
+  try {
+    text = read_input_file(path, kMaxLayoutFileBytes);
+  } catch (const InputFileError& e) {
+    const std::string what = e.what();
+    throw UsageError(fmt::format("model layout '{}': {}{}", path, what,
+                                 what.rfind("it is larger", 0) == 0 ? ", far beyond any model's list of parameters"
+                                 : what.rfind("it is a", 0) == 0    ? ", not a JSON file"
+                                                                    : ""),
                      ErrorContext{"model.load", -1, -1, kFormatHint});
+  }
   return parse_model_layout_json(text, path);
 }
 
@@ -478,8 +475,9 @@ std::string model_layout_to_json(const ModelLayout& layout) {
 
 ModelLayout load_model(const std::string& name_or_path) {
   if (auto preset = model_preset(name_or_path)) return *std::move(preset);
-  std::ifstream probe(name_or_path);
-  if (!probe) {
+  // Whether it names a file at all (opening it here would block on a FIFO).
+  struct stat st {};
+  if (::stat(name_or_path.c_str(), &st) != 0) {
     std::string names;
     for (const auto& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
     throw UsageError(

@@ -34,6 +34,7 @@
 #include <fmt/core.h>
 
 #include "ddpdiag/config.h"
+#include "comm/input_file.h"
 #include "comm/ip_text.h"
 #include "comm/memory.h"
 #include "comm/net_info.h"
@@ -1030,9 +1031,13 @@ std::string g_rank_command;  // the subcommand this rank runs
 std::optional<std::string> file_digest(const std::string& path) {
   std::error_code ec;
   if (path.empty() || !std::filesystem::is_regular_file(path, ec)) return std::nullopt;
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return std::nullopt;
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string bytes;
+  try {
+    // As large as a layout may be; the layout's own load names any error.
+    bytes = read_input_file(path, std::size_t{256} << 20);
+  } catch (const InputFileError&) {
+    return std::nullopt;
+  }
   return fmt::format("a file of {} bytes, checksum {:016x}", bytes.size(),
                      ddp_core::checksum64(bytes.data(), bytes.size()));
 }

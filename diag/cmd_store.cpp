@@ -4,6 +4,9 @@
 //   store set KEY VALUE    write a key (as torch's store.set does)
 //   store get KEY          wait for a key and print its value
 //   store keys             list a store's keys (torch 2.x protocol, LIST_KEYS)
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <signal.h>
 
 #include <algorithm>
@@ -60,7 +63,13 @@ Address parse_address(const std::string& s) {
     a.host = s.substr(0, colon);
     port = s.substr(colon + 1);
   } else {
+    // Two colons or more: an IPv6 address alone, on the default port. One
+    // that is not an address (::1:29615, a port glued on) is refused.
     a.host = s;
+    in6_addr v6{};
+    if (std::count(s.begin(), s.end(), ':') > 1 && ::inet_pton(AF_INET6, s.c_str(), &v6) != 1)
+      throw UsageError("bad address '" + s + "': not an IPv6 address (with a port?)",
+                       {"cli", -1, -1, "write an IPv6 address with its port as [::1]:29500"});
   }
   if (a.host.empty()) throw UsageError("bad address '" + s + "': no host", {"cli", -1, -1, "e.g. 127.0.0.1:29500"});
   if (!port.empty()) {
@@ -241,7 +250,10 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   TcpStoreServerOptions so;
-  so.host = o.host.empty() ? cli::every_address() : o.host;
+  // "[::1]", the URL form of an IPv6 address, is the address ::1.
+  so.host = o.host.empty() ? cli::every_address()
+            : o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']' ? o.host.substr(1, o.host.size() - 2)
+                                                                               : o.host;
   so.port = o.port;
   // Connections closed for a request the protocol does not allow, each said
   // on stderr, up to a bound: a client in a loop must not flood the log.
@@ -279,6 +291,18 @@ struct KeyOptions {
   bool values = false;  // store keys --values
   int world_size = 0;   // store keys --world-size: which ranks' keys are missing
 };
+
+// torch 2.x's server (and ddpdiag's, on a 2.x connection) close the
+// connection on a key over 8 KiB, and the key goes out with the '/' torch's
+// client puts in front: refused, by name, instead of failing as the
+// connection closes. torch 1.13's server has no limit.
+void check_key_size(const std::string& key, const TcpStoreClient& c) {
+  if (key.size() >= 8 * 1024 && c.protocol() != StoreProtocol::kV1)
+    throw UsageError(fmt::format("the key is {} bytes; stores of torch 2.x take at most 8191 (8192 with the "
+                                 "'/' torch's client puts in front)",
+                                 key.size()),
+                     {"cli", -1, -1, "use a shorter key (a store of torch 1.13, --protocol 1.13, takes longer ones)"});
+}
 
 TcpStoreClientOptions client_options(const KeyOptions& o) {
   Address a = parse_address(o.address);
@@ -409,27 +433,13 @@ Subcommand add_store_command(CLI::App& parent) {
 
   auto setk = std::make_shared<KeyOptions>();
   CLI::App* st = store->add_subcommand("set", "set KEY to VALUE in a store (key as torch's store.set(KEY) sees it)");
-  // torch 2.x's server (and ddpdiag's, on a 2.x connection) close the
-  // connection on a key over 8 KiB, and the key goes out with the '/' torch's
-  // client puts in front: refused here, by name, instead of failing at the
-  // next operation. (torch 1.13's server has no limit; such keys are for
-  // nobody's rendezvous.)
-  const auto key_size = CLI::Validator(
-      [](std::string& k) -> std::string {
-        if (k.size() >= 8 * 1024)
-          return "the key is " + std::to_string(k.size()) +
-                 " bytes; stores of torch 2.x take at most 8191 (8192 with the '/' torch's client "
-                 "puts in front)";
-        return {};
-      },
-      "at most 8191 bytes");
-  st->add_option("key", setk->key, "key")->required()->check(key_size);
+  st->add_option("key", setk->key, "key (at most 8191 bytes on a torch 2.x connection)")->required();
   st->add_option("value", setk->value, "value")->required();
   add_key_flags(st, *setk);
 
   auto getk = std::make_shared<KeyOptions>();
   CLI::App* gt = store->add_subcommand("get", "wait up to --timeout for KEY and print its value");
-  gt->add_option("key", getk->key, "key")->required()->check(key_size);
+  gt->add_option("key", getk->key, "key (at most 8191 bytes on a torch 2.x connection)")->required();
   add_key_flags(gt, *getk);
 
   auto keysk = std::make_shared<KeyOptions>();
@@ -448,6 +458,7 @@ Subcommand add_store_command(CLI::App& parent) {
     if (s->parsed()) return run_serve(*serve);
     if (st->parsed()) {
       TcpStoreClient c(client_options(*setk));
+      check_key_size(setk->key, c);
       c.set(setk->key, to_bytes(setk->value));
       c.num_keys();  // SET has no reply: a round trip proves the server took it
       return 0;
@@ -455,6 +466,7 @@ Subcommand add_store_command(CLI::App& parent) {
     if (gt->parsed()) {
       TcpStoreClientOptions co = client_options(*getk);
       TcpStoreClient c(co);
+      check_key_size(getk->key, c);
       Bytes v;
       try {
         v = c.get(getk->key, co.io_timeout);

@@ -1,10 +1,17 @@
 // ddpdiag: one executable, one subcommand a file. Errors from every layer
 // arrive here as exceptions and become exit codes and stderr messages in
 // this one place.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
+#include <iostream>
 #include <exception>
 #include <string>
 #include <vector>
@@ -155,10 +162,55 @@ void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
   }
 }
 
+// Standard input, output or error closed by the caller (`>&-`): each is
+// held by /dev/null opened read-only, so no socket or report file of this
+// process takes its number (output meant for the terminal would go into it),
+// and a write there still fails (EBADF), as it would have.
+void hold_closed_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    const int held = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (held >= 0 && held != fd) {
+      ::dup2(held, fd);  // without O_CLOEXEC: a rank started by the launcher keeps it
+      ::close(held);
+    } else if (held == fd) {
+      ::fcntl(fd, F_SETFD, 0);
+    }
+  }
+}
+
+// A command whose output is its result (sampler's indices, store get's
+// value, the tables) must not exit 0 when standard output could not take it
+// (a full disk, a closed descriptor): exit 2, saying so. A reader that went
+// away (`| head`) stopped the output on purpose: no message, the run's code.
+int finish_standard_output(int rc) {
+  std::cout.flush();
+  errno = 0;
+  const bool flush_failed = std::fflush(stdout) != 0;
+  int err = flush_failed ? errno : 0;
+  if (!flush_failed && !std::ferror(stdout) && !std::cout.fail()) return rc;
+  // An earlier write failed and nothing was left to flush: a write of
+  // nothing tells a bad descriptor; a pipe whose reader is gone polls as an
+  // error.
+  if (err == 0 && ::write(STDOUT_FILENO, "", 0) < 0) err = errno;
+  if (struct stat st {}; err == 0 && ::fstat(STDOUT_FILENO, &st) == 0 && S_ISFIFO(st.st_mode)) {
+    pollfd p{STDOUT_FILENO, POLLOUT, 0};
+    if (::poll(&p, 1, 0) == 1 && (p.revents & POLLERR)) err = EPIPE;
+  }
+  if (err == EPIPE) return rc;
+  std::fprintf(stderr,
+               "ddpdiag: cannot write the output to standard output: %s; what it printed is incomplete\n"
+               "ddpdiag: hint: check where standard output goes (a full disk? a closed descriptor?), or "
+               "write the results to a file with --json\n",
+               err != 0 ? std::strerror(err) : "a write failed");
+  return rc == 0 ? static_cast<int>(ddpdiag::ExitCode::kUsage) : rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace ddpdiag;
+  hold_closed_standard_fds();
   // A peer that dies leaves its sockets half-closed; Gloo's transport writes
   // to them without MSG_NOSIGNAL, and the default SIGPIPE would kill this
   // rank before it can report which peer went away. Ignored, the write fails
@@ -223,6 +275,20 @@ int main(int argc, char** argv) {
   }
   try {
     app.parse(argc, argv);
+    // An option given an empty value (`--first-bucket-mb ''`, `--json "$OUT"`
+    // with OUT unset) would read as 0 or as no option at all: refused, as a
+    // value that is not a number is.
+    for (CLI::App* a = &app; a;) {
+      for (const CLI::Option* opt : a->get_options())
+        if (opt->count() > 0 && opt->nonpositional() && opt->get_items_expected_min() > 0)
+          for (const std::string& r : opt->results())
+            if (r.empty())
+              throw CLI::ValidationError(opt->get_name(), "an empty value ('') is not one: give a value, "
+                                                          "or leave the option out for its default");
+      CLI::App* next = nullptr;
+      for (CLI::App* sub : a->get_subcommands()) next = sub;
+      a = next;
+    }
   } catch (const CLI::ConversionError& e) {
     const std::string message = explain_conversion(app, e);
     std::fprintf(stderr, "%s\nRun with --help for more information.\n", message.c_str());
@@ -242,7 +308,7 @@ int main(int argc, char** argv) {
     for (auto& s : subs)
       if (s.app && s.app->parsed() && s.run) {
         cli::record_rank_settings(*s.app);
-        return s.run();
+        return finish_standard_output(s.run());
       }
     return static_cast<int>(ExitCode::kUsage);
   } catch (const Error& e) {

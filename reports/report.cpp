@@ -1,5 +1,6 @@
 #include "reports/report.h"
 
+#include "comm/input_file.h"
 #include "comm/json_bounded.h"
 
 #include <fcntl.h>
@@ -200,9 +201,22 @@ void write_file_atomic(const std::string& path, const std::string& content) {
       throw WriteError(fmt::format("cannot write report {}: it is a directory", path), EISDIR);
     // A device or a pipe (/dev/stdout, /dev/null, a FIFO a tool reads):
     // written through, never replaced by a file of our own.
-    int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY);
+    // A FIFO opens for writing only once a reader has it open: waited for
+    // 10 s (O_NONBLOCK fails with ENXIO meanwhile), then an error rather
+    // than a process blocked for good in open().
+    const bool fifo = S_ISFIFO(st.st_mode);
+    int fd = -1;
+    for (int waited_ms = 0;; waited_ms += 50) {
+      fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY | (fifo ? O_NONBLOCK : 0));
+      if (fd >= 0 || !fifo || errno != ENXIO || waited_ms >= 10000) break;
+      ::usleep(50 * 1000);
+    }
+    if (fd < 0 && fifo && errno == ENXIO)
+      throw WriteError(fmt::format("cannot write report {}: it is a FIFO that nothing read from for 10 s", path),
+                       ENXIO);
     if (fd < 0)
       throw WriteError(fmt::format("cannot write report {}: {}", path, std::strerror(errno)), errno);
+    if (fifo) (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     try {
       write_all(fd, content, path, "writing to the device");
     } catch (...) {
@@ -316,15 +330,17 @@ void write_json_atomic(const std::string& path, const nlohmann::json& doc) {
 }
 
 nlohmann::json read_json(const std::string& path) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec))
-    throw std::runtime_error(fmt::format("{} is a directory, not a report file", path));
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(fmt::format("cannot open {}: {}", path, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  // A sampler report of 10^7 indices is about 100 MB; no report nears 1 GiB.
+  constexpr std::size_t kMaxReportBytes = std::size_t{1} << 30;
+  std::string text;
   try {
-    return parse_json_bounded(ss.str());
+    text = read_input_file(path, kMaxReportBytes);
+  } catch (const InputFileError& e) {
+    throw std::runtime_error(fmt::format("{}: {}{}", path, e.what(),
+                                         std::string(e.what()).rfind("it is a", 0) == 0 ? ", not a report file" : ""));
+  }
+  try {
+    return parse_json_bounded(text);
   } catch (const JsonTooDeep& e) {
     throw std::runtime_error(
         fmt::format("{}: {}; no ddpdiag report does, so it is not read (is it a report?)", path, e.what()));

@@ -327,7 +327,8 @@ struct TcpStoreClient::Impl {
         break;
       case ConnectFailure::kDns:
         what = "cannot resolve host name";
-        hint = "check that '" + opts.host + "' (MASTER_ADDR) resolves on this machine, or use an IP address";
+        hint = "check that '" + opts.host + "' (the store's host: MASTER_ADDR, --master-addr or --addr) "
+               "resolves on this machine, or use an IP address";
         break;
       default:
         what = "connection failed";

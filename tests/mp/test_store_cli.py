@@ -204,6 +204,17 @@ class GetAndServe(unittest.TestCase):
             self.assertIn("at most 8191 (8192 with the '/'", p.stderr)
             p = run(["store", "set", "--addr", s.addr, "k" * 8191, "v"], timeout=30)
             self.assertEqual(p.returncode, 0, p.stderr)
+            # torch 1.13's protocol has no such limit: a key of 9000 bytes
+            # goes out and comes back.
+            p = run(["store", "set", "--addr", s.addr, "--protocol", "1.13", "k" * 9000, "v9"], timeout=30)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            p = run(["store", "get", "--addr", s.addr, "--protocol", "1.13", "k" * 9000], timeout=30)
+            self.assertEqual((p.returncode, p.stdout), (0, "v9\n"), p.stderr)
+            # An IPv6 address with a port glued on is refused, not dialled
+            # as a host name on the default port for --timeout.
+            p = run(["store", "ping", "::1:29615"], timeout=30)
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("[::1]:29500", p.stderr)
 
     def test_serve_out_of_file_descriptors_neither_spins_nor_hangs(self):
         # 40 clients against a store whose process may hold 24 files: it

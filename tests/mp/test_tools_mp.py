@@ -68,6 +68,88 @@ class ErrorReports(unittest.TestCase):
             os.unlink(path)
 
 
+class BadInput(unittest.TestCase):
+    """Inputs that once crashed (exit 70), hung or passed as a wrong value."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="ddpdiag-bad-input-")
+        self.addCleanup(shutil.rmtree, self.dir, ignore_errors=True)
+
+    def test_layouts_that_cannot_be_read_are_usage_errors(self):
+        big = os.path.join(self.dir, "big.json")
+        with open(big, "w") as f:
+            f.write('[["w", [1e999]]]')  # past a double: was "internal error", exit 70
+        fifo = os.path.join(self.dir, "fifo")
+        os.mkfifo(fifo)  # nothing writes to it: reading it blocked for good
+        cases = [(big, "number overflow"), (fifo, "nothing came through it"),
+                 ("/dev/zero", "device")]
+        if os.path.exists("/proc/self/mem"):
+            cases.append(("/proc/self/mem", "cannot read it"))  # EIO: was exit 70
+        for path, why in cases:
+            with self.subTest(path=path):
+                p = run(["buckets", "--model", path], timeout=60)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(why, p.stderr)
+                self.assertNotIn("internal error", p.stderr)
+        p = run(["report", "validate", "/dev/zero"], timeout=60)  # read until memory ran out
+        self.assertEqual(p.returncode, 2, p.stderr)
+        # A report may still come through a pipe, as from <(...).
+        rep = os.path.join(self.dir, "r.json")
+        self.assertEqual(run(["buckets", "--model", "mlp", "--json", rep]).returncode, 0)
+        p = subprocess.run("cat %s | %s report validate /dev/stdin" % (rep, BIN), shell=True,
+                           capture_output=True, text=True, timeout=60, env=clean_env())
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        # A FIFO no one reads is not written to for ever either.
+        p = run(["sampler", "--dataset-size", "10", "--world-size", "1", "--rank", "0", "--json", fifo],
+                timeout=60)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("nothing read from", p.stderr)
+
+    def test_an_empty_option_value_is_refused(self):
+        for args in (["buckets", "--model", "mlp", "--first-bucket-mb", ""],
+                     ["ddp-step", "--nproc", "2", "--model", "mlp", "--hook", ""],
+                     ["store", "serve", "--port", ""]):
+            with self.subTest(args=args):
+                p = run(args, timeout=30)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn("an empty value", p.stderr)
+        # An empty positional value is a value (store set KEY '').
+        p = run(["store", "set", "--addr", "127.0.0.1:1", "--timeout", "0.2", "k", ""], timeout=30)
+        self.assertNotIn("an empty value", p.stderr)
+
+    def test_output_that_standard_output_cannot_take_fails_the_run(self):
+        if not os.path.exists("/dev/full"):
+            self.skipTest("no /dev/full")
+        args = ["sampler", "--dataset-size", "100000", "--world-size", "1", "--rank", "0"]
+        with open("/dev/full", "w") as full:
+            p = subprocess.run([BIN] + args, stdout=full, stderr=subprocess.PIPE, text=True,
+                               timeout=60, env=clean_env())
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("cannot write the output to standard output: No space left on device", p.stderr)
+        # Closed: the same, and nothing else of the process takes its number.
+        p = subprocess.run("%s %s >&-" % (BIN, " ".join(args)), shell=True, stderr=subprocess.PIPE,
+                           text=True, timeout=60, env=clean_env())
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("Bad file descriptor", p.stderr)
+        # A reader that stops early (| head) is no error.
+        p = subprocess.run("%s %s | head -c 10 >/dev/null; exit ${PIPESTATUS[0]}" % (BIN, " ".join(args)),
+                           shell=True, executable="/bin/bash", stderr=subprocess.PIPE, text=True,
+                           timeout=60, env=clean_env())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stderr, "")
+
+    def test_master_addr_forms_no_resolver_takes_are_refused_at_once(self):
+        for addr, why in (("127.0.0.1:29500", "holds a port"), ("[::1]:29500", "holds a port"),
+                          ("[::1", "unbalanced brackets"), ("http://node0", "is a URL"),
+                          ("node 0", "a space")):
+            with self.subTest(addr=addr):
+                env = clean_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR=addr, MASTER_PORT="29614")
+                p = run(["allreduce-test", "-b", "8", "-e", "8", "--timeout", "60"], env=env, timeout=30)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn(why, p.stderr)
+                self.assertLess(p.elapsed, 10)
+
+
 class BucketSweep(unittest.TestCase):
     CAPS = [1, 5, 25]
 
