@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -233,7 +235,16 @@ TEST_CASE("load_model: a directory or an endless file is refused, not read forev
   // A directory used to read as an empty file ("invalid JSON at byte 0"),
   // and /dev/zero was read until memory ran out.
   CHECK_THROWS_WITH(load_model("/"), Catch::Contains("is a directory"));
-  if (std::ifstream("/dev/zero")) CHECK_THROWS_WITH(load_model("/dev/zero"), Catch::Contains("larger than 256 MiB"));
+  if (std::ifstream("/dev/zero")) CHECK_THROWS_WITH(load_model("/dev/zero"), Catch::Contains("it is a device"));
+  // A file larger than any layout: refused from its size, unread.
+  const std::string big = "/tmp/ddpdiag-test-big-layout-" + std::to_string(::getpid()) + ".json";
+  {
+    std::ofstream f(big, std::ios::binary);
+    f.seekp((std::streamoff{256} << 20) + 10);
+    f.put(' ');
+  }
+  CHECK_THROWS_WITH(load_model(big), Catch::Contains("larger than 256 MiB"));
+  std::remove(big.c_str());
 }
 
 TEST_CASE("ready_order: parsed, checked, renumbered without frozen tensors", "[layout]") {
