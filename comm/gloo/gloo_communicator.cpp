@@ -1171,7 +1171,7 @@ class GlooCommunicator final : public Communicator {
       throw UsageError("gloo: could not allocate " + std::to_string(bytes) +
                            " bytes of host memory on rank " + std::to_string(rank()),
                        ErrorContext{"alloc", rank(), -1,
-                                    "use smaller sizes (-e / --maxbytes, --bytes, the model), or "
+                                    "use smaller sizes (-e / --maxbytes, --bytes, --workspace-mb, the model), or "
                                     "fewer ranks on this host"});
     core_->note_alloc(p, rounded);
     return p;

@@ -488,7 +488,7 @@ class NcclCommunicator final : public Communicator {
       throw UsageError("cudaMalloc of " + std::to_string(bytes) + " bytes failed on rank " +
                            std::to_string(rank()) + ": " + cuda_message(e),
                        ErrorContext{"alloc", rank(), -1,
-                                    "use smaller sizes (-e / --maxbytes, --bytes, the model), or "
+                                    "use smaller sizes (-e / --maxbytes, --bytes, --workspace-mb, the model), or "
                                     "free GPU memory (nvidia-smi shows who holds it)"});
     if (e != cudaSuccess)
       throw BackendError("cudaMalloc of " + std::to_string(bytes) + " bytes failed on rank " +
