@@ -522,10 +522,10 @@ struct TcpStoreServer::Impl {
 
   bool present(const std::string& key) const { return kv.count(key) > 0 || queues.count(key) > 0; }
 
-  void set_key(const std::string& key, Bytes value) {
+  void set_key(const std::string& key, Bytes value, bool wake_now = true) {
     kv[key] = std::move(value);
     key_count.store(static_cast<std::int64_t>(kv.size()), std::memory_order_relaxed);
-    wake(key);
+    if (wake_now) wake(key);
   }
 
   void wake(const std::string& key) {
@@ -656,8 +656,19 @@ struct TcpStoreServer::Impl {
         }
         std::int64_t next = static_cast<std::int64_t>(static_cast<std::uint64_t>(current) +
                                                       static_cast<std::uint64_t>(q.delta));
-        set_key(q.keys[0], tp::format_counter(next));
         tp::append_i64(out, next);
+        if (*c.protocol == StoreProtocol::kV1) {
+          // torch 1.13's server answers the ADD before it wakes the key's
+          // waiters. A 1.13 client whose wait timed out leaves its waiter
+          // behind (it has no cancel): its next ADD of that key must read its
+          // own answer first, then the stale wake-up, or it reads the
+          // wake-up's bytes as the counter.
+          set_key(q.keys[0], tp::format_counter(next), false);
+          reply(c, out);
+          wake(q.keys[0]);
+          return;
+        }
+        set_key(q.keys[0], tp::format_counter(next));
         break;
       }
       case tp::Op::kCheck: {

@@ -361,6 +361,24 @@ class SameAnswersAsTorchServer(unittest.TestCase):
         self.assertIn("ADD to key '/k', whose value is not an integer", err)
 
 
+class AddAfterATimedOutWaitSameAsTorchServer(unittest.TestCase):
+    """A client whose wait for K timed out, then adds to K on the same
+    connection (catch the timeout, count the failure). torch 1.13's client
+    cannot cancel the wait: its server answers the ADD first and sends the
+    stale wake-up after, so the ADD reads -1; ddpdiag's sent the wake-up
+    first, and the ADD read -256. torch 2.x's client cancels the wait."""
+
+    def test_same_answers(self):
+        def scenario(port):
+            c = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=1))
+            steps = []
+            steps.append(("get K times out", outcome(lambda: c.get("K"))[0]))
+            steps.append(("add(K, -1)", outcome(lambda: c.add("K", -1))))
+            return steps
+        theirs, _ = same_answers_as_torch_server(self, scenario)
+        self.assertEqual(theirs[1][1], ("ok", -1))
+
+
 class LimitsAndCountersSameAsTorchServer(unittest.TestCase):
     """Requests at and past the limits of this torch's server, and ADD to
     stored values that are not plain integers, from torch's own client
