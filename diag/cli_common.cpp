@@ -2183,6 +2183,21 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
           {"flags", -1, -1,
            "set RANK (and MASTER_ADDR, MASTER_PORT) in each rank's environment, or pass --rank; "
            "to let ddpdiag start local ranks, unset WORLD_SIZE or give --nproc N"});
+    // The same for the MPI launchers' pairs.
+    for (const auto& [size_var, rank_var] :
+         {std::pair<const char*, const char*>{"OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"},
+          {"PMI_SIZE", "PMI_RANK"},
+          {"MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"}})
+      if (const auto ws = env(size_var))
+        throw UsageError(
+            fmt::format("{}={} is set but {} is not: ddpdiag would start a world of its own on "
+                        "this machine instead of joining the launcher's",
+                        size_var, *ws, rank_var),
+            {"flags", -1, -1,
+             fmt::format("run ddpdiag under the launcher that sets both, or pass --rank and "
+                         "--world-size; to let ddpdiag start local ranks, unset {} or give "
+                         "--nproc N",
+                         size_var)});
   }
   if (builtin) {
     check_report_outputs(o);

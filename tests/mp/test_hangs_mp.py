@@ -632,8 +632,15 @@ class PeerDeath(unittest.TestCase):
             rc, se, elapsed = outs[r]
             self.assertEqual(rc, 5, se)
             self.assertLess(elapsed, 30, se)
+            # The rank whose watchdog saw the stall first says for how long;
+            # on a loaded machine the other may first see that rank's
+            # connection close, and names rank 1 stopped from its state.
             self.assertRegex(se, r"rank 1 \(pid \d+ on this machine\) has been stopped for 1\d s "
-                                 r"\(state T: SIGSTOP, or a debugger\)")
+                                 r"\(state T: SIGSTOP, or a debugger\)|"
+                                 r"Rank 1 did not publish its state: it is stopped: its process \d+ "
+                                 r"on this machine exists but does not run \(SIGSTOP or a debugger\)")
+        self.assertTrue(any("has been stopped for" in outs[r][1] for r in (0, 2)),
+                        [outs[r][1] for r in (0, 2)])
 
     def stop_rank_1(self, timeout):
         """Stops rank 1 of 3 mid-sweep with SIGSTOP; returns, for ranks 0 and

@@ -138,6 +138,17 @@ class BadInput(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stderr, "")
 
+    def test_a_launcher_size_without_its_rank_is_refused(self):
+        # As WORLD_SIZE without RANK: ddpdiag started a world of its own.
+        for size_var, rank_var in (("WORLD_SIZE", "RANK"), ("PMI_SIZE", "PMI_RANK"),
+                                   ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),
+                                   ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK")):
+            with self.subTest(size_var=size_var):
+                p = run(["allreduce-test", "-b", "8", "-e", "8"], env=clean_env(**{size_var: "2"}),
+                        timeout=60)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn("%s=2 is set but %s is not" % (size_var, rank_var), p.stderr)
+
     def test_master_addr_forms_no_resolver_takes_are_refused_at_once(self):
         for addr, why in (("127.0.0.1:29500", "holds a port"), ("[::1]:29500", "holds a port"),
                           ("[::1", "unbalanced brackets"), ("http://node0", "is a URL"),
