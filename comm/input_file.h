@@ -20,7 +20,12 @@ namespace ddpdiag {
 // What went wrong, in words that follow the path ("x.json: <what>").
 class InputFileError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  enum class Kind { kNotAFile, kTooLarge, kUnreadable };
+  InputFileError(Kind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_;
 };
 
 // The whole of `path`, at most max_bytes. Regular files, and pipes or FIFOs
@@ -30,16 +35,16 @@ inline std::string read_input_file(const std::string& path, std::size_t max_byte
                                    int pipe_wait_ms = 10000) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0)
-    throw InputFileError("cannot open it: " + std::string(std::strerror(errno)));
-  if (S_ISDIR(st.st_mode)) throw InputFileError("it is a directory");
+    throw InputFileError(InputFileError::Kind::kUnreadable, "cannot open it: " + std::string(std::strerror(errno)));
+  if (S_ISDIR(st.st_mode)) throw InputFileError(InputFileError::Kind::kNotAFile, "it is a directory");
   const bool pipe = S_ISFIFO(st.st_mode);
   if (!S_ISREG(st.st_mode) && !pipe)
-    throw InputFileError("it is a device or socket");
+    throw InputFileError(InputFileError::Kind::kNotAFile, "it is a device or socket");
   if (!pipe && static_cast<std::uint64_t>(st.st_size) > max_bytes)
-    throw InputFileError("it is larger than " + std::to_string(max_bytes >> 20) + " MiB");
+    throw InputFileError(InputFileError::Kind::kTooLarge, "it is larger than " + std::to_string(max_bytes >> 20) + " MiB");
   // A FIFO opens at once without O_NONBLOCK only once a writer is there.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (pipe ? O_NONBLOCK : 0));
-  if (fd < 0) throw InputFileError("cannot open it: " + std::string(std::strerror(errno)));
+  if (fd < 0) throw InputFileError(InputFileError::Kind::kUnreadable, "cannot open it: " + std::string(std::strerror(errno)));
   std::string text;
   char buf[1 << 16];
   for (;;) {
@@ -49,7 +54,7 @@ inline std::string read_input_file(const std::string& path, std::size_t max_byte
       if (n < 0 && errno == EINTR) continue;
       if (n == 0) {
         ::close(fd);
-        throw InputFileError(text.empty() ? "nothing came through it in " + std::to_string(pipe_wait_ms / 1000) +
+        throw InputFileError(InputFileError::Kind::kUnreadable, text.empty() ? "nothing came through it in " + std::to_string(pipe_wait_ms / 1000) +
                                                 " s (a FIFO nothing writes to?)"
                                           : "it stopped sending for " + std::to_string(pipe_wait_ms / 1000) +
                                                 " s before its end");
@@ -61,12 +66,12 @@ inline std::string read_input_file(const std::string& path, std::size_t max_byte
       if (errno == EINTR || errno == EAGAIN) continue;
       const int err = errno;
       ::close(fd);
-      throw InputFileError("cannot read it: " + std::string(std::strerror(err)));
+      throw InputFileError(InputFileError::Kind::kUnreadable, "cannot read it: " + std::string(std::strerror(err)));
     }
     text.append(buf, static_cast<std::size_t>(r));
     if (text.size() > max_bytes) {
       ::close(fd);
-      throw InputFileError("it is larger than " + std::to_string(max_bytes >> 20) + " MiB");
+      throw InputFileError(InputFileError::Kind::kTooLarge, "it is larger than " + std::to_string(max_bytes >> 20) + " MiB");
     }
   }
   ::close(fd);

@@ -9,6 +9,12 @@
 
 namespace ddpdiag {
 
+// "[::1]", the URL form of an IPv6 address, as the address itself ("::1");
+// any other text as it is.
+inline std::string without_ipv6_brackets(const std::string& host) {
+  return host.size() > 2 && host.front() == '[' && host.back() == ']' ? host.substr(1, host.size() - 2) : host;
+}
+
 // The IP address of an IPv4 or IPv6 socket address ("10.0.0.2", "fe80::1");
 // "" for another family.
 inline std::string ip_text(const sockaddr* sa) {

@@ -1,3 +1,4 @@
+#include "comm/ip_text.h"
 #include "comm/world.h"
 
 #include <unistd.h>
@@ -383,10 +384,7 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
                                           flags.master_addr ? "--master-port" : "MASTER_PORT")
                             : "give the host name or address of rank 0 (or of the store), e.g. node0, "
                               "10.0.0.1 or ::1");
-    // "[::1]" (the URL form of an IPv6 address) is the address ::1.
-    w.master_addr = addr->size() > 2 && addr->front() == '[' && addr->back() == ']'
-                        ? addr->substr(1, addr->size() - 2)
-                        : *addr;
+    w.master_addr = without_ipv6_brackets(*addr);
     w.master_addr_source = addr_var;
   } else if (w.local_world_size < w.world_size && w.launcher == Launcher::kSlurm) {
     // Several nodes under srun: task 0 runs on the first node of the step.

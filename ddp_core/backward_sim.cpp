@@ -100,6 +100,14 @@ std::vector<std::int64_t> sim_sparse_rows(const TensorSpec& t, int rank, std::si
   return rows;
 }
 
+UsedBy used_by_all_but(const std::vector<std::size_t>& unused, std::size_t param_count) {
+  if (unused.empty()) return {};
+  std::vector<std::uint8_t> is_unused(param_count, 0);
+  for (std::size_t p : unused)
+    if (p < param_count) is_unused[p] = 1;
+  return [is_unused = std::move(is_unused)](int, std::size_t p) { return p >= is_unused.size() || !is_unused[p]; };
+}
+
 BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::uint64_t iteration,
                                     const BackwardSimOptions& o) {
   const auto& tensors = reducer.layout().tensors;

@@ -82,6 +82,10 @@ BackwardSimResult simulate_backward(Reducer& reducer, Communicator& comm, std::u
 // Whether rank r used parameter p in this iteration (for the expected mean).
 using UsedBy = std::function<bool(int rank, std::size_t param)>;
 
+// The parameters of `unused` used by no rank, the others by every rank; an
+// empty UsedBy (every rank uses every parameter) when `unused` is empty.
+UsedBy used_by_all_but(const std::vector<std::size_t>& unused, std::size_t param_count);
+
 struct GradientCheck {
   std::int64_t wrong = 0;    // elements outside tolerance
   std::int64_t checked = 0;  // elements compared

@@ -450,11 +450,11 @@ ModelLayout load_model_layout_file(const std::string& path) {
   try {
     text = read_input_file(path, kMaxLayoutFileBytes);
   } catch (const InputFileError& e) {
-    const std::string what = e.what();
-    throw UsageError(fmt::format("model layout '{}': {}{}", path, what,
-                                 what.rfind("it is larger", 0) == 0 ? ", far beyond any model's list of parameters"
-                                 : what.rfind("it is a", 0) == 0    ? ", not a JSON file"
-                                                                    : ""),
+    using Kind = InputFileError::Kind;
+    throw UsageError(fmt::format("model layout '{}': {}{}", path, e.what(),
+                                 e.kind() == Kind::kTooLarge    ? ", far beyond any model's list of parameters"
+                                 : e.kind() == Kind::kNotAFile ? ", not a JSON file"
+                                                               : ""),
                      ErrorContext{"model.load", -1, -1, kFormatHint});
   }
   return parse_model_layout_json(text, path);

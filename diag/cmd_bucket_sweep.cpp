@@ -96,9 +96,7 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   // Parameters unused in forward (checked in run(): only with
   // find_unused_parameters): no rank gives them a gradient.
   const std::vector<std::size_t> unused = layout.unused_in_backward();
-  std::vector<std::uint8_t> is_unused(layout.tensors.size(), 0);
-  for (std::size_t p : unused) is_unused[p] = 1;
-  const UsedBy used_by = unused.empty() ? UsedBy{} : UsedBy([&](int, std::size_t p) { return !is_unused[p]; });
+  const UsedBy used_by = used_by_all_but(unused, layout.tensors.size());
 
   std::uint64_t iteration = 0;
   auto run_phase = [&](double compute_gbps, std::vector<double>& comm_us, std::vector<double>& exposed_us,

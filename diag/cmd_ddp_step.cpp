@@ -48,9 +48,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   // with find_unused_parameters DDP finds them before backward and reduces
   // the rest; no rank gives them a gradient.
   const std::vector<std::size_t> unused = layout.unused_in_backward();
-  std::vector<std::uint8_t> is_unused(layout.tensors.size(), 0);
-  for (std::size_t p : unused) is_unused[p] = 1;
-  const UsedBy used_by = unused.empty() ? UsedBy{} : UsedBy([&](int, std::size_t p) { return !is_unused[p]; });
+  const UsedBy used_by = used_by_all_but(unused, layout.tensors.size());
   ReducerOptions ro;
   ro.bucket_cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
   ro.first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());

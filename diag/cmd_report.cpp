@@ -5,10 +5,6 @@
 //   report schema             print the schema compiled into this binary
 // The logic lives in reports/; this file only parses flags and maps outcomes
 // to exit codes (0 ok, 1 invalid or regressed, 2 unreadable input or usage).
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -157,8 +153,7 @@ int run_compare(const ReportOptions& o) {
   // A read-only summary is refused as a read-only report is, even by root.
   if (!append_summary) {
     check_output_path("--markdown", o.compare_markdown);
-  } else if (struct stat st {}; ::stat(o.compare_markdown.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
-             !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH))) {
+  } else if (reports::is_read_only_file(o.compare_markdown)) {
     throw UsageError(fmt::format("--markdown {}: cannot append there: it is read-only", o.compare_markdown),
                      {"report", -1, -1, "make the step summary file writable, or write the comparison to a "
                                         "file of its own"});
@@ -238,27 +233,16 @@ int run_compare(const ReportOptions& o) {
     if (append_summary) {
       // GitHub's step summary is appended to, as other steps' output
       // already there should stay.
-      // A write that fails part-way (a full disk, a file size limit) is
-      // undone: the summary keeps what it had, not half a table.
-      const int fd = ::open(o.compare_markdown.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-      struct stat st {};
-      int err = fd < 0 ? errno : ::fstat(fd, &st) != 0 ? errno : 0;
-      std::size_t done = 0;
-      while (err == 0 && done < md.size()) {
-        const ssize_t w = ::write(fd, md.data() + done, md.size() - done);
-        if (w > 0)
-          done += static_cast<std::size_t>(w);
-        else if (w < 0 && errno != EINTR)
-          err = errno;
+      // A write that fails part-way is taken back: the summary keeps what
+      // it had, not half a table.
+      try {
+        reports::append_file(o.compare_markdown, md);
+      } catch (const reports::WriteError& e) {
+        const int err = e.error_number();
+        throw UsageError(e.what(), {"report", -1, -1,
+                                    err == ENOSPC || err == EFBIG ? "free some space (or raise the file size limit)"
+                                                                  : "check that the file is writable"});
       }
-      if (err != 0 && fd >= 0 && done > 0 && S_ISREG(st.st_mode)) (void)!::ftruncate(fd, st.st_size);
-      if (fd >= 0 && ::close(fd) != 0 && err == 0) err = errno;
-      if (err != 0)
-        throw UsageError(fmt::format("cannot append to {}: {}{}", o.compare_markdown, std::strerror(err),
-                                     done > 0 ? " (what was written of it was taken back)" : ""),
-                         {"report", -1, -1,
-                          err == ENOSPC || err == EFBIG ? "free some space (or raise the file size limit)"
-                                                        : "check that the file is writable"});
     } else {
       write_output("--markdown", o.compare_markdown, md);
     }

@@ -24,6 +24,7 @@
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
 
+#include "comm/ip_text.h"
 #include "comm/errors.h"
 #include "comm/store/tcp_protocol.h"
 #include "comm/store/tcp_store.h"
@@ -250,10 +251,7 @@ int run_serve(const ServeOptions& o) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   TcpStoreServerOptions so;
-  // "[::1]", the URL form of an IPv6 address, is the address ::1.
-  so.host = o.host.empty() ? cli::every_address()
-            : o.host.size() > 2 && o.host.front() == '[' && o.host.back() == ']' ? o.host.substr(1, o.host.size() - 2)
-                                                                               : o.host;
+  so.host = o.host.empty() ? cli::every_address() : without_ipv6_brackets(o.host);
   so.port = o.port;
   // Connections closed for a request the protocol does not allow, each said
   // on stderr, up to a bound: a client in a loop must not flood the log.

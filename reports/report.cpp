@@ -270,6 +270,32 @@ void write_file_atomic(const std::string& path, const std::string& content) {
   }
 }
 
+bool is_read_only_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH));
+}
+
+void append_file(const std::string& path, const std::string& content) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  struct stat st {};
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    const int err = errno;
+    if (fd >= 0) ::close(fd);
+    throw WriteError(fmt::format("cannot append to {}: {}", path, std::strerror(err)), err);
+  }
+  try {
+    write_all(fd, content, path, "appending");
+  } catch (const WriteError& e) {
+    if (S_ISREG(st.st_mode)) (void)!::ftruncate(fd, st.st_size);
+    ::close(fd);
+    throw WriteError(fmt::format("cannot append to {}: {} (what was written of it was taken back)", path,
+                                 std::strerror(e.error_number())),
+                     e.error_number());
+  }
+  if (::close(fd) != 0)
+    throw WriteError(fmt::format("cannot append to {}: {}", path, std::strerror(errno)), errno);
+}
+
 std::optional<std::string> output_path_problem(const std::string& path) {
   if (path.empty()) return std::nullopt;
   struct stat st {};
@@ -277,8 +303,7 @@ std::optional<std::string> output_path_problem(const std::string& path) {
     if (S_ISDIR(st.st_mode)) return fmt::format("{} is a directory", path);
     // A report made read-only (a kept baseline) is not replaced, even by
     // root, whom access() would let write anything.
-    if (S_ISREG(st.st_mode) && !(st.st_mode & (S_IWUSR | S_IWGRP | S_IWOTH)))
-      return fmt::format("{} is read-only (a kept report?); it is not replaced", path);
+    if (is_read_only_file(path)) return fmt::format("{} is read-only (a kept report?); it is not replaced", path);
     if (!S_ISREG(st.st_mode)) return ::access(path.c_str(), W_OK) == 0
                                          ? std::nullopt
                                          : std::optional<std::string>(fmt::format(
@@ -337,7 +362,7 @@ nlohmann::json read_json(const std::string& path) {
     text = read_input_file(path, kMaxReportBytes);
   } catch (const InputFileError& e) {
     throw std::runtime_error(fmt::format("{}: {}{}", path, e.what(),
-                                         std::string(e.what()).rfind("it is a", 0) == 0 ? ", not a report file" : ""));
+                                         e.kind() == InputFileError::Kind::kNotAFile ? ", not a report file" : ""));
   }
   try {
     return parse_json_bounded(text);

@@ -124,6 +124,13 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // Why a report could not be written at `path`, found before any work is done
 // (its directory missing or not writable, the path a directory), or nullopt.
 std::optional<std::string> output_path_problem(const std::string& path);
+// A regular file with no write permission for anyone (a kept report):
+// never replaced or appended to, even by root, whom access() lets write.
+bool is_read_only_file(const std::string& path);
+// Appends content to path (created if missing). A write that fails part-way
+// (a full disk, a file size limit) is taken back, so the file keeps what it
+// had. Throws WriteError ("cannot append to PATH: ...").
+void append_file(const std::string& path, const std::string& content);
 // Whether two paths name the same regular file (links followed; for files
 // that do not exist yet, the same normalised path). A device is never "the
 // same file": /dev/null may take two outputs.

@@ -657,18 +657,15 @@ struct TcpStoreServer::Impl {
         std::int64_t next = static_cast<std::int64_t>(static_cast<std::uint64_t>(current) +
                                                       static_cast<std::uint64_t>(q.delta));
         tp::append_i64(out, next);
-        if (*c.protocol == StoreProtocol::kV1) {
-          // torch 1.13's server answers the ADD before it wakes the key's
-          // waiters. A 1.13 client whose wait timed out leaves its waiter
-          // behind (it has no cancel): its next ADD of that key must read its
-          // own answer first, then the stale wake-up, or it reads the
-          // wake-up's bytes as the counter.
-          set_key(q.keys[0], tp::format_counter(next), false);
-          reply(c, out);
-          wake(q.keys[0]);
-          return;
-        }
-        set_key(q.keys[0], tp::format_counter(next));
+        set_key(q.keys[0], tp::format_counter(next), false);
+        // torch 1.13's server answers the ADD before it wakes the key's
+        // waiters (2.x's wakes them first). A 1.13 client whose wait timed
+        // out leaves its waiter behind (it has no cancel): its next ADD of
+        // that key must read its own answer first, then the stale wake-up,
+        // or it reads the wake-up's bytes as the counter.
+        if (*c.protocol == StoreProtocol::kV1) reply(c, out);
+        wake(q.keys[0]);
+        if (*c.protocol == StoreProtocol::kV1) return;
         break;
       }
       case tp::Op::kCheck: {
