@@ -52,13 +52,15 @@ nlohmann::json to_json(const RankState& s) {
                       {"started_s", e.started_s},
                       {"duration_ms", e.duration_ms < 0 ? nlohmann::json() : nlohmann::json(e.duration_ms)},
                       {"state", e.state}});
-  return {{"rank", s.rank},
-          {"host", s.host},
-          {"pid", s.pid},
-          {"last_started_seq", s.last_started},
-          {"last_completed_seq", s.last_completed},
-          {"reason", s.reason},
-          {"flight_recorder", recent}};
+  nlohmann::json j = {{"rank", s.rank},
+                      {"host", s.host},
+                      {"pid", s.pid},
+                      {"last_started_seq", s.last_started},
+                      {"last_completed_seq", s.last_completed},
+                      {"reason", s.reason},
+                      {"flight_recorder", recent}};
+  if (s.reset_by >= 0) j["connection_reset_by"] = s.reset_by;
+  return j;
 }
 
 RankState rank_state_from_json(const nlohmann::json& j) {
@@ -70,6 +72,7 @@ RankState rank_state_from_json(const nlohmann::json& j) {
     s.last_started = j.at("last_started_seq").get<std::int64_t>();
     s.last_completed = j.at("last_completed_seq").get<std::int64_t>();
     s.reason = j.value("reason", std::string());
+    s.reset_by = j.value("connection_reset_by", -1);
     for (const auto& e : j.value("flight_recorder", nlohmann::json::array())) {
       FlightEntry f;
       f.seq = e.at("seq").get<std::int64_t>();

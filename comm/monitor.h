@@ -54,6 +54,11 @@ struct RankState {
   std::int64_t last_started = 0;    // sequence number of the last collective issued (0: none)
   std::int64_t last_completed = 0;  // ... of the last one known complete
   std::string reason;               // why it published ("timeout in all_reduce #5", "alarm from rank 0")
+  // The peer whose host closed or reset this rank's connection, by the
+  // backend's error (-1: none). The host answered, so its network was up:
+  // the others read it to call that peer dead, not unreachable, when they
+  // were stopped by the alarm before they met the reset themselves.
+  int reset_by = -1;
   std::vector<FlightEntry> recent;  // flight recorder, oldest first
 
   // The fingerprint of collective `seq` if the recorder still holds it.

@@ -393,6 +393,7 @@ RankState MonitoredCommunicator::state(const std::string& reason) const {
   s.last_started = started_.load();
   s.last_completed = completed_.load();
   s.reason = reason;
+  s.reset_by = reset_by_.load();
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& e : ring_) {
     FlightEntry f = e.rec;
@@ -514,7 +515,8 @@ std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states(
 GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<RankState>>& states,
                                             const std::vector<Heartbeat>& heartbeats,
                                             std::vector<int>& unreachable, std::vector<int>& silent,
-                                            bool peer_reset) const {
+                                            bool peer_reset,
+                                            const std::vector<bool>& reset) const {
   GoneNotes notes(states.size());
   std::map<std::string, HostProbe> probed;  // by host: its ranks share the answer
   // 1 s a host, 2 s in all: where many hosts are silent (a switch), the
@@ -547,7 +549,8 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
                     .first;
       }
       const HostProbe probe = known->second;
-      if (probe == HostProbe::kAnswers && !peer_reset) {
+      const bool was_reset = peer_reset || (r < reset.size() && reset[r]);
+      if (probe == HostProbe::kAnswers && !was_reset) {
         notes[r] = fmt::format("is silent: no state and no heartbeat (host {}, pid {}), yet its "
                                "host answers on the network, so the process is frozen (SIGSTOP, "
                                "a debugger, a machine swapping) or ended with its connections "
@@ -556,7 +559,7 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
         silent.push_back(static_cast<int>(r));
         continue;
       }
-      if (peer_reset && probe != HostProbe::kSilent) {
+      if (was_reset && probe != HostProbe::kSilent) {
         // Its host's kernel answered for it: the host and the network are
         // up, and the process is gone (crashed, or killed: the OOM killer).
         notes[r] = fmt::format("is dead: no state and no heartbeat (host {}, pid {}), and its "
@@ -722,6 +725,17 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
       cause_text += "; the watchdog stopped it: " + halt_reason_;
   }
   const std::string what = fmt::format("rank {}: {}: {}", rank(), where, cause_text);
+  // The backend says a peer's host closed or reset the connection: that
+  // host answered, so its network is up.
+  const std::string said = cause.what();
+  bool peer_reset = said.find("reset by peer") != std::string::npos ||
+                    said.find("closed by peer") != std::string::npos ||
+                    said.find("Connection closed") != std::string::npos;
+  const int closed_by = cause.context().peer;
+  // Published with the state: a rank the alarm stops before it meets the
+  // reset itself learns it from here.
+  if (peer_reset && closed_by >= 0 && closed_by != rank() && closed_by < size())
+    reset_by_ = closed_by;
   publish(what);
   raise_alarm(what);
   alarm_seen_ = true;
@@ -736,19 +750,21 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   }
   Diagnosis d;
   long store_host_gone = 0;  // pid of the store's host rank, when its process is gone
-  // The backend says a peer's host closed or reset the connection: that
-  // host answered, so its network is up.
-  const std::string said = cause.what();
-  bool peer_reset = said.find("reset by peer") != std::string::npos ||
-                    said.find("closed by peer") != std::string::npos ||
-                    said.find("Connection closed") != std::string::npos;
   // Unless the rank that closed it published its state: that rank is alive,
   // and closed its connections as it stopped (it raised or saw the alarm
   // before this rank's watchdog did), which says nothing of the silent ones.
-  const int closed_by = cause.context().peer;
   if (peer_reset && closed_by >= 0 && closed_by != rank() &&
       closed_by < static_cast<int>(states.size()) && states[closed_by])
     peer_reset = false;
+  // Which silent ranks' hosts closed or reset a connection to another
+  // rank, by what that rank published with its state (this rank's own
+  // error, peer_reset, counts for every silent rank).
+  std::vector<bool> reset(states.size(), false);
+  for (const auto& s : states)
+    if (s && s->rank != rank() && s->reset_by >= 0 && s->reset_by < static_cast<int>(reset.size()) &&
+        !states[s->reset_by])
+      reset[s->reset_by] = true;
+
   // Every silent rank's host answers on the network: the processes, not
   // the network, are to blame.
   bool all_gone_silent = false;
@@ -775,7 +791,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
                                  host, store_host_gone));
   } else {
     std::vector<int> unreachable, silent;
-    GoneNotes notes = gone_notes(states, heartbeats, unreachable, silent, peer_reset);
+    GoneNotes notes = gone_notes(states, heartbeats, unreachable, silent, peer_reset, reset);
     d = diagnose(states, notes);
     d.unreachable = std::move(unreachable);
     all_gone_silent = !d.gone.empty() && std::all_of(d.gone.begin(), d.gone.end(), [&](int r) {
@@ -818,7 +834,10 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     hint = fmt::format("look at the process of {}{} on its host (ps: state T is stopped; a "
                        "debugger; swapping) and at its log: its host is up and reachable",
                        d.gone.size() == 1 ? "rank " : "ranks ", rank_list(d.gone));
-  } else if (!d.gone.empty() && peer_reset) {
+  } else if (!d.gone.empty() &&
+             (peer_reset || std::any_of(d.gone.begin(), d.gone.end(), [&](int r) {
+               return r < static_cast<int>(reset.size()) && reset[r];
+             }))) {
     peer = d.gone.front();
     hint = fmt::format("look at the log of {}{} and at its host's kernel log (dmesg): its process "
                        "ended, by a crash or a kill (the OOM killer?), while its host stayed up",

@@ -227,14 +227,17 @@ class MonitoredCommunicator final : public Communicator {
     double age_s = -1;  // by the writer's wall clock; -1 when never seen
   };
   std::vector<std::optional<RankState>> gather_states(std::vector<Heartbeat>& heartbeats);
-  // peer_reset: the backend's error says a peer's host answered by closing
-  // or resetting the connection, so a silent rank on another host is a
-  // process that ended, not a host cut off. Ranks named unreachable, and
-  // those whose host answers while they are silent (frozen), are added to
-  // `unreachable` and `silent`.
+  // reset[r]: a backend's error, this rank's or one another rank
+  // published, says rank r's host answered by closing or resetting the
+  // connection (peer_reset: this rank's own error says so of a peer it
+  // could not name, which counts for every silent rank), so a silent rank
+  // on another host is a process that ended, not a host cut off. Ranks
+  // named unreachable, and those whose host answers while they are silent
+  // (frozen), are added to `unreachable` and `silent`.
   GoneNotes gone_notes(const std::vector<std::optional<RankState>>& states,
                        const std::vector<Heartbeat>& heartbeats, std::vector<int>& unreachable,
-                       std::vector<int>& silent, bool peer_reset = false) const;
+                       std::vector<int>& silent, bool peer_reset,
+                       const std::vector<bool>& reset) const;
   void note_store_lost(const Error& e);
   void write_heartbeat();
   // Watchdog thread: what ends the op watched (key: a collective's number,
@@ -282,6 +285,7 @@ class MonitoredCommunicator final : public Communicator {
   bool skipped_ = false;      // skip fault: applied once
   bool blocked_ = false;      // desync fault: a phantom collective blocks the rest
   std::atomic<bool> alarm_seen_{false};
+  std::atomic<int> reset_by_{-1};  // RankState::reset_by of this rank
   std::atomic<bool> store_lost_{false};
   std::string store_error_;  // what the failed store call said; under mutex_
   std::string halt_reason_;  // note_halt_reason; under mutex_

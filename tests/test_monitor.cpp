@@ -84,7 +84,15 @@ TEST_CASE("rank states round-trip through JSON", "[monitor]") {
   REQUIRE(back.at(3) != nullptr);
   CHECK(*back.at(3) == bc());
   CHECK(back.at(4) == nullptr);
+  CHECK(back.reset_by == -1);
+  CHECK_FALSE(to_json(s).contains("connection_reset_by"));
+  s.reset_by = 1;
+  CHECK(to_json(s)["connection_reset_by"] == 1);
+  CHECK(rank_state_from_json(to_json(s)).reset_by == 1);
   CHECK_THROWS_AS(rank_state_from_json(nlohmann::json::object()), std::invalid_argument);
+  auto bad = to_json(s);
+  bad["connection_reset_by"] = "one";
+  CHECK_THROWS_AS(rank_state_from_json(bad), std::invalid_argument);
 }
 
 TEST_CASE("diagnosis: a rank that stopped issuing collectives is behind", "[monitor]") {
@@ -762,6 +770,59 @@ TEST_CASE("monitored Gloo: a connection closed by a rank that published its stat
   CHECK(errors[2] == "");
   CHECK(contains(errors[1], "Rank 2 did not publish its state: it is silent"));
   CHECK_FALSE(contains(errors[1], "it is dead"));
+}
+
+TEST_CASE("monitored Gloo: a rank stopped by the alarm learns of a reset another rank met",
+          "[monitor][gloo]") {
+  // Rank 2 is killed on its host, whose kernel resets the connections. Rank
+  // 1 meets the reset ("rank 2 ... reset by peer"), publishes its state and
+  // raises the alarm; rank 0, stopped by that alarm before it met the reset
+  // itself, must still call rank 2 dead (its host answered for it), not
+  // silent, frozen or unreachable: it reads the reset from rank 1's state.
+  const Millis timeout = 20s;
+  auto store = std::make_shared<MemoryStore>();
+  std::vector<std::string> errors(3);
+  std::atomic<int> finished{0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        // Rank 2 has no watchdog: no heartbeat, no state, as if killed.
+        auto c = remote_rank(r, 3, store, r != 2 ? store : nullptr, timeout, 0ms, 1000ms);
+        auto& comm = *c;
+        try {
+          if (r == 1) {
+            comm.fail(1, PeerError("all_reduce on rank 1 failed: rank 2 closed its connection or "
+                                   "failed (gloo: Read error: Connection reset by peer)",
+                                   ErrorContext{"all_reduce", 1, 2}));
+          } else if (r == 0) {
+            while (!store->check({"monitor/state/1"})) std::this_thread::sleep_for(20ms);
+            comm.fail(1, PeerError("all_reduce on rank 0 failed: the communicator was aborted",
+                                   ErrorContext{"all_reduce", 0, -1}));
+          }
+        } catch (const Error& e) {
+          errors[r] = e.what();
+        }
+        ++finished;
+        while (finished < 2) std::this_thread::sleep_for(20ms);
+      } catch (const std::exception& e) {
+        errors[r] = std::string("setup: ") + e.what();
+        ++finished;
+      }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(errors[2] == "");
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r, errors[r]);
+    CHECK(contains(errors[r], "Rank 2 did not publish its state: it is dead"));
+    CHECK(contains(errors[r], "closed or reset the connection to it"));
+    CHECK_FALSE(contains(errors[r], "it is silent"));
+    CHECK_FALSE(contains(errors[r], "unreachable"));
+  }
+  auto state1 = nlohmann::json::parse(to_string(store->get("monitor/state/1", 1000ms)));
+  CHECK(state1["connection_reset_by"] == 2);
+  auto state0 = nlohmann::json::parse(to_string(store->get("monitor/state/0", 1000ms)));
+  CHECK_FALSE(state0.contains("connection_reset_by"));
 }
 
 TEST_CASE("monitored Gloo: a stop of a rank on this machine counts from when it is seen, not from "
