@@ -555,16 +555,24 @@ void print_checks_and_verdict(const reports::Report& report) {
 }
 
 namespace {
-// The flag's value as a finite number, or nullopt.
+// The flag's value as a number, or nullopt when it is not one. Overflow
+// ("1e999") reads as infinity and NaN as NaN, for the checks to refuse as
+// not finite; underflow (a subnormal such as 1e-310, or what rounds to 0)
+// is a number, which the range checks judge.
 std::optional<double> as_number(const std::string& s) {
-  if (s.empty()) return std::nullopt;
+  if (s.empty() || std::isspace(static_cast<unsigned char>(s[0]))) return std::nullopt;
   char* end = nullptr;
-  errno = 0;
   const double v = std::strtod(s.c_str(), &end);
-  if (*end != '\0' || errno == ERANGE || !std::isfinite(v)) return std::nullopt;
+  if (end == s.c_str() || *end != '\0') return std::nullopt;
   return v;
 }
 std::string shortest(double v) { return fmt::format("{}", v); }
+// Why a flag's value that is not a number is refused; an empty one is said
+// to be empty, as main says of any option given ''.
+std::string not_a_number(const std::string& s) {
+  return s.empty() ? "an empty value ('') is not one: give a value, or leave the option out for its default"
+                   : "'" + s + "' is not a number";
+}
 }  // namespace
 
 namespace {
@@ -575,7 +583,7 @@ CLI::Validator number_check(std::function<bool(double)> ok, const std::string& w
   return CLI::Validator(
       [ok = std::move(ok), wanted](std::string& s) -> std::string {
         const auto v = as_number(s);
-        if (!v) return "'" + s + "' is not a number";
+        if (!v) return not_a_number(s);
         if (!std::isfinite(*v)) return "must be " + wanted + " (a finite number), not " + s;
         return ok(*v) ? "" : "must be " + wanted + ", not " + s;
       },
@@ -659,6 +667,15 @@ void add_common_options(CLI::App* app, CommonOptions& o) {
   g->add_option("--test-hosts", o.test_hosts, "")->group("");
 }
 
+void refuse_empty_values(const CLI::App& app) {
+  for (const CLI::Option* opt : app.get_options())
+    if (opt->count() > 0 && opt->nonpositional() && opt->get_items_expected_min() > 0)
+      for (const std::string& r : opt->results())
+        if (r.empty())
+          throw CLI::ValidationError(opt->get_name(), "an empty value ('') is not one: give a value, "
+                                                      "or leave the option out for its default");
+}
+
 std::size_t parse_size(const std::string& s) {
   const std::string looks = "sizes look like 8, 1K, 64M or 1G (binary: K = 1024)";
   if (s.empty()) throw UsageError("empty size", {"flags", -1, -1, looks});
@@ -726,7 +743,7 @@ CLI::Validator bucket_mb_value(bool zero_ok) {
   return CLI::Validator(
       [zero_ok](std::string& s) -> std::string {
         const auto v = as_number(s);
-        if (!v) return "'" + s + "' is not a number";
+        if (!v) return not_a_number(s);
         const std::string why = bucket_mb_problem(*v, zero_ok);
         return why.empty() ? "" : why + ", not " + s + " (MiB; DDP's default is 25, first bucket 1)";
       },

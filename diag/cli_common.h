@@ -84,6 +84,12 @@ struct CommonOptions {
 // --backend, --nproc, --timeout, --json, --gloo-interface, --gloo-threads, --store-protocol,
 // --desync-check and the hidden test flags --inject-fault and --test-hosts.
 void add_common_options(CLI::App* app, CommonOptions& o);
+// Throws CLI::ValidationError for an option of `app` (not its subcommands)
+// given an empty value (`-f ''`, `--json "$OUT"` with OUT unset), which
+// would read as 0 or as no option at all. main checks every parsed app;
+// a parse-complete callback that reads values calls it first, so the empty
+// value is named rather than the 0 it read as.
+void refuse_empty_values(const CLI::App& app);
 
 // One rank of a running job.
 struct Job {

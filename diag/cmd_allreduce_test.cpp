@@ -507,7 +507,8 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
   // Checks of several flags together, once the line is parsed, so that the
   // launcher refuses a mistake once, before any rank starts (each rank
   // checks again: it may have been started by another launcher).
-  app->parse_complete_callback([opts] {
+  app->parse_complete_callback([opts, app] {
+    cli::refuse_empty_values(*app);  // before reading a value it made 0
     const auto size_or = [](const std::string& s, std::size_t fallback) {
       try {
         return parse_size(s);

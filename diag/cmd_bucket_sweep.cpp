@@ -397,7 +397,8 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
       ->check(cli::positive_number());
   // Checked once the line is parsed, so the launcher refuses it before any
   // rank starts (each rank checks again in run()).
-  app->parse_complete_callback([opts] {
+  app->parse_complete_callback([opts, app] {
+    cli::refuse_empty_values(*app);  // before reading a value it made 0
     if (opts->no_size_sweep) return;
     if (const auto p = size_order_problem("--sweep-minbytes", opts->sweep_min, opts->sweep_max))
       throw CLI::ValidationError("--sweep-maxbytes", *p);

@@ -437,7 +437,8 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
   app->add_option("--algorithms", opts->algorithms, "Comma-separated: gather, ring, backend");
   // Checked once the line is parsed, so the launcher refuses it before any
   // rank starts (each rank checks again in run()).
-  app->parse_complete_callback([opts] {
+  app->parse_complete_callback([opts, app] {
+    cli::refuse_empty_values(*app);  // before reading a value it made 0
     if (const auto p = size_order_problem("--minbytes", opts->min_bytes, opts->max_bytes))
       throw CLI::ValidationError("--maxbytes", *p);
     try {

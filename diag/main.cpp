@@ -279,12 +279,7 @@ int main(int argc, char** argv) {
     // with OUT unset) would read as 0 or as no option at all: refused, as a
     // value that is not a number is.
     for (CLI::App* a = &app; a;) {
-      for (const CLI::Option* opt : a->get_options())
-        if (opt->count() > 0 && opt->nonpositional() && opt->get_items_expected_min() > 0)
-          for (const std::string& r : opt->results())
-            if (r.empty())
-              throw CLI::ValidationError(opt->get_name(), "an empty value ('') is not one: give a value, "
-                                                          "or leave the option out for its default");
+      cli::refuse_empty_values(*a);
       CLI::App* next = nullptr;
       for (CLI::App* sub : a->get_subcommands()) next = sub;
       a = next;

@@ -1454,6 +1454,45 @@ TEST_CASE("a 1.13 probe answered with an implausible count is not taken for a st
   ::close(lfd);
 }
 
+TEST_CASE("a server that answers with zeros is not taken for a 1.13 store", "[store][tcp]") {
+  // Zeros would read as a 1.13 store's count of 0 keys; but the 2.x
+  // handshake already got a reply no store sends (a 2.x store echoes the
+  // nonce, a 1.13 store closes the connection).
+  int port = 0;
+  const int lfd = listen_on_loopback(&port);
+  std::atomic<bool> stop{false};
+  std::thread zeros([&] {
+    while (!stop) {
+      pollfd p{lfd, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      int fd = ::accept(lfd, nullptr, nullptr);
+      if (fd < 0) continue;
+      std::uint8_t b[256];
+      ssize_t n = 0;
+      while ((n = ::recv(fd, b, sizeof(b), 0)) > 0) {
+        const std::vector<std::uint8_t> reply(static_cast<std::size_t>(n), 0);
+        ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+      }
+      ::close(fd);
+    }
+  });
+  for (StoreProtocol p : {StoreProtocol::kAuto, StoreProtocol::kV2}) {
+    auto o = client_opts(port, p);
+    o.io_timeout = 2000ms;
+    try {
+      TcpStoreClient c(o);
+      FAIL("the client took a server that sends zeros for a store");
+    } catch (const RendezvousError& e) {
+      CHECK(e.context().phase == "store.handshake");
+      CHECK_THAT(std::string(e.what()), Catch::Contains("speaks neither") &&
+                                            Catch::Contains("handshake with bytes 00 00 00 00"));
+    }
+  }
+  stop = true;
+  zeros.join();
+  ::close(lfd);
+}
+
 TEST_CASE("a server port outside 0..65535 is a usage error, not taken modulo 65536", "[store][tcp]") {
   for (int bad : {70000, -1, 65536}) {
     TcpStoreServerOptions so;

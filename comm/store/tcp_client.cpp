@@ -496,11 +496,15 @@ struct TcpStoreClient::Impl {
       return false;
     }
     if (tp::load_u32(r) == ping.nonce) return true;
-    if (looks_like_text(r, 4)) text_reply = received(r, 4);
+    // Any other reply rules out both versions: a 2.x store echoes the
+    // nonce, a 1.13 store closes the connection (see the file comment). A
+    // server that sends zeros would otherwise pass the 1.13 probe next.
+    text_reply = received(r, 4);
     return false;
   }
 
-  // Text a server sent in place of a handshake or probe reply ("" if none).
+  // What a server sent in place of a handshake or probe reply, described
+  // ("" if none).
   std::string text_reply;
   // The last handshake or probe ended with the server closing the
   // connection before a byte of reply.

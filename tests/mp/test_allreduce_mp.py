@@ -902,6 +902,10 @@ class BadInput(unittest.TestCase):
             (["--nproc", "-3"], "--nproc: must be a number > 0, not -3"),
             (["-n", "0"], "--iters: must be a number > 0, not 0"),
             (["--timeout", "abc"], "--timeout: 'abc' is not a number"),
+            # A subnormal is a number (too small here), overflow and inf are
+            # not finite.
+            (["--timeout", "1e-310"], "--timeout: must be between 0.001 and 10000000, not 1e-310"),
+            (["--timeout", "1e999"], "--timeout: must be between 0.001 and 10000000 (a finite number), not 1e999"),
             (["-f", "1"], "--stepfactor: must be a number > 1, not 1"),
             (["-f", "0.5"], "--stepfactor: must be a number > 1, not 0.5"),
             (["--min-busbw", "-1"], "--min-busbw: must be a number >= 0, not -1"),

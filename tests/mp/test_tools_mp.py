@@ -108,7 +108,11 @@ class BadInput(unittest.TestCase):
     def test_an_empty_option_value_is_refused(self):
         for args in (["buckets", "--model", "mlp", "--first-bucket-mb", ""],
                      ["ddp-step", "--nproc", "2", "--model", "mlp", "--hook", ""],
-                     ["store", "serve", "--port", ""]):
+                     ["store", "serve", "--port", ""],
+                     # read by a check of several flags together, which
+                     # must not take it for 0
+                     ["allreduce-test", "--nproc", "2", "-f", ""],
+                     ["dp-vs-ring", "--nproc", "2", "--stepfactor", ""]):
             with self.subTest(args=args):
                 p = run(args, timeout=30)
                 self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
