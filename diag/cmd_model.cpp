@@ -614,7 +614,8 @@ Subcommand add_model_command(CLI::App& parent) {
           ->capture_default_str()
       ->check(cli::non_negative_number());
   app->add_option("--backward-ms", opts->backward_ms,
-                  "Or: the backward pass's duration (ms); sets the rate to model bytes / duration")
+                  "Or: the backward pass's duration (ms); sets the rate to model bytes / duration; "
+                  "default: the rate of --compute-gbps")
       ->check(cli::non_negative_number());
   app->add_option("--bucket-algorithm", opts->bucket_algorithm,
                   "The all_reduce the buckets use: ring, tree or gather")

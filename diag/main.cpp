@@ -259,6 +259,39 @@ int main(int argc, char** argv) {
       for (CLI::App* sub : a->get_subcommands([](CLI::App*) { return true; })) todo.push_back(sub);
     }
   }
+  // Each option's default in --help (`--timeout FLOAT=60`), as torchrun
+  // prints its own. Not where the default stands for "not given": the
+  // launcher's variables an option overrides, --nproc's and model's
+  // --world-size's, one its description explains ("default: the fit"), a
+  // value the option's own check would refuse (-1 for a required count, 0
+  // for a size > 0), an empty list.
+  {
+    const auto refused = [](CLI::Option* opt, const std::string& value) {
+      for (int i = 0;; ++i) {
+        try {
+          if (!(*opt->get_validator(i))(value).empty()) return true;
+        } catch (const CLI::OptionNotFound&) {
+          return false;
+        }
+      }
+    };
+    std::vector<CLI::App*> todo = {&app};
+    while (!todo.empty()) {
+      CLI::App* a = todo.back();
+      todo.pop_back();
+      for (CLI::Option* opt : a->get_options()) {
+        if (opt->get_type_size() == 0 || opt->get_name() == "--nproc" ||
+            opt->get_name() == "--world-size" ||
+            opt->get_description().find("(overrides ") != std::string::npos ||
+            opt->get_description().find("default:") != std::string::npos)
+          continue;
+        opt->capture_default_str();
+        const std::string value = opt->get_default_str();
+        if (value == "[]" || refused(opt, value)) opt->default_str("");
+      }
+      for (CLI::App* sub : a->get_subcommands([](CLI::App*) { return true; })) todo.push_back(sub);
+    }
+  }
   // CLI11 would answer "A subcommand is required" to a misspelt one.
   if (argc > 1 && argv[1][0] != '-') {
     std::string names;

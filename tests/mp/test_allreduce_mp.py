@@ -5,6 +5,7 @@ missing rank, duplicate rank, a killed rank."""
 import json
 import resource
 import os
+import re
 import shutil
 import signal
 import socket
@@ -1232,6 +1233,33 @@ class BadInput(unittest.TestCase):
         text = " ".join(p.stdout.split())
         self.assertIn("out.rank1.json", text)
         self.assertNotIn("FILE.rank<R>.json", text)
+
+    def test_help_shows_defaults_but_not_placeholders(self):
+        # A default that is a real value is shown, as torchrun shows its own;
+        # one that stands for "not given" (-1, 0 for a size > 0, an empty
+        # list, a launcher's variable) is not shown as if it were a value.
+        def line_of(sub, flag):
+            p = run(sub + ["--help"])
+            self.assertEqual(p.returncode, 0, p.stderr)
+            for line in p.stdout.splitlines():
+                # "  --timeout FLOAT:0.001 to 10000000=60   Seconds to ...":
+                # the option's part ends at the first run of spaces.
+                head = line.strip().split("  ")[0]
+                if head and flag in head.split()[0].split(","):
+                    return head
+            self.fail("%s --help has no %s: %s" % (sub, flag, p.stdout))
+        self.assertIn("=60", line_of(["allreduce-test"], "--timeout"))
+        self.assertIn("=64M", line_of(["allreduce-test"], "--maxbytes"))
+        self.assertIn("=20", line_of(["allreduce-test"], "--iters"))
+        self.assertIn("=1,5,10,25,50,100,200", line_of(["bucket-sweep"], "--caps"))
+        self.assertIn("=29500", line_of(["store", "serve"], "--port"))
+        for sub, flag in ((["allreduce-test"], "--stepbytes"), (["allreduce-test"], "--rank"),
+                          (["allreduce-test"], "--nproc"), (["sampler"], "--dataset-size"),
+                          (["sampler"], "--count"), (["model"], "--world-size"),
+                          (["model"], "--inter-gbps"), (["model"], "reports")):
+            with self.subTest(sub=sub, flag=flag):
+                # "INT:>= 0" is the check; "=value" after the type a default
+                self.assertIsNone(re.search(r"[^\s<>]=", line_of(sub, flag)))
 
     def test_unwritable_report_path_is_exit_2(self):
         # A single-process command: the path is the user's mistake, not an
