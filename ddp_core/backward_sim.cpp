@@ -39,6 +39,17 @@ KSequence base_of(int rank, std::size_t param, std::uint64_t iteration) {
   return {static_cast<std::uint32_t>(h ^ (h >> 32))};
 }
 
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+// The mix's 32-bit multiplies have no SSE2 instruction; with AVX2 (picked
+// at load time, where the CPU has it) the float fill runs about twice as
+// fast, so gradients are written at a rate closer to a real backward's.
+#define DDPDIAG_FILL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DDPDIAG_FILL_CLONES
+#endif
+
+DDPDIAG_FILL_CLONES
 void fill(DType t, void* buf, std::size_t n, int world, int rank, std::size_t p,
           std::uint64_t it, double scale) {
   const KSequence base = base_of(rank, p, it);
