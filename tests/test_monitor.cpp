@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <regex>
 #include <string>
@@ -728,34 +729,24 @@ TEST_CASE("monitored Gloo: a point-to-point op on a silent peer ends at the hear
   }
 }
 
-TEST_CASE("monitored Gloo: a connection closed by a rank that published its state does not make "
-          "a silent rank dead",
-          "[monitor][gloo]") {
-  // Rank 0 fails first (its watchdog found rank 2 silent) and stops, closing
-  // its connections; rank 1 then fails on "rank 0 ... reset by peer". Rank 0
-  // published its state, so that reset was its own stop: rank 2, silent on
-  // another host whose address answers, is frozen, not dead.
+namespace {
+
+// Three remote ranks on one store; rank 2 has no watchdog (no heartbeat, no
+// state: as if frozen or killed) and does nothing. act(r, comm) runs on
+// ranks 0 and 1, which wait for each other before they close; returns what
+// each rank threw ("" for none).
+std::vector<std::string> with_rank2_silent(const std::shared_ptr<MemoryStore>& store,
+                                           const std::function<void(int, MonitoredCommunicator&)>& act) {
   const Millis timeout = 20s;
-  auto store = std::make_shared<MemoryStore>();
   std::vector<std::string> errors(3);
   std::atomic<int> finished{0};
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r)
     threads.emplace_back([&, r] {
       try {
-        // Rank 2 has no watchdog: no heartbeat, no state, as if frozen.
         auto c = remote_rank(r, 3, store, r != 2 ? store : nullptr, timeout, 0ms, 1000ms);
-        auto& comm = *c;
         try {
-          if (r == 0) {
-            comm.fail(1, TimeoutError("rank 2 wrote no new heartbeat (test)",
-                                      ErrorContext{"all_reduce", 0, 2}));
-          } else if (r == 1) {
-            while (!store->check({"monitor/state/0"})) std::this_thread::sleep_for(20ms);
-            comm.fail(1, PeerError("all_reduce on rank 1 failed: rank 0 closed its connection or "
-                                   "failed (gloo: Read error: Connection reset by peer)",
-                                   ErrorContext{"all_reduce", 1, 0}));
-          }
+          if (r != 2) act(r, *c);
         } catch (const Error& e) {
           errors[r] = e.what();
         }
@@ -767,6 +758,29 @@ TEST_CASE("monitored Gloo: a connection closed by a rank that published its stat
       }
     });
   for (auto& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace
+
+TEST_CASE("monitored Gloo: a connection closed by a rank that published its state does not make "
+          "a silent rank dead",
+          "[monitor][gloo]") {
+  // Rank 0 fails first (its watchdog found rank 2 silent) and stops, closing
+  // its connections; rank 1 then fails on "rank 0 ... reset by peer". Rank 0
+  // published its state, so that reset was its own stop: rank 2, silent on
+  // another host whose address answers, is frozen, not dead.
+  auto store = std::make_shared<MemoryStore>();
+  const auto errors = with_rank2_silent(store, [&](int r, MonitoredCommunicator& comm) {
+    if (r == 0) {
+      comm.fail(1, TimeoutError("rank 2 wrote no new heartbeat (test)", ErrorContext{"all_reduce", 0, 2}));
+    } else {
+      while (!store->check({"monitor/state/0"})) std::this_thread::sleep_for(20ms);
+      comm.fail(1, PeerError("all_reduce on rank 1 failed: rank 0 closed its connection or "
+                             "failed (gloo: Read error: Connection reset by peer)",
+                             ErrorContext{"all_reduce", 1, 0}));
+    }
+  });
   CHECK(errors[2] == "");
   CHECK(contains(errors[1], "Rank 2 did not publish its state: it is silent"));
   CHECK_FALSE(contains(errors[1], "it is dead"));
@@ -779,38 +793,18 @@ TEST_CASE("monitored Gloo: a rank stopped by the alarm learns of a reset another
   // raises the alarm; rank 0, stopped by that alarm before it met the reset
   // itself, must still call rank 2 dead (its host answered for it), not
   // silent, frozen or unreachable: it reads the reset from rank 1's state.
-  const Millis timeout = 20s;
   auto store = std::make_shared<MemoryStore>();
-  std::vector<std::string> errors(3);
-  std::atomic<int> finished{0};
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        // Rank 2 has no watchdog: no heartbeat, no state, as if killed.
-        auto c = remote_rank(r, 3, store, r != 2 ? store : nullptr, timeout, 0ms, 1000ms);
-        auto& comm = *c;
-        try {
-          if (r == 1) {
-            comm.fail(1, PeerError("all_reduce on rank 1 failed: rank 2 closed its connection or "
-                                   "failed (gloo: Read error: Connection reset by peer)",
-                                   ErrorContext{"all_reduce", 1, 2}));
-          } else if (r == 0) {
-            while (!store->check({"monitor/state/1"})) std::this_thread::sleep_for(20ms);
-            comm.fail(1, PeerError("all_reduce on rank 0 failed: the communicator was aborted",
-                                   ErrorContext{"all_reduce", 0, -1}));
-          }
-        } catch (const Error& e) {
-          errors[r] = e.what();
-        }
-        ++finished;
-        while (finished < 2) std::this_thread::sleep_for(20ms);
-      } catch (const std::exception& e) {
-        errors[r] = std::string("setup: ") + e.what();
-        ++finished;
-      }
-    });
-  for (auto& t : threads) t.join();
+  const auto errors = with_rank2_silent(store, [&](int r, MonitoredCommunicator& comm) {
+    if (r == 1) {
+      comm.fail(1, PeerError("all_reduce on rank 1 failed: rank 2 closed its connection or "
+                             "failed (gloo: Read error: Connection reset by peer)",
+                             ErrorContext{"all_reduce", 1, 2}));
+    } else {
+      while (!store->check({"monitor/state/1"})) std::this_thread::sleep_for(20ms);
+      comm.fail(1, PeerError("all_reduce on rank 0 failed: the communicator was aborted",
+                             ErrorContext{"all_reduce", 0, -1}));
+    }
+  });
   CHECK(errors[2] == "");
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r, errors[r]);

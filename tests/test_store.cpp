@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -137,6 +138,41 @@ int listen_on_loopback(int* port) {
   *port = ntohs(a.sin_port);
   return lfd;
 }
+
+// A server on loopback that is not a store: it answers every chunk a client
+// sends with answer(bytes received), on every connection, one at a time,
+// until it is destroyed.
+class AnsweringServer {
+ public:
+  explicit AnsweringServer(std::function<std::string(std::size_t)> answer)
+      : lfd_(listen_on_loopback(&port_)), thread_([this, answer = std::move(answer)] {
+          while (!stop_) {
+            pollfd p{lfd_, POLLIN, 0};
+            if (::poll(&p, 1, 100) <= 0) continue;
+            int fd = ::accept(lfd_, nullptr, nullptr);
+            if (fd < 0) continue;
+            std::uint8_t b[256];
+            ssize_t n = 0;
+            while ((n = ::recv(fd, b, sizeof(b), 0)) > 0) {
+              const std::string reply = answer(static_cast<std::size_t>(n));
+              ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+            }
+            ::close(fd);
+          }
+        }) {}
+  ~AnsweringServer() {
+    stop_ = true;
+    thread_.join();
+    ::close(lfd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int port_ = 0;
+  int lfd_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
 
 }  // namespace
 
@@ -1364,25 +1400,10 @@ TEST_CASE("a server that accepts and stays silent for a second or more is anothe
 TEST_CASE("a server that answers with text is named as not a store, with what it sent", "[store][tcp]") {
   // Stands in for an HTTP server on MASTER_PORT that answers anything with
   // a 400: its text must not be read as a length or a count.
-  int port = 0;
-  const int lfd = listen_on_loopback(&port);
-  std::atomic<bool> stop{false};
-  std::thread http([&] {
-    while (!stop) {
-      pollfd p{lfd, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      int fd = ::accept(lfd, nullptr, nullptr);
-      if (fd < 0) continue;
-      std::uint8_t b[256];
-      // Answer every request, until the client goes away.
-      while (::recv(fd, b, sizeof(b), 0) > 0) {
-        const std::string reply =
-            "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n";
-        ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
-      }
-      ::close(fd);
-    }
+  AnsweringServer http([](std::size_t) {
+    return std::string("HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n");
   });
+  const int port = http.port();
   auto o = client_opts(port, StoreProtocol::kAuto);
   o.io_timeout = 2000ms;
   auto error_of = [&](StoreProtocol p, bool compare_set) -> std::pair<std::string, ErrorContext> {
@@ -1416,9 +1437,6 @@ TEST_CASE("a server that answers with text is named as not a store, with what it
                          Catch::Contains("'HTTP/1.1 400 Bad Request'"));
     CHECK_THAT(c.hint, Catch::Contains("check MASTER_PORT points at the TCPStore"));
   }
-  stop = true;
-  http.join();
-  ::close(lfd);
 }
 
 TEST_CASE("a 1.13 probe answered with an implausible count is not taken for a store", "[store][tcp]") {
@@ -1458,24 +1476,8 @@ TEST_CASE("a server that answers with zeros is not taken for a 1.13 store", "[st
   // Zeros would read as a 1.13 store's count of 0 keys; but the 2.x
   // handshake already got a reply no store sends (a 2.x store echoes the
   // nonce, a 1.13 store closes the connection).
-  int port = 0;
-  const int lfd = listen_on_loopback(&port);
-  std::atomic<bool> stop{false};
-  std::thread zeros([&] {
-    while (!stop) {
-      pollfd p{lfd, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      int fd = ::accept(lfd, nullptr, nullptr);
-      if (fd < 0) continue;
-      std::uint8_t b[256];
-      ssize_t n = 0;
-      while ((n = ::recv(fd, b, sizeof(b), 0)) > 0) {
-        const std::vector<std::uint8_t> reply(static_cast<std::size_t>(n), 0);
-        ::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
-      }
-      ::close(fd);
-    }
-  });
+  AnsweringServer zeros([](std::size_t n) { return std::string(n, '\0'); });
+  const int port = zeros.port();
   for (StoreProtocol p : {StoreProtocol::kAuto, StoreProtocol::kV2}) {
     auto o = client_opts(port, p);
     o.io_timeout = 2000ms;
@@ -1488,9 +1490,6 @@ TEST_CASE("a server that answers with zeros is not taken for a 1.13 store", "[st
                                             Catch::Contains("handshake with bytes 00 00 00 00"));
     }
   }
-  stop = true;
-  zeros.join();
-  ::close(lfd);
 }
 
 TEST_CASE("a server port outside 0..65535 is a usage error, not taken modulo 65536", "[store][tcp]") {
