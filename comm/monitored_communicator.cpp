@@ -753,9 +753,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   // Unless the rank that closed it published its state: that rank is alive,
   // and closed its connections as it stopped (it raised or saw the alarm
   // before this rank's watchdog did), which says nothing of the silent ones.
-  if (peer_reset && closed_by >= 0 && closed_by != rank() &&
-      closed_by < static_cast<int>(states.size()) && states[closed_by])
-    peer_reset = false;
+  if (const int by = reset_by_; by >= 0 && states[by]) peer_reset = false;
   // Which silent ranks' hosts closed or reset a connection to another
   // rank, by what that rank published with its state (this rank's own
   // error, peer_reset, counts for every silent rank).

@@ -567,11 +567,13 @@ std::optional<double> as_number(const std::string& s) {
   return v;
 }
 std::string shortest(double v) { return fmt::format("{}", v); }
+// What an option given '' is told (refuse_empty_values, number checks).
+constexpr const char* kEmptyValue =
+    "an empty value ('') is not one: give a value, or leave the option out for its default";
 // Why a flag's value that is not a number is refused; an empty one is said
 // to be empty, as main says of any option given ''.
 std::string not_a_number(const std::string& s) {
-  return s.empty() ? "an empty value ('') is not one: give a value, or leave the option out for its default"
-                   : "'" + s + "' is not a number";
+  return s.empty() ? std::string(kEmptyValue) : "'" + s + "' is not a number";
 }
 }  // namespace
 
@@ -672,8 +674,7 @@ void refuse_empty_values(const CLI::App& app) {
     if (opt->count() > 0 && opt->nonpositional() && opt->get_items_expected_min() > 0)
       for (const std::string& r : opt->results())
         if (r.empty())
-          throw CLI::ValidationError(opt->get_name(), "an empty value ('') is not one: give a value, "
-                                                      "or leave the option out for its default");
+          throw CLI::ValidationError(opt->get_name(), kEmptyValue);
 }
 
 std::size_t parse_size(const std::string& s) {

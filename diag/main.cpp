@@ -238,9 +238,16 @@ int main(int argc, char** argv) {
       cli::add_memory_command(app),
       cli::add_model_command(app),
   };
-  // CLI11 reads an integer with a leading 0 as octal: `-n 010` would run 8
-  // iterations and `--master-port 029500` dial another port. Refused, on
-  // every integer option of every subcommand.
+  // One walk over every option of every subcommand:
+  // - CLI11 reads an integer with a leading 0 as octal: `-n 010` would run 8
+  //   iterations and `--master-port 029500` dial another port. Refused on
+  //   every integer option.
+  // - Each option's default in --help (`--timeout FLOAT=60`), as torchrun
+  //   prints its own. Not where the default stands for "not given": the
+  //   launcher's variables an option overrides, --nproc's and model's
+  //   --world-size's, one its description explains ("default: the fit"), a
+  //   value the option's own check would refuse (-1 for a required count, 0
+  //   for a size > 0), an empty list.
   {
     const CLI::Validator no_octal(
         [](std::string& v) -> std::string {
@@ -250,22 +257,6 @@ int main(int argc, char** argv) {
           return {};
         },
         "", "no_octal");
-    std::vector<CLI::App*> todo = {&app};
-    while (!todo.empty()) {
-      CLI::App* a = todo.back();
-      todo.pop_back();
-      for (CLI::Option* opt : a->get_options())
-        if (opt->get_type_name().rfind("INT", 0) == 0) opt->check(no_octal);
-      for (CLI::App* sub : a->get_subcommands([](CLI::App*) { return true; })) todo.push_back(sub);
-    }
-  }
-  // Each option's default in --help (`--timeout FLOAT=60`), as torchrun
-  // prints its own. Not where the default stands for "not given": the
-  // launcher's variables an option overrides, --nproc's and model's
-  // --world-size's, one its description explains ("default: the fit"), a
-  // value the option's own check would refuse (-1 for a required count, 0
-  // for a size > 0), an empty list.
-  {
     const auto refused = [](CLI::Option* opt, const std::string& value) {
       for (int i = 0;; ++i) {
         try {
@@ -275,16 +266,19 @@ int main(int argc, char** argv) {
         }
       }
     };
+    const auto shows_default = [](const CLI::Option* opt) {
+      const std::string& what = opt->get_description();
+      return opt->get_type_size() != 0 && opt->get_name() != "--nproc" &&
+             opt->get_name() != "--world-size" && what.find("(overrides ") == std::string::npos &&
+             what.find("default:") == std::string::npos;
+    };
     std::vector<CLI::App*> todo = {&app};
     while (!todo.empty()) {
       CLI::App* a = todo.back();
       todo.pop_back();
       for (CLI::Option* opt : a->get_options()) {
-        if (opt->get_type_size() == 0 || opt->get_name() == "--nproc" ||
-            opt->get_name() == "--world-size" ||
-            opt->get_description().find("(overrides ") != std::string::npos ||
-            opt->get_description().find("default:") != std::string::npos)
-          continue;
+        if (opt->get_type_name().rfind("INT", 0) == 0) opt->check(no_octal);
+        if (!shows_default(opt)) continue;
         opt->capture_default_str();
         const std::string value = opt->get_default_str();
         if (value == "[]" || refused(opt, value)) opt->default_str("");
