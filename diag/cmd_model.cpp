@@ -71,6 +71,7 @@ struct ModelOptions {
   double compute_gbps = 1.0;
   CLI::Option* compute_gbps_opt = nullptr;
   double backward_ms = 0;
+  CLI::Option* backward_ms_opt = nullptr;
   std::string bucket_algorithm = "ring";
   std::vector<std::string> check_against;
   std::string check_min_bytes = "1M";
@@ -225,7 +226,8 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
     if (o.compute_gbps < 0 || o.backward_ms < 0)
       throw flag_error("--compute-gbps and --backward-ms must be >= 0", "e.g. --compute-gbps 1");
-    if (o.compute_gbps_opt->count() > 0 && o.compute_gbps > 0 && o.backward_ms > 0)
+    // --compute-gbps 0 ("no compute rate") leaves the pace to --backward-ms.
+    if (o.compute_gbps_opt->count() > 0 && o.compute_gbps > 0 && o.backward_ms_opt->count() > 0)
       throw flag_error("--compute-gbps and --backward-ms both set the backward's pace",
                        "give one of them");
     if (o.backward_ms > 3600e3)
@@ -235,7 +237,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     // Frozen parameters have no gradient: DDP reduces the others only.
     model_layout = ddp_core::trainable_parameters(ddp_core::load_model(o.model));
     ddp_core::check_unused_parameters(*model_layout, false, "model", false);
-    if (o.backward_ms == 0) cli::check_backward_rate(model_layout->gradient_bytes(), o.compute_gbps, -1);
+    if (o.backward_ms_opt->count() == 0) cli::check_backward_rate(model_layout->gradient_bytes(), o.compute_gbps, -1);
   } else if (o.caps_opt && o.caps_opt->count()) {
     throw flag_error("--caps needs --model: the best cap is found for a model's buckets",
                      "e.g. --model resnet50 --caps 1,5,25");
@@ -405,7 +407,10 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     if (model_layout) {
       const auto& layout = *model_layout;
       const double total = static_cast<double>(layout.total_bytes());
-      const double rate = o.backward_ms > 0 ? total / (o.backward_ms * 1e-3) : o.compute_gbps * 1e9;
+      // --backward-ms 0, as --compute-gbps 0: every gradient at once.
+      const double rate = o.backward_ms_opt->count() == 0 ? o.compute_gbps * 1e9
+                          : o.backward_ms > 0             ? total / (o.backward_ms * 1e-3)
+                                                          : 0.0;
       const auto first = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
       const auto& t = topo[*bucket_algorithm];
       auto allreduce_s = [&](double n) { return scale::predict_allreduce_s(*bucket_algorithm, t, n); };
@@ -613,9 +618,10 @@ Subcommand add_model_command(CLI::App& parent) {
                       "at once")
           ->capture_default_str()
       ->check(cli::non_negative_number());
-  app->add_option("--backward-ms", opts->backward_ms,
-                  "Or: the backward pass's duration (ms); sets the rate to model bytes / duration; "
-                  "default: the rate of --compute-gbps")
+  opts->backward_ms_opt =
+      app->add_option("--backward-ms", opts->backward_ms,
+                      "Or: the backward pass's duration (ms); sets the rate to model bytes / "
+                      "duration (0: all at once); default: the rate of --compute-gbps")
       ->check(cli::non_negative_number());
   app->add_option("--bucket-algorithm", opts->bucket_algorithm,
                   "The all_reduce the buckets use: ring, tree or gather")

@@ -122,10 +122,14 @@ int run_sampler(const SamplerCliOptions& c) {
     write_error(e);
     throw;
   } catch (const std::bad_alloc&) {
+    const bool reports = !c.json_path.empty() || !c.markdown_path.empty();
     UsageError e("out of memory for this rank's indices",
                  ErrorContext{"sampler", -1, -1,
-                              "use --streaming (constant memory), a window (--start, --count), "
-                              "or leave out --json and --markdown, which hold every index"});
+                              std::string("use --streaming (constant memory) or a window (--start, "
+                                          "--count)") +
+                                  (reports ? ", or leave out --json and --markdown, which hold "
+                                             "every index"
+                                           : "")});
     write_error(e);
     throw e;
   }

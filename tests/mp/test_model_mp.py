@@ -287,7 +287,8 @@ class ModelVsMeasured(unittest.TestCase):
             self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
             self.assertIn("can only pass", p.stderr)
         os.unlink(copy)
-        for extra in (["--compute-gbps", "5", "--backward-ms", "100"], ["--backward-ms", "1e30"],
+        for extra in (["--compute-gbps", "5", "--backward-ms", "100"],
+                      ["--compute-gbps", "5", "--backward-ms", "0"], ["--backward-ms", "1e30"],
                       ["--compute-gbps", "1e-12"]):
             p = run(["model", self.sweeps[2], "--world-size", "8", "--model", "mlp"] + extra)
             self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
@@ -304,6 +305,15 @@ class ModelVsMeasured(unittest.TestCase):
                              "--max-fit-error", "1000"])
         self.assertAlmostEqual(rep["results"]["compute_gbps"],
                                rep["results"]["total_bytes"] / 0.2 / 1e9, places=9)
+        # --backward-ms 0 is an instant backward, as --compute-gbps 0: the
+        # same plan, not the default 1 GB/s.
+        plans = []
+        for pace in (["--backward-ms", "0"], ["--compute-gbps", "0"]):
+            p, rep = self.model([self.sweeps[2], "--world-size", "8", "--model", "mlp",
+                                 "--max-fit-error", "1000"] + pace)
+            self.assertEqual(rep["results"]["compute_gbps"], 0, pace)
+            plans.append(rep["results"]["caps"])
+        self.assertEqual(plans[0], plans[1])
 
     def test_fits_float_sums_only(self):
         # allreduce-test -d all: the other dtypes move other element sizes at

@@ -52,6 +52,22 @@ class ErrorReports(unittest.TestCase):
         self.assertIn("reports hold at most 10000000", p.stderr)
         self.assertIn("--count", p.stderr)
 
+    @unittest.skipIf(SANITIZED, "no address-space limit can be set under a sanitizer")
+    @unittest.skipIf(SANITIZED, "no address-space limit can be set under a sanitizer")
+    def test_sampler_out_of_memory_is_a_clear_error(self):
+        # 2^40 indices do not fit in 1 GiB of address space: exit 2 naming the
+        # cause; the hint offers the ways out, and not "leave out --json" to
+        # a user who gave none.
+        def limit():
+            resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+        p = subprocess.run([BIN, "sampler", "--dataset-size", str(1 << 41), "--world-size", "2",
+                            "--rank", "0"], env=clean_env(), capture_output=True, text=True,
+                           timeout=60, preexec_fn=limit)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("out of memory for this rank's indices", p.stderr)
+        self.assertIn("--streaming", p.stderr)
+        self.assertNotIn("--json", p.stderr)
+
     def test_a_read_only_report_is_not_replaced(self):
         path = tmp_json()
         with open(path, "w") as f:
