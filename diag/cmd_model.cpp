@@ -186,6 +186,12 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   if (o.world_size_opt->count() && (o.world_size < 2 || o.world_size > kMaxWorldSize))
     throw flag_error(fmt::format("--world-size {} is not in 2..{}", o.world_size, kMaxWorldSize),
                      "e.g. --world-size 64 --ranks-per-host 8");
+  // The best cap is predicted at --world-size; without it, the model and its
+  // flags would be read and then ignored.
+  if (!o.model.empty() && !o.world_size_opt->count())
+    throw flag_error("--model needs --world-size: the best bucket cap is predicted for the world "
+                     "size you name",
+                     fmt::format("e.g. --model {} --world-size 64 --ranks-per-host 8", o.model));
   if (!o.world_size_opt->count() && o.check_against.empty())
     throw flag_error("nothing to predict: give --world-size W and/or --check-against FILE",
                      "e.g. ddpdiag model sweep.json --world-size 64 --ranks-per-host 8");
@@ -214,12 +220,6 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   // The bucket-cap part's flags and model, before anything is printed.
   std::vector<double> caps;
   std::optional<ddp_core::ModelLayout> model_layout;
-  // The best cap is predicted at --world-size; without it, the model and its
-  // flags would be read and then ignored.
-  if (!o.model.empty() && !o.world_size_opt->count())
-    throw flag_error("--model needs --world-size: the best bucket cap is predicted for the world "
-                     "size you name",
-                     fmt::format("e.g. --model {} --world-size 64 --ranks-per-host 8", o.model));
   if (!o.model.empty()) {
     caps = cli::parse_caps(o.caps);
     if (!(o.first_bucket_mb > 0))
