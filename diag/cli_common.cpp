@@ -1434,6 +1434,15 @@ void wait_for_ranks(Job& job) {
              "fix what that rank refused (its own message says the same) and start every rank "
              "again"});
       }
+    // Under ddpdiag's launcher a rank that ended before the ranks met (a
+    // refusal of its own: flags, memory) is in the launcher's note at once,
+    // while the launcher lets the others end on their own for --timeout.
+    if (job.world.launcher == Launcher::kDdpdiag)
+      if (const std::string note = launcher_note(); !note.empty() && note_rank(note) != me)
+        throw RendezvousError(
+            fmt::format("{} before the ranks met, so this world cannot meet", note),
+            {"rendezvous", me, note_rank(note),
+             "that rank's own message says why: fix it and start the run again"});
     std::int64_t joined = job.store->add("joined", 0);
     if (joined >= n) break;
     if (std::chrono::steady_clock::now() >= deadline) {

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -67,6 +68,25 @@ class ErrorReports(unittest.TestCase):
         self.assertIn("out of memory for this rank's indices", p.stderr)
         self.assertIn("--streaming", p.stderr)
         self.assertNotIn("--json", p.stderr)
+
+    @unittest.skipIf(SANITIZED, "no address-space limit can be set under a sanitizer")
+    def test_a_rank_0_refusal_under_the_launcher_ends_the_others_at_once(self):
+        # Only dp-vs-ring's gather root (rank 0) holds the other rank's 1 GiB
+        # buffer too: under a 3.55 GiB address-space limit it refuses, rank 1
+        # does not. Rank 1 reads the launcher's note and stops at once
+        # instead of waiting out --timeout for a rank 0 that is gone.
+        def limit():
+            resource.setrlimit(resource.RLIMIT_AS, (3550 << 20, 3550 << 20))
+        t0 = time.monotonic()
+        p = subprocess.run([BIN, "dp-vs-ring", "--nproc", "2", "-b", "1G", "-e", "1G", "-n", "1",
+                            "-w", "0", "--timeout", "60"], env=clean_env(), capture_output=True,
+                           text=True, timeout=120, preexec_fn=limit)
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("[rank 0] ddpdiag: error on rank 0 during flags: buffers of 1G", p.stderr)
+        self.assertRegex(p.stderr, r"\[rank 1\] ddpdiag: error on rank 1 \(peer rank 0\) during "
+                         r"rendezvous: rank 0 \(pid \d+\) exited with code 2 .* before the ranks met")
+        self.assertNotIn("timed out", p.stderr)
+        self.assertLess(time.monotonic() - t0, 30, p.stderr)  # --timeout is 60
 
     def test_a_read_only_report_is_not_replaced(self):
         path = tmp_json()
