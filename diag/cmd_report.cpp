@@ -48,13 +48,17 @@ nlohmann::json load(const std::string& path) {
 }
 
 // What was printed must have reached standard output: a full disk or a
-// closed file behind a redirection is an error (exit 2), not a silent loss.
+// closed file behind a redirection is an error (exit 2), not a silent loss;
+// a pipe whose reader has gone is not.
 // `err`: an errno already seen by the caller's own write, or 0.
 void flush_stdout(const std::string& what, int err = 0) {
   errno = 0;
   if (std::fflush(stdout) == 0 && !std::ferror(stdout) && err == 0) return;
   if (err == 0) err = errno;
   std::clearerr(stdout);
+  // A reader that stopped early (`| head`, `| grep -q`) is no error: the
+  // command keeps its own exit code (compare's 1 for a regression).
+  if (err == EPIPE) return;
   throw UsageError(fmt::format("cannot write {} to standard output: {}", what,
                                err != 0 ? std::strerror(err) : "write error"),
                    {"report", -1, -1,

@@ -630,6 +630,28 @@ class ReportCommand(unittest.TestCase):
                 self.assertIn("standard output", r.stderr)
                 self.assertIn("No space left on device", r.stderr)
 
+    def test_a_reader_that_stops_early_keeps_the_exit_code(self):
+        # `... | head`, `... | grep -q`: standard output is a pipe whose reader
+        # has gone. The command keeps its own exit code (a CI gate reads it):
+        # 0, or validate's 1 for a report that breaks the schema.
+        with open(self.base) as f:
+            doc = json.load(f)
+        doc["verdict"] = "MAYBE"
+        bad = self.write_json("bad.json", doc)
+        for args, rc in ((["report", "schema"], 0), (["report", "render", self.base], 0),
+                         (["report", "compare", self.base, self.base], 0),
+                         (["report", "validate", self.base], 0),
+                         (["report", "validate", bad], 1)):
+            with self.subTest(args=args[1:]):
+                r, w = os.pipe()
+                os.close(r)
+                try:
+                    p = run_bounded(args, stdout=w)
+                finally:
+                    os.close(w)
+                self.assertEqual(p.returncode, rc, p.stderr)
+                self.assertNotIn("cannot write", p.stderr)
+
     def test_compare_refuses_a_report_it_cannot_read_naming_the_file(self):
         cases = (('{"schema": 1}', "not a string"),
                  ('{"schema": null}', "not a string"),
