@@ -24,16 +24,45 @@ class JsonTooDeep : public std::runtime_error {
 };
 
 // nlohmann::json::parse, refusing (JsonTooDeep) an object or array deeper
-// than kMaxJsonDepth; its own exceptions pass through as they are.
+// than kMaxJsonDepth; its own exceptions pass through as they are. The depth
+// is counted by a SAX handler around the parser's own DOM builder, in one
+// linear pass: the callback form of parse() re-examines the enclosing array
+// each time one of its objects ends, which made a report of a few hundred
+// thousand rows take seconds to minutes.
+namespace detail {
+class BoundedDomBuilder : public nlohmann::detail::json_sax_dom_parser<nlohmann::json> {
+  using Base = nlohmann::detail::json_sax_dom_parser<nlohmann::json>;
+
+ public:
+  explicit BoundedDomBuilder(nlohmann::json& root) : Base(root, true) {}
+  // `enclosing_`: the objects and arrays around the one that starts.
+  bool start_object(std::size_t n) {
+    if (enclosing_++ > kMaxJsonDepth) throw JsonTooDeep();
+    return Base::start_object(n);
+  }
+  bool start_array(std::size_t n) {
+    if (enclosing_++ > kMaxJsonDepth) throw JsonTooDeep();
+    return Base::start_array(n);
+  }
+  bool end_object() {
+    --enclosing_;
+    return Base::end_object();
+  }
+  bool end_array() {
+    --enclosing_;
+    return Base::end_array();
+  }
+
+ private:
+  int enclosing_ = 0;
+};
+}  // namespace detail
+
 inline nlohmann::json parse_json_bounded(std::string_view text) {
-  const nlohmann::json::parser_callback_t limit = [](int depth, nlohmann::json::parse_event_t event,
-                                                     nlohmann::json&) {
-    if (depth > kMaxJsonDepth && (event == nlohmann::json::parse_event_t::object_start ||
-                                  event == nlohmann::json::parse_event_t::array_start))
-      throw JsonTooDeep();
-    return true;
-  };
-  return nlohmann::json::parse(text.begin(), text.end(), limit);
+  nlohmann::json root;
+  detail::BoundedDomBuilder builder(root);
+  nlohmann::json::sax_parse(text.begin(), text.end(), &builder);
+  return root;
 }
 
 }  // namespace ddpdiag
