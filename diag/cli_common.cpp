@@ -412,8 +412,8 @@ void write_report_on_interrupt() {
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
-void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string& what,
-                       const std::string& hint, std::uint64_t this_rank_extra,
+void check_host_memory(const Job& job, long double per_rank, const std::string& what,
+                       const std::string& hint, long double this_rank_extra,
                        const std::string& extra_what) {
   const auto gib = [](long double b) { return fmt::format("{:.1f} GiB", static_cast<double>(b / (1ULL << 30))); };
   const std::string extra =
@@ -428,7 +428,7 @@ void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string
   // is kept for those.
   constexpr std::uint64_t kAddressSpaceMargin = std::uint64_t{1} << 30;
   if (const auto as = address_space_left();
-      as && static_cast<long double>(per_rank) + this_rank_extra + kAddressSpaceMargin >
+      as && per_rank + this_rank_extra + kAddressSpaceMargin >
                 static_cast<long double>(as->bytes))
     throw UsageError(
         fmt::format("{} take about {} per rank{}, and the run's threads and allocator about {} "
@@ -445,14 +445,14 @@ void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string
   // Where no launcher or flag said how many ranks share this host, count
   // this one only: refusing a run that fits is worse than missing one.
   const int here = job.world.local_world_size_given ? std::max(1, job.world.local_world_size) : 1;
-  const long double need = static_cast<long double>(per_rank) * here + this_rank_extra;
+  const long double need = per_rank * here + this_rank_extra;
   if (need <= static_cast<long double>(avail->bytes)) return;
   throw UsageError(
       fmt::format("{} take about {} per rank{}{}, but this host has {} of memory left ({}): the "
                   "ranks would be killed by the OOM killer or swap",
                   what, gib(per_rank),
                   here > 1 ? fmt::format(", {} for the {} ranks on this host",
-                                         gib(static_cast<long double>(per_rank) * here), here)
+                                         gib(per_rank * here), here)
                            : std::string(),
                   extra, gib(avail->bytes), avail->source),
       {"flags", job.rank(), -1, hint});
@@ -469,10 +469,8 @@ void check_layout_memory(const Job& job, const std::string& model, int grad_copi
   } catch (const std::exception&) {
     return;
   }
-  const long double need = static_cast<long double>(grads) * grad_copies +
-                           static_cast<long double>(params) * param_copies;
-  const std::uint64_t per_rank =
-      need >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max() : static_cast<std::uint64_t>(need);
+  const long double per_rank = static_cast<long double>(grads) * grad_copies +
+                               static_cast<long double>(params) * param_copies;
   check_host_memory(job, per_rank,
                     fmt::format("the buffers of model {} ({:.1f} GiB of parameters)", model,
                                 static_cast<double>(params) / (1ULL << 30)),

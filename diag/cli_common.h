@@ -332,8 +332,9 @@ std::vector<std::string> split_list(const std::string& s, const std::string& fla
 // gather root), named by `extra_what`. Called from
 // run_distributed's before_start, so no rank reads memory another one has
 // already taken.
-void check_host_memory(const Job& job, std::uint64_t per_rank, const std::string& what,
-                       const std::string& hint, std::uint64_t this_rank_extra = 0,
+// Byte counts in long double: products of sizes up to 2^64 - 1 must not wrap.
+void check_host_memory(const Job& job, long double per_rank, const std::string& what,
+                       const std::string& hint, long double this_rank_extra = 0,
                        const std::string& extra_what = {});
 // check_host_memory for a command that runs a model layout (ddp-step,
 // bucket-sweep, memory, broadcast-test), on Gloo: per rank, `grad_copies`

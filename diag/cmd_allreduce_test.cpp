@@ -550,7 +550,7 @@ Subcommand add_allreduce_test_command(CLI::App& parent) {
                                                        parse_size(opts->step_bytes), dtype_size(d)))
                         largest = std::max(largest, b);
                   check_host_memory(
-                      job, static_cast<std::uint64_t>(largest) * (job.backend == Backend::kGloo ? 3 : 1),
+                      job, static_cast<long double>(largest) * (job.backend == Backend::kGloo ? 3 : 1),
                       fmt::format("buffers of {} (the sweep's largest size)", format_size(largest)),
                       "use a smaller -e, or fewer ranks on this host");
                 });

@@ -478,11 +478,10 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
                       gloo && gather && job.rank() == 0
                           ? static_cast<long double>(largest) * (widest - 1)
                           : 0.0L;
-                  check_host_memory(job, static_cast<std::uint64_t>(largest) * (gloo ? 2 : 1),
+                  check_host_memory(job, static_cast<long double>(largest) * (gloo ? 2 : 1),
                                     fmt::format("buffers of {} (the sweep's largest size)", format_size(largest)),
                                     "use a smaller -e, or fewer ranks on this host",
-                                    root_extra >= 1.8e19L ? std::numeric_limits<std::uint64_t>::max()
-                                                          : static_cast<std::uint64_t>(root_extra),
+                                    root_extra,
                                     widest == 2 ? std::string("the gather root holds the other rank's buffer")
                                                 : fmt::format("the gather root holds the {} other ranks' buffers",
                                                               widest - 1));

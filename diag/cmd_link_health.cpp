@@ -787,7 +787,9 @@ Subcommand add_link_health_command(CLI::App& parent) {
                   const std::uint64_t bw = parse_size(opts->bandwidth_bytes);
                   const std::uint64_t ar = parse_size(opts->allreduce_bytes);
                   const bool host = job.backend == Backend::kGloo;
-                  check_host_memory(job, (host ? 3 : 1) * bw + (host ? 2 : 1) * ar,
+                  check_host_memory(job,
+                                    (host ? 3 : 1) * static_cast<long double>(bw) +
+                                        (host ? 2 : 1) * static_cast<long double>(ar),
                                     fmt::format("buffers of {} (--bytes) and {} (--allreduce-bytes)",
                                                 format_size(bw), format_size(ar)),
                                     "use a smaller --bytes, or fewer ranks on this host");

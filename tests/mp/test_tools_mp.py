@@ -141,6 +141,20 @@ class BadInput(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("nothing read from", p.stderr)
 
+    def test_sizes_whose_buffers_overflow_64_bits_are_refused_before_the_run(self):
+        # Three buffers of 2^64/3 bytes, two of 2^63: the memory check adds
+        # them up without wrapping to a small number, and every rank refuses
+        # before the rendezvous.
+        for args in (["link-health", "--bytes", "6148914691236517206"],
+                     ["dp-vs-ring", "-b", "9223372036854775808", "-e", "9223372036854775808"]):
+            with self.subTest(args=args):
+                p = run(args + ["--nproc", "2", "-n", "1", "-w", "0", "--timeout", "30"])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("[rank 1] ddpdiag: error on rank 1 during flags: buffers of", p.stderr)
+                self.assertRegex(p.stderr, r"take about [0-9]{8,}\.\d GiB per rank")
+                self.assertNotIn("allocate", p.stderr)
+                self.assertLess(p.elapsed, 20, p.stderr)
+
     def test_an_empty_option_value_is_refused(self):
         for args in (["buckets", "--model", "mlp", "--first-bucket-mb", ""],
                      ["ddp-step", "--nproc", "2", "--model", "mlp", "--hook", ""],
