@@ -1090,6 +1090,48 @@ std::vector<std::string> settings_differences(const std::vector<nlohmann::json>&
 
 }  // namespace
 
+namespace {
+
+// One value of an option as the rank will use it, so that two spellings of
+// the same setting (-e 16K and -e 16384, -w 5 and the default 5, 1 and 1.0)
+// do not count as ranks that disagree: a whole integer without its leading
+// zeros (exact, at any length), a number as the double it reads as, a size
+// in bytes; anything else as written.
+std::string canonical_setting(const std::string& item) {
+  if (item.empty() || std::isspace(static_cast<unsigned char>(item[0]))) return item;
+  const bool negative = item[0] == '-' || item[0] == '+';
+  const std::string digits = item.substr(negative ? 1 : 0);
+  if (!digits.empty() && digits.find_first_not_of("0123456789") == std::string::npos) {
+    const auto first = digits.find_first_not_of('0');
+    const std::string magnitude = first == std::string::npos ? "0" : digits.substr(first);
+    return (item[0] == '-' && magnitude != "0" ? "-" : "") + magnitude;
+  }
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(item.c_str(), &end);
+  if (end == item.c_str() + item.size() && std::isfinite(v)) return fmt::format("{}", v);
+  try {
+    return std::to_string(parse_size(item));
+  } catch (const UsageError&) {
+    return item;
+  }
+}
+
+std::string canonical_settings(const std::string& value) {
+  std::string out;
+  std::size_t from = 0;
+  for (;;) {
+    const auto comma = value.find(',', from);
+    out += canonical_setting(value.substr(from, comma == std::string::npos ? std::string::npos
+                                                                           : comma - from));
+    if (comma == std::string::npos) return out;
+    out += ',';
+    from = comma + 1;
+  }
+}
+
+}  // namespace
+
 void record_rank_settings(const CLI::App& subcommand) {
   static const std::set<std::string> per_rank = {
       "--rank",        "--world-size",     "--local-rank", "--local-world-size",
@@ -1100,15 +1142,19 @@ void record_rank_settings(const CLI::App& subcommand) {
   for (const CLI::Option* opt : subcommand.get_options()) {
     const std::string name = opt->get_name();
     if (name.empty() || per_rank.count(name)) continue;
-    std::string value = "(default)";
+    // Not given: its default where it has one (so that a rank that names
+    // the default agrees with one that leaves it out).
+    std::string value = opt->get_default_str().empty() ? "(default)" : opt->get_default_str();
     if (opt->count() > 0) {
       value.clear();
       for (const auto& r : opt->results()) value += (value.empty() ? "" : ",") + r;
     }
-    std::string shown = value;
+    std::string shown = opt->count() > 0 ? value : "(default)";
     if (auto digest = file_digest(value)) {
       shown = value + " (" + *digest + ")";
       value = *digest;
+    } else {
+      value = canonical_settings(value);
     }
     settings[name] = {{"value", value}, {"shown", shown}};
   }

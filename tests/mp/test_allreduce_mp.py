@@ -821,6 +821,20 @@ class BadInput(unittest.TestCase):
             self.assertNotIn("Verdict: PASS", so)
             self.assertLess(elapsed, self.TIMEOUT + 5)
 
+    def test_one_setting_spelt_two_ways_is_no_disagreement(self):
+        # -e 16K and -e 16384, -f 2 and -f 2.0, -w 5 and the default 5: the
+        # same run. Only what the ranks would do differently is refused.
+        port = free_port()
+        res = run_ranks([["allreduce-test", "--rank", str(r), "--world-size", "2",
+                          "--master-port", str(port), "--timeout", str(self.TIMEOUT),
+                          "-b", "1K", "-n", "2"] + extra
+                         for r, extra in ((0, ["-e", "16K", "-f", "2", "-w", "5"]),
+                                          (1, ["-e", "16384", "-f", "2.0", "--gloo-threads", "2"]))],
+                        [clean_env(), clean_env()], timeout=self.TIMEOUT + 20)
+        for rc, so, se, elapsed in res:
+            self.assertEqual(rc, 0, se)
+        self.assertIn("Verdict: PASS", res[0][1])
+
     def test_ipv6_master_addr_reaches_rank_0s_store(self):
         # Rank 0 hosts the store on every address of its host, IPv6 too, as
         # torch's server does; "[::1]" is the URL form of ::1.
