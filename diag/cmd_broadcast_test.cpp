@@ -100,80 +100,104 @@ void run(Job& job, reports::Report& report, const BroadcastTestOptions& o) {
 
   bool all_identical = true;
   std::string detail;
-  for (std::size_t ci = 0; ci < chunk_sizes.size(); ++ci) {
-    BroadcastSeriesOptions so;
-    so.broadcast.chunk_bytes = chunk_sizes[ci];
-    so.broadcast.timeout = job.timeout;
-    so.warmup = o.warmup;
-    so.iters = o.iters;
-    if (job.rank() == o.corrupt_rank && !lp.tensors.empty())
-      so.after_broadcast = [&](int) {
-        // The middle tensor's first byte, so the message has a name to show.
-        const auto& t = lp.tensors[lp.tensors.size() / 2];
-        std::uint8_t b = 0;
-        comm.copy_to_host(&b, t.data, 1);
-        b ^= 0x5a;
-        comm.copy_from_host(t.data, &b, 1);
-      };
-    const BroadcastSeries series = broadcast_series(comm, lp.tensors, expected, so);
-    const BroadcastOptions& bo = so.broadcast;
-    const BroadcastStats& st = series.stats;
-    const ChecksumVerdict& verdict = series.verdict;
-    const auto gathered = job.gather_to_root(
-        fmt::format("broadcast-test/{}", ci),
-        nlohmann::json{{"time_us", median(series.times_us)}, {"check_us", median(series.check_us)}});
-    if (job.rank() != 0) continue;
-    double t = 0, check_us = 0;  // the slowest rank's
-    for (const auto& g : gathered) {
-      t = std::max(t, g.at("time_us").get<double>());
-      check_us = std::max(check_us, g.at("check_us").get<double>());
+  std::size_t measured = 0;  // chunk sizes rank 0 has judged
+  // Rank 0's check, also when the run fails part-way (complete false): on
+  // the chunk sizes measured so far, or skip when none was.
+  const auto judge = [&](bool complete) {
+    if (job.rank() != 0) return;
+    if (!complete && measured == 0) {
+      report.add_check({"parameters_identical", reports::CheckStatus::kSkip,
+                        "the run ended with an error before any chunk size was measured"});
+      return;
     }
-    const double algbw = t > 0 ? static_cast<double>(st.bytes) / (t * 1e3) : 0;
-    // What each broadcast carried: torch's grouping (param_broadcast.h).
-    nlohmann::json chunk_list = nlohmann::json::array();
-    for (const auto& c : broadcast_chunks(lp.tensors, bo.chunk_bytes))
-      chunk_list.push_back({{"dtype", torch_dtype_name(c.dtype)}, {"bytes", c.bytes}, {"tensors", c.tensors}});
-    nlohmann::json mism = nlohmann::json::array();
-    for (const auto& m : verdict.mismatches)
-      mism.push_back({{"rank", m.rank},
-                      {"tensor", m.tensor},
-                      {"name", m.name},
-                      {"wrong_iterations", m.wrong_iterations},
-                      {"first_iteration", m.first_iteration}});
-    // Iterations count from 0, the warm-ups first.
-    nlohmann::json wrong_its = nlohmann::json::array();
-    for (int r : verdict.differing_ranks)
-      wrong_its.push_back({{"rank", r}, {"iterations", verdict.wrong_iterations[static_cast<std::size_t>(r)]}});
-    res["rows"].push_back({{"chunk_bytes", bo.chunk_bytes},
-                           {"chunks", st.chunks},
-                           {"chunk_list", chunk_list},
-                           {"bytes", st.bytes},
-                           {"time_us", t},
-                           {"algbw_gbps", algbw},
-                           {"busbw_gbps", algbw * busbw_factor(Collective::kBroadcast, job.size())},
-                           {"checksum_us", check_us},
-                           {"checked_iterations", verdict.iterations},
-                           {"identical", verdict.identical},
-                           {"differing_ranks", verdict.differing_ranks},
-                           {"wrong_iterations", wrong_its},
-                           {"mismatches", mism}});
-    std::printf("  %12llu %8zu %12.1f %10.3f %12.1f %10s\n",
-                static_cast<unsigned long long>(bo.chunk_bytes), st.chunks, t, algbw,
-                check_us, verdict.identical ? "true" : "false");
-    std::fflush(stdout);
-    if (!verdict.identical) {
-      all_identical = false;
-      if (detail.empty()) detail = verdict.describe();
+    const std::string partial =
+        complete ? std::string()
+                 : fmt::format(" (the run ended with an error after {} of {} chunk size(s))",
+                               measured, chunk_sizes.size());
+    report.add_check({"parameters_identical",
+                      all_identical ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
+                      (all_identical ? fmt::format("every rank's checksums of all {} tensors match "
+                                                   "rank 0's known values after each of the {} "
+                                                   "broadcast(s) per chunk size on {} rank(s)",
+                                                   layout.tensors.size(), o.warmup + o.iters,
+                                                   job.size())
+                                     : detail) +
+                          partial});
+  };
+  try {
+    for (std::size_t ci = 0; ci < chunk_sizes.size(); ++ci) {
+      BroadcastSeriesOptions so;
+      so.broadcast.chunk_bytes = chunk_sizes[ci];
+      so.broadcast.timeout = job.timeout;
+      so.warmup = o.warmup;
+      so.iters = o.iters;
+      if (job.rank() == o.corrupt_rank && !lp.tensors.empty())
+        so.after_broadcast = [&](int) {
+          // The middle tensor's first byte, so the message has a name to show.
+          const auto& t = lp.tensors[lp.tensors.size() / 2];
+          std::uint8_t b = 0;
+          comm.copy_to_host(&b, t.data, 1);
+          b ^= 0x5a;
+          comm.copy_from_host(t.data, &b, 1);
+        };
+      const BroadcastSeries series = broadcast_series(comm, lp.tensors, expected, so);
+      const BroadcastOptions& bo = so.broadcast;
+      const BroadcastStats& st = series.stats;
+      const ChecksumVerdict& verdict = series.verdict;
+      const auto gathered = job.gather_to_root(
+          fmt::format("broadcast-test/{}", ci),
+          nlohmann::json{{"time_us", median(series.times_us)}, {"check_us", median(series.check_us)}});
+      if (job.rank() != 0) continue;
+      double t = 0, check_us = 0;  // the slowest rank's
+      for (const auto& g : gathered) {
+        t = std::max(t, g.at("time_us").get<double>());
+        check_us = std::max(check_us, g.at("check_us").get<double>());
+      }
+      const double algbw = t > 0 ? static_cast<double>(st.bytes) / (t * 1e3) : 0;
+      // What each broadcast carried: torch's grouping (param_broadcast.h).
+      nlohmann::json chunk_list = nlohmann::json::array();
+      for (const auto& c : broadcast_chunks(lp.tensors, bo.chunk_bytes))
+        chunk_list.push_back({{"dtype", torch_dtype_name(c.dtype)}, {"bytes", c.bytes}, {"tensors", c.tensors}});
+      nlohmann::json mism = nlohmann::json::array();
+      for (const auto& m : verdict.mismatches)
+        mism.push_back({{"rank", m.rank},
+                        {"tensor", m.tensor},
+                        {"name", m.name},
+                        {"wrong_iterations", m.wrong_iterations},
+                        {"first_iteration", m.first_iteration}});
+      // Iterations count from 0, the warm-ups first.
+      nlohmann::json wrong_its = nlohmann::json::array();
+      for (int r : verdict.differing_ranks)
+        wrong_its.push_back({{"rank", r}, {"iterations", verdict.wrong_iterations[static_cast<std::size_t>(r)]}});
+      res["rows"].push_back({{"chunk_bytes", bo.chunk_bytes},
+                             {"chunks", st.chunks},
+                             {"chunk_list", chunk_list},
+                             {"bytes", st.bytes},
+                             {"time_us", t},
+                             {"algbw_gbps", algbw},
+                             {"busbw_gbps", algbw * busbw_factor(Collective::kBroadcast, job.size())},
+                             {"checksum_us", check_us},
+                             {"checked_iterations", verdict.iterations},
+                             {"identical", verdict.identical},
+                             {"differing_ranks", verdict.differing_ranks},
+                             {"wrong_iterations", wrong_its},
+                             {"mismatches", mism}});
+      std::printf("  %12llu %8zu %12.1f %10.3f %12.1f %10s\n",
+                  static_cast<unsigned long long>(bo.chunk_bytes), st.chunks, t, algbw,
+                  check_us, verdict.identical ? "true" : "false");
+      std::fflush(stdout);
+      if (!verdict.identical) {
+        all_identical = false;
+        if (detail.empty()) detail = verdict.describe();
+      }
+      ++measured;
     }
+  } catch (...) {
+    judge(false);
+    throw;
   }
   if (job.rank() != 0) return;
-  report.add_check({"parameters_identical",
-                    all_identical ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                    all_identical ? fmt::format("every rank's checksums of all {} tensors match rank 0's "
-                                                "known values after each of the {} broadcast(s) per "
-                                                "chunk size on {} rank(s)",
-                                                layout.tensors.size(), o.warmup + o.iters, job.size())
-                                  : detail});
+  judge(true);
   print_checks_and_verdict(report);
 }
 

@@ -112,59 +112,79 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   std::int64_t wrong = 0, checked = 0;
   nlohmann::json first_wrong;  // this rank's first wrong element
   nlohmann::json timeline = nlohmann::json::array();
-  for (int it = 0; it < o.warmup + o.iters; ++it) {
-    job.comm->barrier()->wait(job.timeout);
-    const auto bw = simulate_backward(red, *job.comm, static_cast<std::uint64_t>(it), so);
-    red.finalize();
-    const auto& tm = red.last_timing();
-    if (!o.no_check) {
-      const auto c = check_gradients(red, *job.comm, static_cast<std::uint64_t>(it), 1.0, 0, used_by,
-                                     so.sparse_rows);
-      if (c.wrong > 0 && wrong == 0) {
-        const auto& t = red.layout().tensors[static_cast<std::size_t>(c.first_wrong_param)];
-        first_wrong = {{"iteration", it},
-                       {"parameter", t.name},
-                       {"parameter_index", c.first_wrong_param},
-                       {"element", c.first_wrong_element},
-                       {"got", c.first_wrong_have},
-                       {"expected", c.first_wrong_want}};
+  int done = 0;  // iterations this rank completed
+  std::vector<nlohmann::json> all;
+  try {
+    for (int it = 0; it < o.warmup + o.iters; ++it) {
+      job.comm->barrier()->wait(job.timeout);
+      const auto bw = simulate_backward(red, *job.comm, static_cast<std::uint64_t>(it), so);
+      red.finalize();
+      const auto& tm = red.last_timing();
+      if (!o.no_check) {
+        const auto c = check_gradients(red, *job.comm, static_cast<std::uint64_t>(it), 1.0, 0, used_by,
+                                       so.sparse_rows);
+        if (c.wrong > 0 && wrong == 0) {
+          const auto& t = red.layout().tensors[static_cast<std::size_t>(c.first_wrong_param)];
+          first_wrong = {{"iteration", it},
+                         {"parameter", t.name},
+                         {"parameter_index", c.first_wrong_param},
+                         {"element", c.first_wrong_element},
+                         {"got", c.first_wrong_have},
+                         {"expected", c.first_wrong_want}};
+        }
+        wrong += c.wrong;
+        checked += c.checked;
       }
-      wrong += c.wrong;
-      checked += c.checked;
+      done = it + 1;
+      if (it < o.warmup) continue;
+      iter_us.push_back(tm.iteration_us());
+      backward_us.push_back(bw.backward_us());
+      comm_us.push_back(tm.comm_span_us());
+      exposed_us.push_back(tm.exposed_comm_us());
+      if (it == o.warmup + o.iters - 1) {
+        auto rel = [&](ReducerClock::time_point t) {
+          return t == ReducerClock::time_point{} ? nlohmann::json(nullptr)
+                                                  : nlohmann::json(std::chrono::duration<double, std::micro>(t - bw.start).count());
+        };
+        for (std::size_t b = 0; b < tm.buckets.size(); ++b)
+          timeline.push_back({{"bucket", b},
+                              {"bytes", red.buckets()[b].spec.bytes},
+                              {"tensors", red.buckets()[b].spec.tensor_count()},
+                              {"sparse", tm.buckets[b].sparse},
+                              {"payload_bytes", tm.buckets[b].payload_bytes},
+                              {"ready_us", rel(tm.buckets[b].ready)},
+                              {"launched_us", rel(tm.buckets[b].launched)},
+                              {"completed_us", rel(tm.buckets[b].completed)}});
+        timeline.push_back({{"backward_end_us", rel(bw.end)}, {"finalize_end_us", rel(tm.finalize_end)}});
+      }
+      job.progress_line(fmt::format("[progress] iteration {} of {}", it + 1, o.warmup + o.iters));
     }
-    if (it < o.warmup) continue;
-    iter_us.push_back(tm.iteration_us());
-    backward_us.push_back(bw.backward_us());
-    comm_us.push_back(tm.comm_span_us());
-    exposed_us.push_back(tm.exposed_comm_us());
-    if (it == o.warmup + o.iters - 1) {
-      auto rel = [&](ReducerClock::time_point t) {
-        return t == ReducerClock::time_point{} ? nlohmann::json(nullptr)
-                                                : nlohmann::json(std::chrono::duration<double, std::micro>(t - bw.start).count());
-      };
-      for (std::size_t b = 0; b < tm.buckets.size(); ++b)
-        timeline.push_back({{"bucket", b},
-                            {"bytes", red.buckets()[b].spec.bytes},
-                            {"tensors", red.buckets()[b].spec.tensor_count()},
-                            {"sparse", tm.buckets[b].sparse},
-                            {"payload_bytes", tm.buckets[b].payload_bytes},
-                            {"ready_us", rel(tm.buckets[b].ready)},
-                            {"launched_us", rel(tm.buckets[b].launched)},
-                            {"completed_us", rel(tm.buckets[b].completed)}});
-      timeline.push_back({{"backward_end_us", rel(bw.end)}, {"finalize_end_us", rel(tm.finalize_end)}});
-    }
-    job.progress_line(fmt::format("[progress] iteration {} of {}", it + 1, o.warmup + o.iters));
-  }
 
-  const nlohmann::json mine = {{"time_per_iter_us", median(iter_us)},
-                               {"backward_us", median(backward_us)},
-                               {"comm_us", median(comm_us)},
-                               {"exposed_comm_us", median(exposed_us)},
-                               {"wrong", wrong},
-                               {"checked", checked},
-                               {"first_wrong", first_wrong},
-                               {"timeline", timeline}};
-  const auto all = job.gather_to_root("ddp-step/result", mine);
+    const nlohmann::json mine = {{"time_per_iter_us", median(iter_us)},
+                                 {"backward_us", median(backward_us)},
+                                 {"comm_us", median(comm_us)},
+                                 {"exposed_comm_us", median(exposed_us)},
+                                 {"wrong", wrong},
+                                 {"checked", checked},
+                                 {"first_wrong", first_wrong},
+                                 {"timeline", timeline}};
+    all = job.gather_to_root("ddp-step/result", mine);
+  } catch (...) {
+    // A run that fails part-way: rank 0 knows its own gradients only. Wrong
+    // ones fail the check; else it is skip, saying how far the run came.
+    if (job.rank() == 0) {
+      if (o.no_check)
+        report.add_check({"gradients_correct", reports::CheckStatus::kSkip, "--no-check"});
+      else
+        report.add_check({"gradients_correct",
+                          wrong > 0 ? reports::CheckStatus::kFail : reports::CheckStatus::kSkip,
+                          fmt::format("the run ended with an error before every rank's gradients "
+                                      "were gathered; rank 0 alone: {} wrong of {} gradient "
+                                      "elements over {} of {} iteration(s)",
+                                      wrong, checked, done, o.warmup + o.iters)});
+    }
+    throw;
+  }
   if (job.rank() != 0) return;
   double t = 0, b = 0, c = 0, e = 0;
   std::int64_t wrong_total = 0, checked_total = 0;

@@ -43,6 +43,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -404,6 +405,23 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
     return pairs;
   };
 
+  // A run that fails part-way: rank 0's checks say so. Its own payloads are
+  // all it knows of the data: wrong ones fail the check.
+  std::optional<reports::Check> data_known;  // once every rank's data is in
+  tools::OnFailure partial([&] {
+    if (me != 0) return;
+    report.add_check({"links", reports::CheckStatus::kSkip,
+                      "the run ended with an error before every pair's figures were gathered"});
+    if (data_known) {
+      report.add_check(*data_known);
+      return;
+    }
+    report.add_check({"data_correct",
+                      data_errors.empty() ? reports::CheckStatus::kSkip : reports::CheckStatus::kFail,
+                      fmt::format("the run ended with an error before every rank's data was "
+                                  "gathered; rank 0 alone: {} wrong of {} payload(s) it received",
+                                  data_errors.size(), payloads_checked)});
+  });
   // Every pair once; then, up to --rechecks times, the pairs rank 0 finds
   // slow so far, which every rank learns by a broadcast.
   json mine = measure_rounds(schedule, "");
@@ -519,12 +537,14 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
     for (std::size_t i = 0; i < wrong_data.size(); ++i) data_detail += (i ? "; " : "") + wrong_data[i];
   }
   const reports::Check data_check{"data_correct", tools::pass_if(wrong_data.empty()), data_detail};
+  data_known = data_check;
 
   std::string why_unknown;
   json transports = nccl_transports(job, why_unknown);
   auto gathered = job.gather_to_root("link-health/transports",
                                      {{"transports", transports}, {"transport_note", why_unknown},
                                       {"data_errors", data_errors}});
+  partial.disarm();
   if (me != 0) {
     report.add_check(data_check);
     return;

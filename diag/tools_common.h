@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -19,6 +20,29 @@
 #include "diag/tools_analysis.h"
 
 namespace ddpdiag::cli::tools {
+
+// Runs `judge` if the scope it guards is left by an exception and not
+// disarmed: the checks of a run that failed part-way, added before the
+// error's report is written. Whatever judge throws is dropped (the error
+// that is unwinding is the one to report).
+class OnFailure {
+ public:
+  explicit OnFailure(std::function<void()> judge) : judge_(std::move(judge)) {}
+  OnFailure(const OnFailure&) = delete;
+  OnFailure& operator=(const OnFailure&) = delete;
+  ~OnFailure() {
+    if (!judge_ || std::uncaught_exceptions() <= unwinding_) return;
+    try {
+      judge_();
+    } catch (...) {
+    }
+  }
+  void disarm() { judge_ = nullptr; }
+
+ private:
+  std::function<void()> judge_;
+  int unwinding_ = std::uncaught_exceptions();
+};
 
 // Times `op` on every rank: warm-up calls, a barrier, then `iters` calls
 // back to back; each rank's time per call is gathered onto every rank and

@@ -473,6 +473,36 @@ class Hangs(unittest.TestCase):
                 else:
                     self.assertIn("after 1 of 2 cap(s)", checks["correctness"]["detail"])
 
+    def test_other_commands_that_hang_say_how_far_they_came(self):
+        # broadcast-test, ddp-step and link-health stopped by a hang: no check
+        # passes over nothing measured, each check is in the report once, and
+        # broadcast-test judges the chunk sizes it measured, saying so.
+        cases = (
+            (["broadcast-test", "--model", "mlp", "--chunk-mb", "1,2"], 3,
+             {"parameters_identical": ("skip", "before any chunk size was measured")}),
+            (["broadcast-test", "--model", "mlp", "--chunk-mb", "1,2"], 20,
+             {"parameters_identical": ("pass", "after 1 of 2 chunk size(s)")}),
+            (["ddp-step", "--model", "mlp"], 3,
+             {"gradients_correct": ("skip", "rank 0 alone: 0 wrong")}),
+            (["link-health"], 3,
+             {"links": ("skip", "before every pair's figures were gathered"),
+              "data_correct": ("skip", "rank 0 alone: 0 wrong")}))
+        for args, seq, want in cases:
+            with self.subTest(args=args[0], seq=seq):
+                path = tmp_json()
+                p = run(args + ["--nproc", "2", "--timeout", str(TIMEOUT), "--json", path,
+                                "-n", "2", "-w", "1", "--inject-fault", "hang@seq=%d,rank=1" % seq],
+                        timeout=TIMEOUT + 60)
+                rep = load(path)
+                os.unlink(path)
+                self.assertEqual(p.returncode, 4, p.stderr)
+                self.assertEqual(rep["verdict"], "ERROR")
+                names = [c["name"] for c in rep["checks"]]
+                self.assertEqual(sorted(names), sorted(want), rep["checks"])
+                for c in rep["checks"]:
+                    self.assertEqual(c["status"], want[c["name"]][0], c)
+                    self.assertIn(want[c["name"]][1], c["detail"])
+
     def test_desync_names_both_collectives(self):
         p, rep = self.launch(3, "desync@seq=4,rank=2")
         self.assertEqual(p.returncode, 4, p.stderr)
