@@ -1041,6 +1041,7 @@ namespace {
 // for the options that must agree across ranks.
 nlohmann::json g_rank_settings = nlohmann::json::object();
 std::string g_rank_command;  // the subcommand this rank runs
+bool g_rank_reports = false;  // this rank was given --json or --markdown
 
 // A file named on the command line (a model layout) may sit at different
 // paths on different hosts: its contents are compared, not its path.
@@ -1160,6 +1161,10 @@ void record_rank_settings(const CLI::App& subcommand) {
   }
   g_rank_settings = std::move(settings);
   g_rank_command = subcommand.get_name();
+  g_rank_reports = false;
+  for (const char* flag : {"--json", "--markdown"})
+    if (const CLI::Option* opt = subcommand.get_option_no_throw(flag); opt && opt->count() > 0)
+      g_rank_reports = true;
 }
 
 namespace {
@@ -1410,6 +1415,7 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                          {"library", reported_library_version(job.backend)},
                          {"job", job_identity()},
                          {"command", g_rank_command},
+                         {"reports", g_rank_reports},
                          {"settings", g_rank_settings}};
   const std::string mine = info.dump();
   if (agrees_on_run(job) && !job.store_run) join_store_run(job, host);
@@ -1609,6 +1615,21 @@ void wait_for_ranks(Job& job) {
                                   "an earlier command that failed on one node lets that node go on "
                                   "to the next one: check each node's earlier output"});
     }
+  }
+  // --json / --markdown are each rank's own (rank 0 writes the job's
+  // report), so ranks may differ there; but given to other ranks and not to
+  // rank 0, no report is written, which the user should hear of.
+  if (infos[0].is_object() && !infos[0].value("reports", true)) {
+    std::string with;
+    for (int r = 1; r < n; ++r)
+      if (infos[r].is_object() && infos[r].value("reports", false))
+        with += (with.empty() ? "" : ", ") + std::to_string(r);
+    if (!with.empty() && (me == 0 || g_rank_reports))
+      std::fprintf(stderr,
+                   "ddpdiag: warning on rank %d: rank(s) %s were given --json or --markdown and "
+                   "rank 0 was not; rank 0 writes the job's report, so none will be written: "
+                   "give the same --json to every rank\n",
+                   me, with.c_str());
   }
   if (auto diff = settings_differences(infos); !diff.empty()) {
     std::string msg = "ranks were started with different settings: ";

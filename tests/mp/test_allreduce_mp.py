@@ -835,6 +835,22 @@ class BadInput(unittest.TestCase):
             self.assertEqual(rc, 0, se)
         self.assertIn("Verdict: PASS", res[0][1])
 
+    def test_a_report_path_given_only_to_another_rank_is_named(self):
+        # Rank 0 writes the job's report: --json on rank 1 alone writes
+        # nothing, and both ranks say so (the run itself goes on).
+        port = free_port()
+        path = tmp_json()  # a name only
+        res = run_ranks([["allreduce-test", "--rank", str(r), "--world-size", "2",
+                          "--master-port", str(port), "--timeout", str(self.TIMEOUT),
+                          "-b", "1K", "-e", "1K", "-n", "2"] + (["--json", path] if r == 1 else [])
+                         for r in range(2)],
+                        [clean_env(), clean_env()], timeout=self.TIMEOUT + 20)
+        for r, (rc, so, se, elapsed) in enumerate(res):
+            self.assertEqual(rc, 0, se)
+            self.assertIn("warning on rank %d: rank(s) 1 were given --json or --markdown and rank 0 "
+                          "was not" % r, se)
+        self.assertFalse(os.path.exists(path))
+
     def test_ipv6_master_addr_reaches_rank_0s_store(self):
         # Rank 0 hosts the store on every address of its host, IPv6 too, as
         # torch's server does; "[::1]" is the URL form of ::1.
