@@ -144,6 +144,7 @@ int run_ping(const PingOptions& o) {
     co.protocol_flag = "--protocol";
     co.connect_timeout = timeout;
     co.io_timeout = timeout;
+    co.attempts_out = &r.connect_attempts;  // also when the connect fails
     TcpStoreClient client(co);
     r.reachable = true;
     r.connect_attempts = client.connect_attempts();
@@ -327,8 +328,9 @@ void add_key_flags(CLI::App* app, KeyOptions& o) {
 // prefix (by a raw client) are listed after them, marked. Bytes that are not
 // printable are shown as \xNN; --values cuts each value after 200 bytes.
 int run_keys(const KeyOptions& o) {
-  if (o.protocol == "1.13")
-    throw UsageError("--protocol 1.13: the torch 1.13 protocol has no way to list keys",
+  if (parse_protocol(o.protocol) == StoreProtocol::kV1)
+    throw UsageError(fmt::format("--protocol {}: the torch 1.13 protocol has no way to list keys",
+                                 o.protocol),
                      {"cli", -1, -1, "leave --protocol out, or give 2.x"});
   TcpStoreClientOptions co = client_options(o);
   co.torch_key_prefix = false;  // keys are read back as listed

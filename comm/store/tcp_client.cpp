@@ -242,6 +242,7 @@ struct TcpStoreClient::Impl {
     for (;;) {
       ++tries;
       ++attempts;
+      if (opts.attempts_out) *opts.attempts_out = attempts;
       addrinfo hints{};
       hints.ai_family = AF_UNSPEC;
       hints.ai_socktype = SOCK_STREAM;
@@ -580,6 +581,7 @@ struct TcpStoreClient::Impl {
     // The reconnect after the probe is part of detection, not a retry: keep
     // connect_attempts() meaning "tries until the server answered".
     --attempts;
+    if (opts.attempts_out) *opts.attempts_out = attempts;
     if (v1_probe(Clock::now() + opts.io_timeout)) {
       protocol = StoreProtocol::kV1;
       return;

@@ -111,6 +111,9 @@ struct TcpStoreClientOptions {
   // process): a server silent through the handshake is then a stalled
   // store, a timeout, not another program on the port.
   bool known_store = false;
+  // Where the connection attempts are counted as they are made, so that a
+  // connect that failed still tells how many it made (store ping's report).
+  int* attempts_out = nullptr;
 };
 
 // One TCP connection to a store (v1: a second, silent connection is not

@@ -112,6 +112,12 @@ class Ping(unittest.TestCase):
         started = calendar.timegm(time.strptime(rep["started_at"][:19], "%Y-%m-%dT%H:%M:%S")) + \
             float(rep["started_at"][19:-1] or 0)
         self.assertLess(started - t0, 1.0, rep["started_at"])  # not at the end, 2 s later
+        # The attempts the message counts are the report's too.
+        import re
+        said = re.search(r"after (\d+) attempt\(s\)", p.stdout + p.stderr)
+        self.assertTrue(said, p.stdout + p.stderr)
+        self.assertGreater(rep["results"]["connect_attempts"], 1)
+        self.assertEqual(rep["results"]["connect_attempts"], int(said.group(1)))
 
     def test_refused_then_out_of_time_is_still_refused(self):
         # Refused for 2 s, then SYNs dropped until the 4 s deadline: the last
@@ -165,6 +171,16 @@ class Ping(unittest.TestCase):
             srv.close()
             if os.path.exists(path):
                 os.unlink(path)
+
+    def test_keys_refuses_the_1_13_protocol_under_each_of_its_names(self):
+        # ddpdiag's server speaks both protocols: the refusal is of the one
+        # asked for, however it is spelt, and says so.
+        with StoreServe() as s:
+            for name in ("1.13", "v1", "torch-1.13"):
+                p = run(["store", "keys", "--addr", s.addr, "--protocol", name], timeout=30)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn("--protocol %s: the torch 1.13 protocol has no way to list keys"
+                              % name, p.stderr)
 
     def test_answering_store_is_reachable(self):
         with StoreServe() as s:
