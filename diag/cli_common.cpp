@@ -2189,7 +2189,8 @@ void check_report_outputs(const std::string& json_path, const std::string& markd
                         "and not a read-only file (checked before anything is measured)"});
 }
 
-std::optional<int> launch_if_asked(const CommonOptions& o) {
+namespace {
+std::optional<int> launch_if_asked_unreported(const CommonOptions& o) {
   auto env = process_env();
   const bool under_launcher = launched_by_launcher(env);
   const bool explicit_world = o.world.rank.has_value() || o.world.world_size.has_value();
@@ -2321,6 +2322,7 @@ std::optional<int> launch_if_asked(const CommonOptions& o) {
   }
   return std::nullopt;
 }
+}  // namespace
 
 void collect_warnings(Job& job) {
   job.warnings = mismatch_warnings(job.rank_builds, job.rank_libraries,
@@ -2512,9 +2514,45 @@ void await_verdict(Job& job, int& rc) {
                          : "the job's report, written by rank 0, has the details");
 }
 
+namespace {
+
+// A line refused before any rank starts (--nproc with --master-port, ...)
+// still writes its report where --json/--markdown ask, as a value refused
+// while parsing does: verdict ERROR, error.kind usage. Not when the report
+// path is what was refused, and from rank 0 or a process with no rank only.
+void write_refusal_report(const CommonOptions& o, const std::string& command, const Error& e) {
+  if (o.json_path.empty() && o.markdown_path.empty()) return;
+  const std::string what = e.what();
+  if (what.rfind("--json", 0) == 0 || what.rfind("--markdown", 0) == 0) return;
+  if (o.world.rank.value_or(0) != 0) return;
+  if (!o.world.rank)
+    if (const auto text = launcher_rank_text(process_env()); text && *text != "0") return;
+  try {
+    check_report_outputs(o.json_path, o.markdown_path);
+    reports::Report report(command, recorded_command_line());
+    report.set_environment(recorded_environment());
+    report.set_error(to_error_info(e));
+    reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
+  } catch (const std::exception&) {
+    // The refusal is what the user reads; a report that cannot be written
+    // as well adds nothing to it.
+  }
+}
+
+}  // namespace
+
+std::optional<int> launch_if_asked(const CommonOptions& o, const std::string& command) {
+  try {
+    return launch_if_asked_unreported(o);
+  } catch (const UsageError& e) {
+    write_refusal_report(o, command, e);
+    throw;
+  }
+}
+
 int run_distributed(const CommonOptions& o, const std::string& command, const JobBody& body,
                     const std::function<void(const Job&)>& before_start) {
-  if (auto rc = launch_if_asked(o)) return *rc;
+  if (auto rc = launch_if_asked(o, command)) return *rc;
   write_report_on_interrupt();
   auto env = process_env();
   reports::Report report(command, recorded_command_line());

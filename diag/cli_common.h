@@ -250,7 +250,9 @@ using JobBody = std::function<void(Job&, reports::Report&)>;
 // failure, with what was measured) and returns the exit code.
 // Hands off to the built-in launcher when asked (--nproc, or no launcher and
 // no rank flags) and returns its exit code; nullopt when this process is a rank.
-std::optional<int> launch_if_asked(const CommonOptions& o);
+// A refused line (--nproc with --master-port, ...) throws UsageError after
+// writing the `command`'s report where --json/--markdown ask.
+std::optional<int> launch_if_asked(const CommonOptions& o, const std::string& command);
 
 // `before_start`: checks of this rank's own (its host's memory) once the
 // world is known and before the rendezvous, so that no rank has allocated

@@ -210,7 +210,7 @@ void print_timeline(FILE* to, int rank, const std::string& host, const nlohmann:
 
 int run_init_check(const InitCheckOptions& io) {
   const CommonOptions& o = io.common;
-  if (auto rc = launch_if_asked(o)) return *rc;
+  if (auto rc = launch_if_asked(o, "init-check")) return *rc;
   write_report_on_interrupt();
   const auto t0 = Clock::now();
   // Wall clock of this rank's start: rank 0 shifts every timeline onto the

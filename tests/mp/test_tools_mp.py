@@ -203,6 +203,28 @@ class BadInput(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
                 self.assertIn("%s=2 is set but %s is not" % (size_var, rank_var), p.stderr)
 
+    def test_a_line_refused_before_any_rank_starts_writes_its_report(self):
+        # --nproc with --master-port is refused by the launcher, before any
+        # rank: the report still says why (init-check too, which runs its
+        # own phases). A rank other than 0 of a launcher's job writes none.
+        for cmd in ("init-check", "allreduce-test"):
+            with self.subTest(cmd=cmd):
+                path = tmp_json()
+                p = run([cmd, "--nproc", "2", "--master-port", "29999", "--json", path])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                rep = load(path)  # validates against the schema
+                os.unlink(path)
+                self.assertEqual(rep["command"], cmd)
+                self.assertEqual(rep["verdict"], "ERROR")
+                self.assertEqual((rep["error"]["kind"], rep["error"]["phase"]), ("usage", "flags"))
+                self.assertIn("--nproc 2 cannot be combined with --master-port",
+                              rep["error"]["message"])
+        path = tmp_json()  # a name only
+        p = run(["allreduce-test", "--nproc", "2", "--json", path],
+                env=clean_env(RANK="1", WORLD_SIZE="2"))
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertFalse(os.path.exists(path))
+
     def test_master_addr_forms_no_resolver_takes_are_refused_at_once(self):
         for addr, why in (("127.0.0.1:29500", "holds a port"), ("[::1]:29500", "holds a port"),
                           ("[::1", "unbalanced brackets"), ("http://node0", "is a URL"),
