@@ -248,6 +248,32 @@ int run_init_check(const InitCheckOptions& io) {
     tl.run(name, f);
     rearm();
   };
+  // The store rank 0 hosts closed this rank's connection mid-request: when
+  // it no longer takes a connection either, rank 0's process has ended (it
+  // failed, was killed, or stopped on an error of its own), and that, not
+  // the request, is the cause: a peer failure (exit 5) naming rank 0.
+  const auto rank0_store_lost = [&](const Error& e, const std::string& during) {
+    if (e.context().phase != "store.io" || !job.store_client || job.world.agent_store ||
+        job.world.hosts_store())
+      return;
+    try {
+      TcpStoreClientOptions probe = *job.store_client;
+      probe.connect_timeout = Millis(3000);
+      probe.io_timeout = Millis(3000);
+      probe.known_store = true;
+      TcpStoreClient again(probe);
+      return;  // the store is up: the request itself was refused
+    } catch (const Error& gone) {
+      if (gone.context().phase.rfind("store.connect", 0) != 0) return;
+    }
+    throw PeerError(
+        fmt::format("rank 0, which hosted the store at {}:{}, is gone: the store closed this "
+                    "rank's connection {} and no longer accepts one",
+                    job.world.master_addr, job.world.master_port, during),
+        {during == "while the ranks met" ? "wait_for_ranks" : "backend_init", job.world.rank, 0,
+         "rank 0's process ended (killed, crashed, or stopped on an error of its own): its log "
+         "says why; its host's kernel log (dmesg) says whether the OOM killer ended it"});
+  };
   try {
     phase("environment", [&] {
       try {
@@ -340,6 +366,7 @@ int run_init_check(const InitCheckOptions& io) {
         wait_for_ranks(job);
         collect_warnings(job);
       } catch (Error& e) {
+        rank0_store_lost(e, "while the ranks met");
         e.context().phase = "wait_for_ranks";
         const std::string loopback = loopback_hint(job.world);
         const std::string not_here = job.server ? master_addr_problem(job.world) : std::string();
@@ -364,6 +391,7 @@ int run_init_check(const InitCheckOptions& io) {
       try {
         create_communicator(job, o);
       } catch (Error& e) {
+        rank0_store_lost(e, "during the backend's init");
         e.context().phase = "backend_init";
         if (e.context().hint.empty() || dynamic_cast<TimeoutError*>(&e))
           e.context().hint =
@@ -458,7 +486,9 @@ int run_init_check(const InitCheckOptions& io) {
   // timeline: there is no rank to speak for and no store was tried.)
   if (world_known && (!published || (failure && job.world.rank != 0))) {
     std::fprintf(stderr, "# init-check timeline of rank %d (%s):\n", job.world.rank,
-                 published ? "also sent to rank 0" : "could not reach the store");
+                 published      ? "also sent to rank 0"
+                 : reached_store ? "the store was lost before it could be sent to rank 0"
+                                 : "could not reach the store");
     print_timeline(stderr, job.world.rank, host, mine["phases"]);
     if (failure && !failure->hint.empty())
       std::fprintf(stderr, "# hint: %s\n", failure->hint.c_str());
@@ -497,8 +527,8 @@ int run_init_check(const InitCheckOptions& io) {
       reports::write_report_outputs(report.finish(), json_path,
                                     rank_report_path(o.markdown_path, ".md", job.world.rank));
       if (!json_path.empty() && !published)
-        std::fprintf(stderr, "ddpdiag: rank %d could not reach the store; its own report: %s\n",
-                     job.world.rank, json_path.c_str());
+        std::fprintf(stderr, "ddpdiag: rank %d %s; its own report: %s\n", job.world.rank,
+                     reached_store ? "lost the store" : "could not reach the store", json_path.c_str());
       else if (!json_path.empty())
         std::fprintf(stderr,
                      "ddpdiag: rank %d failed in %s; its own report: %s (its timeline went to "

@@ -124,6 +124,37 @@ class InitCheck(unittest.TestCase):
         self.assertIn("refused", p.stderr)
         self.assertIn("store_connect", p.stderr)
 
+    def test_rank_0_killed_while_the_ranks_meet_is_named(self):
+        # Rank 0 hosts the store and dies while rank 1 waits for rank 2:
+        # rank 1 names rank 0 as gone (exit 5, a peer failure), not a
+        # rejected request or a protocol mismatch, and writes its own report.
+        port = free_port()
+        path = tmp_json()
+        own = path[:-len(".json")] + ".rank1.json"
+        self.addCleanup(lambda: [os.unlink(f) for f in (path, own) if os.path.exists(f)])
+        args = lambda r: [BIN, "init-check", "--rank", str(r), "--world-size", "3", "--master-addr",
+                          "127.0.0.1", "--master-port", str(port), "--timeout", "30", "--json", path]
+        rank0 = subprocess.Popen(args(0), env=clean_env(), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: rank0.poll() is None and rank0.kill())
+        rank1 = subprocess.Popen(args(1), env=clean_env(), stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        self.addCleanup(lambda: rank1.poll() is None and rank1.kill())
+        time.sleep(2.0)  # both registered; rank 2 never comes
+        t0 = time.monotonic()
+        rank0.kill()
+        rank0.wait(10)
+        _, se = rank1.communicate(timeout=60)
+        self.assertEqual(rank1.returncode, 5, se)
+        self.assertIn("error on rank 1 (peer rank 0) during wait_for_ranks: rank 0, which hosted "
+                      "the store at 127.0.0.1:%d, is gone" % port, se)
+        self.assertNotIn("key over 8 KiB", se)
+        self.assertIn("rank 1 lost the store; its own report", se)
+        self.assertLess(time.monotonic() - t0, 15, se)  # --timeout is 30
+        rep = load(own)
+        self.assertEqual((rep["error"]["kind"], rep["error"]["peer"], rep["error"]["exit_code"]),
+                         ("peer", 0, 5))
+
     def test_port_taken_by_another_job(self):
         with socket.socket() as s:
             s.bind(("0.0.0.0", 0))
