@@ -1,6 +1,8 @@
 #include "comm/monitored_communicator.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <cerrno>
 #include <unistd.h>
 
 #include <algorithm>
@@ -124,10 +126,29 @@ class DoneWork final : public Work {
 
 }  // namespace
 
+std::string read_proc_stat(long pid) {
+  const std::string path = fmt::format("/proc/{}/stat", pid);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string all;
+  char buf[1024];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n > 0) {
+      all.append(buf, static_cast<std::size_t>(n));
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) all.clear();  // ESRCH: it ended as we read
+    break;
+  }
+  ::close(fd);
+  return all;
+}
+
 char process_state(long pid) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  if (!in) return 0;
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string all = read_proc_stat(pid);
+  if (all.empty()) return 0;
   auto close = all.rfind(')');
   if (close == std::string::npos || close + 2 >= all.size()) return 0;
   return all[close + 2];

@@ -54,6 +54,10 @@
 
 namespace ddpdiag {
 
+// The text of /proc/<pid>/stat, or "" when it cannot be read. A process can
+// end between the open and the read (the read then fails with ESRCH): that
+// reads as "" too, never as an error.
+std::string read_proc_stat(long pid);
 // Linux: the state letter of /proc/<pid>/stat ('R', 'S', 'T' for stopped,
 // 'Z', ...), or 0 when the process does not exist.
 char process_state(long pid);

@@ -171,9 +171,7 @@ void wait_in_slices(Store& store, const std::string& key,
 // /proc/<pid>/stat) as text: with the pid, it names one process even after
 // the pid is reused. "0" when there is no such process.
 std::string process_start_ticks(long pid) {
-  std::ifstream in(fmt::format("/proc/{}/stat", pid));
-  if (!in) return "0";
-  std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string all = read_proc_stat(pid);
   auto close = all.rfind(')');
   if (close == std::string::npos) return "0";
   std::istringstream fields(all.substr(close + 1));

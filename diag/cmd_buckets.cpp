@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "comm/errors.h"
+#include "comm/input_file.h"
 #include "comm/json_bounded.h"
 #include "ddp_core/bucket_assignment.h"
 #include "ddp_core/model_layout.h"
@@ -81,9 +82,11 @@ int run_assign_case(const std::string& path) {
   if (path == "-") {
     text.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   } else {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw UsageError(fmt::format("cannot open case file '{}'", path), ErrorContext{"buckets", -1, -1, ""});
-    text.assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+    try {
+      text = read_input_file(path, std::size_t{256} << 20);
+    } catch (const InputFileError& e) {
+      throw UsageError(fmt::format("case file '{}': {}", path, e.what()), ErrorContext{"buckets", -1, -1, ""});
+    }
   }
   json doc;
   try {

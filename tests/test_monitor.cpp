@@ -895,3 +895,39 @@ TEST_CASE("monitored Gloo: a stop of a rank on this machine counts from when it 
   CHECK(contains(errors[0], "collective #3 all_reduce(float, 64, sum) cannot complete: rank 1 (pid " +
                                 std::to_string(child) + " on this machine) has been stopped for "));
 }
+
+TEST_CASE("a peer whose /proc stat ends while it is read reads as gone and not as an error", "[monitor]") {
+  // This process: its stat names its own pid and a live state.
+  const std::string self = read_proc_stat(static_cast<long>(getpid()));
+  REQUIRE(self.rfind(std::to_string(getpid()) + " (", 0) == 0);
+  REQUIRE_FALSE(process_gone(static_cast<long>(getpid())));
+
+  // Children reaped by another thread while this one reads their stat (as a
+  // launcher reaps a killed rank while a peer checks on it): a read after
+  // the open then fails with ESRCH. Each read gives the text or "", never
+  // an exception; the race is hit in a good share of these rounds.
+  for (int i = 0; i < 300; ++i) {
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      usleep(100);
+      _exit(0);
+    }
+    std::thread reaper([child] { waitpid(child, nullptr, 0); });
+    bool threw = false;
+    for (int spin = 0; spin < 1000000; ++spin) {
+      std::string text;
+      try {
+        text = read_proc_stat(static_cast<long>(child));
+      } catch (...) {
+        threw = true;
+      }
+      if (threw || text.empty()) break;
+    }
+    reaper.join();
+    REQUIRE_FALSE(threw);
+    CHECK(read_proc_stat(static_cast<long>(child)).empty());
+    CHECK(process_state(static_cast<long>(child)) == 0);
+    CHECK(process_gone(static_cast<long>(child)));
+  }
+}
