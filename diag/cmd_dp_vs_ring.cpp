@@ -7,6 +7,7 @@
 // correctness on every rank. The root's traffic, 2(n-1)·S, grows with n while
 // the ring's stays at 2(n-1)/n·S per direction: the table makes it visible.
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -243,15 +244,20 @@ void print_row(const Row& r) {
 
 // The world sizes to run at (--world-sizes; default the job's). Throws
 // UsageError naming an entry outside 1..the job's size.
+// One entry of --world-sizes as a number, or -1 where the whole entry is not
+// one ('2abc' and '2.9' are not 2).
+int world_size_entry(const std::string& w) {
+  int k = -1;
+  if (const auto [end, ec] = std::from_chars(w.data(), w.data() + w.size(), k);
+      ec != std::errc() || end != w.data() + w.size())
+    return -1;
+  return k;
+}
+
 std::set<int> world_sizes_of(const DpVsRingOptions& o, const Job& job) {
   std::set<int> ks;
   for (const auto& w : split_list(o.world_sizes, "--world-sizes", "2,4", job.rank())) {
-    int k = 0;
-    try {
-      k = std::stoi(w);
-    } catch (const std::exception&) {
-      k = -1;
-    }
+    const int k = world_size_entry(w);
     if (k < 1 || k > job.size())
       throw UsageError(fmt::format("--world-sizes: '{}' is not in 1..{}", w, job.size()),
                        {"flags", job.rank(), -1, "list world sizes up to the job's rank count"});
@@ -442,7 +448,10 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
     if (const auto p = size_order_problem("--minbytes", opts->min_bytes, opts->max_bytes))
       throw CLI::ValidationError("--maxbytes", *p);
     try {
-      split_list(opts->world_sizes, "--world-sizes", "2,4");
+      for (const auto& w : split_list(opts->world_sizes, "--world-sizes", "2,4"))
+        if (world_size_entry(w) < 1)
+          throw CLI::ValidationError(fmt::format(
+              "--world-sizes: '{}' is not a whole number of ranks of 1 or more (e.g. --world-sizes 2,4)", w));
       split_list(opts->algorithms, "--algorithms", "gather,ring,backend");
     } catch (const UsageError& e) {
       throw CLI::ValidationError(fmt::format("{} ({})", e.what(), e.context().hint));

@@ -56,6 +56,8 @@ struct ModelOptions {
   int world_size = 0;  // 0: not given (world_size_opt says whether it was)
   CLI::Option* world_size_opt = nullptr;
   int ranks_per_host = 1;
+  CLI::Option* ranks_per_host_opt = nullptr;
+  std::vector<CLI::Option*> sizes_opts;  // -b, -e, -f: the predicted sizes
   double intra_gbps = 0, intra_latency_us = 0, inter_gbps = 0, inter_latency_us = 0;
   CLI::Option* intra_gbps_opt = nullptr;
   CLI::Option* intra_latency_opt = nullptr;
@@ -68,11 +70,13 @@ struct ModelOptions {
   std::string caps = "1,2,5,10,25,50,100";
   CLI::Option* caps_opt = nullptr;
   double first_bucket_mb = 1;
+  CLI::Option* first_bucket_opt = nullptr;
   double compute_gbps = 1.0;
   CLI::Option* compute_gbps_opt = nullptr;
   double backward_ms = 0;
   CLI::Option* backward_ms_opt = nullptr;
   std::string bucket_algorithm = "ring";
+  CLI::Option* bucket_algorithm_opt = nullptr;
   std::vector<std::string> check_against;
   std::string check_min_bytes = "1M";
   double max_error_factor = 2.0;
@@ -121,6 +125,13 @@ class Model {
     for (const char* s : kSeriesOrder)
       if (const auto* f = fit_of_series(s)) return {f, false};
     return {};
+  }
+
+  // The links of a measured run: the fitted link, whatever --intra-*/--inter-*
+  // say (they describe the cluster predicted at --world-size, not the hosts
+  // the fit was measured on).
+  static scale::Topology measured_topology(int world_size, int ranks_per_host, const scale::Link& fitted) {
+    return {world_size, ranks_per_host, fitted, fitted};
   }
 
   // The links of a topology: the flags where given, else the fitted link.
@@ -215,8 +226,29 @@ void run_model(const ModelOptions& o, reports::Report& report) {
        {std::pair{o.intra_latency_opt, o.intra_latency_us}, std::pair{o.inter_latency_opt, o.inter_latency_us}})
     if (opt->count() && !(v >= 0))
       throw flag_error(fmt::format("{} must be >= 0 (us)", opt->get_name()), "e.g. 5");
-  if (!(o.max_error_factor >= 1))
-    throw flag_error("--max-error-factor must be >= 1", "e.g. 2: within a factor of two");
+  if (!(o.max_error_factor >= 1) || !std::isfinite(o.max_error_factor))
+    throw flag_error(fmt::format("--max-error-factor must be a finite number >= 1, not {}", o.max_error_factor),
+                     "e.g. 2: within a factor of two");
+  // Flags whose only use is a part of the run that was not asked for would
+  // be read and then ignored.
+  if (!o.world_size_opt->count()) {
+    std::vector<CLI::Option*> prediction_only = {o.ranks_per_host_opt, o.intra_gbps_opt, o.intra_latency_opt,
+                                                 o.inter_gbps_opt, o.inter_latency_opt};
+    prediction_only.insert(prediction_only.end(), o.sizes_opts.begin(), o.sizes_opts.end());
+    for (const auto* opt : prediction_only)
+      if (opt->count())
+        throw flag_error(fmt::format("{} needs --world-size: it describes the cluster predicted at "
+                                     "--world-size (a --check-against run is predicted on the hosts "
+                                     "its report names, with the fitted link)",
+                                     opt->get_name()),
+                         "e.g. --world-size 64 --ranks-per-host 8 " + opt->get_name() + " ...");
+  }
+  if (o.model.empty())
+    for (const auto* opt : {o.first_bucket_opt, o.compute_gbps_opt, o.backward_ms_opt, o.bucket_algorithm_opt})
+      if (opt->count())
+        throw flag_error(fmt::format("{} needs --model: it shapes the bucket-cap prediction of a model",
+                                     opt->get_name()),
+                         "e.g. --model resnet50 --world-size 64 " + opt->get_name() + " ...");
   // The bucket-cap part's flags and model, before anything is printed.
   std::vector<double> caps;
   std::optional<ddp_core::ModelLayout> model_layout;
@@ -257,6 +289,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   // A report given twice would count its points twice and pass the fit's
   // "at least 3 points" rule on one measurement: refused, by path and content.
   std::vector<std::pair<std::string, json>> read_inputs;
+  std::size_t single_points = 0;  // at world size 1, left out
   for (const auto& path : o.inputs) {
     json doc;
     try {
@@ -274,17 +307,42 @@ void run_model(const ModelOptions& o, reports::Report& report) {
           ErrorContext{"model.input", -1, -1, "give each measured report once"});
     read_inputs.emplace_back(path, doc);
     const auto rows = scale::extract_rows(doc, path);
-    std::size_t used = 0;
-    for (const auto& r : rows.rows)
+    std::size_t used = 0, single = 0;
+    for (const auto& r : rows.rows) {
+      // A world of one does no all_reduce (dp-vs-ring --world-sizes 1,...):
+      // its time says nothing of a link.
+      if (r.sample.world_size < 2) {
+        ++single;
+        continue;
+      }
       if (r.sample.bytes >= fit_min && r.sample.bytes <= fit_max) {
         by_series[r.series].push_back(r.sample);
         ++used;
       }
-    res["inputs"].push_back({{"file", path}, {"command", rows.command}, {"world_size", rows.world_size},
-                             {"hosts", rows.hosts}, {"points", rows.rows.size()}, {"points_used", used}});
+    }
+    single_points += single;
+    if (single > 0)
+      std::printf("# %s: %zu point(s) at world size 1 left out of the fit: a world of one does no all_reduce\n",
+                  path.c_str(), single);
+    res["inputs"].push_back({{"file", path},
+                             {"command", rows.command},
+                             {"world_size", rows.world_size},
+                             {"hosts", rows.hosts},
+                             {"points", rows.rows.size()},
+                             {"points_world_size_1", single},
+                             {"points_used", used}});
   }
+  if (by_series.empty() && single_points > 0 && fit_min <= 0 && !std::isfinite(fit_max))
+    throw UsageError("every measured point is at world size 1: a world of one does no all_reduce, "
+                     "and its times say nothing of a link",
+                     ErrorContext{"model.fit", -1, -1,
+                                  "fit from runs of 2 ranks or more (e.g. dp-vs-ring --world-sizes 2,4, "
+                                  "allreduce-test --nproc 2)"});
   if (by_series.empty())
-    throw UsageError("no measured point is inside --fit-min-bytes..--fit-max-bytes",
+    throw UsageError(single_points > 0
+                         ? "no measured point at a world size of 2 or more is inside "
+                           "--fit-min-bytes..--fit-max-bytes"
+                         : "no measured point is inside --fit-min-bytes..--fit-max-bytes",
                      ErrorContext{"model.fit", -1, -1, "widen the range or measure other sizes"});
   for (const char* s : kSeriesOrder) {
     auto it = by_series.find(s);
@@ -468,6 +526,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     std::size_t compared = 0, outside = 0, single = 0;
     std::map<std::string, std::size_t> misplaced;  // why -> points
     double worst = 1;
+    std::vector<std::pair<std::string, json>> checked;
     for (const auto& path : o.check_against) {
       json doc;
       try {
@@ -484,6 +543,14 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                          ErrorContext{"model.check", -1, -1,
                                       "check against a run the fit did not use (another world "
                                       "size, or another run)"});
+      // One run given twice would count its points twice in the verdict.
+      if (const auto same = same_report(checked, path, doc))
+        throw UsageError(fmt::format("--check-against {} is given twice ({} {}): its points would count "
+                                     "twice",
+                                     path, same->same_file ? "also as" : "the same content as",
+                                     same->path),
+                         ErrorContext{"model.check", -1, -1, "give each measured run once"});
+      checked.emplace_back(path, doc);
       const auto rows = scale::extract_rows(doc, path);
       for (const auto& r : rows.rows) {
         if (r.sample.bytes < check_min) continue;
@@ -505,7 +572,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
           continue;
         }
         const int hosts = where.hosts;
-        const auto t = model.topology(w, w / hosts, sf->fit.link);
+        const auto t = Model::measured_topology(w, w / hosts, sf->fit.link);
         const double pred = scale::predict_allreduce_s(a, t, r.sample.bytes);
         const double meas = r.sample.time_s;
         const double factor = std::max(pred / meas, meas / pred);
@@ -581,7 +648,7 @@ Subcommand add_model_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(cli::non_negative_number());
   opts->world_size_opt = app->add_option("--world-size", opts->world_size, "World size to predict (2..4096)");
-  app->add_option("--ranks-per-host", opts->ranks_per_host,
+  opts->ranks_per_host_opt = app->add_option("--ranks-per-host", opts->ranks_per_host,
                   "Ranks per host; world size must be a multiple")
       ->capture_default_str()
       ->check(cli::positive_number());
@@ -598,18 +665,18 @@ Subcommand add_model_command(CLI::App& parent) {
   opts->inter_latency_opt = app->add_option("--inter-latency-us", opts->inter_latency_us,
                                             "Inter-host per-message latency, us; default: the fit")
                                 ->check(cli::non_negative_number());
-  app->add_option("-b,--minbytes", opts->min_bytes, "Smallest predicted size")->capture_default_str()
-      ->check(cli::size_value());
-  app->add_option("-e,--maxbytes", opts->max_bytes, "Largest predicted size")->capture_default_str()
-      ->check(cli::size_value());
-  app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step")
+  opts->sizes_opts.push_back(app->add_option("-b,--minbytes", opts->min_bytes, "Smallest predicted size")->capture_default_str()
+      ->check(cli::size_value()));
+  opts->sizes_opts.push_back(app->add_option("-e,--maxbytes", opts->max_bytes, "Largest predicted size")->capture_default_str()
+      ->check(cli::size_value()));
+  opts->sizes_opts.push_back(app->add_option("-f,--stepfactor", opts->step_factor, "Multiply the size by this each step")
       ->capture_default_str()
-      ->check(cli::number_in_range(1.0001, 1e6));
+      ->check(cli::number_in_range(1.0001, 1e6)));
   app->add_option("--model", opts->model,
                   "Predict the bucket cap for: resnet50, bert-large, gpt2, mlp or a JSON layout file");
   opts->caps_opt = app->add_option("--caps", opts->caps, "Candidate bucket_cap_mb values (with --model)")
                        ->capture_default_str();
-  app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket (MiB)")
+  opts->first_bucket_opt = app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket (MiB)")
       ->capture_default_str()
       ->check(cli::bucket_mb_value(false));
   opts->compute_gbps_opt =
@@ -623,7 +690,7 @@ Subcommand add_model_command(CLI::App& parent) {
                       "Or: the backward pass's duration (ms); sets the rate to model bytes / "
                       "duration (0: all at once); default: the rate of --compute-gbps")
       ->check(cli::non_negative_number());
-  app->add_option("--bucket-algorithm", opts->bucket_algorithm,
+  opts->bucket_algorithm_opt = app->add_option("--bucket-algorithm", opts->bucket_algorithm,
                   "The all_reduce the buckets use: ring, tree or gather")
       ->capture_default_str();
   app->add_option("--check-against", opts->check_against,

@@ -17,6 +17,10 @@ namespace {
 using nlohmann::json;
 
 constexpr double kMiB = 1024.0 * 1024.0;
+// Bounds of what a measured report can hold: past them a field is damaged,
+// not measured (a world of a million ranks; one all_reduce of 1 PiB).
+constexpr std::int64_t kMaxReportWorldSize = 1 << 20;
+constexpr double kMaxReportBytes = 1125899906842624.0;
 
 UsageError fit_error(const std::string& what, const std::string& hint) {
   return UsageError(what, ErrorContext{"model.fit", -1, -1, hint});
@@ -138,11 +142,30 @@ Fit fit_link(Algorithm formula, std::span<const Sample> samples, std::size_t min
   const double det = saa * sbb - sab * sab;
   // Collinear columns (one size at one world size): latency and bandwidth
   // cannot be told apart.
-  if (!(det > 1e-12 * saa * sbb))
-    throw fit_error(fmt::format("{} fit: the points cannot separate latency from bandwidth (every "
-                                "point has the same message size and world size)",
+  if (!(det > 1e-12 * saa * sbb)) {
+    std::set<double> sizes;
+    std::set<int> worlds;
+    for (const auto& s : samples) {
+      sizes.insert(s.bytes);
+      worlds.insert(s.world_size);
+    }
+    if (sizes.size() == 1)
+      throw fit_error(fmt::format("{} fit: the points cannot separate latency from bandwidth: every point "
+                                  "has the same message size ({} B){}",
+                                  name, *sizes.begin(),
+                                  worlds.size() == 1 ? std::string(" and world size")
+                                  : formula == Algorithm::kRing
+                                      ? std::string()
+                                      : fmt::format(" (the {} formula scales latency and bandwidth alike "
+                                                    "with the world size, so several world sizes do not help)",
+                                                    name)),
+                      "measure at least two message sizes, e.g. -b 1K -e 16M");
+    throw fit_error(fmt::format("{} fit: the points cannot separate latency from bandwidth: their times "
+                                "do not tell the two apart (times far below a microsecond, or "
+                                "rounded alike)",
                                 name),
-                    "measure at least two message sizes, e.g. -b 1K -e 16M");
+                    "check the input report; measure a sweep of sizes, e.g. -b 1K -e 16M");
+  }
   Fit f;
   f.formula = formula;
   f.points = samples.size();
@@ -272,6 +295,10 @@ ReportRows extract_rows(const json& report, const std::string& source) {
   const json& world = member(report, "world");
   const json& size = member(world, "size");
   if (!size.is_number_integer()) throw bad("the report has no world size (did the run rendezvous?)");
+  // Read as a 64-bit number first: get<int>() would wrap 10^10 to another size.
+  if (size.is_number_unsigned() ? size.get<std::uint64_t>() > kMaxReportWorldSize
+                                : (size.get<std::int64_t>() < 1 || size.get<std::int64_t>() > kMaxReportWorldSize))
+    throw bad(fmt::format("world.size {} is not a world size (1..{})", size.dump(), kMaxReportWorldSize));
   out.world_size = size.get<int>();
   const json& hosts = member(world, "hosts");
   if (hosts.is_array()) {
@@ -320,11 +347,21 @@ ReportRows extract_rows(const json& report, const std::string& source) {
       }
       const json& bytes = member(row, "bytes");
       if (!bytes.is_number() || !(bytes.get<double>() > 0)) continue;
+      if (!(bytes.get<double>() <= kMaxReportBytes))
+        throw bad(fmt::format("a row of {} bytes: no all_reduce moves more than {} bytes (1 PiB) in one "
+                              "call",
+                              bytes.dump(), kMaxReportBytes));
       std::string series = "backend";
       if (member(row, "algorithm").is_string()) series = member(row, "algorithm").get<std::string>();
       if (series != "backend" && series != "ring" && series != "gather") continue;
       int world_size = out.world_size;
-      if (member(row, "world_size").is_number_integer()) world_size = member(row, "world_size").get<int>();
+      if (const json& ws = member(row, "world_size"); ws.is_number_integer()) {
+        if (ws.is_number_unsigned() ? ws.get<std::uint64_t>() > static_cast<std::uint64_t>(out.world_size)
+                                    : (ws.get<std::int64_t>() < 1 || ws.get<std::int64_t>() > out.world_size))
+          throw bad(fmt::format("a row at world size {}, outside the run's world of 1..{} ranks", ws.dump(),
+                                out.world_size));
+        world_size = ws.get<int>();
+      }
       double fastest = INFINITY;
       bool wrong = false;
       for (const char* block : {"out_of_place", "in_place"}) {
@@ -358,6 +395,13 @@ ReportRows extract_rows(const json& report, const std::string& source) {
     throw bad(fmt::format("no all_reduce row has a time: its {} row(s) have no positive, finite "
                           "time_us in either block",
                           untimed_rows));
+  if (out.rows.empty() && out.command == "bucket-sweep")
+    throw UsageError(fmt::format("{}: this bucket-sweep report has no all_reduce size sweep "
+                                 "(results.sizes is empty or missing: written with --no-size-sweep?)",
+                                 source),
+                     ErrorContext{"model.input", -1, -1,
+                                  "rerun bucket-sweep without --no-size-sweep, or fit from an "
+                                  "allreduce-test report"});
   if (out.rows.empty()) throw bad("no all_reduce timing rows (results.sizes is empty or missing)");
   return out;
 }

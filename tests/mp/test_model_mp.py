@@ -443,5 +443,146 @@ class ModelVsMeasured(unittest.TestCase):
                 self.assertEqual(p.stdout, "")
 
 
+def synthetic_sweep(path, world_size, alpha_s=10e-6, gbps=1.0, sizes=(4096, 16384, 65536, 262144,
+                                                                    1 << 20, 4 << 20),
+                    command="allreduce-test", rows_world_sizes=None):
+    """A report whose times are exactly the ring formula on one link (alpha,
+    bandwidth), at the world size given (or, as dp-vs-ring writes, at each of
+    rows_world_sizes): the fit must recover the link, and a prediction of a
+    run on the same link must match it."""
+    rows = []
+    for w in rows_world_sizes or [world_size]:
+        for n in sizes:
+            t_us = (ring_s(alpha_s, 1e-9 / gbps, w, n) if w > 1 else 1.0 + n * 1e-6) * 1e6
+            row = {"bytes": n, "count": n // 4, "dtype": "float", "op": "sum",
+                   "out_of_place": {"time_us": t_us, "wrong": 0}}
+            if rows_world_sizes:
+                row["world_size"] = w
+                row["algorithm"] = "backend"
+            rows.append(row)
+    doc = {"schema": "ddpdiag.report/1", "command": command,
+           "world": {"size": world_size, "hosts": ["h"],
+                     "ranks": [{"rank": r, "host": "h"} for r in range(world_size)]},
+           "results": {"collective": "all_reduce", "sizes": rows}}
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    return doc
+
+
+class ModelOfSyntheticReports(unittest.TestCase):
+    """Exact reports made here (no measurement): what the model does with
+    flags and inputs that are about other parts of the run."""
+
+    def setUp(self):
+        self.files = []
+
+    def tearDown(self):
+        for f in self.files:
+            if os.path.exists(f):
+                os.unlink(f)
+
+    def sweep(self, *args, **kwargs):
+        path = tmp_json()
+        self.files.append(path)
+        synthetic_sweep(path, *args, **kwargs)
+        return path
+
+    def test_the_check_against_a_run_here_uses_the_fitted_link_not_the_planned_cluster(self):
+        # The links given for the cluster at --world-size describe that
+        # cluster; the check predicts a run on the hosts it ran on, whose
+        # link is the fitted one. A run exactly on the fitted link passes.
+        two, three, out = self.sweep(2), self.sweep(3), tmp_json()
+        self.files.append(out)
+        p = run(["model", two, "--world-size", "64", "--ranks-per-host", "8", "--intra-gbps", "100",
+                 "--intra-latency-us", "1", "--inter-gbps", "12.5", "--check-against", three,
+                 "--json", out])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        res = load(out)["results"]
+        self.assertTrue(res["validation"])
+        for v in res["validation"]:
+            self.assertAlmostEqual(v["predicted_us"], v["measured_us"], delta=1e-6 * v["measured_us"])
+        # The planned cluster does use the given links: its prediction at 64
+        # ranks is not the fitted link's.
+        p2 = run(["model", two, "--world-size", "64", "--ranks-per-host", "8", "--json", out])
+        self.assertEqual(p2.returncode, 0, p2.stdout + p2.stderr)
+        self.assertNotEqual(load(out)["results"]["sizes"], res["sizes"])
+        self.assertEqual(res["prediction"]["links"][0]["intra"]["source"], "flags")
+
+    def test_link_and_size_flags_without_a_world_size_are_refused(self):
+        two, three = self.sweep(2), self.sweep(3)
+        for flag, value in (("--intra-gbps", "100"), ("--inter-latency-us", "5"),
+                            ("--ranks-per-host", "8"), ("-e", "1G")):
+            with self.subTest(flag=flag):
+                p = run(["model", two, "--check-against", three, flag, value])
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn("needs --world-size", p.stderr)
+        for flag, value in (("--compute-gbps", "3"), ("--first-bucket-mb", "2"),
+                            ("--bucket-algorithm", "tree"), ("--backward-ms", "5")):
+            with self.subTest(flag=flag):
+                p = run(["model", two, "--world-size", "8", flag, value])
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn("%s needs --model" % flag, p.stderr)
+
+    def test_points_at_world_size_1_are_left_out_of_the_fit(self):
+        # dp-vs-ring --world-sizes 1,2 writes rows at a world of one.
+        mixed = self.sweep(2, command="dp-vs-ring", rows_world_sizes=[1, 2])
+        out = tmp_json()
+        self.files.append(out)
+        p = run(["model", mixed, "--world-size", "8", "--json", out])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("6 point(s) at world size 1 left out of the fit", p.stdout)
+        res = load(out)["results"]
+        self.assertEqual(res["inputs"][0]["points_world_size_1"], 6)
+        self.assertEqual(res["fits"][0]["points"], 6)
+        self.assertEqual(res["fits"][0]["world_sizes"], [2])
+        self.assertAlmostEqual(res["fits"][0]["alpha_us"], 10.0, places=6)
+        only_one = self.sweep(2, command="dp-vs-ring", rows_world_sizes=[1])
+        p = run(["model", only_one, "--world-size", "8"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("every measured point is at world size 1", p.stderr)
+
+    def test_damaged_numbers_are_refused_not_wrapped(self):
+        for change, message in (
+                (lambda d: d["world"].__setitem__("size", 10 ** 10),
+                 "world.size 10000000000 is not a world size"),
+                (lambda d: d["world"].__setitem__("size", -2), "world.size -2 is not a world size"),
+                (lambda d: d["results"]["sizes"][-1].__setitem__("bytes", 1e30),
+                 "no all_reduce moves more than"),
+                (lambda d: d["results"]["sizes"][0].__setitem__("world_size", 7),
+                 "a row at world size 7, outside the run's world of 1..2 ranks"),
+        ):
+            path = self.sweep(2)
+            with open(path) as f:
+                doc = json.load(f)
+            change(doc)
+            with open(path, "w") as f:
+                json.dump(doc, f)
+            with self.subTest(message=message):
+                p = run(["model", path, "--world-size", "8"])
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(message, p.stderr)
+
+    def test_refusals_say_what_to_change(self):
+        two, three = self.sweep(2), self.sweep(3)
+        # One size at several world sizes: the gather and tree formulas
+        # cannot separate alpha from beta; the message says why.
+        one_size = [self.sweep(w, sizes=(1 << 20,)) for w in (2, 3, 4)]
+        p = run(["model"] + one_size + ["--world-size", "8", "--backend-as", "tree"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("every point has the same message size (1048576 B) (the tree formula", p.stderr)
+        no_sweep = self.sweep(2, command="bucket-sweep", sizes=())
+        p = run(["model", no_sweep, "--world-size", "8"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("rerun bucket-sweep without --no-size-sweep", p.stderr)
+        for args, message in (
+                (["--max-error-factor", "inf"], "--max-error-factor must be a finite number >= 1"),
+                (["--check-against", three], "--check-against %s is given twice" % three),
+        ):
+            with self.subTest(args=args):
+                p = run(["model", two, "--check-against", three] + args)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(message, p.stderr)
+
+
 if __name__ == "__main__":
     main()
