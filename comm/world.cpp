@@ -171,15 +171,34 @@ std::string first_slurm_host(std::string_view list) {
   return out;
 }
 
+bool in_srun_step(const EnvLookup& env) {
+  for (const char* var : {"SLURM_STEP_ID", "SLURM_STEPID"}) {
+    const auto text = env(var);
+    if (!text || text->empty()) continue;
+    std::uint64_t id = 0;
+    const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), id);
+    if (ec == std::errc() && end == text->data() + text->size() && id < 0xfffffff0ULL) return true;
+  }
+  return false;
+}
+
+namespace {
+// A rank variable that names this process's rank here: SLURM_PROCID only in
+// an srun step.
+bool rank_variable_applies(const char* var, const EnvLookup& env) {
+  return std::string_view(var) != "SLURM_PROCID" || in_srun_step(env);
+}
+}  // namespace
+
 bool launched_by_launcher(const EnvLookup& env) {
   for (const char* v : kRankVariables)
-    if (env(v)) return true;
+    if (env(v) && rank_variable_applies(v, env)) return true;
   return env("DDPDIAG_LAUNCHER").has_value();
 }
 
 std::optional<std::string> launcher_rank_text(const EnvLookup& env) {
   for (const char* v : kRankVariables)
-    if (auto text = env(v); text && !text->empty()) return text;
+    if (auto text = env(v); text && !text->empty() && rank_variable_applies(v, env)) return text;
   return std::nullopt;
 }
 
@@ -188,9 +207,11 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
   World w;
   EnvReader r(env, w.env_read);
 
-  // Which launcher: our own and torchrun set RANK & co; Slurm and Open MPI
-  // have their own names. RANK wins over the scheduler's variables because
-  // torchrun inside an srun allocation sets both and RANK is the true one.
+  // Which launcher: our own and torchrun set RANK & co; the MPI launchers
+  // and Slurm have their own names. RANK wins over the others because
+  // torchrun inside an srun allocation sets both and RANK is the true one;
+  // the MPI launchers' win over Slurm's (kRankVariables says why), and
+  // Slurm's count only in a task srun started.
   std::optional<int> rank, size, local_rank, local_size;
   std::string rank_var = "RANK", size_var = "WORLD_SIZE", lrank_var = "LOCAL_RANK",
               lsize_var = "LOCAL_WORLD_SIZE";
@@ -208,45 +229,6 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
     if (!size)
       throw world_error(fmt::format("RANK={} is set but WORLD_SIZE is not", *rank),
                         "set WORLD_SIZE to the number of ranks, or pass --world-size");
-  } else if (auto v = r.integer("SLURM_PROCID")) {
-    w.launcher = Launcher::kSlurm;
-    rank = v;
-    rank_var = "SLURM_PROCID";
-    size_var = "SLURM_NTASKS";
-    lrank_var = "SLURM_LOCALID";
-    lsize_var = "SLURM_NTASKS_PER_NODE";
-    size = r.integer("SLURM_NTASKS");
-    if (!size) {
-      size = r.integer("SLURM_NPROCS");
-      size_var = "SLURM_NPROCS";
-    }
-    local_rank = r.integer("SLURM_LOCALID");
-    // --ntasks-per-node: the same on every node. Otherwise this node's entry
-    // of the step's (else the job's) layout, which may differ between nodes.
-    local_size = r.leading_integer("SLURM_NTASKS_PER_NODE");
-    for (const char* var : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
-      if (local_size) break;
-      auto layout = r.str(var);
-      if (!layout) continue;
-      lsize_var = var;
-      std::vector<int> counts;
-      try {
-        counts = expand_slurm_tasks_per_node(*layout);
-      } catch (const std::invalid_argument& e) {
-        throw world_error(fmt::format("environment variable {}='{}' is not a Slurm task layout: {}",
-                                      var, *layout, e.what()),
-                          fmt::format("unset {} or pass --local-world-size", var));
-      }
-      const int node = r.integer("SLURM_NODEID").value_or(0);
-      if (node < 0 || node >= static_cast<int>(counts.size()))
-        throw world_error(fmt::format("SLURM_NODEID={} but {}='{}' lists {} node(s)", node, var,
-                                      *layout, counts.size()),
-                          "run under srun, or pass --local-world-size");
-      local_size = counts[static_cast<std::size_t>(node)];
-    }
-    if (!size)
-      throw world_error(fmt::format("SLURM_PROCID={} is set but SLURM_NTASKS is not", *rank),
-                        "run under srun with --ntasks, or pass --world-size");
   } else {
     // The MPI launchers: each names the rank, the size and the rank and
     // count on this node in variables of its own.
@@ -279,6 +261,48 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
         throw world_error(fmt::format("{}={} is set but {} is not", m.rank, *rank, m.size),
                           fmt::format("{}, or pass --world-size", m.how_to_run));
       break;
+    }
+    if (!rank && in_srun_step(env)) {
+      if (auto v = r.integer("SLURM_PROCID")) {
+        w.launcher = Launcher::kSlurm;
+        rank = v;
+        rank_var = "SLURM_PROCID";
+        size_var = "SLURM_NTASKS";
+        lrank_var = "SLURM_LOCALID";
+        lsize_var = "SLURM_NTASKS_PER_NODE";
+        size = r.integer("SLURM_NTASKS");
+        if (!size) {
+          size = r.integer("SLURM_NPROCS");
+          size_var = "SLURM_NPROCS";
+        }
+        local_rank = r.integer("SLURM_LOCALID");
+        // --ntasks-per-node: the same on every node. Otherwise this node's entry
+        // of the step's (else the job's) layout, which may differ between nodes.
+        local_size = r.leading_integer("SLURM_NTASKS_PER_NODE");
+        for (const char* var : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+          if (local_size) break;
+          auto layout = r.str(var);
+          if (!layout) continue;
+          lsize_var = var;
+          std::vector<int> counts;
+          try {
+            counts = expand_slurm_tasks_per_node(*layout);
+          } catch (const std::invalid_argument& e) {
+            throw world_error(fmt::format("environment variable {}='{}' is not a Slurm task layout: {}",
+                                          var, *layout, e.what()),
+                              fmt::format("unset {} or pass --local-world-size", var));
+          }
+          const int node = r.integer("SLURM_NODEID").value_or(0);
+          if (node < 0 || node >= static_cast<int>(counts.size()))
+            throw world_error(fmt::format("SLURM_NODEID={} but {}='{}' lists {} node(s)", node, var,
+                                          *layout, counts.size()),
+                              "run under srun, or pass --local-world-size");
+          local_size = counts[static_cast<std::size_t>(node)];
+        }
+        if (!size)
+          throw world_error(fmt::format("SLURM_PROCID={} is set but SLURM_NTASKS is not", *rank),
+                            "run under srun with --ntasks, or pass --world-size");
+      }
     }
   }
 

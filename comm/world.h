@@ -29,8 +29,16 @@ enum class Launcher : std::uint8_t {
 // are read (the first set wins: torchrun inside srun sets RANK and
 // SLURM_PROCID, and RANK is the true one; MVAPICH under Hydra sets
 // MV2_COMM_WORLD_RANK and PMI_RANK alike).
-inline constexpr const char* kRankVariables[] = {"RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                                                 "MV2_COMM_WORLD_RANK", "PMI_RANK"};
+// In the order they are read: torchrun's (and ddpdiag's own launcher's)
+// RANK, the MPI launchers', then Slurm's. An MPI launcher run inside a Slurm
+// allocation leaves Slurm's variables of the batch shell (or of the srun step
+// that started its daemons) in every rank's environment, SLURM_PROCID=0 on
+// every rank of a node: its own are the true ones. SLURM_PROCID counts only
+// in a task that srun started (in_srun_step()): a batch script's own shell
+// has SLURM_PROCID=0 and SLURM_NTASKS too, and is no rank.
+inline constexpr const char* kRankVariables[] = {"RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
+                                                 "PMI_RANK", "SLURM_PROCID"};
+
 std::string_view launcher_name(Launcher l);
 
 // Flags given on the command line; unset fields fall back to the environment.
@@ -108,6 +116,12 @@ std::string first_slurm_host(std::string_view list);
 // kRankVariables, or DDPDIAG_LAUNCHER), i.e. this process is one rank of a
 // job rather than the user's shell.
 bool launched_by_launcher(const EnvLookup& env);
+
+// True in a task that srun started: SLURM_STEP_ID (or the older
+// SLURM_STEPID) is a step number. A batch script's shell (sbatch) and an
+// salloc shell have none; Slurm's special steps (batch, extern,
+// interactive) are numbers from 0xfffffff0 up and are no srun step either.
+bool in_srun_step(const EnvLookup& env);
 
 // The text of the first of kRankVariables that is set: this process's rank
 // as its launcher gave it, before any check; nullopt when none is set.

@@ -2235,15 +2235,17 @@ std::optional<int> launch_if_asked_unreported(const CommonOptions& o) {
   }
   // --nproc in every rank of a launcher's job: each would start a world of
   // its own, and the job would run as so many separate worlds, all passing.
-  // (Slurm's variables are left out: a batch script's shell has them, with
-  // SLURM_PROCID=0, and --nproc there is a world on the allocation's first
-  // node.)
+  // (Slurm's variables count only in a task srun started: a batch script's
+  // shell has them too, with SLURM_PROCID=0, and --nproc there is a world on
+  // the allocation's first node.)
   if (o.nproc > 0 && !env("DDPDIAG_LAUNCHER")) {
     for (const auto& [rank_var, size_var, who] :
          {std::tuple<const char*, const char*, const char*>{"RANK", "WORLD_SIZE", "torchrun"},
           {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "mpirun (Open MPI)"},
           {"PMI_RANK", "PMI_SIZE", "mpiexec (MPICH, Intel MPI)"},
-          {"MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "mpirun_rsh (MVAPICH)"}}) {
+          {"MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "mpirun_rsh (MVAPICH)"},
+          {"SLURM_PROCID", "SLURM_NTASKS", "srun"}}) {
+      if (std::string_view(rank_var) == "SLURM_PROCID" && !in_srun_step(env)) continue;
       const auto rank_text = env(rank_var);
       const auto size_text = env(size_var);
       if (!rank_text || !size_text) continue;
@@ -2299,6 +2301,14 @@ std::optional<int> launch_if_asked_unreported(const CommonOptions& o) {
       bool gpu = o.backend != "gloo" && nccl_supported() && cuda_device_count() > 0;
       nproc = gpu ? cuda_device_count() : 2;
     }
+    // A batch script's shell has Slurm's variables (SLURM_PROCID=0,
+    // SLURM_NTASKS) but is no task of the allocation: say which world runs.
+    if (!under_launcher && env("SLURM_PROCID") && !in_srun_step(env) && !o.quiet)
+      std::fprintf(stderr,
+                   "ddpdiag: note: Slurm job %s: this shell is not a task srun started (no "
+                   "SLURM_STEP_ID), so ddpdiag starts %d local rank(s) of its own on this node; "
+                   "to test the allocation's tasks, run it under srun (srun ddpdiag ...)\n",
+                   env("SLURM_JOB_ID").value_or("?").c_str(), nproc);
     LaunchOptions lo;
     lo.nproc = nproc;
     auto args = own_command_line();

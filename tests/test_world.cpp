@@ -65,7 +65,7 @@ TEST_CASE("torchrun without the agent store: rank 0 hosts", "[world]") {
 }
 
 TEST_CASE("Slurm and Open MPI variables", "[world]") {
-  auto s = discover({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
+  auto s = discover({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"SLURM_LOCALID", "1"},
                      {"SLURM_NTASKS_PER_NODE", "4(x2)"}, {"MASTER_ADDR", "n1"}});
   CHECK(s.launcher == Launcher::kSlurm);
   CHECK(s.rank == 5);
@@ -80,6 +80,60 @@ TEST_CASE("Slurm and Open MPI variables", "[world]") {
   CHECK(m.world_size == 4);
   CHECK(m.local_world_size == 2);
   CHECK(m.master_port == 1234);
+}
+
+TEST_CASE("Slurm's variables name a rank only in a task srun started", "[world]") {
+  // A batch script's shell (sbatch -n 2): SLURM_PROCID=0 and SLURM_NTASKS,
+  // but no step. It is no rank of the allocation.
+  const std::map<std::string, std::string> batch = {
+      {"SLURM_JOB_ID", "777"},  {"SLURM_PROCID", "0"},         {"SLURM_NTASKS", "2"},
+      {"SLURM_LOCALID", "0"},   {"SLURM_NODEID", "0"},         {"SLURM_TASKS_PER_NODE", "2"},
+      {"SLURM_JOB_NODELIST", "vm"}};
+  auto b = discover(batch);
+  CHECK(b.launcher == Launcher::kNone);
+  CHECK(b.world_size == 1);
+  CHECK_FALSE(in_srun_step(map_env(batch)));
+  CHECK_FALSE(launched_by_launcher(map_env(batch)));
+  CHECK_FALSE(launcher_rank_text(map_env(batch)).has_value());
+  // Slurm's special steps (batch 0xfffffffb, extern 0xfffffffc) are no srun
+  // step; a step number, SLURM_STEP_ID or the older SLURM_STEPID, is.
+  for (const char* id : {"4294967291", "4294967292", "", "x"}) {
+    auto e = batch;
+    e["SLURM_STEP_ID"] = id;
+    INFO(id);
+    CHECK_FALSE(in_srun_step(map_env(e)));
+  }
+  for (const char* var : {"SLURM_STEP_ID", "SLURM_STEPID"}) {
+    auto e = batch;
+    e[var] = "3";
+    auto w = discover(e);
+    CHECK(w.launcher == Launcher::kSlurm);
+    CHECK((w.rank == 0 && w.world_size == 2 && w.local_world_size == 2));
+    CHECK(launcher_rank_text(map_env(e)) == "0");
+  }
+  // Open MPI's mpirun inside the allocation: every rank has the batch
+  // shell's (or its daemon step's) SLURM_PROCID=0; Open MPI's variables are
+  // the true ones, with or without a step.
+  for (const char* step : {"", "0"}) {
+    auto e = batch;
+    if (*step) e["SLURM_STEP_ID"] = step;
+    e.insert({{"OMPI_COMM_WORLD_RANK", "1"},
+              {"OMPI_COMM_WORLD_SIZE", "2"},
+              {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+              {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}});
+    auto w = discover(e);
+    CHECK(w.launcher == Launcher::kOpenMpi);
+    CHECK((w.rank == 1 && w.world_size == 2 && w.local_rank == 1));
+    CHECK(launcher_rank_text(map_env(e)) == "1");
+  }
+  // Hydra under Slurm alike.
+  auto e = batch;
+  e["SLURM_STEP_ID"] = "0";
+  e.insert({{"PMI_RANK", "3"}, {"PMI_SIZE", "4"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"},
+            {"MASTER_ADDR", "n1"}});
+  auto h = discover(e);
+  CHECK(h.launcher == Launcher::kMpich);
+  CHECK(h.rank == 3);
 }
 
 TEST_CASE("MPICH, Intel MPI and MVAPICH variables", "[world]") {
@@ -121,7 +175,7 @@ TEST_CASE("Slurm: uneven task layouts and the store host from the node list", "[
   // local world is 2, not the layout's leading 3. No MASTER_ADDR: the first
   // host of the step's node list, where task 0 runs.
   std::map<std::string, std::string> env = {
-      {"SLURM_PROCID", "4"},          {"SLURM_NTASKS", "5"},
+      {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "4"},          {"SLURM_NTASKS", "5"},
       {"SLURM_LOCALID", "1"},         {"SLURM_NODEID", "1"},
       {"SLURM_STEP_TASKS_PER_NODE", "3,2"},
       {"SLURM_TASKS_PER_NODE", "4(x2)"},  // the job's allocation: the step's wins
@@ -148,7 +202,7 @@ TEST_CASE("Slurm: uneven task layouts and the store host from the node list", "[
   env["MASTER_ADDR"] = "10.0.0.9";
   CHECK(discover(env).master_addr == "10.0.0.9");
   CHECK(discover(env).master_addr_source == "MASTER_ADDR");
-  auto one = discover({{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
+  auto one = discover({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "1"},
                        {"SLURM_NODEID", "0"}, {"SLURM_STEP_TASKS_PER_NODE", "2"},
                        {"SLURM_STEP_NODELIST", "vm"}});
   CHECK(one.local_world_size == 2);
@@ -156,16 +210,16 @@ TEST_CASE("Slurm: uneven task layouts and the store host from the node list", "[
   CHECK(one.master_addr_source == "default");
 
   // Broken layouts and lists are usage errors naming the variable.
-  require_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
+  require_usage_error({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
                        {"SLURM_STEP_TASKS_PER_NODE", "2(x2"}},
                       "SLURM_STEP_TASKS_PER_NODE='2(x2'");
-  require_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "2"},
+  require_usage_error({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_NODEID", "2"},
                        {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}},
                       "SLURM_NODEID=2 but SLURM_STEP_TASKS_PER_NODE='2(x2)' lists 2 node(s)");
-  require_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
+  require_usage_error({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
                        {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}, {"SLURM_STEP_NODELIST", "n[a-b]"}},
                       "SLURM_STEP_NODELIST='n[a-b]' is not a Slurm host list");
-  require_usage_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
+  require_usage_error({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"},
                        {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}},
                       "Slurm gave no node list");
 }
@@ -221,8 +275,8 @@ TEST_CASE("every invalid input is a usage error naming the variable", "[world]")
   require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"LOCAL_WORLD_SIZE", "2"}},
                       "MASTER_ADDR is not set");
   require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", ""}}, "MASTER_ADDR is empty");
-  require_usage_error({{"SLURM_PROCID", "0"}}, "SLURM_NTASKS is not");
-  require_usage_error({{"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}, "SLURM_PROCID=4");
+  require_usage_error({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}}, "SLURM_NTASKS is not");
+  require_usage_error({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "4"}, {"SLURM_NTASKS", "4"}}, "SLURM_PROCID=4");
   require_usage_error({{"OMPI_COMM_WORLD_RANK", "0"}}, "OMPI_COMM_WORLD_SIZE is not");
   require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"},
                        {"CUDA_VISIBLE_DEVICES", "0"}},

@@ -420,10 +420,24 @@ class LauncherEnvironments(unittest.TestCase):
         rep, _ = self.run_world([agent_env(r, 2, port, False) for r in range(2)])
         check_report(self, rep, 2)
 
+    def test_mpirun_inside_a_slurm_allocation_takes_its_own_ranks(self):
+        # Open MPI's mpirun in a batch script: every rank inherits the
+        # shell's SLURM_PROCID=0 (or its daemon step's); OMPI_COMM_WORLD_RANK
+        # is the true rank. Before, both ranks were rank 0 of 2.
+        port = free_port()
+        envs = [clean_env(SLURM_JOB_ID=777, SLURM_PROCID=0, SLURM_NTASKS=2, SLURM_LOCALID=0,
+                          SLURM_NODEID=0, SLURM_TASKS_PER_NODE=2, SLURM_STEP_ID=0,
+                          OMPI_COMM_WORLD_RANK=r, OMPI_COMM_WORLD_SIZE=2,
+                          OMPI_COMM_WORLD_LOCAL_RANK=r, OMPI_COMM_WORLD_LOCAL_SIZE=2,
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=port) for r in range(2)]
+        rep, _ = self.run_world(envs)
+        self.assertEqual(rep["world"]["launcher"], "openmpi")
+        self.assertEqual(rep["world"]["size"], 2)
+
     def test_slurm_variables(self):
         port = free_port()
         n = 2
-        envs = [clean_env(SLURM_PROCID=r, SLURM_NTASKS=n, SLURM_LOCALID=r,
+        envs = [clean_env(SLURM_STEP_ID=0, SLURM_PROCID=r, SLURM_NTASKS=n, SLURM_LOCALID=r,
                           SLURM_NTASKS_PER_NODE=n, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
                 for r in range(n)]
         rep, _ = self.run_world(envs)
@@ -435,7 +449,7 @@ class LauncherEnvironments(unittest.TestCase):
         # same MASTER_PORT). It is named another job's rank, not "rank 1 is
         # claimed twice", and job 1001 is left alone.
         port = free_port()
-        envs = [clean_env(SLURM_PROCID=r, SLURM_NTASKS=2, SLURM_LOCALID=r,
+        envs = [clean_env(SLURM_STEP_ID=0, SLURM_PROCID=r, SLURM_NTASKS=2, SLURM_LOCALID=r,
                           SLURM_NTASKS_PER_NODE=2, SLURM_JOB_ID=1001, MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=port) for r in range(2)]
         cmd = [BIN, "allreduce-test", "-b", "1M", "-e", "1M", "-n", "1500", "--timeout", "30"]
@@ -463,7 +477,7 @@ class LauncherEnvironments(unittest.TestCase):
         # than run a world made of two jobs.
         port = free_port()
         n = 2
-        envs = [clean_env(SLURM_PROCID=r, SLURM_NTASKS=n, SLURM_LOCALID=r,
+        envs = [clean_env(SLURM_STEP_ID=0, SLURM_PROCID=r, SLURM_NTASKS=n, SLURM_LOCALID=r,
                           SLURM_NTASKS_PER_NODE=n, SLURM_JOB_ID=1001 + 1001 * r,
                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port) for r in range(n)]
         paths = [tmp_json() for _ in envs]
@@ -749,7 +763,11 @@ class BadInput(unittest.TestCase):
                            ({"OMPI_COMM_WORLD_RANK": 0, "OMPI_COMM_WORLD_SIZE": 4},
                             "rank 0 of 4 (OMPI_COMM_WORLD_RANK=0, OMPI_COMM_WORLD_SIZE=4, as "
                             "mpirun (Open MPI) sets them)"),
-                           ({"PMI_RANK": 1, "PMI_SIZE": 2}, "as mpiexec (MPICH, Intel MPI) sets them")):
+                           ({"PMI_RANK": 1, "PMI_SIZE": 2}, "as mpiexec (MPICH, Intel MPI) sets them"),
+                           # A task srun started (its step's SLURM_STEP_ID).
+                           ({"SLURM_STEP_ID": 0, "SLURM_PROCID": 1, "SLURM_NTASKS": 2,
+                             "SLURM_JOB_ID": 7},
+                            "rank 1 of 2 (SLURM_PROCID=1, SLURM_NTASKS=2, as srun sets them)")):
             with self.subTest(env=env):
                 p = run(["allreduce-test", "--nproc", "2", "-e", "1K"], env=clean_env(**env))
                 self.assertEqual(p.returncode, 2, p.stderr)
@@ -760,6 +778,30 @@ class BadInput(unittest.TestCase):
         p = run(["allreduce-test", "--nproc", "2"] + SMALL,
                 env=clean_env(SLURM_PROCID=0, SLURM_NTASKS=2, SLURM_JOB_ID=7))
         self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_a_batch_scripts_shell_is_no_rank_of_the_allocation(self):
+        # sbatch -n 2: the script's own shell has SLURM_PROCID=0 and
+        # SLURM_NTASKS=2 but no srun step. ddpdiag run there starts its own
+        # local world (and says so) instead of waiting, as rank 0 of 2, for a
+        # rank 1 that never comes.
+        batch = dict(SLURM_JOB_ID=99, SLURM_PROCID=0, SLURM_LOCALID=0, SLURM_NODEID=0,
+                     SLURM_NTASKS=2, SLURM_TASKS_PER_NODE=2, SLURM_JOB_NODELIST="vm")
+        t0 = time.monotonic()
+        path = tmp_json()
+        p = run(["allreduce-test", "--timeout", "20", "--json", path] + SMALL,
+                env=clean_env(**batch))
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertLess(time.monotonic() - t0, 20)
+        self.assertIn("Slurm job 99: this shell is not a task srun started", p.stderr)
+        self.assertIn("starts 2 local rank(s) of its own", p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(rep["world"]["launcher"], "ddpdiag")
+        # Without SLURM_NTASKS (sbatch without -n) alike: no "SLURM_NTASKS is
+        # not set" refusal.
+        batch.pop("SLURM_NTASKS")
+        p = run(["allreduce-test"] + SMALL, env=clean_env(**batch))
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
 
     def test_default_world_with_store_flags_is_a_usage_error(self):
         # No launcher, no --rank/--world-size: ddpdiag starts its own ranks

@@ -41,6 +41,7 @@ from common import (BIN, DEADLINE_S, check_report, clean_env, free_port, load,  
 CPUS = sorted(os.sched_getaffinity(0))
 MPIRUN = shutil.which("mpirun")
 MPIRUN_MPICH = shutil.which("mpirun.mpich")  # Debian's mpich: MPICH's Hydra, beside Open MPI
+MPIRUN_OMPI = shutil.which("mpirun.openmpi")  # Open MPI by its own name
 SLURMCTLD = shutil.which("slurmctld") or (os.path.exists("/usr/sbin/slurmctld") and "/usr/sbin/slurmctld")
 SLURMD = shutil.which("slurmd") or (os.path.exists("/usr/sbin/slurmd") and "/usr/sbin/slurmd")
 SRUN = shutil.which("srun")
@@ -437,6 +438,44 @@ class Slurm(Case):
         self.assertEqual(rep["world"]["launcher"], "slurm")
         want = ["cpu_oversubscribed"] if len(CPUS) < 4 else []
         self.assertEqual(self.warning_names(rep), want)
+
+    def test_a_batch_script_runs_ddpdiag_and_mpirun_in_its_allocation(self):
+        # sbatch -n 2: the script's shell has SLURM_PROCID=0 and
+        # SLURM_NTASKS=2 but is no task srun started. ddpdiag run there starts
+        # its own 2 local ranks (before, it waited as rank 0 of 2 for a rank 1
+        # that never came), and mpirun's ranks, which inherit the shell's
+        # SLURM_PROCID=0, take Open MPI's ranks (before, both were rank 0).
+        script = os.path.join(self.tmp, "job.sh")
+        out = os.path.join(self.tmp, "out.txt")
+        own, mpi = os.path.join(self.tmp, "own.json"), os.path.join(self.tmp, "mpi.json")
+        lines = ["#!/bin/bash",
+                 "env | grep -c '^SLURM_STEP_ID=' ; echo steps-listed",
+                 "%s allreduce-test --timeout 20 --json %s %s; echo own-rc=$?" % (
+                     BIN, own, " ".join(SWEEP))]
+        if MPIRUN_OMPI:
+            lines.append("%s --allow-run-as-root --oversubscribe --bind-to none -np 2 -x "
+                         "MASTER_PORT=%d %s allreduce-test --timeout 20 --json %s %s; "
+                         "echo mpi-rc=$?" % (MPIRUN_OMPI, free_port(), BIN, mpi, " ".join(SWEEP)))
+        with open(script, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        os.chmod(script, 0o755)
+        p = subprocess.run(["sbatch", "-Q", "-n", "2", "-o", out, "--wait", script],
+                           env=clean_env(SLURM_CONF=self.cluster.conf), capture_output=True,
+                           text=True, timeout=DEADLINE_S)
+        with open(out) as f:
+            text = f.read()
+        self.assertEqual(p.returncode, 0, p.stderr + text[-3000:])
+        self.assertIn("0\nsteps-listed", text)  # the shell has no SLURM_STEP_ID
+        self.assertIn("own-rc=0", text, text[-3000:])
+        self.assertIn("this shell is not a task srun started", text)
+        rep = load(own)
+        self.assertEqual(rep["world"]["launcher"], "ddpdiag")
+        self.assertEqual(rep["world"]["size"], 2)
+        if MPIRUN_OMPI:
+            self.assertIn("mpi-rc=0", text, text[-3000:])
+            rep = load(mpi)
+            self.assertEqual(rep["world"]["launcher"], "openmpi")
+            self.assertEqual(sorted(r["rank"] for r in rep["world"]["ranks"]), [0, 1])
 
     def test_srun_killed_task_is_named_not_waited_for(self):
         timeout = 6
