@@ -457,22 +457,46 @@ void check_host_memory(const Job& job, long double per_rank, const std::string& 
 }
 
 void check_layout_memory(const Job& job, const std::string& model, int grad_copies,
-                         int param_copies) {
-  if (job.backend != Backend::kGloo) return;  // NCCL: the device's memory
+                         int param_copies, std::optional<std::int64_t> sparse_rows) {
   std::uint64_t grads = 0, params = 0;
+  long double sparse = 0;  // the simulated sparse gradients, on the host
   try {
     const auto layout = ddp_core::load_model(model);
     grads = layout.gradient_bytes();
     params = layout.total_bytes();
+    if (sparse_rows)
+      for (const auto& t : layout.tensors) {
+        if (!t.expects_sparse || !t.requires_grad || t.shape.empty() || t.shape[0] <= 0) continue;
+        // A row's values and its index; the rows a rank draws (with
+        // repeats), and every rank's coalesced rows (at most the table's)
+        // gathered.
+        const long double row = static_cast<long double>(t.bytes()) / static_cast<long double>(t.shape[0]) + 8;
+        const long double drawn = static_cast<long double>(*sparse_rows);
+        const long double kept = std::min<long double>(drawn, static_cast<long double>(t.shape[0]));
+        sparse += row * (drawn + kept * (job.size() + 1));
+      }
   } catch (const std::exception&) {
     return;
   }
+  if (job.backend != Backend::kGloo) {  // NCCL: the buffers are the device's; the sparse rows the host's
+    if (sparse > 0)
+      check_host_memory(job, sparse,
+                        fmt::format("the sparse gradients of --sparse-rows {} (rows drawn per rank, and "
+                                    "every rank's gathered)",
+                                    *sparse_rows),
+                        "lower --sparse-rows");
+    return;
+  }
   const long double per_rank = static_cast<long double>(grads) * grad_copies +
-                               static_cast<long double>(params) * param_copies;
+                               static_cast<long double>(params) * param_copies + sparse;
   check_host_memory(job, per_rank,
-                    fmt::format("the buffers of model {} ({:.1f} GiB of parameters)", model,
-                                static_cast<double>(params) / (1ULL << 30)),
-                    "use a smaller model layout, or fewer ranks on this host");
+                    sparse > 0 ? fmt::format("the buffers of model {} ({:.1f} GiB of parameters) and its "
+                                             "sparse gradients of --sparse-rows {}",
+                                             model, static_cast<double>(params) / (1ULL << 30), *sparse_rows)
+                               : fmt::format("the buffers of model {} ({:.1f} GiB of parameters)", model,
+                                             static_cast<double>(params) / (1ULL << 30)),
+                    sparse > 0 ? "lower --sparse-rows, use a smaller model layout, or fewer ranks on this host"
+                               : "use a smaller model layout, or fewer ranks on this host");
 }
 
 UsageError report_write_error(const reports::WriteError& e, int rank) {

@@ -343,8 +343,10 @@ void check_host_memory(const Job& job, long double per_rank, const std::string& 
 // times the layout's trainable bytes plus `param_copies` times all its
 // parameter bytes, a lower bound of what the command holds. A layout that
 // cannot be read is left to the command, which says why.
+// With sparse_rows (ddp-step --sparse-rows), the simulated sparse gradients
+// too (on the host, with either backend).
 void check_layout_memory(const Job& job, const std::string& model, int grad_copies,
-                         int param_copies);
+                         int param_copies, std::optional<std::int64_t> sparse_rows = std::nullopt);
 std::string format_size(std::size_t bytes);  // 1K, 64M, 3 ...
 // A flag check that the value parses as a size, so that a typo is refused by
 // the launcher before any rank starts.

@@ -285,7 +285,7 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
                 [opts](Job& job, reports::Report& r) { run(job, r, *opts); },
                 // The buckets, and each gradient's own buffer unless they
                 // are views of the buckets.
-                [opts](const Job& job) { check_layout_memory(job, opts->model, opts->views ? 1 : 2, 0); });
+                [opts](const Job& job) { check_layout_memory(job, opts->model, opts->views ? 1 : 2, 0, opts->sparse_rows); });
           }};
 }
 

@@ -239,6 +239,17 @@ class DdpStep(unittest.TestCase):
             p = run(["ddp-step", "--nproc", "2", "--model", layout, "--sparse-rows", "-3"])
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn("--sparse-rows", p.stderr)
+            # More rows than the host can hold: refused before the ranks meet,
+            # with a report (was an internal error, std::bad_alloc, exit 70).
+            path = tmp_json()
+            p = run(["ddp-step", "--nproc", "2", "--model", layout, "--sparse-rows",
+                     "100000000000", "--json", path])
+            self.assertEqual(p.returncode, 2, p.stderr)
+            self.assertIn("sparse gradients of --sparse-rows 100000000000", p.stderr)
+            self.assertIn("lower --sparse-rows", p.stderr)
+            self.assertNotIn("internal error", p.stderr)
+            self.assertEqual(load(path)["error"]["exit_code"], 2)
+            os.unlink(path)
         finally:
             os.unlink(layout)
 
