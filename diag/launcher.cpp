@@ -23,6 +23,7 @@
 #include "comm/errors.h"
 #include "comm/monitored_communicator.h"
 #include "comm/store/tcp_store.h"
+#include "diag/tools_analysis.h"
 #include "reports/report.h"
 
 extern char** environ;
@@ -251,6 +252,7 @@ int launch_local(const LaunchOptions& o) {
 
   using Clock = std::chrono::steady_clock;
   std::optional<int> first_failed;
+  std::vector<std::pair<int, int>> failed_in_order;  // (rank, wait status) of failures, as reaped
   std::optional<Clock::time_point> kill_at;
   bool terminated = false;
   bool killed = false;
@@ -325,6 +327,7 @@ int launch_local(const LaunchOptions& o) {
       if (p == c.pid) {
         c.exited = true;
         c.status = status;
+        if (failed(status)) failed_in_order.emplace_back(c.rank, status);
         // A rank ended by the signal the launcher is about to forward (Ctrl-C
         // reaches the whole process group at once) failed for no reason of
         // its own.
@@ -414,13 +417,18 @@ int launch_local(const LaunchOptions& o) {
                  ranks.c_str());
     return 1;
   }
-  std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) failed first: it %s\n", f.rank,
-               static_cast<long>(f.pid), describe_status(f.status).c_str());
+  // A rank that exited 1 followed a verdict (FAIL) it reached with the
+  // others; a rank that failed of its own (exit 2 for a report it could not
+  // write, a crash) is the one to name, whichever was reaped first.
+  const Child* blamed = &f;
+  if (const auto r = tools::rank_that_failed_first(failed_in_order)) blamed = &children[static_cast<std::size_t>(*r)];
+  std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) failed first: it %s\n", blamed->rank,
+               static_cast<long>(blamed->pid), describe_status(blamed->status).c_str());
   for (const auto& c : children)
-    if (c.rank != f.rank && failed(c.status))
+    if (c.rank != blamed->rank && failed(c.status))
       std::fprintf(stderr, "ddpdiag launcher: rank %d %s\n", c.rank,
                    describe_status(c.status).c_str());
-  if (WIFEXITED(f.status)) return WEXITSTATUS(f.status);
+  if (WIFEXITED(blamed->status)) return WEXITSTATUS(blamed->status);
   return 5;
 }
 

@@ -1,5 +1,7 @@
 #include "diag/tools_analysis.h"
 
+#include <sys/wait.h>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -10,6 +12,13 @@
 #include "comm/net_info.h"
 
 namespace ddpdiag::cli::tools {
+
+std::optional<int> rank_that_failed_first(const std::vector<std::pair<int, int>>& failures) {
+  for (const auto& [rank, status] : failures)
+    if (!(WIFEXITED(status) && WEXITSTATUS(status) == 1)) return rank;
+  return std::nullopt;
+}
+
 
 namespace {
 

@@ -13,6 +13,15 @@
 
 namespace ddpdiag::cli::tools {
 
+// ---- the launcher ----------------------------------------------------------
+
+// The rank to name as the one that failed first, from the ranks that failed
+// as (rank, wait status) in the order they were reaped: the first that
+// failed of its own. A rank that exited 1 followed a verdict (FAIL) reached
+// with the others, and is passed over even when it was reaped first.
+// nullopt when every failure is exit 1 (a failed check, no rank to blame).
+std::optional<int> rank_that_failed_first(const std::vector<std::pair<int, int>>& failures);
+
 // ---- link-health -----------------------------------------------------------
 
 // A round-robin tournament (the circle method): rounds of disjoint pairs

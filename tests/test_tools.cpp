@@ -4,6 +4,7 @@
 // exact results, bytes equal to theory, scratch peak equal to theory.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -612,4 +613,20 @@ TEST_CASE("MemoryAccount and AccountingCommunicator: categories, totals, peaks",
     if (memory_category_name(MemoryCategory::kCommBuffers) != "communication_buffers") f.push_back("name");
   });
   CHECK(fails.empty());
+}
+
+TEST_CASE("rank_that_failed_first: a rank that failed of its own and not one that followed the verdict", "[tools]") {
+  using ddpdiag::cli::tools::rank_that_failed_first;
+  const auto exited = [](int code) { return code << 8; };  // a wait status of exit(code)
+  const int killed = SIGKILL;                               // a wait status of death by SIGKILL
+  // Rank 1 followed rank 0's verdict (exit 1) and was reaped before rank 0,
+  // whose report could not be written (exit 2): rank 0 is named.
+  CHECK(rank_that_failed_first({{1, exited(1)}, {0, exited(2)}}) == 0);
+  CHECK(rank_that_failed_first({{0, exited(2)}, {1, exited(1)}}) == 0);
+  // Among failures of their own, the first reaped.
+  CHECK(rank_that_failed_first({{2, exited(1)}, {3, killed}, {0, exited(5)}}) == 3);
+  CHECK(rank_that_failed_first({{1, exited(4)}, {0, exited(5)}}) == 1);
+  // Exit 1 everywhere: a failed check, no rank to blame.
+  CHECK_FALSE(rank_that_failed_first({{1, exited(1)}, {0, exited(1)}}).has_value());
+  CHECK_FALSE(rank_that_failed_first({}).has_value());
 }
