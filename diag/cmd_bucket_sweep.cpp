@@ -402,6 +402,12 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
     if (opts->no_size_sweep) return;
     if (const auto p = size_order_problem("--sweep-minbytes", opts->sweep_min, opts->sweep_max))
       throw CLI::ValidationError("--sweep-maxbytes", *p);
+    // The plain sweep is of float all_reduces: below 4 bytes there is none.
+    if (parse_size(opts->sweep_max) < 4)
+      throw CLI::ValidationError("--sweep-maxbytes",
+                                 fmt::format("{} B is less than one float element (4 B): no size to measure "
+                                             "(give 4 or more)",
+                                             opts->sweep_max));
   });
   return {app, [opts] {
             return run_distributed(

@@ -288,6 +288,10 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
   if (maxb < minb)
     throw UsageError(fmt::format("--maxbytes {} is below --minbytes {}", o.max_bytes, o.min_bytes),
                      {"flags", job.rank(), -1, "swap them"});
+  if (maxb < dtype_size(*dtype))
+    throw UsageError(fmt::format("-e {} B is less than one {} element ({} B): no size to measure", maxb,
+                                 dtype_name(*dtype), dtype_size(*dtype)),
+                     {"flags", job.rank(), -1, fmt::format("give -e {} or more", dtype_size(*dtype))});
   const auto sizes = sweep_sizes(minb, maxb, o.step_factor, 0, dtype_size(*dtype));
 
   auto& res = report.results();

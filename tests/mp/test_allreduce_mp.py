@@ -1180,6 +1180,8 @@ class BadInput(unittest.TestCase):
                  "--world-sizes: '2.9' is not a whole number of ranks"),
                 (["dp-vs-ring", "--world-sizes", "0"], "--world-sizes: '0' is not a whole number of ranks"),
                 (["dp-vs-ring", "--algorithms", "ring,"], "--algorithms: 'ring,' has an empty entry"),
+                (["bucket-sweep", "--sweep-minbytes", "1", "--sweep-maxbytes", "3"],
+                 "--sweep-maxbytes: 3 B is less than one float element (4 B)"),
                 (["bucket-sweep", "--model", "mlp", "--caps", "1", "--sweep-minbytes", "4M",
                   "--sweep-maxbytes", "1M"], "--sweep-maxbytes: 1M is below --sweep-minbytes 4M (swap them)"),
                 (["bucket-sweep", "--sweep-maxbytes", "99999999999999999999"], too_large),
@@ -1203,6 +1205,14 @@ class BadInput(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stderr)
                 self.assertIn(message, p.stderr)
                 self.assertNotIn("[rank", p.stderr)  # once, from the launcher
+        # Below one element of the dtype there is no size to measure: refused
+        # alike by allreduce-test and dp-vs-ring (dp-vs-ring measured 4 B).
+        for cmd in ("allreduce-test", "dp-vs-ring"):
+            with self.subTest(cmd=cmd):
+                p = run([cmd, "--nproc", "2", "-b", "1", "-e", "3"])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("-e 3 B is less than one float element (4 B): no size to measure",
+                              p.stderr)
 
     def test_model_refuses_reversed_ranges(self):
         for args, message in [(["-b", "4M", "-e", "1M"], "--maxbytes 1M is below --minbytes 4M"),
