@@ -152,107 +152,126 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   std::uint64_t reducer_comm_bytes = 0;
   std::optional<ProcessMemory> rss;
   DeviceMemoryInfo dev;
-  {
-    ac.set_category(MemoryCategory::kParameters);
-    LayoutParams params = allocate_layout_params(ac, layout);
+  std::vector<json> all;
+  int steps_done = 0;  // DDP steps this rank completed
+  // A run that fails part-way (a peer lost, a timeout) still judges what it
+  // can: rank 0's own gradients, and no imbalance without every rank's
+  // summary.
+  try {
     {
-      std::vector<std::uint8_t> init(params.flat.bytes(), static_cast<std::uint8_t>(me + 1));
-      ac.copy_from_host(params.flat.get(), init.data(), init.size());
-    }
-    ac.set_category(MemoryCategory::kCommBuffers);
-    BroadcastOptions bo;
-    bo.timeout = job.timeout;
-    broadcast_parameters(ac, params.tensors, bo);
+      ac.set_category(MemoryCategory::kParameters);
+      LayoutParams params = allocate_layout_params(ac, layout);
+      {
+        std::vector<std::uint8_t> init(params.flat.bytes(), static_cast<std::uint8_t>(me + 1));
+        ac.copy_from_host(params.flat.get(), init.data(), init.size());
+      }
+      ac.set_category(MemoryCategory::kCommBuffers);
+      BroadcastOptions bo;
+      bo.timeout = job.timeout;
+      broadcast_parameters(ac, params.tensors, bo);
 
-    ac.set_category(MemoryCategory::kBuckets);
-    ReducerOptions ro;
-    ro.bucket_cap_bytes = cap_bytes;
-    ro.first_bucket_bytes = first_bucket_bytes;
-    ro.gradient_as_bucket_view = o.gradient_views;
-    ro.timeout = job.timeout;
-    // Every parameter is held and broadcast; only those that require grad
-    // have gradients and buckets.
-    const ModelLayout trainable = trainable_parameters(layout);
-    Reducer red(ac, trainable, ro);
-    bucket_count = red.buckets().size();
-    // Views off: each dense parameter's own gradient buffer (a sparse one has
-    // none; its gradient is rows and values, counted as communication).
-    if (!o.gradient_views)
-      for (const auto& t : trainable.tensors)
-        if (!t.expects_sparse) own_grad_bytes += t.bytes();
-    // Everything the constructor allocated was counted as buckets; keep there
-    // only the dense buckets' flat buffers, the ones DDP allocates.
-    std::uint64_t dense_bucket_bytes = 0;
-    for (const auto& b : red.buckets())
-      if (!b.spec.sparse) dense_bucket_bytes += b.spec.bytes;
-    const std::uint64_t constructed = account.current_bytes(MemoryCategory::kBuckets);
-    DDPDIAG_ASSERT(constructed >= dense_bucket_bytes + own_grad_bytes);
-    reducer_comm_bytes = constructed - dense_bucket_bytes - own_grad_bytes;
+      ac.set_category(MemoryCategory::kBuckets);
+      ReducerOptions ro;
+      ro.bucket_cap_bytes = cap_bytes;
+      ro.first_bucket_bytes = first_bucket_bytes;
+      ro.gradient_as_bucket_view = o.gradient_views;
+      ro.timeout = job.timeout;
+      // Every parameter is held and broadcast; only those that require grad
+      // have gradients and buckets.
+      const ModelLayout trainable = trainable_parameters(layout);
+      Reducer red(ac, trainable, ro);
+      bucket_count = red.buckets().size();
+      // Views off: each dense parameter's own gradient buffer (a sparse one has
+      // none; its gradient is rows and values, counted as communication).
+      if (!o.gradient_views)
+        for (const auto& t : trainable.tensors)
+          if (!t.expects_sparse) own_grad_bytes += t.bytes();
+      // Everything the constructor allocated was counted as buckets; keep there
+      // only the dense buckets' flat buffers, the ones DDP allocates.
+      std::uint64_t dense_bucket_bytes = 0;
+      for (const auto& b : red.buckets())
+        if (!b.spec.sparse) dense_bucket_bytes += b.spec.bytes;
+      const std::uint64_t constructed = account.current_bytes(MemoryCategory::kBuckets);
+      DDPDIAG_ASSERT(constructed >= dense_bucket_bytes + own_grad_bytes);
+      reducer_comm_bytes = constructed - dense_bucket_bytes - own_grad_bytes;
 
-    ac.set_category(MemoryCategory::kWorkspace);
-    const std::size_t ws_bytes = std::max<std::size_t>(4, static_cast<std::size_t>(o.workspace_mb * kMiB) / 4 * 4);
-    AccountedBuffer metrics(account, MemoryCategory::kWorkspace, ws_bytes);
-    std::unique_ptr<AccountedBuffer> injected;
-    if (inject_bytes) {
-      injected = std::make_unique<AccountedBuffer>(account, MemoryCategory::kWorkspace, inject_bytes);
-      // Touch it, so it is resident too.
-      std::vector<std::uint8_t> ones(inject_bytes, 1);
-      ac.copy_from_host(injected->get(), ones.data(), ones.size());
-    }
-    {
-      std::vector<std::uint8_t> zeros(ws_bytes, 0);
-      ac.copy_from_host(metrics.get(), zeros.data(), zeros.size());
-    }
-    // What the steps allocate through the communicator is communication
-    // staging: a sparse gradient's rows and values and their allgathers.
-    ac.set_category(MemoryCategory::kCommBuffers);
-    for (int it = 0; it < o.iters; ++it) {
-      ac.barrier()->wait(job.timeout);
-      simulate_backward(red, ac, static_cast<std::uint64_t>(it));
-      red.finalize();
-      wrong += check_gradients(red, ac, static_cast<std::uint64_t>(it)).wrong;
-      ac.allreduce(metrics.get(), metrics.get(), ws_bytes / 4, DType::kFloat32, ReduceOp::kSum)
-          ->wait(job.timeout);
-    }
-    // The snapshot of a DDP step: everything is still allocated here.
-    rss = read_process_memory();
-    if (device) dev = device_memory_info(device_ordinal);
-    for (auto c : kAllMemoryCategories) {
-      std::uint64_t cur = account.current_bytes(c), peak = account.peak_bytes(c);
-      // The bucket category only grows (in the reducer's constructor), so
-      // its peak is its current size and both split the same way.
-      if (c == MemoryCategory::kBuckets) {
-        cur -= own_grad_bytes + reducer_comm_bytes;
-        peak -= own_grad_bytes + reducer_comm_bytes;
+      ac.set_category(MemoryCategory::kWorkspace);
+      const std::size_t ws_bytes = std::max<std::size_t>(4, static_cast<std::size_t>(o.workspace_mb * kMiB) / 4 * 4);
+      AccountedBuffer metrics(account, MemoryCategory::kWorkspace, ws_bytes);
+      std::unique_ptr<AccountedBuffer> injected;
+      if (inject_bytes) {
+        injected = std::make_unique<AccountedBuffer>(account, MemoryCategory::kWorkspace, inject_bytes);
+        // Touch it, so it is resident too.
+        std::vector<std::uint8_t> ones(inject_bytes, 1);
+        ac.copy_from_host(injected->get(), ones.data(), ones.size());
       }
-      if (c == MemoryCategory::kGradients) {
-        cur += own_grad_bytes;
-        peak += own_grad_bytes;
+      {
+        std::vector<std::uint8_t> zeros(ws_bytes, 0);
+        ac.copy_from_host(metrics.get(), zeros.data(), zeros.size());
       }
-      if (c == MemoryCategory::kCommBuffers) {
-        cur += reducer_comm_bytes;
-        peak += reducer_comm_bytes;
+      // What the steps allocate through the communicator is communication
+      // staging: a sparse gradient's rows and values and their allgathers.
+      ac.set_category(MemoryCategory::kCommBuffers);
+      for (int it = 0; it < o.iters; ++it) {
+        ac.barrier()->wait(job.timeout);
+        simulate_backward(red, ac, static_cast<std::uint64_t>(it));
+        red.finalize();
+        wrong += check_gradients(red, ac, static_cast<std::uint64_t>(it)).wrong;
+        ac.allreduce(metrics.get(), metrics.get(), ws_bytes / 4, DType::kFloat32, ReduceOp::kSum)
+            ->wait(job.timeout);
+        ++steps_done;
       }
-      categories[std::string(memory_category_name(c))] = cur;
-      peaks[std::string(memory_category_name(c))] = peak;
+      // The snapshot of a DDP step: everything is still allocated here.
+      rss = read_process_memory();
+      if (device) dev = device_memory_info(device_ordinal);
+      for (auto c : kAllMemoryCategories) {
+        std::uint64_t cur = account.current_bytes(c), peak = account.peak_bytes(c);
+        // The bucket category only grows (in the reducer's constructor), so
+        // its peak is its current size and both split the same way.
+        if (c == MemoryCategory::kBuckets) {
+          cur -= own_grad_bytes + reducer_comm_bytes;
+          peak -= own_grad_bytes + reducer_comm_bytes;
+        }
+        if (c == MemoryCategory::kGradients) {
+          cur += own_grad_bytes;
+          peak += own_grad_bytes;
+        }
+        if (c == MemoryCategory::kCommBuffers) {
+          cur += reducer_comm_bytes;
+          peak += reducer_comm_bytes;
+        }
+        categories[std::string(memory_category_name(c))] = cur;
+        peaks[std::string(memory_category_name(c))] = peak;
+      }
     }
+    std::uint64_t total = 0;
+    for (auto& [k, v] : categories.items()) total += v.get<std::uint64_t>();
+    json mine = {{"rank", me},
+                 {"host", job.ranks.size() > static_cast<std::size_t>(me) ? job.ranks[me].host : ""},
+                 {"memory_kind", device ? "device" : "host"},
+                 {"categories", categories},
+                 {"category_peak_bytes", peaks},
+                 {"total_bytes", total},
+                 {"peak_bytes", account.total_peak_bytes()},
+                 {"rss_bytes", rss ? json(rss->rss_bytes) : json()},
+                 {"peak_rss_bytes", rss ? json(rss->peak_rss_bytes) : json()},
+                 {"device", device_json(dev)},
+                 {"device_note", device && !dev.available ? json(dev.reason) : json()},
+                 {"communicator_probe", comm_probe},
+                 {"wrong", wrong}};
+    all = job.gather_to_root("memory/summary", mine);
+  } catch (...) {
+    if (me == 0) {
+      report.add_check({"imbalance", reports::CheckStatus::kSkip,
+                        "the run ended with an error before every rank's memory summary was gathered"});
+      report.add_check({"correctness", wrong > 0 ? reports::CheckStatus::kFail : reports::CheckStatus::kSkip,
+                        fmt::format("the run ended with an error before every rank's gradients were "
+                                    "gathered; rank 0 alone: {} wrong gradient element(s) over {} of {} "
+                                    "step(s)",
+                                    wrong, steps_done, o.iters)});
+    }
+    throw;
   }
-  std::uint64_t total = 0;
-  for (auto& [k, v] : categories.items()) total += v.get<std::uint64_t>();
-  json mine = {{"rank", me},
-               {"host", job.ranks.size() > static_cast<std::size_t>(me) ? job.ranks[me].host : ""},
-               {"memory_kind", device ? "device" : "host"},
-               {"categories", categories},
-               {"category_peak_bytes", peaks},
-               {"total_bytes", total},
-               {"peak_bytes", account.total_peak_bytes()},
-               {"rss_bytes", rss ? json(rss->rss_bytes) : json()},
-               {"peak_rss_bytes", rss ? json(rss->peak_rss_bytes) : json()},
-               {"device", device_json(dev)},
-               {"device_note", device && !dev.available ? json(dev.reason) : json()},
-               {"communicator_probe", comm_probe},
-               {"wrong", wrong}};
-  const auto all = job.gather_to_root("memory/summary", mine);
   if (me != 0) return;
 
   auto& res = report.results();
@@ -305,9 +324,16 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   report.add_check({"imbalance", tools::pass_if(named.empty()),
                     named.empty() ? fmt::format("every rank within {}% of the median", o.imbalance_pct)
                                   : detail});
+  std::string wrong_ranks;  // "rank 1: 4, rank 2: 1"
+  for (std::size_t r = 0; r < all.size(); ++r)
+    if (const auto w = all[r]["wrong"].get<std::int64_t>(); w > 0)
+      wrong_ranks += fmt::format("{}rank {}: {}", wrong_ranks.empty() ? "" : ", ", r, w);
   report.add_check({"correctness", tools::pass_if(wrong_total == 0),
-                    fmt::format("{} wrong gradient element(s) over {} step(s) on every rank",
-                                wrong_total, o.iters)});
+                    wrong_total == 0
+                        ? fmt::format("0 wrong gradient elements over {} step(s) on each of {} rank(s)", o.iters, n)
+                        : fmt::format("{} wrong gradient element(s) over {} step(s), summed over {} rank(s) "
+                                      "({})",
+                                      wrong_total, o.iters, n, wrong_ranks)});
 
   std::printf("# ddpdiag memory: %d rank(s), backend %s (%s memory), model %s (%.1f MiB), %zu "
               "bucket(s) of cap %g MiB, gradient views %s, %d DDP step(s)\n",

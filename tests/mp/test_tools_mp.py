@@ -416,6 +416,26 @@ class Memory(unittest.TestCase):
         self.assertNotIn(0, {r for r, _ in flagged})
         self.assertIn("rank 1", [c for c in rep["checks"] if c["name"] == "imbalance"][0]["detail"])
 
+    def test_wrong_gradients_name_their_rank_and_a_failed_run_judges_what_it_can(self):
+        p, rep = tool(self, ["memory", "--model", "mlp", "-n", "2", "--inject-fault",
+                             "corrupt@rank=1"], 2, expect_rc=(1,))
+        check = [c for c in rep["checks"] if c["name"] == "correctness"][0]
+        self.assertEqual(check["status"], "fail")
+        self.assertIn("summed over 2 rank(s) (rank 1: ", check["detail"])
+        self.assertNotIn("rank 0:", check["detail"])
+        # Rank 1 gone after one step: the report still holds both checks,
+        # judged as far as rank 0 can.
+        path = tmp_json()
+        p = run(["memory", "--model", "mlp", "-n", "2", "--nproc", "2", "--timeout", "10",
+                 "--inject-fault", "exit@seq=6,rank=1", "--json", path])
+        self.assertEqual(p.returncode, 5, p.stderr)
+        rep = load(path)
+        os.unlink(path)
+        checks = {c["name"]: c for c in rep["checks"]}
+        self.assertEqual(checks["imbalance"]["status"], "skip")
+        self.assertEqual(checks["correctness"]["status"], "skip")
+        self.assertIn("rank 0 alone: 0 wrong gradient element(s) over", checks["correctness"]["detail"])
+
     def test_balanced_run_names_no_rank(self):
         # The default --imbalance-pct (10) on ranks doing the same work: the
         # check passes, nobody is named, and the report validates.
