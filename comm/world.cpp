@@ -364,6 +364,7 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
                                     lrank_var, *local_rank, w.local_world_size),
                         "the local rank must be below the number of ranks on this host");
     w.local_rank = *local_rank;
+    w.local_rank_given = true;
   } else {
     w.local_rank = w.local_world_size == w.world_size ? w.rank : 0;
   }

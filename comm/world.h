@@ -59,6 +59,10 @@ struct World {
   // Whether a launcher's variable or a flag gave local_world_size; without
   // one it is taken to be the world size (every rank on this host).
   bool local_world_size_given = false;
+  // Whether a launcher's variable or a flag gave local_rank; without one it
+  // is the rank (every rank on this host) until the ranks meet and the
+  // machines they registered from say which share this one.
+  bool local_rank_given = false;
   std::string master_addr = "127.0.0.1";
   // Where master_addr came from: "--master-addr", "MASTER_ADDR", the Slurm
   // node list it was taken from (e.g. "SLURM_STEP_NODELIST"), or "default".

@@ -1583,6 +1583,22 @@ void wait_for_ranks(Job& job) {
     job.rank_builds[r] = j.value("ddpdiag", std::string());
     job.rank_libraries[r] = j.value("library", std::string());
   }
+  // Where no launcher or flag said which ranks share this host (--rank and
+  // --world-size, or RANK and WORLD_SIZE alone, as on a cluster's pods),
+  // every rank was taken to be on it. The machines the ranks registered
+  // from say which are: a rank's local rank, and on NCCL its GPU
+  // (cuda:<local rank>), is its place among the ranks of its machine, so
+  // rank 1 alone on a second one-GPU machine takes cuda:0, not cuda:1.
+  if (!job.world.local_rank_given && !job.world.local_world_size_given &&
+      std::none_of(job.machines.begin(), job.machines.end(), [](const std::string& m) { return m.empty(); })) {
+    std::map<std::string, int> placed;
+    for (auto& ri : job.ranks) {
+      ri.local_rank = placed[job.machines[static_cast<std::size_t>(ri.rank)]]++;
+      if (job.backend == Backend::kNccl) ri.device = fmt::format("cuda:{}", ri.local_rank);
+      if (ri.rank == me) job.world.local_rank = ri.local_rank;
+    }
+    job.world.local_world_size = placed[job.machines[static_cast<std::size_t>(me)]];
+  }
   if (std::int64_t joined = job.store->add("joined", 0); joined > n)
     disagree.push_back(fmt::format("{} processes joined a world of {}", joined, n));
   // Ranks of another job that uses the same store address.

@@ -434,6 +434,39 @@ class LauncherEnvironments(unittest.TestCase):
         self.assertEqual(rep["world"]["launcher"], "openmpi")
         self.assertEqual(rep["world"]["size"], 2)
 
+    @unittest.skipUnless(os.geteuid() == 0 and shutil.which("unshare"),
+                         "another host name for one rank needs root (unshare --uts)")
+    def test_ranks_without_local_variables_take_their_place_on_their_machine(self):
+        # RANK and WORLD_SIZE alone (a cluster's pods; --rank and
+        # --world-size): rank 1 on a machine of its own (here another host
+        # name, through a UTS namespace) is local rank 0 there, so on NCCL
+        # it takes cuda:0, not cuda:1. Two ranks on one machine stay 0 and 1.
+        port = free_port()
+        paths = [tmp_json(), tmp_json()]
+        procs = []
+        for r in range(2):
+            env = clean_env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            cmd = [BIN, "allreduce-test", "--gloo-interface", "lo", "--json", paths[r]] + SMALL
+            if r == 1:
+                cmd = ["unshare", "--uts", "sh", "-c", 'hostname ddpdiag-other && exec "$@"',
+                       "sh"] + cmd
+            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True))
+        for p in procs:
+            _, err = p.communicate(timeout=240)
+            self.assertEqual(p.returncode, 0, err)
+        rep = load(paths[0])
+        for path in paths:
+            if os.path.exists(path):
+                os.unlink(path)
+        ranks = {r["rank"]: r for r in rep["world"]["ranks"]}
+        self.assertEqual(ranks[1]["host"], "ddpdiag-other")
+        self.assertEqual((ranks[0]["local_rank"], ranks[1]["local_rank"]), (0, 0))
+        port = free_port()
+        rep, _ = self.run_world([clean_env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1",
+                                           MASTER_PORT=port) for r in range(2)])
+        self.assertEqual(sorted(r["local_rank"] for r in rep["world"]["ranks"]), [0, 1])
+
     def test_slurm_variables(self):
         port = free_port()
         n = 2
