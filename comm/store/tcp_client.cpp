@@ -368,7 +368,17 @@ struct TcpStoreClient::Impl {
   // The socket is polled before each read (after a request the reply is
   // rarely there yet, so reading first would mostly cost an EAGAIN); reads of
   // at least kRecvChunk go straight into buf, smaller ones fill the buffer.
+  // Whether the server has answered anything since this client first
+  // connected (a forced protocol that never got one answer is the first
+  // suspect).
+  bool answered = false;
+
   IoStatus recv_exact(std::uint8_t* buf, std::size_t n, Deadline deadline) {
+    const IoStatus st = recv_exact_unmarked(buf, n, deadline);
+    if (st == IoStatus::kOk && n > 0) answered = true;
+    return st;
+  }
+  IoStatus recv_exact_unmarked(std::uint8_t* buf, std::size_t n, Deadline deadline) {
     std::size_t off = std::min(n, rend - rpos);
     if (off) std::memcpy(buf, rbuf.data() + rpos, off);
     rpos += off;
@@ -423,11 +433,24 @@ struct TcpStoreClient::Impl {
   // dropped first because its reply stream can no longer be trusted.
   [[noreturn]] void fail(IoStatus st, std::string_view op, Millis limit) {
     drop();
-    if (st == IoStatus::kTimeout)
+    if (st == IoStatus::kTimeout) {
+      // 1.13 named by the user has no handshake to fail: a torch 2.x server
+      // reads a 1.13 request as another command (1.13's GETNUMKEYS is 2.x's
+      // WAIT) and may wait for good. The protocol, not the server, is the
+      // first suspect.
+      if (opts.protocol == StoreProtocol::kV1 && !answered)
+        throw TimeoutError("the store at " + where() + " did not answer " + std::string(op) + " within " +
+                               std::to_string(limit.count()) + " ms, on the torch 1.13 protocol that " +
+                               opts.protocol_flag + " 1.13 asked for",
+                           ctx("store.handshake",
+                               "a torch 2.x store reads a 1.13 request as another command and may never "
+                               "answer it: drop " + opts.protocol_flag + " 1.13 (auto finds the server's "
+                               "protocol), or give " + opts.protocol_flag + " 2.x"));
       throw TimeoutError("the store at " + where() + " did not answer " + std::string(op) + " within " +
                              std::to_string(limit.count()) + " ms",
                          ctx("store.io", "the store server is overloaded or stuck; is it a TCPStore "
                                          "speaking " + std::string(store_protocol_name(protocol)) + "?"));
+    }
     throw RendezvousError("the store at " + where() + " closed the connection during " + std::string(op),
                           ctx("store.io",
                               "the store server exited, or rejected the request (key over 8 KiB, value "
