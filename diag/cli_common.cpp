@@ -261,6 +261,19 @@ std::string local_peer_gone(int rank) {
   return fmt::format("rank {} (pid {} on this machine) had ended", rank, peer->pid);
 }
 
+// The other ranks on this machine, from the ranks' registrations (once they
+// met), for the signal's thread and the ended marks.
+void publish_local_peers(const Job& job) {
+  const std::string here = machine_id();
+  std::vector<LocalPeer> local_peers;
+  for (const auto& r : job.ranks)
+    if (r.rank != job.world.rank && r.pid > 0 && r.rank < static_cast<int>(job.machines.size()) &&
+        job.machines[static_cast<std::size_t>(r.rank)] == here)
+      local_peers.push_back({r.rank, static_cast<long>(r.pid), process_start_ticks(r.pid)});
+  std::lock_guard<std::mutex> lock(g_local_peers_mutex);
+  g_local_peers = std::move(local_peers);
+}
+
 // The first rank on this machine whose process is gone without leaving the
 // mark of a blameless end, as "rank 1 (pid 4889)"; "" when none is known to
 // be.
@@ -1680,6 +1693,10 @@ void wait_for_ranks(Job& job) {
                                 "its peers hang); under a launcher, pass the flags once to "
                                 "the command it starts"});
   }
+  // From here the ranks on this machine are known: a SIGTERM from torchrun
+  // while the backend starts (a peer here failed in its own init) names
+  // that peer rather than calling this rank interrupted.
+  publish_local_peers(job);
 }
 
 void host_store(Job& job) {
@@ -1884,20 +1901,13 @@ void create_communicator(Job& job, const CommonOptions& o) {
   mo.desync_check = o.desync_check;
   mo.faults = std::move(faults);
   const std::string here = machine_id();
-  std::vector<LocalPeer> local_peers;
   for (const auto& r : job.ranks) {
     MonitorOptions::Peer p;
     p.host = r.host;
     p.pid = r.pid;
     p.same_machine = r.rank < static_cast<int>(job.machines.size()) &&
                      job.machines[r.rank] == here;
-    if (p.same_machine && r.rank != me && r.pid > 0)
-      local_peers.push_back({r.rank, static_cast<long>(r.pid), process_start_ticks(r.pid)});
     mo.peers.push_back(p);
-  }
-  {
-    std::lock_guard<std::mutex> lock(g_local_peers_mutex);
-    g_local_peers = std::move(local_peers);
   }
   mo.host = reported_host_name(o, me);
   auto monitored = std::make_unique<MonitoredCommunicator>(std::move(inner), std::move(mo));

@@ -237,6 +237,41 @@ class RealTorchrun(unittest.TestCase):
         self.assertEqual(rep["error"]["exit_code"], 5)
         self.assertNotEqual(rep["error"]["kind"], "interrupted")
 
+    def test_a_worker_failing_in_backend_init_is_named_by_the_other(self):
+        # Rank 1 cannot start Gloo (an interface that does not exist) and
+        # exits; torchrun then stops rank 0, which was starting its own
+        # backend, with SIGTERM. Rank 0's report names rank 1 (kind peer,
+        # exit 5), not "interrupted" (the ranks on this machine are known
+        # from the moment the ranks met).
+        import tempfile
+        d = tempfile.mkdtemp(prefix="ddpdiag-badif-")
+        wrap = os.path.join(d, "wrap.sh")
+        with open(wrap, "w") as f:
+            f.write('#!/bin/sh\n'
+                    'if [ "$LOCAL_RANK" = 1 ]; then export GLOO_SOCKET_IFNAME=nosuch0; fi\n'
+                    'exec "$@"\n')
+        os.chmod(wrap, 0o755)
+        path = os.path.join(d, "r.json")
+        cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                                     "--nproc-per-node", "2", "--no-python", wrap, BIN,
+                                     "init-check", "--timeout", "20", "--json", path]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+        rep = load(path)
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+        err = rep["error"]
+        self.assertNotEqual(err["kind"], "interrupted", err)
+        if err["rank"] == 0:
+            # Stopped by torchrun before it learnt why: it names rank 1.
+            self.assertEqual((err["kind"], err["peer"], err["exit_code"]), ("peer", 1, 5), err)
+        else:
+            # It learnt rank 1's own error through the store first (torch
+            # 1.x's torchrun polls its workers every 5 s): init-check's
+            # report holds that error, the cause.
+            self.assertEqual((err["rank"], err["phase"]), (1, "backend_init"), err)
+            self.assertIn("nosuch0", err["message"])
+
     def two_nodes_with_a_restart(self, rdzv):
         """Two torchrun agents (two "nodes" on this machine), one worker
         each; node 1's worker fails at once in its first attempt, so node 1
