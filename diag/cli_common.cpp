@@ -1699,6 +1699,61 @@ void wait_for_ranks(Job& job) {
   publish_local_peers(job);
 }
 
+namespace {
+// This rank 0 found the store's port taken. When a ddpdiag rank 0 serves
+// there (a second process given rank 0: two ranks with RANK=0, an MPI
+// launcher's ranks reading the allocation's SLURM_PROCID=0), say so: the
+// port is not taken by some other job. The first rank 0 of the same job is
+// told too, through the store's "abort", so it stops at once instead of
+// waiting --timeout for a rank that never comes. Throws the finding; returns
+// where the port is held by anything else (which the caller's error says).
+void name_the_other_rank_0(const Job& job) {
+  nlohmann::json other;
+  std::shared_ptr<Store> store;
+  try {
+    TcpStoreClientOptions co;
+    co.host = "127.0.0.1";
+    co.port = job.world.master_port;
+    co.connect_timeout = Millis(2000);
+    co.io_timeout = Millis(2000);
+    co.rank = job.world.rank;
+    store = std::make_shared<PrefixStore>("ddpdiag", std::make_shared<TcpStoreClient>(co));
+    if (!store->check({"rank/0"})) return;
+    other = nlohmann::json::parse(to_string(store->get("rank/0", Millis(2000))), nullptr, false);
+  } catch (const std::exception&) {
+    return;  // not a store that answers, or not ddpdiag's: the port is taken, as said
+  }
+  if (!other.is_object()) return;
+  const long pid = other.value("pid", 0L);
+  const std::string host = other.value("host", std::string("?"));
+  const std::string other_job = other.value("job", std::string());
+  const std::string mine = job_identity();
+  if (!mine.empty() && other_job == mine) {
+    const std::string msg = fmt::format(
+        "rank 0 is claimed twice: by pid {} on host {}, which serves the store on port {}, and by "
+        "pid {} on host {} ({})",
+        pid, host, job.world.master_port, static_cast<long>(getpid()), machine_name(), mine);
+    try {
+      store->set("abort", to_bytes(msg));
+    } catch (const std::exception&) {
+      // The other rank 0 then waits for its missing ranks as before.
+    }
+    throw RendezvousError(msg, {"store.serve", 0, 0,
+                                "two processes were given rank 0; check RANK / --rank / the launcher's "
+                                "rank variables (under mpirun inside a Slurm allocation, every rank "
+                                "inherits SLURM_PROCID=0: ddpdiag reads mpirun's own)"});
+  }
+  throw RendezvousError(
+      fmt::format("port {} is held by the store of another ddpdiag rank 0 (pid {} on host {}{}), while "
+                  "this process (pid {}{}) is rank 0 too",
+                  job.world.master_port, pid, host, other_job.empty() ? "" : ", " + other_job,
+                  static_cast<long>(getpid()), mine.empty() ? "" : ", " + mine),
+      {"store.serve", 0, -1,
+       "if that process belongs to this job, two processes were given rank 0 (check RANK / the "
+       "launcher's rank variables); else give each job a MASTER_PORT of its own"});
+}
+}  // namespace
+
 void host_store(Job& job) {
   if (job.world.world_size == 1 && !job.world.agent_store) return;
   if (!job.world.hosts_store()) return;
@@ -1715,6 +1770,8 @@ void host_store(Job& job) {
   } catch (Error& e) {
     e.context().rank = job.world.rank;
     if (e.context().phase.empty()) e.context().phase = "store.serve";
+    if (std::string_view(e.what()).find("address already in use") != std::string_view::npos)
+      name_the_other_rank_0(job);
     throw;
   }
 }

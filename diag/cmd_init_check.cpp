@@ -317,7 +317,9 @@ int run_init_check(const InitCheckOptions& io) {
         host_store(job);
       } catch (Error& e) {
         e.context().phase = "store_connect";
-        e.context().hint = fmt::format(
+        // A port held by another ddpdiag rank 0 is named with its own hint.
+        if (std::string_view(e.what()).find("address already in use") != std::string_view::npos)
+          e.context().hint = fmt::format(
             "port {} is taken, probably by another job (or an earlier run that is still "
             "alive): pick another MASTER_PORT / --master-port, or stop the other job",
             job.world.master_port);

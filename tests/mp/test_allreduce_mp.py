@@ -467,6 +467,39 @@ class LauncherEnvironments(unittest.TestCase):
                                            MASTER_PORT=port) for r in range(2)])
         self.assertEqual(sorted(r["local_rank"] for r in rep["world"]["ranks"]), [0, 1])
 
+    def test_a_second_rank_0_of_the_job_is_named_and_stops_the_first(self):
+        # Two processes given rank 0 of one job (SLURM_JOB_ID alike): the
+        # second finds the store's port taken by the first. Both name the
+        # duplicate at once; before, the second blamed "another job" on the
+        # port and the first waited --timeout for a rank 1 that never came.
+        port = free_port()
+        env = clean_env(RANK=0, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port,
+                        SLURM_JOB_ID=4242)
+        cmd = [BIN, "allreduce-test", "--timeout", "60"] + SMALL
+        first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # until the first serves the store
+                with socket.socket() as s:
+                    if s.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                time.sleep(0.1)
+            t0 = time.monotonic()
+            second = run(cmd[1:], env=env)
+            _, err = first.communicate(timeout=30)
+            elapsed = time.monotonic() - t0
+        finally:
+            if first.poll() is None:
+                first.kill()
+                first.communicate()
+        self.assertEqual(second.returncode, 3, second.stderr)
+        self.assertIn("rank 0 is claimed twice: by pid %d" % first.pid, second.stderr)
+        self.assertIn("two processes were given rank 0", second.stderr)
+        self.assertEqual(first.returncode, 3, err)
+        self.assertIn("rank 0 is claimed twice", err)
+        self.assertLess(elapsed, 30)
+
     def test_slurm_variables(self):
         port = free_port()
         n = 2
