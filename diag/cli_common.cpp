@@ -1718,7 +1718,20 @@ void name_the_other_rank_0(const Job& job) {
     co.io_timeout = Millis(2000);
     co.rank = job.world.rank;
     store = std::make_shared<PrefixStore>("ddpdiag", std::make_shared<TcpStoreClient>(co));
-    if (!store->check({"rank/0"})) return;
+    if (!store->check({"rank/0"})) {
+      // Another program's store (a torch job's TCPStore on the default
+      // port): this job's other ranks reach it and would wait --timeout
+      // for a rank 0 that never registers. Tell them there, under ddpdiag's
+      // own prefix, as a rank that refused to start does.
+      if (job.world.world_size > 1 && !store->check({"refused"}))
+        store->set("refused",
+                   to_bytes(refusal_text(
+                       0, fmt::format("rank 0 cannot serve the store: port {} is taken by another "
+                                      "program, which answers as a store (this job's other ranks "
+                                      "reached that program's store, not rank 0's)",
+                                      job.world.master_port))));
+      return;
+    }
     other = nlohmann::json::parse(to_string(store->get("rank/0", Millis(2000))), nullptr, false);
   } catch (const std::exception&) {
     return;  // not a store that answers, or not ddpdiag's: the port is taken, as said

@@ -500,6 +500,32 @@ class LauncherEnvironments(unittest.TestCase):
         self.assertIn("rank 0 is claimed twice", err)
         self.assertLess(elapsed, 30)
 
+    def test_another_programs_store_on_the_port_is_named_to_every_rank(self):
+        # MASTER_PORT is held by another program's store (here `ddpdiag
+        # store serve`, no rank of this job): rank 0 cannot serve, and rank
+        # 1, which reached that store, learns it there at once instead of
+        # waiting --timeout for rank 0.
+        port = free_port()
+        server = subprocess.Popen([BIN, "store", "serve", "--port", str(port)],
+                                  stdout=subprocess.PIPE, text=True, env=clean_env())
+        try:
+            readline_within(server, 30)
+            envs = [clean_env(RANK=r, WORLD_SIZE=2, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                    for r in range(2)]
+            t0 = time.monotonic()
+            res = run_ranks([["init-check", "--timeout", "60"]] * 2, envs)
+            elapsed = time.monotonic() - t0
+        finally:
+            server.terminate()
+            server.communicate(timeout=10)
+        (rc0, _, err0, _), (rc1, _, err1, _) = res
+        self.assertEqual(rc0, 3, err0)
+        self.assertIn("address already in use", err0)
+        self.assertEqual(rc1, 3, err1)
+        self.assertIn("rank 0 refused to start", err1)
+        self.assertIn("port %d is taken by another program, which answers as a store" % port, err1)
+        self.assertLess(elapsed, 40)
+
     def test_slurm_variables(self):
         port = free_port()
         n = 2
