@@ -409,6 +409,14 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
       }
   } catch (...) {
     judge(false);
+    // Sub-groups are tested after a run that completed (its checks failed or
+    // not); a run that ended with an error (a rank dead, hung or stopped)
+    // already has the watchdog's diagnosis naming the rank, and sub-groups
+    // holding that rank would only wait out --timeout each.
+    if (o.bisect && job.rank() == 0)
+      report.add_check({"bisect", reports::CheckStatus::kSkip,
+                        "not run: the run ended with an error, whose diagnosis names the rank; "
+                        "--bisect tests sub-groups after a run that completes"});
     throw;
   }
   auto [wrong, avg] = judge(true);

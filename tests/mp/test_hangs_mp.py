@@ -774,6 +774,23 @@ class Bisect(unittest.TestCase):
         self.assertIn("points to rank 2 on host z", p.stdout)
         os.unlink(path)
 
+    def test_a_run_that_ends_with_an_error_records_bisect_as_skipped(self):
+        # Rank 2 hangs: the watchdog names it (exit 4); sub-groups are not
+        # tested (those holding rank 2 would wait out --timeout each), and
+        # the report says so rather than leaving the check out.
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "3", "-b", "1K", "-e", "2K", "-n", "2", "-w", "1",
+                 "--timeout", "5", "--bisect", "--inject-fault", "hang@seq=5,rank=2", "--json",
+                 path])
+        self.assertEqual(p.returncode, 4, p.stdout + p.stderr)
+        rep = load(path)
+        validate(path)
+        os.unlink(path)
+        checks = {c["name"]: c for c in rep["checks"]}
+        self.assertEqual(checks["bisect"]["status"], "skip")
+        self.assertIn("the run ended with an error", checks["bisect"]["detail"])
+        self.assertNotIn("bisect", rep["results"])
+
     def test_wrong_result_names_the_rank_without_bisect(self):
         # The check itself says whose result was wrong (the sweep gathers
         # every rank's count), in the table's footer, the check and the JSON;
