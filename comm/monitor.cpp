@@ -60,6 +60,11 @@ nlohmann::json to_json(const RankState& s) {
                       {"reason", s.reason},
                       {"flight_recorder", recent}};
   if (s.reset_by >= 0) j["connection_reset_by"] = s.reset_by;
+  if (!s.open_p2p.empty()) {
+    nlohmann::json open = nlohmann::json::array();
+    for (const auto& f : s.open_p2p) open.push_back(to_json(f));
+    j["open_point_to_point"] = open;
+  }
   return j;
 }
 
@@ -84,6 +89,8 @@ RankState rank_state_from_json(const nlohmann::json& j) {
       f.state = e.value("state", std::string());
       s.recent.push_back(std::move(f));
     }
+    for (const auto& f : j.value("open_point_to_point", nlohmann::json::array()))
+      s.open_p2p.push_back(fingerprint_from_json(f));
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(std::string("malformed rank state: ") + e.what());
   }
@@ -211,8 +218,21 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
 
   // Behind: issued fewer collectives than the most advanced rank. The others
   // wait in the first collective the laggards have not issued.
-  for (int r : present)
-    if (states[r]->last_started < max_started) d.behind.push_back(r);
+  // A rank still in a point-to-point op with a rank that is gone waits on
+  // that rank: it is not behind (link-health's pairs issue different numbers
+  // of ops, so a rank whose partner died lags the others by design).
+  std::vector<std::pair<int, const Fingerprint*>> waiting_on_gone;
+  for (int r : present) {
+    const RankState& st = *states[r];
+    const auto f = std::find_if(st.open_p2p.begin(), st.open_p2p.end(), [&](const Fingerprint& p) {
+      return p.root >= 0 && std::find(d.gone.begin(), d.gone.end(), p.root) != d.gone.end();
+    });
+    if (f != st.open_p2p.end()) {
+      waiting_on_gone.emplace_back(r, &*f);
+      continue;
+    }
+    if (st.last_started < max_started) d.behind.push_back(r);
+  }
   if (!d.behind.empty()) {
     std::int64_t waiting_in = max_started;
     for (int r : d.behind) waiting_in = std::min(waiting_in, states[r]->last_started + 1);
@@ -241,6 +261,9 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
             : std::string("is dead, stopped or cannot reach the store");
     d.lines.push_back(fmt::format("Rank {} did not publish its state: it {}.", r, note));
   }
+  for (const auto& [r, f] : waiting_on_gone)
+    d.lines.push_back(fmt::format("Rank {} waits in {} with rank {}, which did not publish its state.", r,
+                                  f->describe(), f->root));
 
   if (d.lines.empty() && !present.empty()) {
     if (min_completed >= max_started) {

@@ -60,6 +60,10 @@ struct RankState {
   // were stopped by the alarm before they met the reset themselves.
   int reset_by = -1;
   std::vector<FlightEntry> recent;  // flight recorder, oldest first
+  // Point-to-point ops issued and not complete, or failed (they have no
+  // sequence number), the failed one first, at most 5: whom this rank waits
+  // on.
+  std::vector<Fingerprint> open_p2p;
 
   // The fingerprint of collective `seq` if the recorder still holds it.
   const Fingerprint* at(std::int64_t seq) const;

@@ -257,7 +257,9 @@ std::shared_ptr<Work> MonitoredCommunicator::issue_p2p(Fingerprint fp, std::vect
                                                        std::size_t received_bytes) {
   // Point-to-point ops differ between ranks by design; they get no sequence
   // number but are watched like collectives.
-  if (work && opts_.heartbeat_stall.count() > 0) {
+  // Watched only where the heartbeat stall is on; listed in the published
+  // state always (a rank waiting on a peer that died is not behind).
+  if (work) {
     std::lock_guard<std::mutex> lock(mutex_);
     // Ops nobody holds any more, or that completed, leave the list here too
     // (the watchdog prunes it only while no collective is open).
@@ -416,6 +418,13 @@ RankState MonitoredCommunicator::state(const std::string& reason) const {
   s.reason = reason;
   s.reset_by = reset_by_.load();
   std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& o : p2p_open_) {
+    if (s.open_p2p.size() >= 4) break;
+    const auto w = o.work.lock();
+    if (w && !w->is_completed()) s.open_p2p.push_back(o.fp);
+  }
+  if (failed_p2p_ && std::find(s.open_p2p.begin(), s.open_p2p.end(), *failed_p2p_) == s.open_p2p.end())
+    s.open_p2p.insert(s.open_p2p.begin(), *failed_p2p_);
   for (const auto& e : ring_) {
     FlightEntry f = e.rec;
     if (f.state == "started")
@@ -723,6 +732,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     std::lock_guard<std::mutex> lock(mutex_);
     if (failure_) std::rethrow_exception(failure_);
     if (Entry* e = recorded(seq); e && e->rec.state == "started") e->rec.state = "failed";
+    if (seq == 0 && fp && !failed_p2p_) failed_p2p_ = *fp;
     const std::int64_t first_open = completed_.load() + 1;
     if (seq > 0 && first_open > 0 && first_open < seq)
       if (const Open* o = open_at(first_open)) {

@@ -282,6 +282,9 @@ class MonitoredCommunicator final : public Communicator {
   std::deque<OpenP2P> p2p_open_;  // under mutex_, in issue order
   void prune_p2p();               // under mutex_: drops ops complete or no longer held
   std::int64_t p2p_issued_ = 0;   // under mutex_
+  // The point-to-point op that failed on this rank (under mutex_): still the
+  // op it waits in, as far as the others' diagnosis goes.
+  std::optional<Fingerprint> failed_p2p_;
   std::atomic<bool> halted_{false};
   std::exception_ptr failure_;
   nlohmann::json failure_report_;

@@ -153,6 +153,31 @@ TEST_CASE("diagnosis: ranks without a state are gone, with the caller's note", "
   CHECK(j["gone_ranks"] == nlohmann::json::array({1}));
 }
 
+TEST_CASE("diagnosis: a rank in a point-to-point op with a gone rank waits on it and is not behind",
+          "[monitor]") {
+  // link-health at 3 ranks: rank 0 went on to its next pair; rank 1 is in
+  // its sendrecv with rank 2, which died. Rank 1 lags rank 0 by design.
+  // Point-to-point ops have no sequence number: rank 1 issued no
+  // collective yet, and lists its open sendrecv with rank 2.
+  Fingerprint with2{"sendrecv", "uint8", 64, 2, ""};
+  std::vector<std::optional<RankState>> st = {state_of(0, {ar()}, 0), state_of(1, {}, 0),
+                                              std::nullopt};
+  st[1]->open_p2p.push_back(with2);
+  // Through JSON, as published.
+  st[1] = rank_state_from_json(to_json(*st[1]));
+  REQUIRE(st[1]->open_p2p.size() == 1);
+  Diagnosis d = diagnose(st);
+  CHECK(d.gone == std::vector<int>{2});
+  CHECK(d.behind.empty());
+  CHECK_FALSE(contains(d.summary(), "behind"));
+  CHECK(contains(d.summary(), "Rank 2 did not publish its state"));
+  CHECK(contains(d.summary(), "Rank 1 waits in sendrecv(uint8, 64, peer=2) with rank 2"));
+  // A rank behind in a collective is still behind.
+  std::vector<std::optional<RankState>> coll = {state_of(0, {ar(), ar(), ar()}, 2),
+                                                state_of(1, {ar(), ar()}, 1), std::nullopt};
+  CHECK(diagnose(coll).behind == std::vector<int>{1});
+}
+
 TEST_CASE("diagnosis: a rank cut off from the store tells other hosts from its own", "[monitor]") {
   const RankState self = state_of(2, {ar(), ar()}, 1);
   const std::string store = "10.0.0.1:29500";
