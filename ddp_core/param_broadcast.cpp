@@ -90,7 +90,7 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
     throw UsageError(fmt::format("broadcast root {} is outside the world of {}", o.root, comm.size()),
                      {"broadcast", comm.rank(), -1, "use root 0"});
   const auto start = Clock::now();
-  const auto deadline = start + effective(comm, o.timeout);
+  const Millis timeout = effective(comm, o.timeout);
   const bool device = comm.memory_kind() == MemoryKind::kDevice;
   const bool root = comm.rank() == o.root;
   const auto chunks = broadcast_chunks(tensors, o.chunk_bytes);
@@ -103,8 +103,18 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
   struct InFlight {
     std::size_t chunk;
     std::shared_ptr<Work> work;
+    Clock::time_point issued;
   };
   std::deque<InFlight> in_flight;
+  // Each chunk has a deadline of its own: the timeout counted from the later
+  // of its start and the completion of the chunk before it, as the watchdog
+  // counts a collective's. A model whose broadcast takes longer than the
+  // timeout in all is no hang while every chunk completes within it, and a
+  // chunk that stalls is still caught a timeout after it could have ended.
+  Clock::time_point previous_done = start;
+  auto deadline_of = [&](const InFlight& f) {
+    return std::max(f.issued, previous_done) + timeout;
+  };
 
   auto copy = [&](void* dst, const void* src, std::uint64_t n) {
     if (!device) {
@@ -118,7 +128,8 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
   auto complete_oldest = [&] {
     InFlight f = std::move(in_flight.front());
     in_flight.pop_front();
-    f.work->wait(left_until(deadline));
+    f.work->wait(left_until(deadline_of(f)));
+    previous_done = Clock::now();
     const BroadcastChunk& c = chunks[f.chunk];
     if (!c.contiguous && !root) {
       auto* base = static_cast<std::uint8_t*>(staging[f.chunk % kBroadcastChunksInFlight].get());
@@ -148,16 +159,19 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
         }
         ++st.staged_chunks;
       }
-      in_flight.push_back({k, comm.broadcast(buf, c.bytes, DType::kUInt8, o.root)});
+      in_flight.push_back({k, comm.broadcast(buf, c.bytes, DType::kUInt8, o.root), Clock::now()});
       st.bytes += c.bytes;
       ++st.chunks;
     }
     while (!in_flight.empty()) complete_oldest();
   } catch (...) {
     // Outstanding broadcasts write into buffers that die with this frame.
+    // Each gets the timeout from the completion of the one before (after a
+    // chunk that timed out, that has passed: the backend is stopped at once).
     for (auto& f : in_flight) {
       try {
-        f.work->wait(left_until(deadline));
+        f.work->wait(left_until(previous_done + timeout));
+        previous_done = Clock::now();
       } catch (...) {
         comm.abort();
         break;

@@ -75,7 +75,9 @@ LayoutParams allocate_layout_params(Communicator& comm, const ModelLayout& layou
 struct BroadcastOptions {
   std::uint64_t chunk_bytes = kDefaultBroadcastChunkBytes;
   int root = 0;
-  Millis timeout{0};  // every wait; zero: the communicator's default
+  // Each chunk's deadline, counted from the later of its start and the
+  // completion of the chunk before it; zero: the communicator's default.
+  Millis timeout{0};
 };
 
 struct BroadcastStats {

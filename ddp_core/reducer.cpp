@@ -13,6 +13,13 @@ namespace {
 
 bool happened(ReducerClock::time_point t) { return t != ReducerClock::time_point{}; }
 
+// What is left of a wait until deadline (1 ms at least: a Work that has
+// completed still returns, one that has not fails at once).
+Millis left_until(ReducerClock::time_point deadline) {
+  return std::max(Millis(1),
+                  std::chrono::duration_cast<Millis>(deadline - ReducerClock::now()));
+}
+
 double us_between(ReducerClock::time_point a, ReducerClock::time_point b) {
   if (!happened(a) || !happened(b)) return 0;
   return std::chrono::duration<double, std::micro>(b - a).count();
@@ -223,7 +230,7 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
 }
 
 Reducer::~Reducer() {
-  drain_in_flight(ReducerClock::now() + timeout());
+  drain_in_flight(ReducerClock::now());
 }
 
 Millis Reducer::timeout() const {
@@ -307,6 +314,7 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
     s.done = false;
     s.work.reset();
     s.post.reset();
+    s.reissued = {};
     if (s.sparse) {
       s.sparse->rows.clear();
       s.sparse->values.clear();
@@ -642,6 +650,7 @@ void Reducer::issue_sparse_second_stage(bool block) {
   }
   s.work = comm_.allgather(sp.idx_send.get(), sp.idx_all.get(), m, DType::kInt64);
   s.post = comm_.allgather(sp.val_send.get(), sp.val_all.get(), m * sp.row_numel, t.dtype);
+  s.reissued = ReducerClock::now();
 }
 
 // Every rank's rows summed, in rank order, into the coalesced result: the
@@ -689,15 +698,17 @@ void Reducer::poll() {
   }
 }
 
-void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point deadline) {
+// Each wait has a deadline of its own, the timeout counted from when the
+// collective could start: the later of its issue and `since` (when the
+// collective before it completed, or finalize began); s.post (the fence
+// after the post-processing, or the values allgather) from s.work's
+// completion.
+void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point since) {
   auto& s = state_[b];
-  const auto left = std::max(
-      Millis(1), std::chrono::duration_cast<Millis>(deadline - ReducerClock::now()));
+  const auto started = std::max({since, timing_.buckets[b].launched, s.reissued});
   try {
-    s.work->wait(left);
-    if (s.post)
-      s.post->wait(std::max(Millis(1), std::chrono::duration_cast<Millis>(
-                                           deadline - ReducerClock::now())));
+    s.work->wait(left_until(started + timeout()));
+    if (s.post) s.post->wait(timeout());
   } catch (const TimeoutError& e) {
     const auto& params = buckets_[b].spec.param_indices;
     std::vector<std::size_t> first(params.begin(),
@@ -732,13 +743,18 @@ void Reducer::finish_bucket(std::size_t b) {
   s.done = true;
 }
 
-void Reducer::drain_in_flight(ReducerClock::time_point deadline) noexcept {
+void Reducer::drain_in_flight(ReducerClock::time_point since) noexcept {
   bool stuck = false;
   auto drain = [&](const std::shared_ptr<Work>& w) {
     if (!w || stuck) return;
     try {
-      w->wait(std::max(Millis(1),
-                       std::chrono::duration_cast<Millis>(deadline - ReducerClock::now())));
+      // One already complete moves nothing on: when it completed is unknown.
+      if (w->is_completed()) {
+        w->wait(Millis(1));
+        return;
+      }
+      w->wait(left_until(since + timeout()));
+      since = std::max(since, ReducerClock::now());
     } catch (const TimeoutError&) {
       stuck = true;
     } catch (...) {
@@ -768,7 +784,13 @@ void Reducer::finalize() {
     throw UsageError("finalize without prepare_for_backward",
                      {"reducer.finalize", comm_.rank(), -1, "call prepare_for_backward() first"});
   timing_.finalize_start = ReducerClock::now();
-  const auto deadline = timing_.finalize_start + timeout();
+  // Each collective waited for here has a deadline of its own: the timeout
+  // counted from the later of its start and the completion of the one before
+  // it (this finalize's start at the earliest), as the watchdog counts a
+  // collective's. Buckets that take longer than the timeout in all are no
+  // hang while each completes within it; one that stalls is still caught a
+  // timeout after it could have completed.
+  auto since = timing_.finalize_start;
   std::vector<std::size_t> missing;
   for (std::size_t p = 0; p < marked_.size(); ++p)
     if (!marked_[p]) missing.push_back(p);
@@ -776,7 +798,7 @@ void Reducer::finalize() {
   if (!missing.empty() && !options_.find_unused_parameters) {
     // The buckets holding these parameters were never launched here; the
     // ones launched before them must finish before the buffers are reused.
-    drain_in_flight(deadline);
+    drain_in_flight(since);
     in_iteration_ = false;
     throw UsageError(
         fmt::format("rank {}: expected to have finished reduction in this iteration, but {} "
@@ -788,6 +810,7 @@ void Reducer::finalize() {
          "pass --find-unused-parameters (DDP's find_unused_parameters=True) or make sure every "
          "parameter takes part in the loss"});
   }
+  ReducerClock::time_point used_map_issued{};
   try {
     // Parameters that never arrived count as locally unused: zero
     // contributions, so their buckets complete on every rank.
@@ -799,15 +822,16 @@ void Reducer::finalize() {
       comm_.copy_from_host(used_map_buffer_.get(), used_map_.data(), used_map_.size());
       used_map_work_ = comm_.allreduce(used_map_buffer_.get(), used_map_buffer_.get(),
                                        used_map_.size(), DType::kUInt8, ReduceOp::kMax);
+      used_map_issued = ReducerClock::now();
     }
     DDPDIAG_ASSERT(next_to_launch_ == buckets_.size());
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      wait_bucket(b, deadline);
+      wait_bucket(b, since);
+      since = std::max(since, timing_.buckets[b].completed);
       finish_bucket(b);
     }
     if (used_map_work_) {
-      used_map_work_->wait(std::max(
-          Millis(1), std::chrono::duration_cast<Millis>(deadline - ReducerClock::now())));
+      used_map_work_->wait(left_until(std::max(since, used_map_issued) + timeout()));
       used_map_work_.reset();
       comm_.copy_to_host(used_map_.data(), used_map_buffer_.get(), used_map_.size());
       // Every rank contributed zeros for these, so their reduced gradients
@@ -816,7 +840,9 @@ void Reducer::finalize() {
         if (!used_map_[p]) globally_unused_.push_back(p);
     }
   } catch (...) {
-    drain_in_flight(deadline);
+    // After a collective that timed out, its deadline has passed: the drain
+    // stops the backend at once.
+    drain_in_flight(since);
     in_iteration_ = false;
     throw;
   }

@@ -94,7 +94,9 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   CompressionHook hook = CompressionHook::kNone;
   Averaging averaging = Averaging::kDivideThenSum;
-  // Deadline of finalize()'s waits; zero means the communicator's default.
+  // Deadline of each collective finalize() waits for, counted from the later
+  // of its start and the completion of the one before it; zero means the
+  // communicator's default.
   Millis timeout{0};
   // Use the stream path on host memory too (always used on device memory).
   bool stream_path = false;
@@ -218,6 +220,8 @@ class Reducer {
     bool done = false;
     std::shared_ptr<Work> work;
     std::shared_ptr<Work> post;  // stream path: the fence after the bucket's post-processing
+    // A sparse bucket: when its second stage (work and post) was issued.
+    ReducerClock::time_point reissued{};
     std::unique_ptr<StreamOps::CopyPlan> plan;  // stream path, views off
     // A sparse bucket: work is the index allgather, post the value allgather.
     std::unique_ptr<SparseState> sparse;
@@ -226,9 +230,14 @@ class Reducer {
   void mark_ready_impl(std::size_t param_index, bool used);
   void launch_ready_buckets();
   void launch(std::size_t b);
-  void wait_bucket(std::size_t b, ReducerClock::time_point deadline);
+  // since: when the collective before the bucket's completed (finalize's
+  // start at the earliest).
+  void wait_bucket(std::size_t b, ReducerClock::time_point since);
   void finish_bucket(std::size_t b);
-  void drain_in_flight(ReducerClock::time_point deadline) noexcept;
+  // Waits for every collective in flight, each for the timeout counted from
+  // `since` or the completion of the one before, whichever is later; aborts
+  // the communicator at the first that does not complete.
+  void drain_in_flight(ReducerClock::time_point since) noexcept;
   void agree_on_used(ReducerClock::time_point deadline);
   void check_index(std::size_t param_index, const char* what) const;
   void check_dense(std::size_t param_index, const char* what) const;

@@ -3,6 +3,7 @@
 // rank 0's; a rank corrupted afterwards is named with the tensor.
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -11,6 +12,7 @@
 
 #include "ddp_core/param_broadcast.h"
 #include "tests/forwarding_communicator.h"
+#include "tests/paced_communicator.h"
 #include "tests/rank_threads.h"
 
 using namespace ddpdiag;
@@ -400,6 +402,81 @@ TEST_CASE("broadcast: a rank altered after the broadcast is named at 2 ranks, th
     const std::string who = fmt::format("rank {}{} holds wrong values after 1 of 3", bad,
                                         bad == 0 ? " (the root)" : "");
     if (v.describe().find(who) == std::string::npos) fail.push_back("describe(): " + v.describe());
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+// --- Deadlines: each chunk's own, not one for the whole broadcast ----------
+
+namespace {
+
+// Ten chunks of 4 KiB, back to back (broadcast in place).
+ModelLayout ten_chunk_layout() {
+  ModelLayout l;
+  l.name = "ten-chunks";
+  for (int i = 0; i < 10; ++i)
+    l.tensors.push_back({fmt::format("l{}.weight", i), {1024}, DType::kFloat32, false});
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("broadcast: chunks that each complete within the timeout pass however long the "
+          "whole takes",
+          "[broadcast]") {
+  // 60 ms a chunk, one after another: 600 ms in all against a 300 ms timeout.
+  const Failures f = run_gloo_ranks(2, [&](Communicator& gloo, int rank, Failures& fail) {
+    test::PacedCommunicator c(gloo, 60ms);
+    auto lp = allocate_layout_params(c, ten_chunk_layout());
+    for (std::size_t i = 0; i < lp.tensors.size(); ++i)
+      fill_rank(static_cast<std::uint8_t*>(lp.tensors[i].data), lp.tensors[i].bytes, rank, i);
+    BroadcastOptions o;
+    o.chunk_bytes = 4096;
+    o.timeout = 300ms;
+    const auto t0 = test::PacedCommunicator::Clock::now();
+    try {
+      const auto st = broadcast_parameters(c, lp.tensors, o);
+      if (st.chunks != 10) fail.push_back(fmt::format("rank {}: {} chunks", rank, st.chunks));
+    } catch (const std::exception& e) {
+      fail.push_back(fmt::format("rank {}: after {:.0f} ms: {}", rank, test::ms_since(t0),
+                                 e.what()));
+    }
+    const double took = test::ms_since(t0);
+    if (took < 600) fail.push_back(fmt::format("rank {}: took only {:.0f} ms", rank, took));
+    if (c.aborts()) fail.push_back(fmt::format("rank {}: the backend was aborted", rank));
+    const auto v = verify_identical(gloo, lp.tensors, 0, 20s);
+    if (!v.identical) fail.push_back(fmt::format("rank {}: {}", rank, v.describe()));
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("broadcast: a chunk that never completes times out a timeout after the one before it",
+          "[broadcast]") {
+  // Chunk 6 stalls. Chunk 5 completes 360 ms in at the earliest, so chunk 6
+  // cannot time out before 660 ms; it must not go unreported much longer.
+  const Failures f = run_gloo_ranks(2, [&](Communicator& gloo, int rank, Failures& fail) {
+    test::PacedCommunicator c(gloo, 60ms, 6);
+    auto lp = allocate_layout_params(c, ten_chunk_layout());
+    BroadcastOptions o;
+    o.chunk_bytes = 4096;
+    o.timeout = 300ms;
+    const auto t0 = test::PacedCommunicator::Clock::now();
+    try {
+      broadcast_parameters(c, lp.tensors, o);
+      fail.push_back(fmt::format("rank {}: the stalled chunk went unreported", rank));
+    } catch (const TimeoutError& e) {
+      const double took = test::ms_since(t0);
+      if (std::string(e.what()).find("paced op 6:") == std::string::npos)
+        fail.push_back(fmt::format("rank {}: not the stalled chunk's error: {}", rank, e.what()));
+      if (took < 660 || took > 660 + 2000)
+        fail.push_back(fmt::format("rank {}: reported after {:.0f} ms, not 660 ms and a little",
+                                   rank, took));
+    }
+    // The chunk issued after it is outstanding too: the backend is stopped.
+    if (c.aborts() != 1) fail.push_back(fmt::format("rank {}: {} aborts", rank, c.aborts()));
+    gloo.barrier()->wait(20s);  // the Gloo ops underneath, done on every rank
   });
   INFO(describe(f));
   CHECK(f.empty());

@@ -18,6 +18,7 @@
 #include "comm/memory.h"
 #include "ddp_core/backward_sim.h"
 #include "ddp_core/reducer.h"
+#include "tests/paced_communicator.h"
 #include "tests/rank_threads.h"
 
 using namespace ddpdiag;
@@ -929,6 +930,96 @@ TEST_CASE("reducer: the backward simulator's sparse gradients check exactly",
       fail.push_back("sparse_rows -1 accepted");
     } catch (const UsageError&) {
     }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+// --- Deadlines: each bucket's own, not one for the whole finalize ----------
+
+namespace {
+
+// Ten tensors of 4 KiB with a 4 KiB cap: ten buckets, one all_reduce each.
+ModelLayout ten_bucket_layout() {
+  ModelLayout l;
+  l.name = "ten-buckets";
+  for (int i = 0; i < 10; ++i)
+    l.tensors.push_back({fmt::format("l{}.weight", i), {1024}, DType::kFloat32, false});
+  return l;
+}
+
+ReducerOptions ten_bucket_options(bool find_unused) {
+  ReducerOptions o;
+  o.bucket_cap_bytes = 4096;
+  o.first_bucket_bytes = 4096;
+  o.find_unused_parameters = find_unused;
+  o.timeout = 300ms;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("reducer: buckets that each complete within the timeout pass however long "
+          "finalize takes",
+          "[reducer]") {
+  // 60 ms an all_reduce, one after another: 600 ms for the buckets (660 ms
+  // with the used-parameter all_reduce) against a 300 ms timeout.
+  const bool find_unused = GENERATE(false, true);
+  CAPTURE(find_unused);
+  const Failures f = run_gloo_ranks(2, [&](Communicator& gloo, int rank, Failures& fail) {
+    test::PacedCommunicator c(gloo, 60ms);
+    Reducer red(c, ten_bucket_layout(), ten_bucket_options(find_unused));
+    if (red.buckets().size() != 10) {
+      fail.push_back(fmt::format("{} buckets, not 10", red.buckets().size()));
+      return;
+    }
+    const auto t0 = test::PacedCommunicator::Clock::now();
+    simulate_backward(red, c, 0);
+    try {
+      red.finalize();
+      expect_exact(red, c, 0, "paced", fail);
+    } catch (const std::exception& e) {
+      fail.push_back(fmt::format("rank {}: after {:.0f} ms: {}", rank, test::ms_since(t0),
+                                 e.what()));
+    }
+    const double took = test::ms_since(t0);
+    if (took < 600) fail.push_back(fmt::format("rank {}: took only {:.0f} ms", rank, took));
+    if (c.aborts()) fail.push_back(fmt::format("rank {}: the backend was aborted", rank));
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: a bucket that never completes times out a timeout after the one before it",
+          "[reducer]") {
+  // Bucket 6's all_reduce stalls. Bucket 5's completes 360 ms in at the
+  // earliest, so bucket 6 cannot time out before 660 ms; it must not go
+  // unreported much longer.
+  const Failures f = run_gloo_ranks(2, [&](Communicator& gloo, int rank, Failures& fail) {
+    {
+      test::PacedCommunicator c(gloo, 60ms, 6);
+      Reducer red(c, ten_bucket_layout(), ten_bucket_options(false));
+      const auto t0 = test::PacedCommunicator::Clock::now();
+      simulate_backward(red, c, 0);
+      try {
+        red.finalize();
+        fail.push_back(fmt::format("rank {}: the stalled bucket went unreported", rank));
+      } catch (const TimeoutError& e) {
+        const double took = test::ms_since(t0);
+        const std::string m = e.what();
+        if (m.find("all_reduce of bucket 6 ") == std::string::npos ||
+            m.find("paced op 6:") == std::string::npos)
+          fail.push_back(fmt::format("rank {}: not the stalled bucket's error: {}", rank, m));
+        if (took < 660 || took > 660 + 2000)
+          fail.push_back(fmt::format("rank {}: reported after {:.0f} ms, not 660 ms and a little",
+                                     rank, took));
+        if (e.context().phase != "reducer.finalize") fail.push_back("phase " + e.context().phase);
+      }
+      // The stalled all_reduce is still outstanding: the backend is stopped.
+      if (c.aborts() < 1)
+        fail.push_back(fmt::format("rank {}: the backend was not aborted", rank));
+    }
+    gloo.barrier()->wait(20s);  // the Gloo ops underneath, done on every rank
   });
   INFO(describe(f));
   CHECK(f.empty());
