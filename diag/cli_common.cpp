@@ -1802,6 +1802,7 @@ std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o,
     co.connect_timeout = connect_timeout.value_or(job.timeout);
     co.io_timeout = job.timeout;
     co.rank = job.world.rank;
+    co.connected_at_out = &job.store_connected_at;
     // Our own server when rank 0 hosts it or ddpdiag's launcher does; under
     // an agent store of unknown make, get() keeps c10d's WAIT + GET.
     co.one_trip_get = !job.world.agent_store || job.world.launcher == Launcher::kDdpdiag;
@@ -1813,6 +1814,9 @@ std::shared_ptr<Store> connect_store(Job& job, const CommonOptions& o,
       throw;
     }
     job.store_client = co;
+    // Copies connect from other threads (the watchdog's own connection):
+    // only this connection writes when it connected.
+    job.store_client->connected_at_out = nullptr;
   }
   // Our keys live under our own prefix, so we never collide with other store
   // users (under an agent's store, under the run the ranks agree on too:

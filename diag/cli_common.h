@@ -115,6 +115,8 @@ struct Job {
   std::vector<std::string> machines;       // every rank's real host name (ranks[].host may be
                                            // a --test-hosts name)
   std::optional<TcpStoreClientOptions> store_client;  // how this rank reached the store
+  // When the store's TCP connection was last made ({}: never).
+  std::chrono::steady_clock::time_point store_connected_at{};
   // Under an agent's store that outlives a run (torchrun): the run this
   // job's ranks agreed on (register_rank), whose keys job.store holds; 0
   // elsewhere. store_root is the store above it (ddpdiag's prefix).

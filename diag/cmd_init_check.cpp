@@ -90,6 +90,22 @@ class Timeline {
       throw;
     }
   }
+  // Phase `name` ended at `end` (a later part of its run belongs to the
+  // next phase).
+  void end_at(const std::string& name, Clock::time_point end) {
+    PhaseRecord& p = find(name);
+    const double end_s = std::chrono::duration<double>(end - t0_).count();
+    if (end_s >= p.start_s) p.duration_ms = (end_s - p.start_s) * 1000.0;
+  }
+  // Phase `name` ran from `start` to `end` and failed with `e`.
+  void failed(const std::string& name, Clock::time_point start, Clock::time_point end, const Error& e) {
+    PhaseRecord& p = find(name);
+    p.start_s = std::chrono::duration<double>(start - t0_).count();
+    p.duration_ms = std::chrono::duration<double, std::milli>(end - start).count();
+    p.status = "fail";
+    p.detail = e.what();
+    p.hint = e.context().hint;
+  }
   void skip(const std::string& name, const std::string& why) {
     PhaseRecord& p = find(name);
     p.status = "skip";
@@ -312,6 +328,7 @@ int run_init_check(const InitCheckOptions& io) {
       });
     }
     std::exception_ptr handshake_error;  // connect_store's, in the handshake's row
+    Clock::time_point handshake_failed_at{};
     phase("store_connect", [&] {
       try {
         host_store(job);
@@ -333,6 +350,7 @@ int run_init_check(const InitCheckOptions& io) {
         // the handshake's row fails, not the connect's.
         if (e.context().phase != "store.handshake") throw;
         handshake_error = std::current_exception();
+        handshake_failed_at = Clock::now();
         return fmt::format("{}:{} accepted the connection", job.world.master_addr,
                            job.world.master_port);
       }
@@ -347,6 +365,18 @@ int run_init_check(const InitCheckOptions& io) {
     if (single) {
       tl.skip("store_handshake", "in-process store");
     } else {
+      // The connection was made and the handshake then failed (a silent
+      // server waits out the I/O timeout): that time is the handshake's, not
+      // the connect's.
+      if (handshake_error && job.store_connected_at != Clock::time_point{}) {
+        tl.end_at("store_connect", job.store_connected_at);
+        try {
+          std::rethrow_exception(handshake_error);
+        } catch (const Error& e) {
+          tl.failed("store_handshake", job.store_connected_at, handshake_failed_at, e);
+          throw;
+        }
+      }
       phase("store_handshake", [&] {
         if (handshake_error) std::rethrow_exception(handshake_error);
         auto* prefixed = static_cast<PrefixStore*>(job.store.get());

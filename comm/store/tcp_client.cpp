@@ -262,6 +262,7 @@ struct TcpStoreClient::Impl {
           if (s >= 0) {
             ::freeaddrinfo(res);
             fd = s;
+            if (opts.connected_at_out && !connected_once) *opts.connected_at_out = Clock::now();
             connected_once = true;
             return;
           }
@@ -593,6 +594,7 @@ struct TcpStoreClient::Impl {
                                                        " 1.13 or auto"));
     }
     if (protocol == StoreProtocol::kV1) return;  // 1.13 has no handshake
+    const auto detect_began = Clock::now();
     if (v2_handshake(std::min(io, Clock::now() + kDetectTimeout))) {
       protocol = StoreProtocol::kV2;
       return;
@@ -615,8 +617,9 @@ struct TcpStoreClient::Impl {
       drop();
       const std::string silent = "the server at " + where() +
                                  " accepted the connection but answered neither the torch 2.x "
-                                 "handshake nor a torch 1.13 request within " +
-                                 std::to_string(opts.io_timeout.count()) + " ms";
+                                 "handshake nor a torch 1.13 request in " +
+                                 std::to_string(std::chrono::duration_cast<Millis>(Clock::now() - detect_began).count()) +
+                                 " ms";
       // Silence for a second or more: a store, of either version, answers
       // in microseconds, so this is most likely another program on the
       // port, waiting for a request in its own protocol (an HTTP server

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -114,6 +115,10 @@ struct TcpStoreClientOptions {
   // Where the connection attempts are counted as they are made, so that a
   // connect that failed still tells how many it made (store ping's report).
   int* attempts_out = nullptr;
+  // Where the time the first TCP connection was made is written, so that a
+  // handshake (or protocol detection, which may reconnect) that then failed
+  // can be told from the connect (init-check's timeline).
+  std::chrono::steady_clock::time_point* connected_at_out = nullptr;
 };
 
 // One TCP connection to a store (v1: a second, silent connection is not

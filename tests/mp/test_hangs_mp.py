@@ -124,6 +124,31 @@ class InitCheck(unittest.TestCase):
         self.assertIn("refused", p.stderr)
         self.assertIn("store_connect", p.stderr)
 
+    def test_a_server_that_accepts_and_never_answers_is_timed_in_the_handshake(self):
+        # The TCP connection is made at once; the wait for an answer is the
+        # handshake's row, not the connect's, and the message gives the time
+        # the probes took.
+        with socket.socket() as srv:
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(8)
+            port = srv.getsockname()[1]
+            path = tmp_json()
+            own = path[:-len(".json")] + ".rank1.json"
+            p = run(["init-check", "--rank", "1", "--world-size", "2", "--master-addr",
+                     "127.0.0.1", "--master-port", str(port), "--timeout", "3", "--json", path])
+        self.assertEqual(p.returncode, 3, p.stderr)
+        rep = load(own if os.path.exists(own) else path)
+        for f in (path, own):
+            if os.path.exists(f):
+                os.unlink(f)
+        phases = {ph["name"]: ph for ph in rep["results"]["ranks"][0]["phases"]}
+        self.assertEqual(phases["store_connect"]["status"], "ok")
+        self.assertLess(phases["store_connect"]["duration_ms"], 1000, phases)
+        self.assertEqual(phases["store_handshake"]["status"], "fail")
+        self.assertGreater(phases["store_handshake"]["duration_ms"], 2500, phases)
+        self.assertRegex(p.stderr, r"answered neither the torch 2.x handshake nor a torch 1.13 "
+                                   r"request in [0-9]+ ms")
+
     def test_rank_0_killed_while_the_ranks_meet_is_named(self):
         # Rank 0 hosts the store and dies while rank 1 waits for rank 2:
         # rank 1 names rank 0 as gone (exit 5, a peer failure), not a
