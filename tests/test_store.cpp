@@ -1359,7 +1359,7 @@ TEST_CASE("a server that accepts and never answers is a timeout, not a wrong pro
     FAIL("the client took a mute server for a store");
   } catch (const TimeoutError& e) {
     CHECK(e.context().phase == "store.handshake");
-    CHECK_THAT(std::string(e.what()), Catch::Contains("within 300 ms") && !Catch::Contains("speaks neither"));
+    CHECK_THAT(std::string(e.what()), Catch::Contains("nor a torch 1.13 request in ") && !Catch::Contains("speaks neither"));
     CHECK_THAT(e.context().hint, Catch::Contains("raise --timeout"));
   }
 }
@@ -1380,7 +1380,7 @@ TEST_CASE("a server that accepts and stays silent for a second or more is anothe
     FAIL("the client took a mute server for a store");
   } catch (const RendezvousError& e) {
     CHECK(e.context().phase == "store.handshake");
-    CHECK_THAT(std::string(e.what()), Catch::Contains("within 1000 ms: a store answers at once, so "
+    CHECK_THAT(std::string(e.what()), Catch::Contains(" ms: a store answers at once, so "
                                                       "another program probably holds this port"));
     CHECK_THAT(e.context().hint, Catch::Contains("check what listens on port " + std::to_string(port)));
     CHECK_THAT(e.context().hint, !Catch::Contains("raise --timeout"));
