@@ -9,16 +9,13 @@
 
 #include "comm/splitmix64.h"
 #include "ddp_core/bucket_assignment.h"
+#include "ddp_core/deadline.h"
 
 namespace ddpdiag::ddp_core {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-Millis left_until(Clock::time_point deadline) {
-  return std::max(Millis(1), std::chrono::duration_cast<Millis>(deadline - Clock::now()));
-}
 
 Millis effective(Communicator& comm, Millis t) {
   return t.count() > 0 ? t : comm.default_timeout();

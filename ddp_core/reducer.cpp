@@ -7,18 +7,13 @@
 
 #include <fmt/core.h>
 
+#include "ddp_core/deadline.h"
+
 namespace ddpdiag::ddp_core {
 
 namespace {
 
 bool happened(ReducerClock::time_point t) { return t != ReducerClock::time_point{}; }
-
-// What is left of a wait until deadline (1 ms at least: a Work that has
-// completed still returns, one that has not fails at once).
-Millis left_until(ReducerClock::time_point deadline) {
-  return std::max(Millis(1),
-                  std::chrono::duration_cast<Millis>(deadline - ReducerClock::now()));
-}
 
 double us_between(ReducerClock::time_point a, ReducerClock::time_point b) {
   if (!happened(a) || !happened(b)) return 0;
