@@ -45,6 +45,9 @@ struct Child {
   std::string err_partial;
   bool exited = false;
   int status = 0;
+  // The launcher signalled it (after another rank's failure, or stopped):
+  // its end is no failure of its own.
+  bool signalled = false;
 };
 
 // Writes each complete line of `data` (plus what was left from before) to
@@ -327,7 +330,7 @@ int launch_local(const LaunchOptions& o) {
       if (p == c.pid) {
         c.exited = true;
         c.status = status;
-        if (failed(status)) failed_in_order.emplace_back(c.rank, status);
+        if (failed(status) && !c.signalled) failed_in_order.emplace_back(c.rank, status);
         // A rank ended by the signal the launcher is about to forward (Ctrl-C
         // reaches the whole process group at once) failed for no reason of
         // its own.
@@ -370,7 +373,10 @@ int launch_local(const LaunchOptions& o) {
       // The others had their grace period to notice the failure and write
       // their reports; stop them now (TERM first, KILL 3 s later).
       for (auto& c : children)
-        if (!c.exited) kill(c.pid, terminated ? SIGKILL : SIGTERM);
+        if (!c.exited) {
+          kill(c.pid, terminated ? SIGKILL : SIGTERM);
+          c.signalled = true;
+        }
       if (terminated) killed = true;
       terminated = true;
       kill_at = Clock::now() + std::chrono::seconds(3);
