@@ -1,8 +1,10 @@
 """Helpers for the multi-process tests: find the binary, free ports, run ranks
 with a deadline, parse reports. Standard library only."""
+import errno
 import json
 import mmap
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -49,7 +51,39 @@ def clean_env(**extra):
     return env
 
 
+def _ephemeral_range():
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+            return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port():
+    """A port that is free now, outside the kernel's ephemeral range: a port
+    the kernel hands out (bind to port 0) may be handed out again at once to
+    another program's socket (srun's I/O listeners, any outgoing connection)
+    before the test's rank binds it. Falls back to an ephemeral one."""
+    lo, hi = _ephemeral_range()
+    candidates = [p for p in range(10000, 32000) if not lo <= p <= hi]
+    for _ in range(200):
+        port = random.choice(candidates) if candidates else 0
+        try:
+            with socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET) as s6, \
+                    socket.socket() as s4:
+                # Free on every address, as the store binds it (:: and 0.0.0.0).
+                s4.bind(("0.0.0.0", port))
+                if socket.has_ipv6:
+                    try:
+                        s6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                        s6.bind(("::", s4.getsockname()[1]))
+                    except OSError as e:
+                        if e.errno != errno.EADDRNOTAVAIL:
+                            raise
+                return s4.getsockname()[1]
+        except OSError:
+            continue
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
