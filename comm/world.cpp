@@ -182,13 +182,9 @@ bool in_srun_step(const EnvLookup& env) {
   return false;
 }
 
-namespace {
-// A rank variable that names this process's rank here: SLURM_PROCID only in
-// an srun step.
-bool rank_variable_applies(const char* var, const EnvLookup& env) {
-  return std::string_view(var) != "SLURM_PROCID" || in_srun_step(env);
+bool rank_variable_applies(std::string_view var, const EnvLookup& env) {
+  return var != "SLURM_PROCID" || in_srun_step(env);
 }
-}  // namespace
 
 bool launched_by_launcher(const EnvLookup& env) {
   for (const char* v : kRankVariables)

@@ -127,6 +127,10 @@ bool launched_by_launcher(const EnvLookup& env);
 // interactive) are numbers from 0xfffffff0 up and are no srun step either.
 bool in_srun_step(const EnvLookup& env);
 
+// Whether the launcher variable `var` (one of kRankVariables) names this
+// process's rank here: SLURM_PROCID only in a task srun started.
+bool rank_variable_applies(std::string_view var, const EnvLookup& env);
+
 // The text of the first of kRankVariables that is set: this process's rank
 // as its launcher gave it, before any check; nullopt when none is set.
 std::optional<std::string> launcher_rank_text(const EnvLookup& env);

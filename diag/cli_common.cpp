@@ -1767,6 +1767,10 @@ void name_the_other_rank_0(const Job& job) {
 }
 }  // namespace
 
+bool store_port_taken(const Error& e) {
+  return std::string_view(e.what()).find("address already in use") != std::string_view::npos;
+}
+
 void host_store(Job& job) {
   if (job.world.world_size == 1 && !job.world.agent_store) return;
   if (!job.world.hosts_store()) return;
@@ -1783,8 +1787,7 @@ void host_store(Job& job) {
   } catch (Error& e) {
     e.context().rank = job.world.rank;
     if (e.context().phase.empty()) e.context().phase = "store.serve";
-    if (std::string_view(e.what()).find("address already in use") != std::string_view::npos)
-      name_the_other_rank_0(job);
+    if (store_port_taken(e)) name_the_other_rank_0(job);
     throw;
   }
 }
@@ -2369,7 +2372,7 @@ std::optional<int> launch_if_asked_unreported(const CommonOptions& o) {
           {"PMI_RANK", "PMI_SIZE", "mpiexec (MPICH, Intel MPI)"},
           {"MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "mpirun_rsh (MVAPICH)"},
           {"SLURM_PROCID", "SLURM_NTASKS", "srun"}}) {
-      if (std::string_view(rank_var) == "SLURM_PROCID" && !in_srun_step(env)) continue;
+      if (!rank_variable_applies(rank_var, env)) continue;
       const auto rank_text = env(rank_var);
       const auto size_text = env(size_var);
       if (!rank_text || !size_text) continue;

@@ -155,6 +155,8 @@ std::string machine_id();
 std::string every_address();
 // Rank 0 hosts the store unless an agent does (no-op otherwise).
 void host_store(Job& job);
+// The store server's error: its port is held by another process.
+bool store_port_taken(const Error& e);
 // Connects this rank to the store (a MemoryStore for a world of 1) and sets
 // job.store under the job's ddpdiag prefix. Returns the raw client.
 // connect_timeout: how long to try (default --timeout).

@@ -335,7 +335,7 @@ int run_init_check(const InitCheckOptions& io) {
       } catch (Error& e) {
         e.context().phase = "store_connect";
         // A port held by another ddpdiag rank 0 is named with its own hint.
-        if (std::string_view(e.what()).find("address already in use") != std::string_view::npos)
+        if (store_port_taken(e))
           e.context().hint = fmt::format(
             "port {} is taken, probably by another job (or an earlier run that is still "
             "alive): pick another MASTER_PORT / --master-port, or stop the other job",

@@ -19,7 +19,6 @@ std::optional<int> rank_that_failed_first(const std::vector<std::pair<int, int>>
   return std::nullopt;
 }
 
-
 namespace {
 
 double median_of(std::vector<double> v) {

@@ -132,6 +132,18 @@ class TorchHostedStore(unittest.TestCase):
         self.assertIn("2.x" if TORCH2 else "1.13", p.stdout)
 
 
+def wrapper_script(prefix, line):
+    """A directory of its own and, in it, a shell script that runs `line`
+    and then execs its arguments (the worker torchrun starts)."""
+    import tempfile
+    d = tempfile.mkdtemp(prefix=prefix)
+    wrap = os.path.join(d, "wrap.sh")
+    with open(wrap, "w") as f:
+        f.write('#!/bin/sh\n%s\nexec "$@"\n' % line)
+    os.chmod(wrap, 0o755)
+    return d, wrap
+
+
 class RealTorchrun(unittest.TestCase):
     def torchrun_cmd(self):
         if TORCH2:
@@ -243,14 +255,8 @@ class RealTorchrun(unittest.TestCase):
         # backend, with SIGTERM. Rank 0's report names rank 1 (kind peer,
         # exit 5), not "interrupted" (the ranks on this machine are known
         # from the moment the ranks met).
-        import tempfile
-        d = tempfile.mkdtemp(prefix="ddpdiag-badif-")
-        wrap = os.path.join(d, "wrap.sh")
-        with open(wrap, "w") as f:
-            f.write('#!/bin/sh\n'
-                    'if [ "$LOCAL_RANK" = 1 ]; then export GLOO_SOCKET_IFNAME=nosuch0; fi\n'
-                    'exec "$@"\n')
-        os.chmod(wrap, 0o755)
+        d, wrap = wrapper_script("ddpdiag-badif-",
+                                 'if [ "$LOCAL_RANK" = 1 ]; then export GLOO_SOCKET_IFNAME=nosuch0; fi')
         path = os.path.join(d, "r.json")
         cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                                      "--nproc-per-node", "2", "--no-python", wrap, BIN,
@@ -277,14 +283,9 @@ class RealTorchrun(unittest.TestCase):
         each; node 1's worker fails at once in its first attempt, so node 1
         restarts and counts 1 restart while node 0 counts 0 (or restarts too,
         with c10d, still counting 0 on its side)."""
-        import tempfile
-        d = tempfile.mkdtemp(prefix="ddpdiag-restart-")
-        wrap = os.path.join(d, "wrap.sh")
-        with open(wrap, "w") as f:
-            f.write('#!/bin/sh\n'
-                    'if [ "$GROUP_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 1; fi\n'
-                    'exec "$@"\n')
-        os.chmod(wrap, 0o755)
+        d, wrap = wrapper_script(
+            "ddpdiag-restart-",
+            'if [ "$GROUP_RANK" = 1 ] && [ "$TORCHELASTIC_RESTART_COUNT" = 0 ]; then exit 1; fi')
         paths = [os.path.join(d, "node%d.json" % n) for n in range(2)]
         procs = []
         for n in range(2):
