@@ -467,6 +467,12 @@ Subcommand add_store_command(CLI::App& parent) {
       TcpStoreClientOptions co = client_options(*getk);
       TcpStoreClient c(co);
       check_key_size(getk->key, c);
+      // --protocol 1.13 has no handshake, and GET waits for the key: a torch
+      // 2.x store that never answers a 1.13 request would read as a key
+      // never set. A round trip that must answer at once (1.13's GETNUMKEYS,
+      // which a 2.x store reads as a WAIT and leaves unanswered) tells the
+      // two apart, and fails with the protocol named.
+      if (co.protocol == StoreProtocol::kV1) c.num_keys();
       Bytes v;
       try {
         v = c.get(getk->key, co.io_timeout);

@@ -246,6 +246,23 @@ class TorchServes(unittest.TestCase):
         self.store.set("still", "alive")
         self.assertEqual(self.store.get("still"), b"alive")
 
+    def test_get_on_forced_protocol(self):
+        # store get waits for its key: on the wrong protocol it must say the
+        # protocol is wrong, not that a key which is there was never set.
+        self.store.set("there", "yes")
+        r = ddpdiag("store", "get", "there", "--addr", self.addr, "--protocol",
+                    "2.x" if TORCH2 else "1.13")
+        self.assertEqual((r.returncode, r.stdout), (0, "yes\n"), r.stderr)
+        r = ddpdiag("store", "get", "there", "--addr", self.addr, "--protocol",
+                    "1.13" if TORCH2 else "2.x", "--timeout", "1")
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertNotIn("was not set", r.stderr)
+        self.assertIn("protocol", r.stderr)
+        if TORCH2:
+            self.assertIn("on the torch 1.13 protocol that --protocol 1.13 asked for", r.stderr)
+            self.assertIn("drop --protocol 1.13", r.stderr)
+        self.assertEqual(self.store.get("there"), b"yes")
+
     def test_values_cross_both_ways(self):
         r = ddpdiag("store", "set", "from_ddpdiag", "1234", "--addr", self.addr)
         self.assertEqual(r.returncode, 0, r.stderr)
