@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <functional>
 #include <optional>
@@ -32,6 +33,7 @@
 #include <thread>
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include "ddpdiag/config.h"
 #include "comm/input_file.h"
@@ -85,6 +87,36 @@ void arm_report(const reports::Report& report, const CommonOptions& o) {
 void disarm_report() {
   std::lock_guard<std::mutex> lock(g_armed_mutex);
   g_armed.reset();
+}
+
+namespace {
+struct StopText {
+  std::string text;
+  bool running = false;
+  std::string running_prefix;
+  std::chrono::steady_clock::time_point since;
+};
+std::mutex g_stop_text_mutex;
+StopText g_stop_text;
+
+// On the signal's thread: the armed stop text on stdout (skipped if the
+// main thread holds the lock: never wait on it there).
+void print_stop_text() {
+  std::unique_lock<std::mutex> lock(g_stop_text_mutex, std::try_to_lock);
+  if (!lock.owns_lock() || g_stop_text.text.empty()) return;
+  std::string out = g_stop_text.text;
+  if (g_stop_text.running)
+    out += fmt::format("{}running for {:.1f} s when stopped\n", g_stop_text.running_prefix,
+                       std::chrono::duration<double>(std::chrono::steady_clock::now() - g_stop_text.since).count());
+  std::fputs(out.c_str(), stdout);
+  std::fflush(stdout);
+}
+}  // namespace
+
+void arm_stop_text(std::string text, bool running, std::string running_prefix,
+                   std::chrono::steady_clock::time_point since) {
+  std::lock_guard<std::mutex> lock(g_stop_text_mutex);
+  g_stop_text = StopText{std::move(text), running, std::move(running_prefix), since};
 }
 
 void note_current_rank(int rank) { g_rank.store(rank, std::memory_order_relaxed); }
@@ -207,9 +239,130 @@ bool blameless_exit(int rc) {
          rc == static_cast<int>(ExitCode::kPeerFailed) || rc > 128;
 }
 
+// ---- torchrun's workers on this machine, before the ranks met ----------
+// Until the ranks meet, a worker knows its siblings only from /proc: the
+// processes torchrun's agent started (directly, or through a wrapper that
+// did not exec) with LOCAL_RANK in their environment.
+
+// A non-negative decimal number, whole string; nullopt otherwise.
+std::optional<long> decimal(const char* text) {
+  if (!text || !*text) return std::nullopt;
+  long v = 0;
+  for (const char* c = text; *c; ++c) {
+    if (*c < '0' || *c > '9' || v > 100000000) return std::nullopt;
+    v = v * 10 + (*c - '0');
+  }
+  return v;
+}
+
+// Some variables of a process's environment ("" where not set, or where it
+// cannot be read).
+std::map<std::string, std::string> proc_environ(long pid, const std::vector<std::string>& names) {
+  std::map<std::string, std::string> out;
+  std::ifstream f(fmt::format("/proc/{}/environ", pid), std::ios::binary);
+  std::string entry;
+  while (f && std::getline(f, entry, '\0'))
+    for (const auto& n : names)
+      if (entry.size() > n.size() && entry.compare(0, n.size(), n) == 0 && entry[n.size()] == '=')
+        out[n] = entry.substr(n.size() + 1);
+  return out;
+}
+
+long parent_pid(long pid) {
+  const std::string all = read_proc_stat(pid);
+  const auto close = all.rfind(')');
+  if (close == std::string::npos) return 0;
+  std::istringstream fields(all.substr(close + 1));
+  std::string state;
+  long ppid = 0;
+  fields >> state >> ppid;
+  return ppid;
+}
+
+// torchrun's agent above a worker: the nearest ancestor (within a few
+// wrappers) without LOCAL_RANK in its environment; 0 when none is found.
+long torchrun_agent_of(long pid) {
+  long p = parent_pid(pid);
+  for (int depth = 0; depth < 4 && p > 1; ++depth) {
+    if (proc_environ(p, {"LOCAL_RANK"}).count("LOCAL_RANK") == 0) return p;
+    p = parent_pid(p);
+  }
+  return 0;
+}
+
+// This process's torchrun worker identity, when torchrun (not ddpdiag's own
+// launcher) started it: the agent, its start time, the restart and local
+// rank. nullopt otherwise.
+struct TorchrunWorker {
+  long agent = 0;
+  std::string agent_ticks;
+  std::string restart;
+  int local_rank = -1;
+  int local_world_size = -1;
+  int rank = -1;
+};
+std::optional<TorchrunWorker> this_torchrun_worker() {
+  if (!std::getenv("TORCHELASTIC_RUN_ID") || std::getenv("DDPDIAG_LAUNCHER")) return std::nullopt;
+  const auto num = [](const char* name) {
+    const char* v = std::getenv(name);
+    return static_cast<int>(decimal(v).value_or(-1));
+  };
+  TorchrunWorker w;
+  w.local_rank = num("LOCAL_RANK");
+  w.local_world_size = num("LOCAL_WORLD_SIZE");
+  w.rank = num("RANK");
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  w.restart = restart ? restart : "0";
+  w.agent = torchrun_agent_of(getpid());
+  if (w.agent <= 1 || w.local_rank < 0 || w.local_world_size < 1) return std::nullopt;
+  w.agent_ticks = process_start_ticks(w.agent);
+  return w;
+}
+
+std::string torchrun_mark_path(const TorchrunWorker& w, int local_rank) {
+  return fmt::format("{}/torchrun-{}-{}-{}-{}", ended_mark_dir(), w.agent, w.agent_ticks, w.restart, local_rank);
+}
+
+// The local ranks of this torchrun agent (this restart) whose processes are
+// gone without the mark of a blameless end: the worker(s) that failed.
+std::vector<int> gone_torchrun_siblings(const TorchrunWorker& me) {
+  std::vector<bool> alive(static_cast<std::size_t>(me.local_world_size), false);
+  alive[static_cast<std::size_t>(me.local_rank)] = true;
+  if (DIR* d = ::opendir("/proc")) {
+    while (const dirent* e = ::readdir(d)) {
+      const auto pid = decimal(e->d_name);
+      if (!pid || *pid == getpid() || process_gone(*pid)) continue;
+      const auto env = proc_environ(*pid, {"TORCHELASTIC_RUN_ID", "LOCAL_RANK", "TORCHELASTIC_RESTART_COUNT"});
+      if (!env.count("TORCHELASTIC_RUN_ID") || !env.count("LOCAL_RANK")) continue;
+      const auto restart = env.count("TORCHELASTIC_RESTART_COUNT") ? env.at("TORCHELASTIC_RESTART_COUNT") : "0";
+      const auto lr = decimal(env.at("LOCAL_RANK").c_str());
+      if (restart != me.restart || !lr || *lr < 0 || *lr >= me.local_world_size) continue;
+      if (torchrun_agent_of(*pid) != me.agent) continue;
+      alive[static_cast<std::size_t>(*lr)] = true;
+    }
+    ::closedir(d);
+  }
+  std::vector<int> gone;
+  for (int lr = 0; lr < me.local_world_size; ++lr) {
+    struct stat st {};
+    if (!alive[static_cast<std::size_t>(lr)] && ::stat(torchrun_mark_path(me, lr).c_str(), &st) != 0)
+      gone.push_back(lr);
+  }
+  return gone;
+}
+
+void touch_mark(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd >= 0) ::close(fd);
+}
+
 // Only where a peer on this machine could look for it. Best effort.
 void leave_ended_mark(int rc) {
   if (!blameless_exit(rc)) return;
+  if (const auto w = this_torchrun_worker()) {
+    const std::string dir = ended_mark_dir();
+    if (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST) touch_mark(torchrun_mark_path(*w, w->local_rank));
+  }
   {
     std::unique_lock<std::mutex> lock(g_local_peers_mutex, std::try_to_lock);
     if (!lock.owns_lock() || g_local_peers.empty()) return;
@@ -218,9 +371,7 @@ void leave_ended_mark(int rc) {
   if (ticks == "0") return;
   const std::string dir = ended_mark_dir();
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return;
-  const int fd = ::open(ended_mark_path(getpid(), ticks).c_str(),
-                        O_CREAT | O_WRONLY | O_CLOEXEC | O_NOFOLLOW, 0600);
-  if (fd >= 0) ::close(fd);
+  touch_mark(ended_mark_path(getpid(), ticks));
   if (DIR* d = ::opendir(dir.c_str())) {
     const auto old = std::chrono::system_clock::now() - std::chrono::hours(1);
     while (const dirent* e = ::readdir(d)) {
@@ -383,12 +534,31 @@ void write_report_on_interrupt() {
         // note when it stops a rank for another's failure: without a note,
         // the signal came from outside, to every rank at once.)
         peer_text = gone_local_peer(&peer);
+        // Before the ranks met, no peer is known by its registration: the
+        // agent's other workers are looked up in /proc.
+        if (peer_text.empty())
+          if (const auto w = this_torchrun_worker()) {
+            const std::vector<int> gone = gone_torchrun_siblings(*w);
+            const auto rank_of = [&](int lr) { return w->rank >= 0 ? w->rank - w->local_rank + lr : -1; };
+            if (gone.size() == 1) {
+              peer = rank_of(gone[0]);
+              peer_text = peer >= 0 ? fmt::format("rank {} (local rank {} on this machine) had ended", peer, gone[0])
+                                    : fmt::format("local rank {} on this machine had ended", gone[0]);
+            } else if (!gone.empty()) {
+              std::vector<std::string> names;
+              for (int lr : gone)
+                names.push_back(rank_of(lr) >= 0 ? fmt::format("rank {} (local rank {})", rank_of(lr), lr)
+                                                 : fmt::format("local rank {}", lr));
+              peer_text = fmt::format("{} on this machine had ended", fmt::join(names, ", "));
+            }
+          }
         if (!peer_text.empty())
           message = fmt::format("torchrun stopped this rank with SIGTERM, as it ends every worker "
                                 "once one has failed: {}",
                                 peer_text);
       }
     }
+    print_stop_text();
     if (!message.empty()) {
       const std::string written = write_armed_report(
           {"peer", message, "launcher", -1, peer,

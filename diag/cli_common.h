@@ -4,6 +4,7 @@
 // codes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -200,6 +201,13 @@ void record_known_world(const Job& job, const CommonOptions& o, reports::Report&
 // stands now (a copy): rank 0's to --json, another rank's beside it.
 void arm_report(const reports::Report& report, const CommonOptions& o);
 void disarm_report();
+// What a SIGINT/SIGTERM prints on stdout before it ends a run that has not
+// finished (init-check: the timeline so far). `text` is printed as it is;
+// with `running` set, one more line follows: running_prefix, then how long
+// ago `since` was ("running for 12.3 s when stopped"), for the step the run
+// was in. An empty text prints nothing.
+void arm_stop_text(std::string text, bool running = false, std::string running_prefix = {},
+                   std::chrono::steady_clock::time_point since = {});
 // The window in which a command writes its final report itself (the armed
 // one is disarmed): a SIGINT/SIGTERM that comes meanwhile waits for the
 // write, so no report is lost or left half-written, and once written(rc) is

@@ -211,17 +211,32 @@ std::string describe_env(const World& w) {
   return s;
 }
 
-// rank < 0: the environment was rejected, so the rank is unknown ("?").
-void print_timeline(FILE* to, int rank, const std::string& host, const nlohmann::json& phases) {
+std::string timeline_header() {
+  return fmt::format("# {:>4} {:<12} {:<16} {:>9} {:>10}  {:<4}  {}\n", "rank", "host", "phase", "start(s)", "dur(ms)",
+                     "stat", "detail");
+}
+
+// The table's lines for one rank's phases; rank < 0: the environment was
+// rejected, so the rank is unknown ("?"). ran_only: leave out the phases not
+// reached yet (skipped, with no reason given).
+std::string timeline_lines(int rank, const std::string& host, const nlohmann::json& phases,
+                           bool ran_only = false) {
   const std::string who = rank >= 0 ? std::to_string(rank) : std::string("?");
+  std::string out;
   for (const auto& p : phases) {
     std::string detail = p.value("detail", std::string());
-    if (detail.size() > 110) detail = detail.substr(0, 107) + "...";
     const std::string status = p.value("status", std::string());
-    std::fprintf(to, "  %4s %-12s %-16s %9.3f %10.1f  %-4s  %s\n", who.c_str(), host.c_str(),
-                 p.value("name", std::string()).c_str(), p.value("start_s", 0.0),
-                 p.value("duration_ms", 0.0), status.c_str(), detail.c_str());
+    if (ran_only && status == "skip" && detail.empty()) continue;
+    if (detail.size() > 110) detail = detail.substr(0, 107) + "...";
+    out += fmt::format("  {:>4} {:<12} {:<16} {:>9.3f} {:>10.1f}  {:<4}  {}\n", who, host,
+                       p.value("name", std::string()), p.value("start_s", 0.0), p.value("duration_ms", 0.0),
+                       status, detail);
   }
+  return out;
+}
+
+void print_timeline(FILE* to, int rank, const std::string& host, const nlohmann::json& phases) {
+  std::fputs(timeline_lines(rank, host, phases).c_str(), to);
 }
 
 int run_init_check(const InitCheckOptions& io) {
@@ -249,8 +264,28 @@ int run_init_check(const InitCheckOptions& io) {
 
   // After each phase the report a signal would write (torchrun stops a
   // worker with SIGTERM on every restart) holds the timeline so far.
+  // What a signal prints on stdout (torchrun stops every worker once one
+  // has failed; a scheduler ends a job at its time limit): this rank's
+  // timeline so far and, when it came during a phase, which one, and for
+  // how long it had run; the phase a hang is in is the question init-check
+  // is run to answer.
+  const auto arm_timeline_text = [&](const std::string& running, Clock::time_point since) {
+    if (!job.world_known) return;
+    const std::string who = host.empty() ? std::string("-") : host;
+    std::string text = fmt::format("# init-check timeline of rank {} ({}), stopped before it finished:\n",
+                                   job.world.rank, who);
+    text += timeline_header();
+    text += timeline_lines(job.world.rank, who, tl.to_json(), true);
+    arm_stop_text(std::move(text), !running.empty(),
+                  running.empty() ? std::string()
+                                  : fmt::format("  {:>4} {:<12} {:<16} {:>9.3f} {:>10}  {:<4}  ", job.world.rank,
+                                                who, running,
+                                                std::chrono::duration<double>(since - t0).count(), "-", "run"),
+                  since);
+  };
   const auto rearm = [&] {
     if (!job.world_known) return;
+    arm_timeline_text({}, {});
     note_current_rank(job.world.rank);
     reports::Report now = report;
     record_known_world(job, o, now);
@@ -261,6 +296,7 @@ int run_init_check(const InitCheckOptions& io) {
     arm_report(now, o);
   };
   auto phase = [&](const std::string& name, auto&& f) {
+    arm_timeline_text(name, Clock::now());
     tl.run(name, f);
     rearm();
   };
@@ -750,8 +786,7 @@ int run_init_check(const InitCheckOptions& io) {
       std::printf("# ddpdiag init-check: the environment was rejected, so this process's rank and "
                   "the world size are unknown; timeout %.0f s per phase\n",
                   o.timeout_s);
-    std::printf("# %4s %-12s %-16s %9s %10s  %-4s  %s\n", "rank", "host", "phase", "start(s)",
-                "dur(ms)", "stat", "detail");
+    std::fputs(timeline_header().c_str(), stdout);
     for (int r = 0; r < n; ++r) {
       if (!all[r].is_object()) {
         const nlohmann::json h = host_of(r);

@@ -278,6 +278,32 @@ class RealTorchrun(unittest.TestCase):
             self.assertEqual((err["rank"], err["phase"]), (1, "backend_init"), err)
             self.assertIn("nosuch0", err["message"])
 
+    def test_a_worker_that_died_before_the_ranks_met_is_named(self):
+        # Rank 1 ends (exit 1) before it ever reaches the store; torchrun
+        # then stops rank 0, waiting for it in wait_for_ranks, with SIGTERM.
+        # Rank 0 names rank 1 from /proc (no registration to go by), and
+        # prints its timeline so far with the phase it was stopped in.
+        d, wrap = wrapper_script("ddpdiag-early-",
+                                 'if [ "$LOCAL_RANK" = 1 ]; then sleep 2; exit 1; fi')
+        path = os.path.join(d, "r.json")
+        cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                                     "--nproc-per-node", "2", "--no-python", wrap, BIN,
+                                     "init-check", "--timeout", "60", "--json", path]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
+        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+        rep = load(path)
+        import shutil
+        shutil.rmtree(d, ignore_errors=True)
+        err = rep["error"]
+        self.assertEqual((err["rank"], err["kind"], err["peer"], err["exit_code"]), (0, "peer", 1, 5),
+                         err)
+        self.assertIn("rank 1 (local rank 1 on this machine) had ended", err["message"])
+        self.assertIn("# init-check timeline of rank 0 ", p.stdout, p.stderr[-2000:])
+        self.assertRegex(p.stdout, r"\n +0 +\S+ +register +[0-9.]+ +[0-9.]+ +ok ")
+        self.assertRegex(p.stdout, r"\n +0 +\S+ +wait_for_ranks +[0-9.]+ +- +run +running for "
+                                   r"[0-9.]+ s when stopped")
+        self.assertNotIn("backend_init", p.stdout)
+
     def two_nodes_with_a_restart(self, rdzv):
         """Two torchrun agents (two "nodes" on this machine), one worker
         each; node 1's worker fails at once in its first attempt, so node 1
