@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <fmt/core.h>
@@ -93,19 +94,29 @@ std::vector<BisectGroup> plan_bisect(const std::vector<std::string>& host_of_ran
 BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
                            const std::vector<std::string>& host_of_rank, double slow_factor,
                            double min_slow_us, bool world_passed) {
-  std::map<std::size_t, double> fastest;  // by group size
-  for (const auto& o : outcomes)
-    if (o.ran && o.error.empty() && o.time_us > 0) {
-      auto [it, fresh] = fastest.emplace(o.group.ranks.size(), o.time_us);
-      if (!fresh) it->second = std::min(it->second, o.time_us);
-    }
+  // A group is judged against the groups of its own sort (on one host, or
+  // across hosts: a loopback or shared-memory link is not a slow network)
+  // of its size or larger: a larger group does at least as much work per
+  // all_reduce, so being far slower than one is slow. Larger groups count
+  // too because with unequal ranks per host a host's groups may have no
+  // other group of their size to be judged against (hosts of 2, 2 and 1
+  // ranks: the pairs with the third host hold 3 ranks, the other pair 4).
+  const auto spans_hosts = [&](const BisectGroup& g) {
+    for (int r : g.ranks)
+      if (r < 0 || static_cast<std::size_t>(r) >= host_of_rank.size() ||
+          host_of_rank[static_cast<std::size_t>(r)] != host_of_rank[static_cast<std::size_t>(g.ranks.front())])
+        return true;
+    return false;
+  };
   for (auto& o : outcomes) {
     o.slow = false;
-    if (!o.ran || !o.error.empty()) continue;
-    auto it = fastest.find(o.group.ranks.size());
-    if (it != fastest.end() && o.time_us > slow_factor * it->second &&
-        o.time_us > it->second + min_slow_us)
-      o.slow = true;
+    if (!o.ran || !o.error.empty() || o.group.ranks.empty()) continue;
+    std::optional<double> reference;
+    for (const auto& other : outcomes)
+      if (other.ran && other.error.empty() && other.time_us > 0 &&
+          other.group.ranks.size() >= o.group.ranks.size() && spans_hosts(other.group) == spans_hosts(o.group))
+        reference = std::min(reference.value_or(other.time_us), other.time_us);
+    if (reference && o.time_us > slow_factor * *reference && o.time_us > *reference + min_slow_us) o.slow = true;
   }
   // Slowness shows in every group a slow rank or link is part of. A group
   // judged slow whose ranks all sit together in a larger group that ran

@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -373,6 +374,39 @@ TEST_CASE("bisect judge: a broken rank, a slow rank, nobody", "[bisect]") {
       o.time_us += 5000;
   v = judge_bisect(alone, hosts);
   CHECK(v.suspect_ranks == std::vector<int>{2});
+}
+
+TEST_CASE("bisect judge: a slow host with fewer ranks than the others", "[bisect]") {
+  using namespace cli;
+  // Hosts of 2, 2 and 1 ranks; host c's link is slow. No other group has
+  // the size of c's pairs (3 ranks), so they are judged against the pair of
+  // a and b (4 ranks), which is fast.
+  std::vector<std::string> hosts = {"a", "a", "b", "b", "c"};
+  auto groups = plan_bisect(hosts);
+  std::vector<GroupOutcome> out;
+  for (const auto& g : groups) {
+    GroupOutcome o;
+    o.group = g;
+    o.ran = true;
+    std::set<std::string> on;
+    for (int r : g.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
+    // Loopback inside a host: fast; across hosts: 2 ms, 20 ms with c.
+    o.time_us = on.size() == 1 ? 150.0 : (on.count("c") ? 20000.0 : 2000.0);
+    out.push_back(o);
+  }
+  auto v = judge_bisect(out, hosts);
+  CHECK(v.suspect_hosts == std::vector<std::string>{"c"});
+  CHECK(v.suspect_ranks == std::vector<int>{4});
+  // Groups on one host are not judged against groups across hosts: a
+  // healthy network, slower than loopback, flags nothing.
+  for (auto& o : out) {
+    std::set<std::string> on;
+    for (int r : o.group.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
+    if (on.size() > 1) o.time_us = 2000.0 + 100.0 * static_cast<double>(o.group.ranks.size());
+  }
+  v = judge_bisect(out, hosts);
+  CHECK(v.suspect_ranks.empty());
+  for (const auto& o : out) CHECK_FALSE(o.slow);
 }
 
 // ---------------------------------------------------------------------------
