@@ -359,19 +359,23 @@ void touch_mark(const std::string& path) {
 // Only where a peer on this machine could look for it. Best effort.
 void leave_ended_mark(int rc) {
   if (!blameless_exit(rc)) return;
-  if (const auto w = this_torchrun_worker()) {
-    const std::string dir = ended_mark_dir();
-    if (::mkdir(dir.c_str(), 0700) == 0 || errno == EEXIST) touch_mark(torchrun_mark_path(*w, w->local_rank));
-  }
+  std::vector<std::string> marks;
+  // Under torchrun, for the agent's other workers (before the ranks met
+  // they know this one only as a local rank).
+  if (const auto w = this_torchrun_worker(); w && w->local_world_size > 1)
+    marks.push_back(torchrun_mark_path(*w, w->local_rank));
+  bool peers = false;
   {
     std::unique_lock<std::mutex> lock(g_local_peers_mutex, std::try_to_lock);
-    if (!lock.owns_lock() || g_local_peers.empty()) return;
+    peers = lock.owns_lock() && !g_local_peers.empty();
   }
-  const std::string ticks = process_start_ticks(getpid());
-  if (ticks == "0") return;
+  if (peers)
+    if (const std::string ticks = process_start_ticks(getpid()); ticks != "0")
+      marks.push_back(ended_mark_path(getpid(), ticks));
+  if (marks.empty()) return;
   const std::string dir = ended_mark_dir();
   if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return;
-  touch_mark(ended_mark_path(getpid(), ticks));
+  for (const auto& m : marks) touch_mark(m);
   if (DIR* d = ::opendir(dir.c_str())) {
     const auto old = std::chrono::system_clock::now() - std::chrono::hours(1);
     while (const dirent* e = ::readdir(d)) {
