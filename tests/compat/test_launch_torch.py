@@ -249,23 +249,32 @@ class RealTorchrun(unittest.TestCase):
         self.assertEqual(rep["error"]["exit_code"], 5)
         self.assertNotEqual(rep["error"]["kind"], "interrupted")
 
+    def failing_init_check(self, prefix, line, timeout_s):
+        """init-check under torchrun, two workers, each started through a
+        wrapper that runs `line` first; the run must fail. Returns the
+        completed process and rank 0's report."""
+        import shutil
+        d, wrap = wrapper_script(prefix, line)
+        try:
+            path = os.path.join(d, "r.json")
+            cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port",
+                                         str(free_port()), "--nproc-per-node", "2", "--no-python",
+                                         wrap, BIN, "init-check", "--timeout", str(timeout_s),
+                                         "--json", path]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
+            self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
+            return p, load(path)
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+
     def test_a_worker_failing_in_backend_init_is_named_by_the_other(self):
         # Rank 1 cannot start Gloo (an interface that does not exist) and
         # exits; torchrun then stops rank 0, which was starting its own
         # backend, with SIGTERM. Rank 0's report names rank 1 (kind peer,
         # exit 5), not "interrupted" (the ranks on this machine are known
         # from the moment the ranks met).
-        d, wrap = wrapper_script("ddpdiag-badif-",
-                                 'if [ "$LOCAL_RANK" = 1 ]; then export GLOO_SOCKET_IFNAME=nosuch0; fi')
-        path = os.path.join(d, "r.json")
-        cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                                     "--nproc-per-node", "2", "--no-python", wrap, BIN,
-                                     "init-check", "--timeout", "20", "--json", path]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
-        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
-        rep = load(path)
-        import shutil
-        shutil.rmtree(d, ignore_errors=True)
+        _, rep = self.failing_init_check(
+            "ddpdiag-badif-", 'if [ "$LOCAL_RANK" = 1 ]; then export GLOO_SOCKET_IFNAME=nosuch0; fi', 20)
         err = rep["error"]
         self.assertNotEqual(err["kind"], "interrupted", err)
         if err["rank"] == 0:
@@ -283,17 +292,8 @@ class RealTorchrun(unittest.TestCase):
         # then stops rank 0, waiting for it in wait_for_ranks, with SIGTERM.
         # Rank 0 names rank 1 from /proc (no registration to go by), and
         # prints its timeline so far with the phase it was stopped in.
-        d, wrap = wrapper_script("ddpdiag-early-",
-                                 'if [ "$LOCAL_RANK" = 1 ]; then sleep 2; exit 1; fi')
-        path = os.path.join(d, "r.json")
-        cmd = self.torchrun_cmd() + ["--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                                     "--nproc-per-node", "2", "--no-python", wrap, BIN,
-                                     "init-check", "--timeout", "60", "--json", path]
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=clean_env())
-        self.assertNotEqual(p.returncode, 0, p.stdout + p.stderr)
-        rep = load(path)
-        import shutil
-        shutil.rmtree(d, ignore_errors=True)
+        p, rep = self.failing_init_check(
+            "ddpdiag-early-", 'if [ "$LOCAL_RANK" = 1 ]; then sleep 2; exit 1; fi', 60)
         err = rep["error"]
         self.assertEqual((err["rank"], err["kind"], err["peer"], err["exit_code"]), (0, "peer", 1, 5),
                          err)
