@@ -161,7 +161,8 @@ json cap_json(const CapRow& r) {
           {"algbw_gbps", r.algbw_gbps},
           {"busbw_gbps", r.busbw_gbps},
           {"exposed_comm_time_us", r.exposed_us},
-          {"spread_us", r.exposed_spread_us},
+          {"exposed_comm_time_us_spread", r.exposed_spread_us},
+          {"spread_us", r.exposed_spread_us},  // the same, by its older name
           {"step_time_us", r.step_us},
           {"backward_time_us", r.backward_us},
           {"wrong", r.wrong}};

@@ -93,6 +93,11 @@ void write_output(const std::string& flag, const std::string& path, const std::s
   check_output_path(flag, path);
   try {
     reports::write_file_atomic(path, text);
+  } catch (const reports::WriteError& e) {
+    const int err = e.error_number();
+    throw UsageError(e.what(), {"report", -1, -1,
+                                err == ENOSPC || err == EFBIG ? "free some space (or raise the file size limit)"
+                                                              : "check that the directory exists and is writable"});
   } catch (const std::exception& e) {
     throw UsageError(e.what(), {"report", -1, -1, "check that the directory exists and is writable"});
   }
@@ -103,6 +108,26 @@ std::string string_field(const nlohmann::json& doc, const char* key, const std::
   if (!doc.is_object()) return fallback;
   auto it = doc.find(key);
   return it != doc.end() && it->is_string() ? it->get<std::string>() : fallback;
+}
+
+// Refuses (exit 2) a document that is not a report of this schema: another
+// JSON file, or a report of another schema version, which `verb` would
+// otherwise read as an empty report.
+void require_report(const nlohmann::json& doc, const std::string& path, const std::string& verb) {
+  if (doc.is_object() && string_field(doc, "schema") == reports::kSchema) return;
+  const std::string schema = string_field(doc, "schema");
+  throw UsageError(
+      fmt::format("{} is not a {} report: {}", path, reports::kSchema,
+                  !doc.is_object()            ? "it is not a JSON object"
+                  : !doc.contains("schema")   ? "it has no \"schema\" field"
+                  : !doc["schema"].is_string() ? fmt::format("its \"schema\" is {}, not a string", doc["schema"].type_name())
+                                               : fmt::format("its \"schema\" is \"{}\"", schema)),
+      {"report", -1, -1,
+       schema.rfind("ddpdiag.report/", 0) == 0
+           ? fmt::format("it was written by another version of ddpdiag (schema {}); {} it with that version, "
+                         "or rerun the command with this one",
+                         schema, verb)
+           : verb + " reports written by ddpdiag --json"});
 }
 
 int run_validate(const ReportOptions& o) {
@@ -169,16 +194,7 @@ int run_compare(const ReportOptions& o) {
   for (std::size_t i = 0; i < bases.size(); ++i) inputs.push_back({&bases[i], &base_paths[i]});
   inputs.push_back({&now, &new_path});
   for (const auto& [doc, path] : inputs) {
-    if (!doc->is_object() || string_field(*doc, "schema") != reports::kSchema)
-      throw UsageError(fmt::format("{} is not a {} report: {}", *path, reports::kSchema,
-                                   !doc->is_object()            ? "it is not a JSON object"
-                                   : !doc->contains("schema")   ? "it has no \"schema\" field"
-                                   : !(*doc)["schema"].is_string()
-                                       ? fmt::format("its \"schema\" is {}, not a string",
-                                                     (*doc)["schema"].type_name())
-                                       : fmt::format("its \"schema\" is \"{}\"",
-                                                     (*doc)["schema"].get<std::string>())),
-                       {"report", -1, -1, "compare reports written by ddpdiag --json"});
+    require_report(*doc, *path, "compare");
     // A gate must never pass on a report it cannot trust (a verdict it does
     // not know, a deleted world): the same schema check as report validate.
     const auto errors = reports::validate_report(*doc);
@@ -256,8 +272,13 @@ int run_compare(const ReportOptions& o) {
 
 int run_render(const ReportOptions& o) {
   // The same file under two spellings (./r.md, a link) counts too.
+  if (o.html_out == "-" && o.markdown_out == "-")
+    throw UsageError("--html - and --markdown - both name standard output: the page and the Markdown would "
+                     "run into each other",
+                     {"report", -1, -1, "send one of them to a file, e.g. --html report.html --markdown -"});
+  // (A device, such as /dev/null, may take both.)
   if (!o.html_out.empty() && !o.markdown_out.empty() && o.html_out != "-" && o.markdown_out != "-" &&
-      (o.html_out == o.markdown_out || reports::same_file(o.html_out, o.markdown_out)))
+      reports::same_file(o.html_out, o.markdown_out))
     throw UsageError(fmt::format("--html and --markdown both name {}: the second would replace "
                                  "the first",
                                  o.html_out == o.markdown_out
@@ -274,7 +295,7 @@ int run_render(const ReportOptions& o) {
   check_output_path("--html", o.html_out);
   check_output_path("--markdown", o.markdown_out);
   const auto doc = load(o.render_file);
-  if (!doc.is_object()) throw UsageError(o.render_file + " is not a report object", {"report", -1, -1, ""});
+  require_report(doc, o.render_file, "render");
   for (const auto& e : reports::validate_report(doc))
     std::fprintf(stderr, "ddpdiag report render: warning: %s: %s\n", o.render_file.c_str(), e.to_string().c_str());
   if (!o.html_out.empty()) write_output("--html", o.html_out, reports::render_html(doc));

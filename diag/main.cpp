@@ -218,6 +218,10 @@ int main(int argc, char** argv) {
   // ignores SIGPIPE for torch.distributed). Ranks the launcher starts inherit
   // this across exec.
   std::signal(SIGPIPE, SIG_IGN);
+  // Likewise a file-size limit (ulimit -f): a write past it fails with
+  // EFBIG, and the report writers take back what they wrote and exit 2
+  // naming the limit, instead of the process dying half-way through a file.
+  std::signal(SIGXFSZ, SIG_IGN);
   std::set_terminate(on_terminate);
   CLI::App app{"ddpdiag: diagnostics for data-parallel training (NCCL and Gloo)"};
   app.require_subcommand(1);

@@ -89,10 +89,11 @@ std::string markdown_text(const std::string& s) {
       case '<': out += "&lt;"; break;
       case '>': out += "&gt;"; break;
       case '`': out += "\\`"; break;
-      // Links and images ([t](u), ![a](u)), emphasis.
+      // Links and images ([t](u), ![a](u)), emphasis, strikethrough (~~s~~).
       case '[':
       case ']':
       case '!':
+      case '~':
       case '*': out += '\\'; out += c; break;
       // _ inside a word (busbw_gbps) opens no emphasis and stays as it is.
       case '_':

@@ -82,7 +82,7 @@ std::string render_markdown(const json& report) {
                        table_md(ranks));
   auto env = view::environment_table(report);
   if (!env.rows.empty())
-    out += fmt::format("<details><summary>Environment ({} variables)</summary>\n\n{}\n</details>\n", env.rows.size(),
+    out += fmt::format("<details><summary>Environment ({} variables)</summary>\n\n{}\n</details>\n\n", env.rows.size(),
                        table_md(env));
   return out;
 }

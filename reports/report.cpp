@@ -276,15 +276,20 @@ bool is_read_only_file(const std::string& path) {
 }
 
 void append_file(const std::string& path, const std::string& content) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  // Read access only to see the last byte (a file that may be written but
+  // not read is appended to as it is).
+  int fd = ::open(path.c_str(), O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0 && errno == EACCES) fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   struct stat st {};
   if (fd < 0 || ::fstat(fd, &st) != 0) {
     const int err = errno;
     if (fd >= 0) ::close(fd);
     throw WriteError(fmt::format("cannot append to {}: {}", path, std::strerror(err)), err);
   }
+  char last = '\n';
+  if (S_ISREG(st.st_mode) && st.st_size > 0 && ::pread(fd, &last, 1, st.st_size - 1) != 1) last = '\n';
   try {
-    write_all(fd, content, path, "appending");
+    write_all(fd, last == '\n' ? content : "\n" + content, path, "appending");
   } catch (const WriteError& e) {
     if (S_ISREG(st.st_mode)) (void)!::ftruncate(fd, st.st_size);
     ::close(fd);

@@ -129,7 +129,9 @@ std::optional<std::string> output_path_problem(const std::string& path);
 bool is_read_only_file(const std::string& path);
 // Appends content to path (created if missing). A write that fails part-way
 // (a full disk, a file size limit) is taken back, so the file keeps what it
-// had. Throws WriteError ("cannot append to PATH: ...").
+// had. Where the file does not end in a newline, one goes first, so that
+// what is appended starts on a line of its own. Throws WriteError ("cannot
+// append to PATH: ...").
 void append_file(const std::string& path, const std::string& content);
 // Whether two paths name the same regular file (links followed; for files
 // that do not exist yet, the same normalised path). A device is never "the

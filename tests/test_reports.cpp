@@ -719,6 +719,38 @@ const FigureChange* find_figure(const Comparison& c, const std::string& row_part
 
 }  // namespace
 
+TEST_CASE("compare: bucket-sweep's exposed-time spread excuses the exposed time only", "[reports][compare]") {
+  // spread_us 30 us is the exposed time's rank spread; the step time has
+  // none measured. A 28% slower step (5000 -> 6400 us) regresses.
+  const auto base = bucket_sweep_report(1000, 10, 10.0, 5000);
+  auto now = bucket_sweep_report(1000, 10, 10.0, 6400);
+  for (auto& row : now["results"]["caps"]) row["exposed_comm_time_us"] = 3025.0;  // inside its spread
+  auto c = compare_reports(base, now);
+  const auto* step = find_figure(c, "bucket_cap_mb=5", "step_time_us");
+  const auto* exposed = find_figure(c, "bucket_cap_mb=5", "exposed_comm_time_us");
+  REQUIRE(step);
+  REQUIRE(exposed);
+  CHECK(step->kind == ChangeKind::kRegressed);
+  CHECK(step->noise == 0);
+  CHECK(exposed->noise == Approx(30.0 / 3000.0));
+  CHECK(c.regressed());
+  // The tolerance is printed as given, not rounded to a tenth.
+  CompareOptions tight;
+  tight.max_regression = 0.0004;
+  const auto t = compare_reports(base, base, tight);
+  CHECK(render_comparison_text(t).find("worse by more than 0.04%") != std::string::npos);
+  CHECK(render_comparison_markdown(t).find("tolerance: 0.04%") != std::string::npos);
+  // Markdown that ends in an HTML block ends with a blank line, so that
+  // whatever is appended after it (another comparison in the same step
+  // summary) is read as Markdown again.
+  const std::string md = render_comparison_markdown(t);
+  CHECK(md.find("</details>") != std::string::npos);
+  CHECK(md.size() >= 2);
+  CHECK(md.substr(md.size() - 2) == "\n\n");
+  const std::string page = render_markdown(base);
+  CHECK(page.substr(page.size() - 2) == "\n\n");
+}
+
 TEST_CASE("compare: a rate gets the relative spread of the time it derives from", "[reports][compare]") {
   // comm_time_us 1000 +- 300 us in BASE; NEW is 25% slower and its bus
   // bandwidth 20% lower: both are inside the 30% band.
@@ -1405,6 +1437,7 @@ TEST_CASE("render: Markdown link and image and emphasis syntax from a report sta
   CHECK(markdown_text("busbw_gbps src \\ dst") == "busbw_gbps src \\ dst");
   CHECK(markdown_text("_x_ a*b") == "\\_x\\_ a\\*b");
   CHECK(markdown_text("end\\") == "end\\\\");
+  CHECK(markdown_text("~~s~~") == "\\~\\~s\\~\\~");
   // The compare summary too.
   auto c = compare_reports(j, j);
   c.base_label = "![i](https://example.invalid/t.png)";

@@ -840,6 +840,49 @@ class ReportCommand(unittest.TestCase):
         with open(summary) as f:
             self.assertEqual(f.read(), "earlier step\n")
 
+    def test_a_file_size_limit_is_an_error_not_a_signal(self):
+        # With SIGXFSZ at its default (death), as most shells leave it: the
+        # write past ulimit -f fails, the command exits 2 naming the limit,
+        # and nothing half-written stays behind.
+        def small_files():
+            # 100 bytes past what the summary holds: less than either page.
+            limit = len("earlier step\n") + 100
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        summary = self.path("limited-summary.md")
+        with open(summary, "w") as f:
+            f.write("earlier step\n")
+        for args, env in ((["report", "compare", self.base, self.base, "--markdown", summary],
+                           clean_env(GITHUB_STEP_SUMMARY=summary)),
+                          (["report", "render", self.base, "--markdown", self.path("limited.md")],
+                           clean_env())):
+            with self.subTest(args=args[:2]):
+                r = subprocess.run([BIN] + args, env=env, capture_output=True, text=True, timeout=60,
+                                   preexec_fn=small_files)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("File too large", r.stderr)
+                self.assertIn("file size limit", r.stderr)
+        with open(summary) as f:
+            self.assertEqual(f.read(), "earlier step\n")
+        self.assertFalse(os.path.exists(self.path("limited.md")))
+        self.assertEqual([n for n in os.listdir(os.path.dirname(summary)) if n.endswith(".tmp")], [])
+
+    def test_step_summary_appends_start_on_a_line_of_their_own(self):
+        summary = self.path("open-summary.md")
+        with open(summary, "w") as f:
+            f.write("earlier step, no newline")
+        for _ in range(2):
+            r = run(["report", "compare", self.base, self.base, "--markdown", summary],
+                    env=clean_env(GITHUB_STEP_SUMMARY=summary))
+            self.assertEqual(r.returncode, 0, r.stderr)
+        with open(summary) as f:
+            text = f.read()
+        self.assertTrue(text.startswith("earlier step, no newline\n## ddpdiag report compare"), text[:200])
+        # The second comparison's heading follows a blank line, not the
+        # first one's closing HTML block.
+        self.assertEqual(text.count("\n## ddpdiag report compare"), 2)
+        second = text.index("## ddpdiag report compare", 30)
+        self.assertEqual(text[second - 2:second], "\n\n")
+
     def test_render_refuses_one_file_for_both_pages_under_two_spellings(self):
         page = self.path("page.md")
         with open(page, "w") as f:
