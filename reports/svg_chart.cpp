@@ -273,11 +273,15 @@ std::string heat_map(const HeatMap& h) {
         lo = std::min(lo, *v);
         hi = std::max(hi, *v);
       }
-  if (!std::isfinite(lo)) lo = 0, hi = 1;
+  const bool measured = std::isfinite(lo);
+  if (!measured) lo = 0, hi = 1;
+  // Every pair the same (one pair: two ranks): one colour, and a legend of
+  // that one value rather than a range nothing was measured in.
+  const bool flat = measured && hi <= lo;
   if (hi <= lo) hi = lo + 1;
   // Light to dark blue: more bandwidth is darker.
   auto colour = [&](double v) {
-    double t = std::clamp((v - lo) / (hi - lo), 0.0, 1.0);
+    double t = flat ? 1.0 : std::clamp((v - lo) / (hi - lo), 0.0, 1.0);
     int r = static_cast<int>(std::lround(239 + (8 - 239) * t));
     int g = static_cast<int>(std::lround(243 + (69 - 243) * t));
     int b = static_cast<int>(std::lround(255 + (148 - 255) * t));
@@ -324,12 +328,19 @@ std::string heat_map(const HeatMap& h) {
   }
   // Legend: the colour scale and what the red outline means.
   double ly = top + grid + 24;
-  for (int k = 0; k < 10; ++k)
-    out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"12\" fill=\"{}\"/>", num(left + 18.0 * k),
-                       num(ly), colour(lo + (hi - lo) * k / 9.0).first);
-  out += fmt::format("<text x=\"{}\" y=\"{}\">{}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
-                     num(left), num(ly + 28), esc(format_figure(lo, 3)), num(left + 180), num(ly + 28),
-                     esc(format_figure(hi, 3)));
+  if (flat) {
+    out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"12\" fill=\"{}\"/>", num(left), num(ly),
+                       colour(lo).first);
+    out += fmt::format("<text x=\"{}\" y=\"{}\">every pair {}</text>", num(left), num(ly + 28),
+                       esc(format_figure(lo, 3)));
+  } else {
+    for (int k = 0; k < 10; ++k)
+      out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"18\" height=\"12\" fill=\"{}\"/>", num(left + 18.0 * k),
+                         num(ly), colour(lo + (hi - lo) * k / 9.0).first);
+    out += fmt::format("<text x=\"{}\" y=\"{}\">{}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
+                       num(left), num(ly + 28), esc(format_figure(lo, 3)), num(left + 180), num(ly + 28),
+                       esc(format_figure(hi, 3)));
+  }
   out += fmt::format("<text x=\"{}\" y=\"{}\">{}</text>", num(left + 190), num(ly + 11), esc(h.value_label));
   if (!h.highlighted.empty())
     out += fmt::format(

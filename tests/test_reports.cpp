@@ -1068,6 +1068,12 @@ TEST_CASE("html: charts for bucket-sweep, link-health, memory and init-check res
   CHECK(links.find("Link health: bandwidth between ranks") != std::string::npos);
   CHECK(links.find("slow pair") != std::string::npos);
   CHECK(links.find("stroke=\"#d00000\"") != std::string::npos);
+  CHECK(links.find("every pair") == std::string::npos);
+  // Every pair the same (two ranks): the legend names that one value, not a
+  // range that was never measured.
+  auto even = report("link-health", {{"ranks", 2}, {"busbw_gbps", {{nullptr, 1.02}, {1.02, nullptr}}}, {"slow_pairs", json::array()}});
+  CHECK(even.find("every pair 1.02") != std::string::npos);
+  CHECK(even.find(">2.02<") == std::string::npos);
 
   auto mem = report("memory", {{"ranks", {{{"rank", 0}, {"categories", {{"buffers", 1 << 20}, {"workspace", 1 << 21}}}},
                                           {{"rank", 1}, {"categories", {{"buffers", 1 << 20}}}}}}});
