@@ -627,7 +627,15 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
       fc.change = scale > 0 ? d / scale : (d == 0 ? 0.0 : (d > 0 ? INFINITY : -INFINITY));
       // The baseline's spread only: a wide spread in NEW (one rank slower
       // than the others) is part of what is judged, not an excuse.
-      const double band = bf.noise;
+      double band = bf.noise;
+      // From a baseline time of 0 (communication hidden entirely) every
+      // change is infinitely many percent and no tolerance applies: a time
+      // grows out of 0 only by more than one of its units (1 us; 1 ms for
+      // a phase's duration).
+      const auto ends_with = [&](const char* unit) {
+        return bf.name.size() > 3 && bf.name.compare(bf.name.size() - 3, 3, unit) == 0;
+      };
+      if (scale == 0 && (ends_with("_us") || ends_with("_ms"))) band = std::max(band, 1.0);
       fc.noise = scale > 0 ? band / scale : 0;
       const double worse = bf.higher_is_better ? -fc.change : fc.change;
       // A change of exactly the tolerance is within it: 0.7 -> 0.77 is

@@ -751,6 +751,24 @@ TEST_CASE("compare: bucket-sweep's exposed-time spread excuses the exposed time 
   CHECK(page.substr(page.size() - 2) == "\n\n");
 }
 
+TEST_CASE("compare: a time that grows out of a baseline of 0", "[reports][compare]") {
+  auto base = bucket_sweep_report(1000, 10, 10.0, 5000);
+  for (auto& row : base["results"]["caps"]) {
+    row["exposed_comm_time_us"] = 0.0;  // communication hidden entirely
+    row.erase("spread_us");
+  }
+  auto now = base;
+  for (auto& row : now["results"]["caps"]) row["exposed_comm_time_us"] = 0.4;
+  auto c = compare_reports(base, now, CompareOptions{});
+  REQUIRE(find_figure(c, "bucket_cap_mb=5", "exposed_comm_time_us"));
+  CHECK(find_figure(c, "bucket_cap_mb=5", "exposed_comm_time_us")->kind == ChangeKind::kNoise);
+  CHECK_FALSE(c.regressed());
+  for (auto& row : now["results"]["caps"]) row["exposed_comm_time_us"] = 50.0;
+  c = compare_reports(base, now, CompareOptions{});
+  CHECK(find_figure(c, "bucket_cap_mb=5", "exposed_comm_time_us")->kind == ChangeKind::kRegressed);
+  CHECK(c.regressed());
+}
+
 TEST_CASE("compare: a rate gets the relative spread of the time it derives from", "[reports][compare]") {
   // comm_time_us 1000 +- 300 us in BASE; NEW is 25% slower and its bus
   // bandwidth 20% lower: both are inside the 30% band.
