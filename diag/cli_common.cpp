@@ -202,16 +202,23 @@ void wait_in_slices(Store& store, const std::string& key,
 // The start time of a process (clock ticks since boot, field 22 of
 // /proc/<pid>/stat) as text: with the pid, it names one process even after
 // the pid is reused. "0" when there is no such process.
-std::string process_start_ticks(long pid) {
+// Field `n` (numbered as in proc(5): 3 is the state, 4 the parent's pid, 22
+// the start time) of /proc/<pid>/stat, or "" when it cannot be read. The
+// fields are counted after the name, which may hold spaces and ')'.
+std::string proc_stat_field(long pid, int n) {
   const std::string all = read_proc_stat(pid);
   auto close = all.rfind(')');
-  if (close == std::string::npos) return "0";
+  if (close == std::string::npos) return {};
   std::istringstream fields(all.substr(close + 1));
   std::string f;
-  // After the name: state is field 3, start time field 22.
-  for (int i = 3; i <= 22; ++i)
-    if (!(fields >> f)) return "0";
+  for (int i = 3; i <= n; ++i)
+    if (!(fields >> f)) return {};
   return f;
+}
+
+std::string process_start_ticks(long pid) {
+  std::string ticks = proc_stat_field(pid, 22);
+  return ticks.empty() ? "0" : ticks;
 }
 
 struct LocalPeer {
@@ -268,16 +275,7 @@ std::map<std::string, std::string> proc_environ(long pid, const std::vector<std:
   return out;
 }
 
-long parent_pid(long pid) {
-  const std::string all = read_proc_stat(pid);
-  const auto close = all.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream fields(all.substr(close + 1));
-  std::string state;
-  long ppid = 0;
-  fields >> state >> ppid;
-  return ppid;
-}
+long parent_pid(long pid) { return decimal(proc_stat_field(pid, 4).c_str()).value_or(0); }
 
 // torchrun's agent above a worker: the nearest ancestor (within a few
 // wrappers) without LOCAL_RANK in its environment; 0 when none is found.
@@ -314,7 +312,7 @@ std::optional<TorchrunWorker> this_torchrun_worker() {
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   w.restart = restart ? restart : "0";
   w.agent = torchrun_agent_of(getpid());
-  if (w.agent <= 1 || w.local_rank < 0 || w.local_world_size < 1) return std::nullopt;
+  if (w.agent <= 1 || w.local_rank < 0 || w.local_rank >= w.local_world_size) return std::nullopt;
   w.agent_ticks = process_start_ticks(w.agent);
   return w;
 }

@@ -38,7 +38,7 @@ constexpr const char* kIdentity[] = {"collective", "algorithm",  "model",       
                                      "dst",        "rank",        "peer",          "phase",
                                      "name"};
 
-bool is_rate(const std::string& f) { return f.size() > 5 && f.compare(f.size() - 5, 5, "_gbps") == 0; }
+bool is_rate(const std::string& f) { return f.size() > 5 && ends_with(f, "_gbps"); }
 
 // A string field, or dflt when o is not an object or the field is not a string.
 std::string str_or(const json& o, const char* key, const std::string& dflt) {
@@ -632,10 +632,7 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
       // change is infinitely many percent and no tolerance applies: a time
       // grows out of 0 only by more than one of its units (1 us; 1 ms for
       // a phase's duration).
-      const auto ends_with = [&](const char* unit) {
-        return bf.name.size() > 3 && bf.name.compare(bf.name.size() - 3, 3, unit) == 0;
-      };
-      if (scale == 0 && (ends_with("_us") || ends_with("_ms"))) band = std::max(band, 1.0);
+      if (scale == 0 && (ends_with(bf.name, "_us") || ends_with(bf.name, "_ms"))) band = std::max(band, 1.0);
       fc.noise = scale > 0 ? band / scale : 0;
       const double worse = bf.higher_is_better ? -fc.change : fc.change;
       // A change of exactly the tolerance is within it: 0.7 -> 0.77 is

@@ -78,6 +78,10 @@ bool ascii_alnum(char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z
 
 }  // namespace
 
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 std::string markdown_text(const std::string& s) {
   std::string out;
   out.reserve(s.size());

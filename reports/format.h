@@ -9,6 +9,9 @@
 namespace ddpdiag::reports {
 
 // 8 -> "8 B", 1024 -> "1 KiB", 1572864 -> "1.5 MiB".
+// Whether s ends with suffix (a field's unit: "_us", "_gbps", "_bytes").
+bool ends_with(const std::string& s, const std::string& suffix);
+
 std::string human_bytes(double bytes);
 // Compact axis label for a byte count: 8, 1K, 64M, 2G (nccl-tests' style).
 std::string short_bytes(double bytes);

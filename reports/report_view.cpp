@@ -162,10 +162,6 @@ Table timeline_table(const std::string& title, const json& rows) {
   return t;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Seconds since the epoch as UTC ISO 8601 with milliseconds.
 std::string iso_time(double unix_s) {
   if (!std::isfinite(unix_s) || unix_s < 0 || unix_s > 4e10) return format_figure(unix_s, 13);

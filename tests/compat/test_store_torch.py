@@ -227,22 +227,27 @@ class TorchServes(unittest.TestCase):
         self.assertEqual(self.store.get("k"), b"v")
         self.assertEqual(self.store.num_keys(), res["num_keys"])
 
+    # The protocol this torch's store speaks, and the other one.
+    RIGHT, WRONG = ("2.x", "1.13") if TORCH2 else ("1.13", "2.x")
+
+    def assert_names_the_forced_protocol(self, text):
+        if TORCH2:
+            # 1.13's GETNUMKEYS is 2.x's WAIT: the server never answers, and
+            # the hint names the forced protocol, not an overloaded server.
+            self.assertIn("on the torch 1.13 protocol that --protocol 1.13 asked for", text)
+            self.assertIn("drop --protocol 1.13", text)
+
     def test_forced_protocol(self):
-        r = ddpdiag("store", "ping", self.addr, "--protocol", "2.x" if TORCH2 else "1.13")
+        r = ddpdiag("store", "ping", self.addr, "--protocol", self.RIGHT)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         # The wrong protocol fails within the timeout with exit 3, and the
         # torch store survives it.
-        r = ddpdiag("store", "ping", self.addr, "--protocol", "1.13" if TORCH2 else "2.x",
-                    "--timeout", "1")
+        r = ddpdiag("store", "ping", self.addr, "--protocol", self.WRONG, "--timeout", "1")
         self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
         # It is reachable, and said to be: only the protocol is wrong.
         self.assertIn("reachable, but", r.stdout)
         self.assertNotIn("unreachable", r.stdout)
-        if TORCH2:
-            # 1.13's GETNUMKEYS is 2.x's WAIT: the server never answers, and
-            # the hint names the forced protocol, not an overloaded server.
-            self.assertIn("on the torch 1.13 protocol that --protocol 1.13 asked for", r.stdout)
-            self.assertIn("drop --protocol 1.13", r.stdout)
+        self.assert_names_the_forced_protocol(r.stdout)
         self.store.set("still", "alive")
         self.assertEqual(self.store.get("still"), b"alive")
 
@@ -250,17 +255,14 @@ class TorchServes(unittest.TestCase):
         # store get waits for its key: on the wrong protocol it must say the
         # protocol is wrong, not that a key which is there was never set.
         self.store.set("there", "yes")
-        r = ddpdiag("store", "get", "there", "--addr", self.addr, "--protocol",
-                    "2.x" if TORCH2 else "1.13")
+        r = ddpdiag("store", "get", "there", "--addr", self.addr, "--protocol", self.RIGHT)
         self.assertEqual((r.returncode, r.stdout), (0, "yes\n"), r.stderr)
-        r = ddpdiag("store", "get", "there", "--addr", self.addr, "--protocol",
-                    "1.13" if TORCH2 else "2.x", "--timeout", "1")
+        r = ddpdiag("store", "get", "there", "--addr", self.addr, "--protocol", self.WRONG,
+                    "--timeout", "1")
         self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertNotIn("was not set", r.stderr)
         self.assertIn("protocol", r.stderr)
-        if TORCH2:
-            self.assertIn("on the torch 1.13 protocol that --protocol 1.13 asked for", r.stderr)
-            self.assertIn("drop --protocol 1.13", r.stderr)
+        self.assert_names_the_forced_protocol(r.stderr)
         self.assertEqual(self.store.get("there"), b"yes")
 
     def test_values_cross_both_ways(self):
