@@ -677,6 +677,34 @@ TEST_CASE("gloo: addresses in Gloo's messages show their real ports", "[gloo]") 
         "connect [::1]:29500: refused");
 }
 
+TEST_CASE("gloo: the rank a Gloo message names, by listening address or by its host alone", "[gloo]") {
+  const auto shown = [](const char* ip, std::uint16_t port) {
+    sockaddr_storage ss{};
+    auto& in = reinterpret_cast<sockaddr_in&>(ss);
+    in.sin_family = AF_INET;
+    in.sin_port = htons(port);
+    ::inet_pton(AF_INET, ip, &in.sin_addr);
+    std::string text = gloo::transport::tcp::Address(ss).str();
+    return text.substr(0, text.find('$'));
+  };
+  // Ranks 1 and 2 share host 10.0.0.2; rank 3 is alone on 10.0.0.3.
+  const std::map<std::string, int> peers{{shown("10.0.0.2", 4711), 1},
+                                         {shown("10.0.0.2", 4712), 2},
+                                         {shown("10.0.0.3", 4713), 3}};
+  const auto closed = [](const std::string& who) { return "Connection closed by peer " + who; };
+  // The listening address names the rank, even on a shared host.
+  CHECK(gloo_backend::peer_named_in(closed(shown("10.0.0.2", 4712)), peers) == 2);
+  CHECK(gloo_backend::peer_named_in(closed(shown("10.0.0.3", 4713)), peers) == 3);
+  // The accepting side sees an ephemeral port: the host alone names rank 3,
+  // but not one of the two ranks on 10.0.0.2.
+  CHECK(gloo_backend::peer_named_in(closed(shown("10.0.0.3", 47988)), peers) == 3);
+  CHECK(gloo_backend::peer_named_in(closed(shown("10.0.0.2", 47988)), peers) == -1);
+  // A host no peer listens on, or one whose address only begins the same.
+  CHECK(gloo_backend::peer_named_in(closed(shown("10.0.0.4", 4713)), peers) == -1);
+  CHECK(gloo_backend::peer_named_in(closed(shown("10.0.0.33", 4713)), peers) == -1);
+  CHECK(gloo_backend::peer_named_in("Timed out waiting", peers) == -1);
+}
+
 TEST_CASE("gloo: where ranks bind (hostname, interface) and a bad interface", "[gloo]") {
   const RankBody exchange = [](Communicator& c, int rank, Failures& fail) {
     std::int32_t v = rank + 1;

@@ -173,6 +173,19 @@ std::string right_ports(std::string msg) {
   return msg;
 }
 
+int peer_named_in(const std::string& msg, const std::map<std::string, int>& peer_addresses) {
+  for (const auto& [address, peer] : peer_addresses)
+    if (find_address(msg, address) != std::string::npos) return peer;
+  int by_host = -1;
+  for (const auto& [address, peer] : peer_addresses) {
+    const std::size_t colon = address.rfind("]:");
+    if (colon == std::string::npos || msg.find(address.substr(0, colon + 2)) == std::string::npos) continue;
+    if (by_host >= 0 && by_host != peer) return -1;  // two ranks on that host
+    by_host = peer;
+  }
+  return by_host;
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------
@@ -712,11 +725,10 @@ class Core : public std::enable_shared_from_this<Core> {
     }
   }
 
-  // Gloo reports a peer by address ("[10.0.0.2]:4711$3"), from the side of a
-  // pair that connected; we map the addresses we saw at rendezvous to ranks.
+  // Gloo reports a peer by address ("[10.0.0.2]:4711$3"); we map the
+  // addresses we saw at rendezvous to ranks (peer_named_in).
   int peer_from_message(const std::string& msg, const OpArgs& args) const {
-    for (const auto& [address, peer] : peer_addresses_)
-      if (find_address(msg, address) != std::string::npos) return peer;
+    if (const int peer = peer_named_in(msg, peer_addresses_); peer >= 0) return peer;
     if (args.kind == OpKind::kSend || args.kind == OpKind::kRecv) return args.root_or_peer;
     if (args.kind == OpKind::kSendRecv && args.root_or_peer == args.recv_peer) return args.recv_peer;
     return -1;

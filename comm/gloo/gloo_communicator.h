@@ -3,6 +3,7 @@
 // backend through make_communicator().
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 
@@ -22,5 +23,12 @@ std::string gloo_version();
 // with its real port: the Gloo Debian ships prints ports byte-swapped. The
 // backend's own errors already pass Gloo's text through this.
 std::string right_ports(std::string gloo_message);
+
+// The rank a Gloo message names, given the peers' listening addresses as
+// Gloo shows them ("[10.0.0.2]:26386" -> rank), or -1. A message from the
+// side that accepted a connection names the peer's ephemeral port, not the
+// one it listens on; then the host alone names the rank, when exactly one
+// peer listens on it (several ranks on that host stay unnamed).
+int peer_named_in(const std::string& gloo_message, const std::map<std::string, int>& peer_addresses);
 
 }  // namespace ddpdiag::gloo_backend
