@@ -14,7 +14,10 @@
 #
 # Usage: scripts/test-sanitizers.sh [asan] [tsan] [fuzz]   (default: all three)
 # Environment: BUILD_ROOT (where build-asan/, build-tsan/, build-fuzz/ go;
-# default the repository), FUZZ_SECONDS, JOBS (default nproc).
+# default the repository), FUZZ_SECONDS, JOBS (build jobs, default nproc),
+# TEST_JOBS (tests at a time, default twice JOBS: most multi-process tests
+# spend their time waiting on deadlines, not on the CPU; the entries that
+# compare timings run alone, RUN_SERIAL in tests/CMakeLists.txt).
 # Fuzzing longer by hand: FUZZ_SECONDS=3600 scripts/test-sanitizers.sh fuzz,
 # or run the target directly (see tests/fuzz/CMakeLists.txt).
 set -euo pipefail
@@ -22,6 +25,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 src="$(pwd)"
 root="${BUILD_ROOT:-$src}"
 jobs="${JOBS:-$(nproc)}"
+test_jobs="${TEST_JOBS:-$((2 * jobs))}"
 fuzz_seconds="${FUZZ_SECONDS:-60}"
 steps=("$@")
 ((${#steps[@]})) || steps=(asan tsan fuzz)
@@ -90,7 +94,7 @@ run_asan() {
   ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:abort_on_error=0:log_path=$logs/asan:strict_string_checks=1:check_initialization_order=1" \
   LSAN_OPTIONS="suppressions=$src/tests/sanitizers/lsan.supp:print_suppressions=0" \
   UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$logs/ubsan" \
-    ctest --test-dir "$dir" --output-on-failure -j"$jobs" -LE '^(tsan|not_asan)$' || rc=$?
+    ctest --test-dir "$dir" --output-on-failure -j"$test_jobs" -LE '^(tsan|not_asan)$' || rc=$?
   check_reports "$logs" "AddressSanitizer/UBSan"
   ((rc == 0)) || exit "$rc"
   end "asan+ubsan tests"
@@ -106,7 +110,7 @@ run_tsan() {
   logs="$dir/sanitizer-reports"
   rm -rf "$logs" && mkdir -p "$logs"
   TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:log_path=$logs/tsan:suppressions=$src/tests/sanitizers/tsan.supp" \
-    ctest --test-dir "$dir" --output-on-failure -j"$jobs" -L tsan || rc=$?
+    ctest --test-dir "$dir" --output-on-failure -j"$test_jobs" -L tsan || rc=$?
   check_reports "$logs" "ThreadSanitizer"
   ((rc == 0)) || exit "$rc"
   end "tsan tests"
