@@ -1397,6 +1397,35 @@ TEST_CASE("a server that accepts and stays silent for a second or more is anothe
   }
 }
 
+TEST_CASE("a client forced to 1.13 facing a server that never answers: the protocol is named; exit 3 after a "
+          "second, a timeout before",
+          "[store][tcp]") {
+  // A torch 2.x server reads 1.13's GETNUMKEYS as a WAIT and stays silent.
+  MuteServer mute;
+  auto o = client_opts(mute.port, StoreProtocol::kV1);
+  o.protocol_flag = "--protocol";
+  o.io_timeout = 1000ms;
+  try {
+    TcpStoreClient c(o);  // 1.13 has no handshake: the first request finds out
+    (void)c.num_keys();
+    FAIL("the client took a mute server for a 1.13 store");
+  } catch (const RendezvousError& e) {
+    CHECK(e.context().phase == "store.handshake");
+    CHECK(e.exit_code() == ExitCode::kRendezvous);
+    CHECK_THAT(std::string(e.what()), Catch::Contains("on the torch 1.13 protocol that --protocol 1.13 asked for"));
+    CHECK_THAT(e.context().hint, Catch::Contains("drop --protocol 1.13"));
+  }
+  o.io_timeout = 200ms;
+  try {
+    TcpStoreClient c(o);  // 1.13 has no handshake: the first request finds out
+    (void)c.num_keys();
+    FAIL("the client took a mute server for a 1.13 store");
+  } catch (const TimeoutError& e) {
+    CHECK(e.context().phase == "store.handshake");
+    CHECK_THAT(std::string(e.what()), Catch::Contains("on the torch 1.13 protocol that --protocol 1.13 asked for"));
+  }
+}
+
 TEST_CASE("a server that answers with text is named as not a store, with what it sent", "[store][tcp]") {
   // Stands in for an HTTP server on MASTER_PORT that answers anything with
   // a 400: its text must not be read as a length or a count.

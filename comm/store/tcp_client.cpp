@@ -438,15 +438,21 @@ struct TcpStoreClient::Impl {
       // 1.13 named by the user has no handshake to fail: a torch 2.x server
       // reads a 1.13 request as another command (1.13's GETNUMKEYS is 2.x's
       // WAIT) and may wait for good. The protocol, not the server, is the
-      // first suspect.
-      if (opts.protocol == StoreProtocol::kV1 && !answered)
-        throw TimeoutError("the store at " + where() + " did not answer " + std::string(op) + " within " +
-                               std::to_string(limit.count()) + " ms, on the torch 1.13 protocol that " +
-                               opts.protocol_flag + " 1.13 asked for",
-                           ctx("store.handshake",
-                               "a torch 2.x store reads a 1.13 request as another command and may never "
-                               "answer it: drop " + opts.protocol_flag + " 1.13 (auto finds the server's "
-                               "protocol), or give " + opts.protocol_flag + " 2.x"));
+      // first suspect. As with a server silent to both protocols, silence
+      // through a deadline of a second or more is the server's answer (exit
+      // 3: could not initialise, like the mismatch the other way round); a
+      // shorter one may only be too short (exit 4).
+      if (opts.protocol == StoreProtocol::kV1 && !answered) {
+        std::string what = "the store at " + where() + " did not answer " + std::string(op) + " within " +
+                           std::to_string(limit.count()) + " ms, on the torch 1.13 protocol that " +
+                           opts.protocol_flag + " 1.13 asked for";
+        ErrorContext c = ctx("store.handshake",
+                             "a torch 2.x store reads a 1.13 request as another command and may never "
+                             "answer it: drop " + opts.protocol_flag + " 1.13 (auto finds the server's "
+                             "protocol), or give " + opts.protocol_flag + " 2.x");
+        if (limit >= Millis(1000)) throw RendezvousError(std::move(what), std::move(c));
+        throw TimeoutError(std::move(what), std::move(c));
+      }
       throw TimeoutError("the store at " + where() + " did not answer " + std::string(op) + " within " +
                              std::to_string(limit.count()) + " ms",
                          ctx("store.io", "the store server is overloaded or stuck; is it a TCPStore "
