@@ -15,7 +15,7 @@
 # Usage: scripts/test-sanitizers.sh [asan] [tsan] [fuzz]   (default: all three)
 # Environment: BUILD_ROOT (where build-asan/, build-tsan/, build-fuzz/ go;
 # default the repository), FUZZ_SECONDS, JOBS (build jobs, default nproc),
-# TEST_JOBS (tests at a time, default twice JOBS: most multi-process tests
+# TEST_JOBS (tests at a time, default twice JOBS up to 8: most multi-process tests
 # spend their time waiting on deadlines, not on the CPU; the entries that
 # compare timings run alone, RUN_SERIAL in tests/CMakeLists.txt).
 # Fuzzing longer by hand: FUZZ_SECONDS=3600 scripts/test-sanitizers.sh fuzz,
@@ -25,7 +25,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 src="$(pwd)"
 root="${BUILD_ROOT:-$src}"
 jobs="${JOBS:-$(nproc)}"
-test_jobs="${TEST_JOBS:-$((2 * jobs))}"
+test_jobs=$((2 * jobs))
+((test_jobs <= 8)) || test_jobs=8
+test_jobs="${TEST_JOBS:-$test_jobs}"
 fuzz_seconds="${FUZZ_SECONDS:-60}"
 steps=("$@")
 ((${#steps[@]})) || steps=(asan tsan fuzz)
