@@ -1404,10 +1404,14 @@ TEST_CASE("a client forced to 1.13 facing a server that never answers: the proto
   MuteServer mute;
   auto o = client_opts(mute.port, StoreProtocol::kV1);
   o.protocol_flag = "--protocol";
+  // 1.13 has no handshake: the first request finds out.
+  const auto first_request = [&o] {
+    TcpStoreClient c(o);
+    (void)c.num_keys();
+  };
   o.io_timeout = 1000ms;
   try {
-    TcpStoreClient c(o);  // 1.13 has no handshake: the first request finds out
-    (void)c.num_keys();
+    first_request();
     FAIL("the client took a mute server for a 1.13 store");
   } catch (const RendezvousError& e) {
     CHECK(e.context().phase == "store.handshake");
@@ -1417,8 +1421,7 @@ TEST_CASE("a client forced to 1.13 facing a server that never answers: the proto
   }
   o.io_timeout = 200ms;
   try {
-    TcpStoreClient c(o);  // 1.13 has no handshake: the first request finds out
-    (void)c.num_keys();
+    first_request();
     FAIL("the client took a mute server for a 1.13 store");
   } catch (const TimeoutError& e) {
     CHECK(e.context().phase == "store.handshake");

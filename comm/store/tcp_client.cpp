@@ -65,6 +65,10 @@ constexpr Millis kMaxBackoff{1000};
 // connect_timeout (a watchdog's heartbeat, and the exit that joins it, were
 // held 10 s by a store whose host rank had died).
 constexpr Millis kGoneStoreGrace{1000};
+// A store, of either version, answers in microseconds: a first request left
+// unanswered this long is the server's answer (another program on the port,
+// or a protocol it does not speak), not a deadline too short for it.
+constexpr Millis kSilenceIsAnAnswer{1000};
 
 enum class IoStatus { kOk, kTimeout, kClosed, kError };
 
@@ -421,6 +425,13 @@ struct TcpStoreClient::Impl {
     return describe_reply(b.data(), b.size());
   }
 
+  // Whether silence through `limit` says what the server is (exit 3) rather
+  // than that the deadline was short (exit 4). Not for a process that has
+  // already met a store here (opts.known_store): that store has stalled.
+  bool silence_is_an_answer(Millis limit) const {
+    return limit >= kSilenceIsAnAnswer && !opts.known_store;
+  }
+
   // The server answered, but not as a store: another service on the port.
   [[noreturn]] void not_a_store(const std::string& what, std::string phase) {
     drop();
@@ -438,10 +449,10 @@ struct TcpStoreClient::Impl {
       // 1.13 named by the user has no handshake to fail: a torch 2.x server
       // reads a 1.13 request as another command (1.13's GETNUMKEYS is 2.x's
       // WAIT) and may wait for good. The protocol, not the server, is the
-      // first suspect. As with a server silent to both protocols, silence
-      // through a deadline of a second or more is the server's answer (exit
-      // 3: could not initialise, like the mismatch the other way round); a
-      // shorter one may only be too short (exit 4).
+      // first suspect. As with a server silent to both protocols
+      // (silence_is_an_answer): exit 3, could not initialise, like the
+      // mismatch the other way round; a shorter deadline may only be too
+      // short (exit 4).
       if (opts.protocol == StoreProtocol::kV1 && !answered) {
         std::string what = "the store at " + where() + " did not answer " + std::string(op) + " within " +
                            std::to_string(limit.count()) + " ms, on the torch 1.13 protocol that " +
@@ -450,7 +461,7 @@ struct TcpStoreClient::Impl {
                              "a torch 2.x store reads a 1.13 request as another command and may never "
                              "answer it: drop " + opts.protocol_flag + " 1.13 (auto finds the server's "
                              "protocol), or give " + opts.protocol_flag + " 2.x");
-        if (limit >= Millis(1000)) throw RendezvousError(std::move(what), std::move(c));
+        if (silence_is_an_answer(limit)) throw RendezvousError(std::move(what), std::move(c));
         throw TimeoutError(std::move(what), std::move(c));
       }
       throw TimeoutError("the store at " + where() + " did not answer " + std::string(op) + " within " +
@@ -630,7 +641,7 @@ struct TcpStoreClient::Impl {
       // in microseconds, so this is most likely another program on the
       // port, waiting for a request in its own protocol (an HTTP server
       // does), and a longer wait will not help. Or a store frozen whole.
-      if (opts.io_timeout >= Millis(1000) && !opts.known_store)
+      if (silence_is_an_answer(opts.io_timeout))
         throw RendezvousError(
             silent + ": a store answers at once, so another program probably holds this port "
                      "(or the store's process is frozen)",
