@@ -780,7 +780,8 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     store_error = store_error_;
   }
   Diagnosis d;
-  long store_host_gone = 0;  // pid of the store's host rank, when its process is gone
+  long store_host_gone = 0;     // pid of the store's host rank, when its process is gone
+  long store_host_stopped = 0;  // its pid, when its process is stopped (SIGSTOP, a debugger)
   // Unless the rank that closed it published its state: that rank is alive,
   // and closed its connections as it stopped (it raised or saw the alarm
   // before this rank's watchdog did), which says nothing of the silent ones.
@@ -806,18 +807,31 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     }
     // The rank that hosted the store runs on this machine and its process
     // is gone: the store went with it, and no network is to blame.
+    // Stopped instead (SIGSTOP, a debugger): the store lives in a process
+    // that does not run, and cannot answer until it is resumed.
     const int host = opts_.store_host_rank;
     if (host >= 0 && host != rank() && host < static_cast<int>(opts_.peers.size()) &&
-        opts_.peers[host].same_machine && opts_.peers[host].pid > 0 &&
-        process_gone(opts_.peers[host].pid))
-      store_host_gone = opts_.peers[host].pid;
+        opts_.peers[host].same_machine && opts_.peers[host].pid > 0) {
+      const char st = process_state(opts_.peers[host].pid);
+      if (gone_state(st))
+        store_host_gone = opts_.peers[host].pid;
+      else if (st == 'T' || st == 't')
+        store_host_stopped = opts_.peers[host].pid;
+    }
     d = diagnose_store_unreachable(*states[rank()], size(), opts_.store_address, store_error,
-                                   hosts, same_machine, store_host_gone ? host : -1);
+                                   hosts, same_machine,
+                                   store_host_gone || store_host_stopped ? host : -1);
     if (store_host_gone)
       d.lines.insert(d.lines.begin(),
                      fmt::format("Rank {} (pid {} on this machine), which hosted the store, has "
                                  "ended: its process is gone, and the store with it.",
                                  host, store_host_gone));
+    else if (store_host_stopped)
+      d.lines.insert(d.lines.begin(),
+                     fmt::format("Rank {} (pid {} on this machine), which hosts the store, is "
+                                 "stopped: its process exists but does not run (SIGSTOP or a "
+                                 "debugger), so the store in it cannot answer.",
+                                 host, store_host_stopped));
   } else {
     std::vector<int> unreachable, silent;
     GoneNotes notes = gone_notes(states, heartbeats, unreachable, silent, peer_reset, reset);
@@ -835,6 +849,11 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     hint = fmt::format("look at rank {}'s log and report: it died or was killed (the OOM "
                        "killer? dmesg says), and the job's store lived in its process",
                        opts_.store_host_rank);
+  } else if (store_lost && store_host_stopped > 0) {
+    peer = opts_.store_host_rank;
+    hint = fmt::format("resume rank {} (kill -CONT {}) or detach its debugger; the job's store "
+                       "lives in its process, so every rank waits on it while it is stopped",
+                       opts_.store_host_rank, store_host_stopped);
   } else if (store_lost) {
     peer = -1;
     hint = fmt::format("this rank can reach neither the store at {} nor its peers: check this "

@@ -222,7 +222,7 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
       w.launcher = Launcher::kTorchrun;
     else
       w.launcher = Launcher::kEnv;
-    if (!size)
+    if (!size && !flags.world_size)
       throw world_error(fmt::format("RANK={} is set but WORLD_SIZE is not", *rank),
                         "set WORLD_SIZE to the number of ranks, or pass --world-size");
   } else {
@@ -253,7 +253,7 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
       size = r.integer(size_var);
       local_rank = r.integer(lrank_var);
       local_size = r.integer(lsize_var);
-      if (!size)
+      if (!size && !flags.world_size)
         throw world_error(fmt::format("{}={} is set but {} is not", m.rank, *rank, m.size),
                           fmt::format("{}, or pass --world-size", m.how_to_run));
       break;
@@ -295,7 +295,7 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
                               "run under srun, or pass --local-world-size");
           local_size = counts[static_cast<std::size_t>(node)];
         }
-        if (!size)
+        if (!size && !flags.world_size)
           throw world_error(fmt::format("SLURM_PROCID={} is set but SLURM_NTASKS is not", *rank),
                             "run under srun with --ntasks, or pass --world-size");
       }
@@ -311,6 +311,13 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
   if (flags.world_size) {
     size = flags.world_size;
     size_var = "--world-size";
+  } else if (flags.rank && !size) {
+    // --rank with the size in the environment (WORLD_SIZE=4 ddpdiag ... --rank 1):
+    // each value from where it was given, the flag winning where both are.
+    if (auto v = r.integer("WORLD_SIZE")) {
+      size = v;
+      size_var = "WORLD_SIZE";
+    }
   }
   if (flags.local_rank) {
     local_rank = flags.local_rank;

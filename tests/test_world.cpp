@@ -253,6 +253,28 @@ TEST_CASE("flags win over the environment", "[world]") {
   CHECK(w.master_port == 4000);
 }
 
+TEST_CASE("a flag and the environment each give half of the world", "[world]") {
+  WorldFlags size_flag;
+  size_flag.world_size = 2;
+  auto a = discover({{"RANK", "1"}, {"MASTER_PORT", "4000"}}, size_flag);
+  CHECK(a.rank == 1);
+  CHECK(a.world_size == 2);
+  WorldFlags ompi_size;
+  ompi_size.world_size = 3;
+  auto b = discover({{"OMPI_COMM_WORLD_RANK", "2"}, {"MASTER_ADDR", "h0"}}, ompi_size);
+  CHECK(b.rank == 2);
+  CHECK(b.world_size == 3);
+  WorldFlags rank_flag;
+  rank_flag.rank = 1;
+  auto c = discover({{"WORLD_SIZE", "2"}}, rank_flag);
+  CHECK(c.rank == 1);
+  CHECK(c.world_size == 2);
+  // Checked against the size it came from.
+  WorldFlags too_big;
+  too_big.rank = 2;
+  require_usage_error({{"WORLD_SIZE", "2"}}, "--rank=2 is out of range for WORLD_SIZE=2", too_big);
+}
+
 TEST_CASE("every invalid input is a usage error naming the variable", "[world]") {
   require_usage_error({{"RANK", "x1"}, {"WORLD_SIZE", "2"}}, "RANK='x1'");
   require_usage_error({{"RANK", "1"}, {"WORLD_SIZE", "2 ranks"}}, "WORLD_SIZE='2 ranks'");

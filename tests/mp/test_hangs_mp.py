@@ -728,6 +728,38 @@ class PeerDeath(unittest.TestCase):
         self.assertTrue(any("has been stopped for" in outs[r][1] for r in (0, 2)),
                         [outs[r][1] for r in (0, 2)])
 
+    def test_stopped_rank_0_that_hosts_the_store_is_named_stopped(self):
+        # Started by hand, rank 0's process hosts the store: stopped, it takes
+        # the store with it, and rank 1 on the same machine must say that
+        # rank 0 is stopped, not send the user to cables and firewalls.
+        port = free_port()
+        procs = [subprocess.Popen([BIN] + a, env=clean_env(), stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                 for a in rank_cmds(2, ["allreduce-test", "--timeout", str(TIMEOUT), "-b", "1K",
+                                        "-e", "1K", "-n", "10000000", "-w", "1"], port)]
+        try:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60:
+                line = procs[0].stdout.readline()
+                if not line or line.startswith("#   ") and "size" in line:
+                    break
+            time.sleep(0.5)
+            os.kill(procs[0].pid, signal.SIGSTOP)
+            t_stop = time.monotonic()
+            _, se = procs[1].communicate(timeout=TIMEOUT + 60)
+            elapsed = time.monotonic() - t_stop
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.communicate()
+        self.assertEqual(procs[1].returncode, 5, se)
+        self.assertLess(elapsed, TIMEOUT + MARGIN, se)
+        self.assertRegex(se, r"Rank 0 \(pid %d on this machine\), which hosts the store, is "
+                             r"stopped" % procs[0].pid)
+        self.assertIn("hint: resume rank 0 (kill -CONT %d)" % procs[0].pid, se)
+        self.assertNotIn("cable", se)
+
     def stop_rank_1(self, timeout):
         """Stops rank 1 of 3 mid-sweep with SIGSTOP; returns, for ranks 0 and
         2, (rc, stderr, seconds from the stop to their exit), having checked
