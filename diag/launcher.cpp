@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -229,6 +230,7 @@ int launch_local(const LaunchOptions& o) {
     envp.push_back(nullptr);
     const std::string exec_failed = fmt::format("ddpdiag launcher: cannot exec rank {}: ", r);
 
+    const pid_t launcher_pid = getpid();
     pid_t pid = fork();
     if (pid < 0)
       throw BackendError(fmt::format("cannot fork rank {}: {}", r, std::strerror(errno)),
@@ -238,6 +240,13 @@ int launch_local(const LaunchOptions& o) {
       dup2(err_pipe[1], STDERR_FILENO);
       signal(SIGINT, SIG_DFL);
       signal(SIGTERM, SIG_DFL);
+      // A launcher killed outright (SIGKILL: `timeout -s KILL`, a CI runner,
+      // the OOM killer) cannot pass anything on: the kernel sends its ranks
+      // SIGTERM, as the launcher would, rather than leave them running
+      // unseen until their deadlines. Kept across the exec; a launcher gone
+      // before this line is caught by the parent check.
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (getppid() != launcher_pid) _exit(128 + SIGTERM);
       execve("/proc/self/exe", argv.data(), envp.data());
       const char* why = strerrordesc_np(errno);  // async-signal-safe, unlike strerror
       [[maybe_unused]] ssize_t w = ::write(STDERR_FILENO, exec_failed.data(), exec_failed.size());

@@ -220,6 +220,63 @@ class LauncherSweeps(unittest.TestCase):
                     self.assertEqual(rep["error"]["rank"], rank)
                     self.assertIn(name, rep["error"]["message"])
 
+    def test_ranks_of_a_killed_launcher_stop_and_write_their_reports(self):
+        # A launcher killed outright (SIGKILL: `timeout -s KILL`, a CI runner,
+        # the OOM killer) passes nothing on: its ranks get SIGTERM from the
+        # kernel, stop at once and write what they measured, instead of
+        # running on unseen until their deadlines.
+        path = tmp_json()
+        own = path[:-len(".json")] + ".rank1.json"
+        p = subprocess.Popen([BIN, "allreduce-test", "--nproc", "2", "--timeout", "60", "-b", "64K",
+                              "-e", "64K", "-n", "10000000", "-w", "1", "--json", path],
+                             env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+        try:
+            ranks_seen = 0
+            deadline = time.monotonic() + 60
+            while ranks_seen < 2:
+                line = readline_within(p, max(0.1, deadline - time.monotonic()))
+                if not line:
+                    break
+                if line.startswith("#  Rank"):
+                    ranks_seen += 1
+            self.assertEqual(ranks_seen, 2, "the ranks did not start")
+            with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
+                ranks = [int(x) for x in f.read().split()]
+            self.assertEqual(len(ranks), 2, ranks)
+            time.sleep(0.5)
+            p.kill()
+            p.communicate()
+
+            def running(pid):
+                try:
+                    with open("/proc/%d/stat" % pid) as f:
+                        return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+                except OSError:
+                    return False
+
+            t0 = time.monotonic()
+            while any(running(r) for r in ranks) and time.monotonic() - t0 < 30:
+                time.sleep(0.1)
+            left = [r for r in ranks if running(r)]
+            for r in left:
+                os.kill(r, signal.SIGKILL)
+            self.assertEqual(left, [], "ranks still running 30 s after the launcher was killed")
+            for f, rank in ((path, 0), (own, 1)):
+                self.assertTrue(os.path.exists(f), f)
+                rep = load(f)
+                self.assertEqual(rep["verdict"], "ERROR")
+                self.assertEqual(rep["error"]["kind"], "interrupted")
+                self.assertEqual(rep["error"]["rank"], rank)
+                self.assertIn("SIGTERM", rep["error"]["message"])
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+            for f in (path, own):
+                if os.path.exists(f):
+                    os.unlink(f)
+
     def test_report_argv_is_the_command_typed(self):
         # The ranks record the launcher's command line, --nproc included, so
         # rerunning the recorded argv starts the same world.
