@@ -222,10 +222,20 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   for (auto [opt, v] : {std::pair{o.intra_gbps_opt, o.intra_gbps}, std::pair{o.inter_gbps_opt, o.inter_gbps}})
     if (opt->count() && !(v > 0))
       throw flag_error(fmt::format("{} must be positive (GB/s)", opt->get_name()), "e.g. 12.5 for 100 Gbit/s");
+    // A link outside 1 kB/s .. 1 PB/s is a typo (a unit, an exponent), and
+    // its predictions would be figures of hundreds of digits.
+    else if (opt->count() && (v < 1e-6 || v > 1e6))
+      throw flag_error(fmt::format("{} {}: no link is {} than {} GB/s", opt->get_name(), v,
+                                   v < 1e-6 ? "slower" : "faster", v < 1e-6 ? "1e-06" : "1e+06"),
+                       "give the link's bandwidth in GB/s (1e9 bytes/s): 12.5 for 100 Gbit/s, "
+                       "between 1e-06 and 1e+06");
   for (auto [opt, v] :
        {std::pair{o.intra_latency_opt, o.intra_latency_us}, std::pair{o.inter_latency_opt, o.inter_latency_us}})
     if (opt->count() && !(v >= 0))
       throw flag_error(fmt::format("{} must be >= 0 (us)", opt->get_name()), "e.g. 5");
+    else if (opt->count() && v > 1e7)
+      throw flag_error(fmt::format("{} {}: a per-message latency of over 10 s", opt->get_name(), v),
+                       "give the latency in microseconds (at most 10,000,000), e.g. 5");
   if (!(o.max_error_factor >= 1) || !std::isfinite(o.max_error_factor))
     throw flag_error(fmt::format("--max-error-factor must be a finite number >= 1, not {}", o.max_error_factor),
                      "e.g. 2: within a factor of two");
@@ -331,6 +341,34 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                              {"points", rows.rows.size()},
                              {"points_world_size_1", single},
                              {"points_used", used}});
+  }
+  // The runs to check against, read and refused (the fit's own input, one
+  // run twice) before anything of the fit is printed.
+  std::vector<std::pair<std::string, json>> checked;
+  for (const auto& path : o.check_against) {
+    json doc;
+    try {
+      doc = reports::read_json(path);
+    } catch (const std::exception& e) {
+      throw UsageError(e.what(), ErrorContext{"model.check", -1, -1, "pass a report written with --json FILE"});
+    }
+    // Checking the fit against its own points can only pass.
+    if (const auto same = same_report(read_inputs, path, doc))
+      throw UsageError(fmt::format("--check-against {} is {} the model was fitted from ({}): "
+                                   "a prediction checked against its own points can only pass",
+                                   path, same->same_file ? "the report" : "a copy of the report",
+                                   same->path),
+                       ErrorContext{"model.check", -1, -1,
+                                    "check against a run the fit did not use (another world "
+                                    "size, or another run)"});
+    // One run given twice would count its points twice in the verdict.
+    if (const auto same = same_report(checked, path, doc))
+      throw UsageError(fmt::format("--check-against {} is given twice ({} {}): its points would count "
+                                   "twice",
+                                   path, same->same_file ? "also as" : "the same content as",
+                                   same->path),
+                       ErrorContext{"model.check", -1, -1, "give each measured run once"});
+    checked.emplace_back(path, std::move(doc));
   }
   if (by_series.empty() && single_points > 0 && fit_min <= 0 && !std::isfinite(fit_max))
     throw UsageError("every measured point is at world size 1: a world of one does no all_reduce, "
@@ -526,31 +564,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     std::size_t compared = 0, outside = 0, single = 0;
     std::map<std::string, std::size_t> misplaced;  // why -> points
     double worst = 1;
-    std::vector<std::pair<std::string, json>> checked;
-    for (const auto& path : o.check_against) {
-      json doc;
-      try {
-        doc = reports::read_json(path);
-      } catch (const std::exception& e) {
-        throw UsageError(e.what(), ErrorContext{"model.check", -1, -1, "pass a report written with --json FILE"});
-      }
-      // Checking the fit against its own points can only pass.
-      if (const auto same = same_report(read_inputs, path, doc))
-        throw UsageError(fmt::format("--check-against {} is {} the model was fitted from ({}): "
-                                     "a prediction checked against its own points can only pass",
-                                     path, same->same_file ? "the report" : "a copy of the report",
-                                     same->path),
-                         ErrorContext{"model.check", -1, -1,
-                                      "check against a run the fit did not use (another world "
-                                      "size, or another run)"});
-      // One run given twice would count its points twice in the verdict.
-      if (const auto same = same_report(checked, path, doc))
-        throw UsageError(fmt::format("--check-against {} is given twice ({} {}): its points would count "
-                                     "twice",
-                                     path, same->same_file ? "also as" : "the same content as",
-                                     same->path),
-                         ErrorContext{"model.check", -1, -1, "give each measured run once"});
-      checked.emplace_back(path, doc);
+    for (const auto& [path, doc] : checked) {
       const auto rows = scale::extract_rows(doc, path);
       for (const auto& r : rows.rows) {
         if (r.sample.bytes < check_min) continue;

@@ -286,12 +286,25 @@ class ModelVsMeasured(unittest.TestCase):
             p = run(["model", self.sweeps[2], "--world-size", "8", "--check-against", other])
             self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
             self.assertIn("can only pass", p.stderr)
+            # Refused before the fit is printed, as if a result followed.
+            self.assertNotIn("# predictions", p.stdout)
+            self.assertNotIn("alpha", p.stdout)
         os.unlink(copy)
         for extra in (["--compute-gbps", "5", "--backward-ms", "100"],
                       ["--compute-gbps", "5", "--backward-ms", "0"], ["--backward-ms", "1e30"],
                       ["--compute-gbps", "1e-12"]):
             p = run(["model", self.sweeps[2], "--world-size", "8", "--model", "mlp"] + extra)
             self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        # A link of absurd speed or latency (a unit or an exponent mistyped)
+        # is refused by name, not turned into predictions of 300 digits.
+        for flag, value, why in (("--inter-latency-us", "1e300", "over 10 s"),
+                                 ("--intra-gbps", "1e-300", "slower than"),
+                                 ("--inter-gbps", "1e30", "faster than")):
+            p = run(["model", self.sweeps[2], "--world-size", "16", "--ranks-per-host", "8",
+                     "--model", "mlp", flag, value])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn(flag, p.stderr)
+            self.assertIn(why, p.stderr)
 
     def test_backward_ms_alone_sets_the_pace(self):
         # --backward-ms on its own (--compute-gbps keeps its default): the
