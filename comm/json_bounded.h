@@ -37,11 +37,11 @@ class BoundedDomBuilder : public nlohmann::detail::json_sax_dom_parser<nlohmann:
   explicit BoundedDomBuilder(nlohmann::json& root) : Base(root, true) {}
   // `enclosing_`: the objects and arrays around the one that starts.
   bool start_object(std::size_t n) {
-    if (enclosing_++ > kMaxJsonDepth) throw JsonTooDeep();
+    if (enclosing_++ >= kMaxJsonDepth) throw JsonTooDeep();
     return Base::start_object(n);
   }
   bool start_array(std::size_t n) {
-    if (enclosing_++ > kMaxJsonDepth) throw JsonTooDeep();
+    if (enclosing_++ >= kMaxJsonDepth) throw JsonTooDeep();
     return Base::start_array(n);
   }
   bool end_object() {

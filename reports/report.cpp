@@ -380,6 +380,17 @@ nlohmann::json read_json(const std::string& path) {
     // Valid syntax that cannot be held, e.g. a number past the range of a
     // double (1e400): out_of_range.406.
     throw std::runtime_error(fmt::format("{} cannot be read as a report: {}", path, e.what()));
+  } catch (const std::bad_alloc&) {
+    // Parsed, JSON takes many times its text (a number of 2 bytes becomes a
+    // node of 16, plus its array's share): a file of hundreds of MB can
+    // exhaust a process's memory limit.
+    const double mib = static_cast<double>(text.size()) / (1 << 20);
+    text = std::string();  // its memory back for the message
+    throw std::runtime_error(fmt::format(
+        "{}: out of memory reading its {:.0f} MiB as JSON (parsed, JSON takes up to 16 times its "
+        "size): raise this process's memory limit (ulimit -v, the container's), or give a "
+        "smaller report",
+        path, mib));
   }
 }
 

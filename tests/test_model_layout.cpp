@@ -8,6 +8,7 @@
 #include <string>
 
 #include "comm/errors.h"
+#include "comm/json_bounded.h"
 #include "ddp_core/model_layout.h"
 
 using namespace ddpdiag;
@@ -337,6 +338,10 @@ TEST_CASE("a layout nested thousands deep is an error naming the file, not a cra
              Catch::Contains("deep.json") && Catch::Contains("more than 64 levels deep"));
   CHECK_THAT(error_of(R"([["a", )" + deep + R"(, "torch.float32", true]])"),
              Catch::Contains("more than 64 levels deep"));
+  // The bound is exact: 64 levels are read, 65 refused.
+  CHECK_NOTHROW(parse_json_bounded(std::string(64, '[') + std::string(64, ']')));
+  CHECK_THROWS_AS(parse_json_bounded(std::string(65, '[') + std::string(65, ']')), JsonTooDeep);
+  CHECK_THROWS_AS(parse_json_bounded(std::string(64, '[') + "{}" + std::string(64, ']')), JsonTooDeep);
   // A legitimate layout nests four levels.
   CHECK_NOTHROW(parse_model_layout_json(R"({"tensors": [{"name": "n", "shape": [2, 3]}]})", "o.json"));
 }
