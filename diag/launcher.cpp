@@ -10,13 +10,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <map>
 #include <optional>
+#include <string_view>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -49,13 +52,29 @@ struct Child {
   // The launcher signalled it (after another rank's failure, or stopped):
   // its end is no failure of its own.
   bool signalled = false;
+  // The peer its first error line names ("ddpdiag: error on rank 0 (peer
+  // rank 1) ..."): its watchdog's verdict on whom the failure comes from.
+  int named_peer = -1;
 };
+
+// The N of "(peer rank N)" in a rank's error line, or -1.
+int peer_named_in_error_line(std::string_view line) {
+  if (line.rfind("ddpdiag: error on rank ", 0) != 0) return -1;
+  const auto at = line.find("(peer rank ");
+  if (at == std::string_view::npos) return -1;
+  int peer = -1;
+  const char* first = line.data() + at + std::strlen("(peer rank ");
+  const auto [end, ec] = std::from_chars(first, line.data() + line.size(), peer);
+  return ec == std::errc() && end < line.data() + line.size() && *end == ')' ? peer : -1;
+}
 
 // Writes each complete line of `data` (plus what was left from before) to
 // `to`, prefixed. Rank 0's standard output stays unprefixed: it carries the
 // result table the user came for, and only rank 0 prints one.
+// Each line also goes to `seen` (when given), without its newline.
 void emit_lines(std::string& partial, const char* data, std::size_t n, FILE* to,
-                const std::string& prefix, bool flush_all) {
+                const std::string& prefix, bool flush_all,
+                const std::function<void(std::string_view)>& seen = {}) {
   partial.append(data, n);
   std::size_t start = 0;
   for (;;) {
@@ -63,11 +82,13 @@ void emit_lines(std::string& partial, const char* data, std::size_t n, FILE* to,
     if (nl == std::string::npos) break;
     std::fprintf(to, "%s%.*s\n", prefix.c_str(), static_cast<int>(nl - start),
                  partial.data() + start);
+    if (seen) seen(std::string_view(partial).substr(start, nl - start));
     start = nl + 1;
   }
   partial.erase(0, start);
   if (flush_all && !partial.empty()) {
     std::fprintf(to, "%s%s\n", prefix.c_str(), partial.c_str());
+    if (seen) seen(partial);
     partial.clear();
   }
   std::fflush(to);
@@ -319,12 +340,17 @@ int launch_local(const LaunchOptions& o) {
         ssize_t got = read(fds[k].fd, buf, sizeof buf);
         std::string prefix = fmt::format("[rank {}] ", c.rank);
         if (!is_err && c.rank == 0) prefix.clear();
+        std::function<void(std::string_view)> seen;
+        if (is_err && c.named_peer < 0)
+          seen = [&c](std::string_view line) {
+            if (c.named_peer < 0) c.named_peer = peer_named_in_error_line(line);
+          };
         if (got > 0) {
           emit_lines(is_err ? c.err_partial : c.out_partial, buf, static_cast<std::size_t>(got),
-                     is_err ? stderr : stdout, prefix, false);
+                     is_err ? stderr : stdout, prefix, false, seen);
         } else if (got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN)) {
           emit_lines(is_err ? c.err_partial : c.out_partial, "", 0, is_err ? stderr : stdout,
-                     prefix, true);
+                     prefix, true, seen);
           close(fds[k].fd);
           (is_err ? c.err_fd : c.out_fd) = -1;
         }
@@ -437,8 +463,15 @@ int launch_local(const LaunchOptions& o) {
   // write, a crash) is the one to name, whichever was reaped first.
   const Child* blamed = &f;
   if (const auto r = tools::rank_that_failed_first(failed_in_order)) blamed = &children[static_cast<std::size_t>(*r)];
-  std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) failed first: it %s\n", blamed->rank,
-               static_cast<long>(blamed->pid), describe_status(blamed->status).c_str());
+  // A rank that timed out or lost a peer ends first, but its own diagnosis
+  // names the rank the failure comes from (a rank that stopped issuing
+  // collectives, a dead one): the last line read should not contradict it.
+  std::string naming;
+  if (WIFEXITED(blamed->status) && (WEXITSTATUS(blamed->status) == 4 || WEXITSTATUS(blamed->status) == 5) &&
+      blamed->named_peer >= 0 && blamed->named_peer != blamed->rank && blamed->named_peer < o.nproc)
+    naming = fmt::format(", naming rank {} as the cause (its diagnosis above says why)", blamed->named_peer);
+  std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) failed first: it %s%s\n", blamed->rank,
+               static_cast<long>(blamed->pid), describe_status(blamed->status).c_str(), naming.c_str());
   for (const auto& c : children)
     if (c.rank != blamed->rank && failed(c.status))
       std::fprintf(stderr, "ddpdiag launcher: rank %d %s\n", c.rank,

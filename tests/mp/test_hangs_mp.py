@@ -470,6 +470,12 @@ class Hangs(unittest.TestCase):
             self.assertIn("[rank %d] ddpdiag: error on rank %d" % (r, r), p.stderr)
         self.assertEqual(p.stderr.count("Rank 1 behind"), 3, p.stderr)
         self.assertNotIn("exited with code 5", p.stderr)
+        # The launcher's last word agrees: the rank that ended first is
+        # named, and when that is not rank 1, so is the rank its watchdog
+        # blamed.
+        self.assertRegex(p.stderr, r"ddpdiag launcher: rank (1 \(pid \d+\) failed first: it exited "
+                                   r"with code 4 \(timed out\)\n|[02] \(pid \d+\) failed first: it "
+                                   r"exited with code 4 \(timed out\), naming rank 1 as the cause)")
         # One numbering: the watchdog's collective #5 (the backend's own op
         # counter, which also counts the setup barrier, is not shown), and
         # the stuck rank does not name itself as its own peer.
