@@ -7,7 +7,8 @@
 //      (kDetectTimeout, bounded by io_timeout);
 //   2. the nonce echoed back => 2.x; the connection is kept;
 //   3. anything else (EOF, other bytes, silence) => close, reconnect, speak
-//      1.13 and confirm with GETNUMKEYS (an int64 reply) under io_timeout.
+//      1.13 and confirm with GETNUMKEYS (an int64 reply) within what is left
+//      of io_timeout.
 // Why this is harmless to a 1.13 server: it reads 00 as SET, then takes the
 // next eight bytes (ce f7 85 3c 0d n0 n1 n2) as the key length. The nonce is
 // chosen with bit 23 set, so n2 >= 0x80 and the length is >= 2^63, beyond
@@ -624,7 +625,9 @@ struct TcpStoreClient::Impl {
     // connect_attempts() meaning "tries until the server answered".
     --attempts;
     if (opts.attempts_out) *opts.attempts_out = attempts;
-    if (v1_probe(Clock::now() + opts.io_timeout)) {
+    // Under the same deadline as the handshake: a silent server has then had
+    // the whole timeout in all, not the timeout plus the handshake's wait.
+    if (v1_probe(io)) {
       protocol = StoreProtocol::kV1;
       return;
     }

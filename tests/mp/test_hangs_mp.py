@@ -146,6 +146,8 @@ class InitCheck(unittest.TestCase):
         self.assertLess(phases["store_connect"]["duration_ms"], 1000, phases)
         self.assertEqual(phases["store_handshake"]["status"], "fail")
         self.assertGreater(phases["store_handshake"]["duration_ms"], 2500, phases)
+        # Both probes within --timeout 3 in all, not 3 s after the first.
+        self.assertLess(phases["store_handshake"]["duration_ms"], 4000, phases)
         self.assertRegex(p.stderr, r"answered neither the torch 2.x handshake nor a torch 1.13 "
                                    r"request in [0-9]+ ms")
 
