@@ -2205,7 +2205,24 @@ void discover_job(Job& job, const CommonOptions& o) {
   job.world_known = true;
   // Rank 0 writes the job's report: a path it cannot write fails now, not
   // after the measurement.
-  if (job.world.rank == 0) check_report_outputs(o);
+  if (job.world.rank == 0) {
+    check_report_outputs(o);
+    return;
+  }
+  // Another rank writes its own report (FILE.rank<R>.json) only when it
+  // fails apart from rank 0. Its host may not have rank 0's directory (one
+  // command line for every node): a warning now, not a refusal, rather than
+  // a report lost at the failure.
+  for (const auto& [flag, path, ext] : {std::tuple<const char*, const std::string&, const char*>{
+                                            "--json", o.json_path, ".json"},
+                                        {"--markdown", o.markdown_path, ".md"}}) {
+    const std::string own = rank_report_path(path, ext, job.world.rank);
+    if (auto problem = reports::output_path_problem(own))
+      std::fprintf(stderr,
+                   "ddpdiag: warning on rank %d: %s %s: should this rank fail on its own, it could "
+                   "not write its report %s: %s\n",
+                   job.world.rank, flag, path.c_str(), own.c_str(), problem->c_str());
+  }
 }
 
 // What this rank tells rank 0 about its network: the interface holding

@@ -1042,6 +1042,30 @@ class BadInput(unittest.TestCase):
                           "was not" % r, se)
         self.assertFalse(os.path.exists(path))
 
+    def test_another_rank_warns_of_a_report_path_it_could_not_write(self):
+        # Rank 1 writes its own report only when it fails apart from rank 0,
+        # and its host may lack rank 0's directory: it warns at the start
+        # (the run goes on) rather than lose its report at the failure.
+        port = free_port()
+        path = tmp_json()
+        bad = "/nonexistent-ddpdiag-dir/out.json"
+        res = run_ranks([["allreduce-test", "--rank", str(r), "--world-size", "2",
+                          "--master-port", str(port), "--timeout", str(self.TIMEOUT),
+                          "-b", "1K", "-e", "1K", "-n", "2", "--json", path if r == 0 else bad]
+                         for r in range(2)],
+                        [clean_env(), clean_env()], timeout=self.TIMEOUT + 20)
+        try:
+            for rc, so, se, elapsed in res:
+                self.assertEqual(rc, 0, se)
+            self.assertIn("ddpdiag: warning on rank 1: --json %s: should this rank fail on its own, "
+                          "it could not write its report /nonexistent-ddpdiag-dir/out.rank1.json: "
+                          "the directory /nonexistent-ddpdiag-dir" % bad, res[1][2])
+            self.assertNotIn("should this rank fail", res[0][2])
+            self.assertEqual(load(path)["verdict"], "PASS")
+        finally:
+            if os.path.exists(path):
+                os.unlink(path)
+
     def test_ipv6_master_addr_reaches_rank_0s_store(self):
         # Rank 0 hosts the store on every address of its host, IPv6 too, as
         # torch's server does; "[::1]" is the URL form of ::1.
