@@ -359,7 +359,9 @@ int run_init_check(const InitCheckOptions& io) {
         const std::string& src = job.world.master_addr_source;
         const std::string what = src.rfind("SLURM_", 0) == 0
                                      ? fmt::format("MASTER_ADDR (unset; the first host of {})", src)
-                                     : std::string("MASTER_ADDR");
+                                 : src == "default"       ? std::string("MASTER_ADDR (unset; the default)")
+                                 : src == "--master-addr" ? std::string("--master-addr")
+                                                          : std::string("MASTER_ADDR");
         return resolve(job.world.master_addr, what, job.timeout, me);
       });
     }
