@@ -112,6 +112,20 @@ std::string explain_conversion(const CLI::App& app, const CLI::ConversionError& 
 // report path is what was refused, not for `report` (its outputs are not
 // run reports), and from rank 0 or a process with no rank only: every rank
 // of a job refuses the same line, and rank 0 writes the job's report.
+// A flag the parser refused, in ddpdiag's own form (prefix, then a hint
+// naming the subcommand's --help).
+void print_flag_error(const CLI::App& app, const std::string& message) {
+  std::string command = "ddpdiag";
+  for (const CLI::App* a = &app; a;) {
+    const CLI::App* next = nullptr;
+    for (const CLI::App* sub : a->get_subcommands()) next = sub;
+    if (next) command += " " + next->get_name();
+    a = next;
+  }
+  std::fprintf(stderr, "ddpdiag: error: %s\nddpdiag: hint: `%s --help` lists the flags and their values\n",
+               message.c_str(), command.c_str());
+}
+
 void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
   const CLI::App* sub = nullptr;
   std::string command;
@@ -317,18 +331,22 @@ int main(int argc, char** argv) {
     }
   } catch (const CLI::ConversionError& e) {
     const std::string message = explain_conversion(app, e);
-    std::fprintf(stderr, "%s\nRun with --help for more information.\n", message.c_str());
+    print_flag_error(app, message);
     cli::write_torchelastic_error_file("ddpdiag usage error: " + message);
     write_flag_error_report(app, CLI::ConversionError(message));
     return static_cast<int>(ExitCode::kUsage);
   } catch (const CLI::ParseError& e) {
-    int rc = app.exit(e);
-    if (rc != 0) {
-      // Under torchrun: its summary shows the error, not "<N/A>".
-      cli::write_torchelastic_error_file(std::string("ddpdiag usage error: ") + e.what());
-      write_flag_error_report(app, e);
-    }
-    return rc == 0 ? 0 : static_cast<int>(ExitCode::kUsage);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::string message = e.what();
+    // An empty value shows as nothing between the flag and the reason
+    // ("--store-protocol:  not in {...}").
+    if (const auto at = message.find(":  "); at != std::string::npos && message.rfind("--", 0) == 0)
+      message.replace(at, 3, ": '' ");
+    print_flag_error(app, message);
+    // Under torchrun: its summary shows the error, not "<N/A>".
+    cli::write_torchelastic_error_file("ddpdiag usage error: " + message);
+    write_flag_error_report(app, e);
+    return static_cast<int>(ExitCode::kUsage);
   }
   try {
     for (auto& s : subs)
