@@ -109,8 +109,14 @@ class InitCheck(unittest.TestCase):
         p = run(["init-check", "--rank", "1", "--world-size", "2", "--master-addr",
                  "no-such-host.invalid", "--master-port", str(free_port()), "--timeout", "5"])
         self.assertEqual(p.returncode, 3, p.stderr)
-        self.assertIn("MASTER_ADDR='no-such-host.invalid' does not resolve", p.stderr)
+        # Named as it was given: by the flag here, by the variable below.
+        self.assertIn("--master-addr='no-such-host.invalid' does not resolve", p.stderr)
         self.assertIn("wrong MASTER_ADDR", p.stderr)
+        p = run(["init-check", "--timeout", "5"],
+                env=clean_env(RANK="1", WORLD_SIZE="2", MASTER_ADDR="no-such-host.invalid",
+                              MASTER_PORT=str(free_port())))
+        self.assertEqual(p.returncode, 3, p.stderr)
+        self.assertIn("MASTER_ADDR='no-such-host.invalid' does not resolve", p.stderr)
         # It never reached the store, so it prints its own timeline.
         self.assertIn("could not reach the store", p.stderr)
         self.assertIn("resolve_master", p.stderr)
