@@ -23,6 +23,20 @@ SMALL = ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
 ALL_TYPES = ["-d", "all", "-o", "all"]
 
 
+def launched_ranks_seen(p, n, seconds=60):
+    """Reads the launcher's output until its n ranks' "#  Rank" lines have
+    come (they print them once the world is up); returns how many came."""
+    seen = 0
+    deadline = time.monotonic() + seconds
+    while seen < n:
+        line = readline_within(p, max(0.1, deadline - time.monotonic()))
+        if not line:
+            break
+        if line.startswith("#  Rank"):
+            seen += 1
+    return seen
+
+
 class LauncherSweeps(unittest.TestCase):
     def test_every_dtype_and_op_at_2_3_4_ranks(self):
         for n in (2, 3, 4):
@@ -187,15 +201,7 @@ class LauncherSweeps(unittest.TestCase):
                                                 "--json", path],
                                      env=clean_env(), stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
-                ranks_seen = 0
-                deadline = time.monotonic() + 60
-                while ranks_seen < 2:
-                    line = readline_within(p, max(0.1, deadline - time.monotonic()))
-                    if not line:
-                        break
-                    if line.startswith("#  Rank"):
-                        ranks_seen += 1
-                self.assertEqual(ranks_seen, 2, "the ranks did not start")
+                self.assertEqual(launched_ranks_seen(p, 2), 2, "the ranks did not start")
                 time.sleep(0.5)
                 p.send_signal(sig)
                 try:
@@ -232,15 +238,7 @@ class LauncherSweeps(unittest.TestCase):
                              env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True)
         try:
-            ranks_seen = 0
-            deadline = time.monotonic() + 60
-            while ranks_seen < 2:
-                line = readline_within(p, max(0.1, deadline - time.monotonic()))
-                if not line:
-                    break
-                if line.startswith("#  Rank"):
-                    ranks_seen += 1
-            self.assertEqual(ranks_seen, 2, "the ranks did not start")
+            self.assertEqual(launched_ranks_seen(p, 2), 2, "the ranks did not start")
             with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
                 ranks = [int(x) for x in f.read().split()]
             self.assertEqual(len(ranks), 2, ranks)

@@ -746,40 +746,20 @@ class PeerDeath(unittest.TestCase):
         # Started by hand, rank 0's process hosts the store: stopped, it takes
         # the store with it, and rank 1 on the same machine must say that
         # rank 0 is stopped, not send the user to cables and firewalls.
-        port = free_port()
-        procs = [subprocess.Popen([BIN] + a, env=clean_env(), stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-                 for a in rank_cmds(2, ["allreduce-test", "--timeout", str(TIMEOUT), "-b", "1K",
-                                        "-e", "1K", "-n", "10000000", "-w", "1"], port)]
-        try:
-            t0 = time.monotonic()
-            while time.monotonic() - t0 < 60:
-                line = procs[0].stdout.readline()
-                if not line or line.startswith("#   ") and "size" in line:
-                    break
-            time.sleep(0.5)
-            os.kill(procs[0].pid, signal.SIGSTOP)
-            t_stop = time.monotonic()
-            _, se = procs[1].communicate(timeout=TIMEOUT + 60)
-            elapsed = time.monotonic() - t_stop
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.communicate()
-        self.assertEqual(procs[1].returncode, 5, se)
+        outs, pids = self.stop_one_rank(2, 0, TIMEOUT)
+        rc, se, elapsed = outs[1]
+        self.assertEqual(rc, 5, se)
         self.assertLess(elapsed, TIMEOUT + MARGIN, se)
         self.assertRegex(se, r"Rank 0 \(pid %d on this machine\), which hosts the store, is "
-                             r"stopped" % procs[0].pid)
-        self.assertIn("hint: resume rank 0 (kill -CONT %d)" % procs[0].pid, se)
+                             r"stopped" % pids[0])
+        self.assertIn("hint: resume rank 0 (kill -CONT %d)" % pids[0], se)
         self.assertNotIn("cable", se)
 
-    def stop_rank_1(self, timeout):
-        """Stops rank 1 of 3 mid-sweep with SIGSTOP; returns, for ranks 0 and
-        2, (rc, stderr, seconds from the stop to their exit), having checked
-        that both ended within the timeout and named rank 1 stopped."""
+    def stop_one_rank(self, n, stopped, timeout):
+        """Starts n ranks by hand and stops rank `stopped` mid-sweep with
+        SIGSTOP; returns ({other rank: (rc, stderr, seconds from the stop to
+        its exit)}, the ranks' pids)."""
         port = free_port()
-        n = 3
         procs = [subprocess.Popen([BIN] + a, env=clean_env(), stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
                  # -n 10^7: the sweep keeps at most 1,024 ops in flight, so the
@@ -795,10 +775,12 @@ class PeerDeath(unittest.TestCase):
                 if not line or line.startswith("#   ") and "size" in line:
                     break
             time.sleep(0.5)
-            os.kill(procs[1].pid, signal.SIGSTOP)
+            os.kill(procs[stopped].pid, signal.SIGSTOP)
             t_stop = time.monotonic()
             outs = {}
-            for r in (0, 2):
+            for r in range(n):
+                if r == stopped:
+                    continue
                 so, se = procs[r].communicate(timeout=timeout + 60)
                 outs[r] = (procs[r].returncode, se, time.monotonic() - t_stop)
         finally:
@@ -806,6 +788,13 @@ class PeerDeath(unittest.TestCase):
                 if p.poll() is None:
                     p.kill()
                     p.communicate()
+        return outs, [p.pid for p in procs]
+
+    def stop_rank_1(self, timeout):
+        """Stops rank 1 of 3 mid-sweep with SIGSTOP; returns, for ranks 0 and
+        2, (rc, stderr, seconds from the stop to their exit), having checked
+        that both ended within the timeout and named rank 1 stopped."""
+        outs, _ = self.stop_one_rank(3, 1, timeout)
         for r in (0, 2):
             rc, se, elapsed = outs[r]
             self.assertIn(rc, (4, 5), se)
