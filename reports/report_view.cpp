@@ -241,7 +241,8 @@ std::string nested_cell(const std::string& key, const json& v) {
 // object of scalars becomes a column per field ("parent.field"), an error
 // object its message and hint, and a nested array of objects (the phases of
 // a rank) a table of its own, returned in children.
-Table objects_table(const std::string& name, const json& arr, std::vector<Table>* children = nullptr) {
+Table objects_table(const std::string& name, const json& arr, std::vector<Table>* children = nullptr,
+                    const std::string& lead = "rank") {
   Table t;
   t.title = name;
   std::vector<std::string> keys;
@@ -270,8 +271,8 @@ Table objects_table(const std::string& name, const json& arr, std::vector<Table>
   // A column that is sometimes a nested object with many fields stays one cell.
   for (auto it = sub.begin(); it != sub.end();)
     it = it->second.size() > 12 ? sub.erase(it) : std::next(it);
-  // The rank is the row's name: first.
-  if (auto it = std::find(keys.begin(), keys.end(), "rank"); it != keys.end()) std::rotate(keys.begin(), it, it + 1);
+  // The rank (or what else names the row) first.
+  if (auto it = std::find(keys.begin(), keys.end(), lead); it != keys.end()) std::rotate(keys.begin(), it, it + 1);
   // Memory per rank: every byte count human-readable.
   const bool memory_layout = sub.count("categories") > 0;
   for (const auto& k : child_keys) seen.erase(k);
@@ -320,30 +321,51 @@ Table objects_table(const std::string& name, const json& arr, std::vector<Table>
   }
   if (arr.size() > t.rows.size()) t.note = fmt::format("showing {} of {} rows", t.rows.size(), arr.size());
   if (!children) return t;
-  // Each nested array of objects: one table, its rows led by the parent's rank.
+  // Each nested array of objects: one table, its rows led by what names
+  // their parent row: its rank (rows per rank), else its first column (a
+  // chunk size, a cap), else its place. An item's own "rank" (the rank a
+  // mismatch was found on) is kept as it is.
+  const bool per_rank = std::any_of(arr.begin(), arr.end(), [](const json& r) { return !field(r, "rank").is_null(); });
+  std::string child_lead = "rank";
+  if (!per_rank) {
+    // The first field that tells the rows apart (its values differ from row
+    // to row): broadcast-test's chunk size, bucket-sweep's cap.
+    child_lead = "row";
+    for (const char* k : {"chunk_bytes", "bucket_cap_mb", "bucket_cap_bytes", "size", "bytes", "world_size",
+                          "collective", "algorithm", "name"}) {
+      std::set<std::string> values;
+      bool scalar = true;
+      for (const auto& r : arr) {
+        const json& v = field(r, k);
+        scalar = scalar && !v.is_null() && !v.is_structured();
+        values.insert(v.dump());
+      }
+      if (!arr.empty() && scalar && (values.size() == arr.size())) {
+        child_lead = k;
+        break;
+      }
+    }
+  }
   for (const auto& ck : child_keys) {
     json rows = json::array();
     for (std::size_t i = 0; i < arr.size(); ++i) {
       const json& items = field(arr[i], ck.c_str());
       if (!items.is_array()) continue;
-      const json& rank = field(arr[i], "rank");
+      const json& named = child_lead == "row" ? json(i) : field(arr[i], child_lead.c_str());
       for (const auto& item : items) {
         if (!item.is_object()) continue;
         json row = json::object();
-        row["rank"] = rank.is_null() ? json(i) : rank;
         for (auto it = item.begin(); it != item.end(); ++it)
-          if (it.key() != "rank") row[it.key()] = it.value();
+          if (!(per_rank && it.key() == "rank")) row[it.key()] = it.value();
+        row[child_lead] = named.is_null() && per_rank ? json(i) : named;
         rows.push_back(std::move(row));
       }
     }
     if (rows.empty()) continue;
-    if (ck == "phases" || ck == "timeline") {
+    if (ck == "phases" || ck == "timeline")
       children->push_back(timeline_table(name + ": timeline", rows));
-    } else {
-      Table child = objects_table(name + ": " + ck, rows);
-      // "rank" first, as it was put.
-      children->push_back(std::move(child));
-    }
+    else
+      children->push_back(objects_table(name + ": " + ck, rows, nullptr, child_lead));
   }
   return t;
 }
@@ -612,14 +634,29 @@ std::vector<Table> result_tables(const json& r) {
   scalars.title = "Summary";
   scalars.header = {"field", "value"};
   scalars.numeric = {false, true};
-  // Slow links, by both directions: a pair is one link measured once.
-  std::set<std::pair<int, int>> slow;
+  // Slow links, by both directions: a pair is one link measured once. Each
+  // matrix marks the pairs slow by its own figure (a pair slow by bandwidth
+  // alone keeps its latency unmarked) where the pairs say which; else, in
+  // reports without the per-figure flags, every slow pair in every matrix.
+  std::set<std::pair<int, int>> slow, slow_bandwidth, slow_latency;
+  bool per_figure = false;
+  auto mark = [](std::set<std::pair<int, int>>& in, const json& a, const json& b) {
+    if (!a.is_number_integer() || !b.is_number_integer()) return;
+    in.insert({a.get<int>(), b.get<int>()});
+    in.insert({b.get<int>(), a.get<int>()});
+  };
   if (field(res, "slow_pairs").is_array())
     for (const auto& p : field(res, "slow_pairs"))
-      if (p.is_array() && p.size() >= 2 && p[0].is_number_integer() && p[1].is_number_integer()) {
-        slow.insert({p[0].get<int>(), p[1].get<int>()});
-        slow.insert({p[1].get<int>(), p[0].get<int>()});
-      }
+      if (p.is_array() && p.size() >= 2) mark(slow, p[0], p[1]);
+  if (field(res, "pairs").is_array())
+    for (const auto& p : field(res, "pairs")) {
+      const json& bw = field(p, "slow_bandwidth");
+      const json& lat = field(p, "slow_latency");
+      if (!bw.is_boolean() || !lat.is_boolean()) continue;
+      per_figure = true;
+      if (bw.get<bool>()) mark(slow_bandwidth, field(p, "src"), field(p, "dst"));
+      if (lat.get<bool>()) mark(slow_latency, field(p, "src"), field(p, "dst"));
+    }
   for (auto it = res.begin(); it != res.end(); ++it) {
     const json& v = it.value();
     if (it.key() == "warnings" && v.is_array()) {
@@ -627,7 +664,8 @@ std::vector<Table> result_tables(const json& r) {
     } else if (it.key() == "watchdog" && v.is_object()) {
       watchdog_tables(v, out);
     } else if (is_matrix(v)) {
-      out.push_back(matrix_table(it.key(), v, slow));
+      const bool latency = ends_with(it.key(), "_us") || ends_with(it.key(), "_ms");
+      out.push_back(matrix_table(it.key(), v, !per_figure ? slow : latency ? slow_latency : slow_bandwidth));
     } else if (v.is_array() && !v.empty() && v[0].is_object()) {
       bool blocks = v[0].contains("out_of_place") || v[0].contains("in_place");
       if (it.key() == "sizes" && blocks) {

@@ -1188,6 +1188,44 @@ TEST_CASE("render: link-health matrices are tables and every slow cell is outlin
   CHECK(outlines == 3);  // two cells and the legend swatch
 }
 
+TEST_CASE("render: a pair slow by one figure is marked in that figure's matrix only", "[reports][render]") {
+  auto j = rendered_report(
+      "link-health",
+      {{"ranks", 3},
+       {"busbw_gbps", {{nullptr, 0.7, 9.0}, {0.7, nullptr, 9.0}, {9.0, 9.0, nullptr}}},
+       {"latency_us", {{nullptr, 56.4, 10.0}, {56.4, nullptr, 900.0}, {10.0, 900.0, nullptr}}},
+       {"slow_pairs", {{0, 1}, {1, 2}}},
+       {"pairs", {{{"src", 0}, {"dst", 1}, {"slow", true}, {"slow_bandwidth", true}, {"slow_latency", false}},
+                  {{"src", 1}, {"dst", 2}, {"slow", true}, {"slow_bandwidth", false}, {"slow_latency", true}},
+                  {{"src", 0}, {"dst", 2}, {"slow", false}, {"slow_bandwidth", false}, {"slow_latency", false}}}}});
+  auto md = render_markdown(j);
+  INFO(md);
+  auto bw = md_block(md, "busbw_gbps matrix (GB/s)");
+  CHECK(has(bw, "| 0 | — | 0.7 (slow) | 9 |"));
+  CHECK(has(bw, "| 1 | 0.7 (slow) | — | 9 |"));
+  auto lat = md_block(md, "latency_us matrix (µs)");
+  CHECK(has(lat, "| 0 | — | 56.4 | 10 |"));
+  CHECK(has(lat, "| 1 | 56.4 | — | 900 (slow) |"));
+}
+
+TEST_CASE("render: a nested table keeps its items' own rank and names the parent row", "[reports][render]") {
+  // broadcast-test: rows per chunk size, each listing the ranks whose
+  // parameters differed. The rank column is the mismatch's rank, and the
+  // chunk size says which row it came from.
+  json rows = json::array();
+  rows.push_back({{"chunk_bytes", 1048576}, {"bytes", 7454760}, {"identical", false},
+                  {"mismatches", {{{"rank", 3}, {"tensor", 2}, {"name", "2.weight"}, {"wrong_iterations", 2}}}}});
+  rows.push_back({{"chunk_bytes", 4194304}, {"bytes", 7454760}, {"identical", false},
+                  {"mismatches", {{{"rank", 1}, {"tensor", 0}, {"name", "0.weight"}, {"wrong_iterations", 1}}}}});
+  auto j = rendered_report("broadcast-test", {{"rows", rows}});
+  auto md = render_markdown(j);
+  INFO(md);
+  auto t = md_block(md, "rows: mismatches");
+  CHECK(has(t, "| chunk_bytes | name | rank | tensor | wrong_iterations |"));
+  CHECK(has(t, "| 1048576 | 2.weight | 3 | 2 | 2 |"));
+  CHECK(has(t, "| 4194304 | 0.weight | 1 | 0 | 1 |"));
+}
+
 TEST_CASE("render: memory per rank shows each category as a column in bytes", "[reports][render]") {
   json ranks = json::array();
   for (int r = 0; r < 2; ++r)
