@@ -28,7 +28,7 @@
 //
 // Imbalance: a rank whose peak resident set (host) or used device memory
 // (GPU), or whose accounted total, is more than --imbalance-pct above the
-// median of the ranks is named, as in the classic "rank 0 uses more".
+// median of the other ranks is named, as in the classic "rank 0 uses more".
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -304,13 +304,13 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   json flagged = json::array();
   std::vector<std::string> named;
   auto flag = [&](const char* metric, const std::vector<double>& v) {
-    const double med = median(v);
     for (int r : tools::ranks_above_median(v, o.imbalance_pct)) {
+      const double med = tools::median_of_others(v, static_cast<std::size_t>(r));
       const double pct = med > 0 ? 100 * (v[r] / med - 1) : 0;
       flagged.push_back({{"rank", r}, {"metric", metric}, {"bytes", v[r]}, {"median_bytes", med},
                          {"pct_above_median", pct}});
-      named.push_back(fmt::format("rank {} {} {:.1f} MiB is {:.1f}% above the median {:.1f} MiB", r,
-                                  metric, v[r] / kMiB, pct, med / kMiB));
+      named.push_back(fmt::format("rank {} {} {:.1f} MiB is {:.1f}% above the other ranks' median {:.1f} MiB",
+                                  r, metric, v[r] / kMiB, pct, med / kMiB));
     }
   };
   flag("total_bytes", totals);
@@ -322,7 +322,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   std::string detail;
   for (std::size_t i = 0; i < named.size(); ++i) detail += (i ? "; " : "") + named[i];
   report.add_check({"imbalance", tools::pass_if(named.empty()),
-                    named.empty() ? fmt::format("every rank within {}% of the median", o.imbalance_pct)
+                    named.empty() ? fmt::format("every rank within {}% of the other ranks' median", o.imbalance_pct)
                                   : detail});
   std::string wrong_ranks;  // "rank 1: 4, rank 2: 1"
   for (std::size_t r = 0; r < all.size(); ++r)
@@ -394,7 +394,7 @@ Subcommand add_memory_command(CLI::App& parent) {
                   "Size of the all-reduced metrics buffer (MiB, 0 to 1e6; 0: 4 bytes)")
       ->check(cli::number_in_range(0, kMaxWorkspaceMb));
   app->add_option("--imbalance-pct", opts->imbalance_pct,
-                  "Flag a rank more than this % above the median")
+                  "Flag a rank more than this % above the median of the other ranks")
       ->check(cli::non_negative_number());
   app->add_flag("--no-comm-probe", opts->no_comm_probe,
                 "Skip measuring a second communicator's initialisation");

@@ -226,11 +226,18 @@ std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& cap
   return r;
 }
 
+double median_of_others(const std::vector<double>& per_rank, std::size_t rank) {
+  std::vector<double> others;
+  for (std::size_t r = 0; r < per_rank.size(); ++r)
+    if (r != rank) others.push_back(per_rank[r]);
+  return median_of(std::move(others));
+}
+
 std::vector<int> ranks_above_median(const std::vector<double>& per_rank, double pct) {
   std::vector<int> out;
-  const double med = median_of(per_rank);
+  if (per_rank.size() < 2) return out;
   for (std::size_t r = 0; r < per_rank.size(); ++r)
-    if (per_rank[r] > med * (1 + pct / 100)) out.push_back(static_cast<int>(r));
+    if (per_rank[r] > median_of_others(per_rank, r) * (1 + pct / 100)) out.push_back(static_cast<int>(r));
   return out;
 }
 

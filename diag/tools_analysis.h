@@ -107,7 +107,13 @@ std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& cap
 
 // ---- memory ----------------------------------------------------------------
 
-// Ranks whose value is more than pct percent above the median of all ranks.
+// The median of every rank's value but `rank`'s (0 with no other rank).
+double median_of_others(const std::vector<double>& per_rank, std::size_t rank);
+
+// Ranks whose value is more than pct percent above the median of the other
+// ranks: a rank's own value is no part of what it is judged against (at two
+// ranks the median of all would be the mean, and a rank 20% above the other
+// only 10% above it).
 std::vector<int> ranks_above_median(const std::vector<double>& per_rank, double pct);
 
 }  // namespace ddpdiag::cli::tools

@@ -194,6 +194,15 @@ TEST_CASE("ranks_above_median: the classic rank 0 uses more", "[tools]") {
   CHECK(ranks_above_median({130, 100, 101, 99}, 10) == std::vector<int>{0});
   CHECK(ranks_above_median({100, 105, 109}, 10).empty());
   CHECK(ranks_above_median({}, 10).empty());
+  // Judged against the others, not a median that holds the rank itself: at
+  // two ranks that median is the mean, and a rank 18% above the other was
+  // only 8% above it.
+  CHECK(ranks_above_median({26.33, 22.33}, 10) == std::vector<int>{0});
+  CHECK(ranks_above_median({22.33, 26.33}, 10) == std::vector<int>{1});
+  CHECK(ranks_above_median({105, 100}, 10).empty());
+  CHECK(ranks_above_median({500}, 10).empty());
+  CHECK(median_of_others({130, 100, 101, 99}, 0) == 100);
+  CHECK(median_of_others({130, 100, 101, 99}, 1) == 101);
 }
 
 TEST_CASE("parse_proc_status: VmRSS and VmHWM in bytes", "[tools]") {

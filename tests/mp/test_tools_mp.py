@@ -415,6 +415,14 @@ class Memory(unittest.TestCase):
         self.assertIn((1, "total_bytes"), flagged)
         self.assertNotIn(0, {r for r, _ in flagged})
         self.assertIn("rank 1", [c for c in rep["checks"] if c["name"] == "imbalance"][0]["detail"])
+        # At 2 ranks: rank 0 about 18% over rank 1 (mlp's 22 MiB + 4) is
+        # named, judged against the other rank rather than a median (the
+        # mean of the two) that holds its own figure.
+        p, rep = tool(self, ["memory", "--model", "mlp", "-n", "1", "--inject-extra", "0:4",
+                             "--no-comm-probe"], 2, expect_rc=(1,))
+        flagged = {(f["rank"], f["metric"]) for f in rep["results"]["imbalanced_ranks"]}
+        self.assertIn((0, "total_bytes"), flagged)
+        self.assertNotIn(1, {r for r, _ in flagged})
 
     def test_wrong_gradients_name_their_rank_and_a_failed_run_judges_what_it_can(self):
         p, rep = tool(self, ["memory", "--model", "mlp", "-n", "2", "--inject-fault",
