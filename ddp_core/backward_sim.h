@@ -89,6 +89,9 @@ UsedBy used_by_all_but(const std::vector<std::size_t>& unused, std::size_t param
 struct GradientCheck {
   std::int64_t wrong = 0;    // elements outside tolerance
   std::int64_t checked = 0;  // elements compared
+  // Elements of dense parameters no rank used (find_unused_parameters): not
+  // compared, as torch gives them no gradient (their .grad stays None).
+  std::int64_t unused = 0;
   double max_abs_error = 0;
   // The first element outside tolerance (parameters in layout order): its
   // parameter's index, its index in that parameter (a sparse one: row *

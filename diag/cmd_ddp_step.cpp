@@ -109,7 +109,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   }
 
   std::vector<double> iter_us, backward_us, comm_us, exposed_us;
-  std::int64_t wrong = 0, checked = 0;
+  std::int64_t wrong = 0, checked = 0, unused_elements = 0;
   nlohmann::json first_wrong;  // this rank's first wrong element
   nlohmann::json timeline = nlohmann::json::array();
   int done = 0;  // iterations this rank completed
@@ -134,6 +134,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
         }
         wrong += c.wrong;
         checked += c.checked;
+        unused_elements += c.unused;
       }
       done = it + 1;
       if (it < o.warmup) continue;
@@ -166,6 +167,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                                  {"exposed_comm_us", median(exposed_us)},
                                  {"wrong", wrong},
                                  {"checked", checked},
+                                 {"unused_elements", unused_elements},
                                  {"first_wrong", first_wrong},
                                  {"timeline", timeline}};
     all = job.gather_to_root("ddp-step/result", mine);
@@ -187,7 +189,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   }
   if (job.rank() != 0) return;
   double t = 0, b = 0, c = 0, e = 0;
-  std::int64_t wrong_total = 0, checked_total = 0;
+  std::int64_t wrong_total = 0, checked_total = 0, unused_total = 0;
   nlohmann::json per_rank = nlohmann::json::array();
   for (std::size_t r = 0; r < all.size(); ++r) {
     const auto& j = all[r];
@@ -198,6 +200,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
     e = std::max(e, j["exposed_comm_us"].get<double>());
     wrong_total += j["wrong"].get<std::int64_t>();
     checked_total += j["checked"].get<std::int64_t>();
+    unused_total += j["unused_elements"].get<std::int64_t>();
     nlohmann::json pr = j;
     pr.erase("timeline");
     pr["rank"] = r;
@@ -209,6 +212,21 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["exposed_comm_us"] = e;
   res["wrong"] = wrong_total;
   res["checked_elements"] = checked_total;
+  // Parameters no rank used (find_unused_parameters): torch leaves their
+  // .grad None, so they are no part of the check. The same on every rank.
+  nlohmann::json unused_names = nlohmann::json::array();
+  for (std::size_t p : red.globally_unused()) unused_names.push_back(red.layout().tensors[p].name);
+  res["unused_parameters"] = unused_names;
+  std::string unused_note;
+  if (!unused_names.empty()) {
+    std::string names;
+    for (std::size_t i = 0; i < unused_names.size() && i < 8; ++i)
+      names += (i ? ", " : "") + unused_names[i].get<std::string>();
+    if (unused_names.size() > 8) names += fmt::format(", ... ({} in all)", unused_names.size());
+    unused_note = fmt::format("; not compared: {} element(s) of the parameter(s) no rank used ({}), "
+                              "which torch leaves without a gradient (.grad None)",
+                              unused_total, names);
+  }
   res["per_rank"] = per_rank;
   res["timeline_rank0"] = all.empty() ? nlohmann::json::array() : all[0]["timeline"];
   if (o.no_check)
@@ -229,9 +247,9 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
     report.add_check({"gradients_correct",
                       wrong_total == 0 ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
                       fmt::format("{} wrong of {} gradient elements, summed over {} rank(s) and "
-                                  "{} iteration(s){}",
+                                  "{} iteration(s){}{}",
                                   wrong_total, checked_total, job.size(), o.warmup + o.iters,
-                                  where)});
+                                  where, unused_note)});
   }
   std::printf("# %14s %14s %14s %14s %10s\n", "time/iter(us)", "backward(us)", "comm(us)",
               "exposed(us)", "#wrong");

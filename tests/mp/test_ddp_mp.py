@@ -203,6 +203,10 @@ class DdpStep(unittest.TestCase):
             res = self.run_step(2, layout, ["--find-unused-parameters", "--bucket-cap-mb", "0.05",
                                             "--first-bucket-mb", "0.05"])
             self.assertEqual(res["params"], 6)
+            # aux has no gradient in torch (.grad None): not compared, and
+            # said so; 3 iterations (1 warm-up + 2) on 2 ranks of the others.
+            self.assertEqual(res["unused_parameters"], ["aux.weight", "aux.bias"])
+            self.assertEqual(res["checked_elements"], 2 * 3 * (100 * 100 + 100 + 10 * 100 + 10))
             p = run(["bucket-sweep", "--nproc", "2", "--model", layout, "--find-unused-parameters",
                      "--caps", "0.05,1", "-n", "1", "-w", "1", "--no-size-sweep"])
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
