@@ -111,7 +111,12 @@ int run_assign_case(const std::string& path) {
   return 0;
 }
 
-std::string mib(std::uint64_t bytes) { return fmt::format("{:.2f}", static_cast<double>(bytes) / kMiB); }
+// Two decimals; a size under 0.01 MiB (a cap of a few KiB) in three
+// significant digits rather than as 0.00.
+std::string mib(std::uint64_t bytes) {
+  const double v = static_cast<double>(bytes) / kMiB;
+  return bytes > 0 && v < 0.005 ? fmt::format("{:.3g}", v) : fmt::format("{:.2f}", v);
+}
 
 // 25557032 -> "25,557,032"
 std::string thousands(std::uint64_t v) {

@@ -32,6 +32,9 @@ std::string format_figure(double v, int digits) {
   if (!std::isfinite(v)) return std::isnan(v) ? "nan" : (v > 0 ? "inf" : "-inf");
   if (v == 0) return "0";
   double a = std::fabs(v);
+  // Large figures (byte counts, times in µs) whole, as 12359680 rather than
+  // 1.236e+07; only beyond what a reader counts digits of in exponent form.
+  if (a >= 1e7 && a < 1e15) return fmt::format("{:.0f}", v);
   if (a >= 1e7 || a < 1e-4) return fmt::format("{:.{}g}", v, digits);
   // Digits after the point so that about `digits` significant ones show.
   int before = a >= 1 ? static_cast<int>(std::floor(std::log10(a))) + 1 : 0;

@@ -1509,3 +1509,12 @@ TEST_CASE("render: Markdown link and image and emphasis syntax from a report sta
   CHECK_FALSE(has(cmd, "![i]("));
   CHECK_FALSE(has(cmd, "[l]("));
 }
+
+TEST_CASE("format: large figures are written whole, not in exponent form", "[reports][render]") {
+  CHECK(format_figure(12359680.0) == "12359680");
+  CHECK(format_figure(56970000.7) == "56970001");
+  CHECK(format_figure(2.5e15) == "2.5e+15");
+  CHECK(format_figure(1234.5678) == "1235");
+  CHECK(format_figure(0.00001234) == "1.234e-05");
+  CHECK(format_cell(nlohmann::json(90520000.0)) == "90520000");
+}
