@@ -346,6 +346,8 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
                       size_var, *size, *size - 1),
           "every rank needs a distinct rank below the world size; check the launcher's counts");
     w.rank = *rank;
+    w.rank_source = rank_var;
+    w.world_size_source = size_var;
     w.world_size = *size;
   }
 

@@ -67,6 +67,9 @@ struct World {
   // Where master_addr came from: "--master-addr", "MASTER_ADDR", the Slurm
   // node list it was taken from (e.g. "SLURM_STEP_NODELIST"), or "default".
   std::string master_addr_source = "default";
+  // Where the rank and the world size came from: a variable (RANK,
+  // SLURM_PROCID, ...) or a flag (--rank, --world-size); empty by default.
+  std::string rank_source, world_size_source;
   int master_port = 29500;
   Launcher launcher = Launcher::kNone;
   // torchrun's agent hosts the store (TORCHELASTIC_USE_AGENT_STORE=True):

@@ -197,8 +197,12 @@ nlohmann::json nccl_log_lines(const std::string& path) {
 }
 
 std::string describe_env(const World& w) {
-  std::string s = fmt::format("launcher {}; rank {} of {}, local rank {} of {}",
-                              launcher_name(w.launcher), w.rank, w.world_size, w.local_rank,
+  // Flags over a launcher's variables: say so, beside the variables shown.
+  std::string given;
+  if (w.rank_source.rfind("--", 0) == 0 || w.world_size_source.rfind("--", 0) == 0)
+    given = fmt::format(" (from {} and {})", w.rank_source, w.world_size_source);
+  std::string s = fmt::format("launcher {}; rank {} of {}{}, local rank {} of {}",
+                              launcher_name(w.launcher), w.rank, w.world_size, given, w.local_rank,
                               w.local_world_size);
   if (w.agent_store) s += "; store hosted by the launcher's agent";
   else if (w.world_size > 1) s += w.hosts_store() ? "; this rank hosts the store" : "";

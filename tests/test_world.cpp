@@ -259,6 +259,8 @@ TEST_CASE("a flag and the environment each give half of the world", "[world]") {
   auto a = discover({{"RANK", "1"}, {"MASTER_PORT", "4000"}}, size_flag);
   CHECK(a.rank == 1);
   CHECK(a.world_size == 2);
+  CHECK(a.rank_source == "RANK");
+  CHECK(a.world_size_source == "--world-size");
   WorldFlags ompi_size;
   ompi_size.world_size = 3;
   auto b = discover({{"OMPI_COMM_WORLD_RANK", "2"}, {"MASTER_ADDR", "h0"}}, ompi_size);
