@@ -238,6 +238,13 @@ struct ServeOptions {
   int port = kDefaultStorePort;
 };
 
+// One line of the serving store's log on stderr; a failed write is ignored
+// (fmt::print would throw it on the server's thread, ending the store).
+void log_line(const std::string& line) noexcept {
+  std::fprintf(stderr, "ddpdiag store: %s\n", line.c_str());
+  std::fflush(stderr);
+}
+
 int run_serve(const ServeOptions& o) {
   // As --master-port and HOST:PORT are checked, before anything binds (a
   // port of 70000 would otherwise be taken modulo 65536).
@@ -258,15 +265,15 @@ int run_serve(const ServeOptions& o) {
   // on stderr, up to a bound: a client in a loop must not flood the log.
   constexpr std::uint64_t kShownRefusals = 20;
   auto refusals = std::make_shared<std::atomic<std::uint64_t>>(0);
+  // The log is written as well as it can be: a store whose stderr went away
+  // (a full disk, a log pipe whose reader ended) keeps serving its clients.
   so.on_refused = [refusals](const std::string& why) {
     std::uint64_t n = ++*refusals;
-    if (n <= kShownRefusals)
-      fmt::print(stderr, "ddpdiag store: closed the connection of {}\n", why);
+    if (n <= kShownRefusals) log_line("closed the connection of " + why);
     if (n == kShownRefusals)
-      fmt::print(stderr, "ddpdiag store: {} connections closed so far; further ones are counted, not shown\n",
-                 n);
+      log_line(fmt::format("{} connections closed so far; further ones are counted, not shown", n));
   };
-  so.on_out_of_fds = [](const std::string& what) { fmt::print(stderr, "ddpdiag store: {}\n", what); };
+  so.on_out_of_fds = [](const std::string& what) { log_line(what); };
   TcpStoreServer server(so);
   Address bound{so.host, server.port()};
   fmt::print("ddpdiag store serving on {} (protocols: {}, {})\n", format_address(bound),
@@ -275,9 +282,10 @@ int run_serve(const ServeOptions& o) {
   int sig = 0;
   sigwait(&set, &sig);
   const std::uint64_t refused = refusals->load();
-  fmt::print(stderr, "ddpdiag store: stopping on {} ({} keys, {} open connections{})\n",
-             sig == SIGINT ? "SIGINT" : "SIGTERM", server.num_keys(), server.num_connections(),
-             refused ? fmt::format(", {} closed for requests the protocol does not allow", refused) : "");
+  log_line(fmt::format("stopping on {} ({} keys, {} open connections{})", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                       server.num_keys(), server.num_connections(),
+                       refused ? fmt::format(", {} closed for requests the protocol does not allow", refused)
+                               : ""));
   return 0;
 }
 

@@ -363,10 +363,15 @@ struct TcpStoreServer::Impl {
     rlimit rl{};
     const bool known = ::getrlimit(RLIMIT_NOFILE, &rl) == 0;
     // Plain concatenation: this file is also built alone, for the fuzzers.
-    opts.on_out_of_fds("this process has run out of file descriptors (" + errno_text(err) + ")" +
-                       (known ? " (ulimit -n is " + std::to_string(rl.rlim_cur) + ")" : std::string()) +
-                       ": new clients are turned away until some close (raise the limit, e.g. "
-                       "ulimit -n 65536, or start fewer ranks per host)");
+    // What the callback throws (a log that cannot be written) must not end
+    // the event loop, and with it the store.
+    try {
+      opts.on_out_of_fds("this process has run out of file descriptors (" + errno_text(err) + ")" +
+                         (known ? " (ulimit -n is " + std::to_string(rl.rlim_cur) + ")" : std::string()) +
+                         ": new clients are turned away until some close (raise the limit, e.g. "
+                         "ulimit -n 65536, or start fewer ranks per host)");
+    } catch (...) {
+    }
   }
 
   // Closes c for a request its protocol does not allow, and says why.
@@ -377,9 +382,13 @@ struct TcpStoreServer::Impl {
       std::string peer = "a client";
       if (::getpeername(c.fd, reinterpret_cast<sockaddr*>(&ss), &len) == 0)
         peer = endpoint_text(reinterpret_cast<const sockaddr*>(&ss));
-      opts.on_refused(peer + " (" +
-                      std::string(c.protocol ? store_protocol_name(*c.protocol) : "unknown protocol") +
-                      "): " + why);
+      try {
+        opts.on_refused(peer + " (" +
+                        std::string(c.protocol ? store_protocol_name(*c.protocol) : "unknown protocol") +
+                        "): " + why);
+      } catch (...) {
+        // As above: the connection is closed all the same, the store goes on.
+      }
     }
     mark_close(c);
   }

@@ -282,6 +282,29 @@ class GetAndServe(unittest.TestCase):
                 proc.kill()
                 proc.communicate()
 
+    def test_serve_keeps_serving_when_its_log_cannot_be_written(self):
+        # stderr on a full disk (or a log pipe whose reader ended): a refused
+        # request is logged as well as it can be, and the store goes on
+        # serving. It used to end (exit 5) at the first refusal.
+        with open("/dev/full", "w") as full:
+            proc = subprocess.Popen([BIN, "store", "serve", "--host", "127.0.0.1", "--port", "0"],
+                                    stdout=subprocess.PIPE, stderr=full, text=True, env=clean_env())
+        try:
+            line = readline_within(proc, 30)
+            self.assertIn(" serving on ", line)
+            port = int(line.split(" serving on ")[1].split()[0].rsplit(":", 1)[1])
+            # A 2.x handshake, then an op code no protocol has: refused.
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as c:
+                c.sendall(b"\x00" + struct.pack("<I", 0x3C85F7CE) + b"\x63")
+                self.assertEqual(c.recv(1), b"")
+            time.sleep(0.2)
+            self.assertIsNone(proc.poll(), "the store ended after a refusal it could not log")
+            p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "5"], timeout=30)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        finally:
+            proc.terminate()
+            proc.communicate(timeout=10)
+
     def test_serve_refuses_ports_outside_0_to_65535(self):
         for port in ("70000", "-1", "65536"):
             with self.subTest(port=port):
