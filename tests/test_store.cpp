@@ -381,7 +381,7 @@ TEST_CASE("each protocol gets its torch's limits: 2.x's libuv ones, sanity bound
     CHECK(status(v2, count(v2, op, 131072)) == more);
     CHECK(status(v2, count(v2, op, 131073)) == bad);
   }
-  // 1.13: torch 1.13 has no limits; only fields over 1 GiB and over 1 Mi keys are refused.
+  // 1.13: torch 1.13 has no limits; only fields over 1 GiB and over 128 Ki keys are refused.
   CHECK(status(v1, set_key(v1, 8193)) == more);
   CHECK(status(v1, set_key(v1, 1u << 30)) == more);
   CHECK(status(v1, set_key(v1, (1u << 30) + 1)) == bad);
@@ -391,9 +391,8 @@ TEST_CASE("each protocol gets its torch's limits: 2.x's libuv ones, sanity bound
   CHECK(status(v1, set_key(v1, ~0ull)) == bad);
   for (auto op : {tp::Op::kCheck, tp::Op::kWait}) {
     CAPTURE(tp::op_name(op));
-    CHECK(status(v1, count(v1, op, 131073)) == more);
-    CHECK(status(v1, count(v1, op, 1u << 20)) == more);
-    CHECK(status(v1, count(v1, op, (1u << 20) + 1)) == bad);
+    CHECK(status(v1, count(v1, op, 131072)) == more);
+    CHECK(status(v1, count(v1, op, 131073)) == bad);
     CHECK(status(v1, count(v1, op, ~0ull)) == bad);
   }
 }
@@ -798,13 +797,48 @@ TEST_CASE("1.13 connections take the keys and values torch 1.13 takes, 2.x ones 
       CHECK(r.closed_by_peer());
     }
   }
-  SECTION("1.13: WAIT with 131073 keys is served") {
+  SECTION("1.13: WAIT with 131072 keys is served, 131073 close the connection (a bound of ddpdiag's own)") {
     RawConn r(server.port());
     r.send(tp::encode_request(StoreProtocol::kV1, {tp::Op::kSet, {"k"}, {to_bytes("1")}, 0, 0}));
-    r.send(many_keys(StoreProtocol::kV1, tp::Op::kWait, 131073, "k"));
+    r.send(many_keys(StoreProtocol::kV1, tp::Op::kWait, 131072, "k"));
     CHECK(r.recv(1, 5000ms) == hex({0}));  // STOP_WAITING
-    r.send(many_keys(StoreProtocol::kV1, tp::Op::kCheck, 131073, "k"));
+    r.send(many_keys(StoreProtocol::kV1, tp::Op::kCheck, 131072, "k"));
     CHECK(r.recv(1, 5000ms) == hex({0}));  // READY
+    r.send(many_keys(StoreProtocol::kV1, tp::Op::kCheck, 131073, "k"));
+    CHECK(r.closed_by_peer());
+  }
+  SECTION("a connection waiting on over 2^20 keys at once is closed; its waits answered free their share") {
+    // A WAIT of 131072 distinct keys "<prefix><i>".
+    auto wait_on = [](const std::string& prefix) {
+      tp::Request q{tp::Op::kWait, {}, {}, 0, 0};
+      for (int i = 0; i < 131072; ++i) q.keys.push_back(prefix + std::to_string(i));
+      return tp::encode_request(StoreProtocol::kV1, q);
+    };
+    auto num_keys = tp::encode_request(StoreProtocol::kV1, {tp::Op::kNumKeys, {}, {}, 0, 0});
+    RawConn r(server.port());
+    // Eight unanswered WAITs of 131072 missing keys each: 2^20, the bound.
+    for (int w = 0; w < 8; ++w) r.send(wait_on("w" + std::to_string(w) + "_"));
+    r.send(num_keys);
+    CHECK(r.recv(8, 10000ms) == len8(0));  // still served
+    // The first WAIT's keys are set: it is answered, and its share freed.
+    Bytes sets;
+    for (int i = 0; i < 131072; ++i) {
+      const Bytes one = tp::encode_request(StoreProtocol::kV1,
+                                           {tp::Op::kSet, {"w0_" + std::to_string(i)}, {to_bytes("1")}, 0, 0});
+      sets.insert(sets.end(), one.begin(), one.end());
+    }
+    r.send(sets);
+    CHECK(r.recv(1, 10000ms) == hex({0}));  // STOP_WAITING
+    r.send(tp::encode_request(StoreProtocol::kV1, {tp::Op::kWait, {"one_more"}, {}, 0, 0}));
+    r.send(num_keys);
+    CHECK(r.recv(8, 10000ms) == len8(131072));
+    // 7 * 131072 + 1 waited on: another 131072 go over the bound.
+    r.send(wait_on("w8_"));
+    CHECK(r.closed_by_peer());
+    // Another connection is served as before.
+    RawConn ok(server.port());
+    ok.send(num_keys);
+    CHECK(ok.recv(8, 5000ms) == len8(131072));
   }
   SECTION("2.x: 131072 keys are served, 131073 close the connection, as torch 2.11") {
     RawConn r(server.port());

@@ -77,6 +77,12 @@ constexpr std::chrono::microseconds kSpinAfterEvents{50};
 constexpr std::uint64_t kEventFdTag = 0;
 constexpr std::uint64_t kListenTag = 1;
 constexpr std::uint64_t kFirstConnId = 16;
+// Keys one connection may wait on at once, over all its unanswered WAITs: a
+// client has one at a time (of at most 128 Ki keys), but a torch 1.13 client
+// whose wait timed out leaves its waiter behind, so a few hundred stale ones
+// of a few keys are normal. At about 100 bytes a key, this bounds what one
+// connection can make the store hold to ~100 MiB.
+constexpr std::size_t kMaxWaitedKeys = std::size_t{1} << 20;
 
 void raise_fd_limit() {
   rlimit lim{};
@@ -94,6 +100,7 @@ struct TcpStoreServer::Impl {
   struct Waiter {
     std::uint64_t conn_id = 0;
     std::unordered_set<std::string> missing;
+    std::size_t keys = 0;  // missing when it began: its share of its connection's waited_keys
   };
   struct Conn {
     int fd = -1;
@@ -107,6 +114,7 @@ struct TcpStoreServer::Impl {
     bool epollout_armed = false;
     bool closing = false;
     std::vector<std::uint64_t> waits;
+    std::size_t waited_keys = 0;  // over its waits not yet answered (kMaxWaitedKeys)
   };
 
   TcpStoreServerOptions opts;
@@ -564,10 +572,12 @@ struct TcpStoreServer::Impl {
       w->second.missing.erase(key);
       if (!w->second.missing.empty()) continue;
       auto cit = conns.find(w->second.conn_id);
+      const std::size_t keys = w->second.keys;
       waiters.erase(w);
       if (cit == conns.end()) continue;
       Conn& wc = cit->second;
       std::erase(wc.waits, wid);
+      wc.waited_keys -= std::min(wc.waited_keys, keys);
       Bytes out;
       tp::append_u8(out, static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting));
       reply(wc, out);
@@ -587,6 +597,7 @@ struct TcpStoreServer::Impl {
       waiters.erase(w);
     }
     c.waits.clear();
+    c.waited_keys = 0;
   }
 
   void handle(Conn& c, tp::Request& q) {
@@ -707,6 +718,14 @@ struct TcpStoreServer::Impl {
           tp::append_u8(out, static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting));
           break;
         }
+        w.keys = w.missing.size();
+        if (c.waited_keys + w.keys > kMaxWaitedKeys) {
+          refuse(c, "it waits on more than " + std::to_string(kMaxWaitedKeys) +
+                        " keys at once over its unanswered WAITs (" + std::to_string(c.waits.size()) +
+                        " of them): a client waits on one at a time");
+          return;
+        }
+        c.waited_keys += w.keys;
         std::uint64_t wid = next_wait_id++;
         for (const auto& k : w.missing) waiters_by_key[k].push_back(wid);
         waiters.emplace(wid, std::move(w));
