@@ -121,6 +121,7 @@ struct PingResult {
   std::int64_t num_keys = -1;
   int connect_attempts = 0;
   std::optional<nlohmann::json> error;
+  bool timed_out = false;  // reachable, and silent until a --timeout under a second
 };
 
 int run_ping(const PingOptions& o) {
@@ -157,6 +158,11 @@ int run_ping(const PingOptions& o) {
     // A handshake that failed still means the host took the connection: it
     // is reachable and speaks another protocol (or is not a store at all).
     if (e.context().phase == "store.handshake") r.reachable = true;
+    // Silence under a --timeout below a second is a timeout (exit 4), as for
+    // get and set; over a second the client calls it a mismatch (exit 3).
+    // A host that never took the connection is unreachable (exit 3) whatever
+    // the time.
+    r.timed_out = r.reachable && e.exit_code() == ExitCode::kTimeout;
     r.error = nlohmann::json{{"kind", e.kind()},
                              {"phase", e.context().phase},
                              {"message", e.what()},
@@ -166,7 +172,11 @@ int run_ping(const PingOptions& o) {
   std::string where = format_address(addr);
   // What a reachable host that did not answer as a store did wrong, in words.
   std::string mismatch;
-  if (r.reachable && !r.answered) {
+  if (r.reachable && !r.answered && r.timed_out) {
+    mismatch = fmt::format("reachable, but it did not answer within --timeout {:g} s (a store answers in "
+                           "well under a second)",
+                           o.timeout_s);
+  } else if (r.reachable && !r.answered) {
     if ((*r.error)["phase"].get<std::string>() != "store.handshake") {
       mismatch = fmt::format("reachable, but it did not answer as a {} store", r.protocol);
       if (requested != StoreProtocol::kAuto) {
@@ -227,10 +237,10 @@ int run_ping(const PingOptions& o) {
                         (*r.error)["message"].get<std::string>(),
                         (*r.error)["phase"].get<std::string>(), -1, -1,
                         (*r.error)["hint"].get<std::string>(),
-                        static_cast<int>(ExitCode::kRendezvous)});
+                        static_cast<int>(r.timed_out ? ExitCode::kTimeout : ExitCode::kRendezvous)});
     reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
   }
-  return static_cast<int>(r.answered ? ExitCode::kOk : ExitCode::kRendezvous);
+  return static_cast<int>(r.answered ? ExitCode::kOk : r.timed_out ? ExitCode::kTimeout : ExitCode::kRendezvous);
 }
 
 struct ServeOptions {

@@ -172,6 +172,31 @@ class Ping(unittest.TestCase):
             if os.path.exists(path):
                 os.unlink(path)
 
+    def test_a_listener_that_never_answers_times_out_under_a_second(self):
+        # A store answers at once: silence through --timeout 1 s or more is a
+        # program that is not a store (exit 3); under a second it is a
+        # timeout (exit 4), as store get and set take it.
+        with socket.socket() as srv:
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(8)
+            port = srv.getsockname()[1]
+            path = tmp_json()
+            try:
+                p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "0.5", "--json", path],
+                        timeout=30)
+                self.assertEqual(p.returncode, 4, p.stdout + p.stderr)
+                self.assertIn("reachable, but it did not answer within --timeout 0.5 s", p.stdout)
+                self.assertEqual(load(path)["error"]["exit_code"], 4)
+                g = run(["store", "get", "k", "--addr", "127.0.0.1:%d" % port, "--timeout", "0.5"],
+                        timeout=30)
+                self.assertEqual(g.returncode, 4, g.stdout + g.stderr)
+                p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "1.5"], timeout=30)
+                self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+                self.assertIn("speaks neither", p.stdout)
+            finally:
+                if os.path.exists(path):
+                    os.unlink(path)
+
     def test_keys_refuses_the_1_13_protocol_under_each_of_its_names(self):
         # ddpdiag's server speaks both protocols: the refusal is of the one
         # asked for, however it is spelt, and says so.
