@@ -182,7 +182,7 @@ int run_ping(const PingOptions& o) {
       if (requested != StoreProtocol::kAuto) {
         // 1.13 has no handshake to fail: a 2.x server just stays silent.
         mismatch += " (it may speak the other protocol)";
-        (*r.error)["hint"] = (*r.error)["hint"].get<std::string>() + " --protocol auto detects which one it speaks";
+        (*r.error)["hint"] = (*r.error)["hint"].get<std::string>() + "; --protocol auto detects which one it speaks";
       }
     }
     else if (requested == StoreProtocol::kAuto)

@@ -470,6 +470,17 @@ struct TcpStoreClient::Impl {
                          ctx("store.io", "the store server is overloaded or stuck; is it a TCPStore "
                                          "speaking " + std::string(store_protocol_name(protocol)) + "?"));
     }
+    // Closed at the very first request of a protocol the user forced: torch
+    // 2.x's non-libuv server drops a connection whose first bytes are not
+    // its handshake. The protocol is the first suspect, named as such.
+    if (opts.protocol == StoreProtocol::kV1 && !answered)
+      throw RendezvousError("the store at " + where() + " closed the connection at the first request (" +
+                                std::string(op) + ") on the torch 1.13 protocol that " + opts.protocol_flag +
+                                " 1.13 asked for: a torch 2.x store does that",
+                            ctx("store.handshake",
+                                "drop " + opts.protocol_flag + " 1.13 (auto finds the server's protocol), or "
+                                "give " + opts.protocol_flag + " 2.x (a store that closes every "
+                                "connection may also be out of file descriptors)"));
     throw RendezvousError("the store at " + where() + " closed the connection during " + std::string(op),
                           ctx("store.io",
                               "the store server exited, or rejected the request (key over 8 KiB, value "

@@ -267,6 +267,25 @@ class TorchServes(unittest.TestCase):
         self.assert_names_the_forced_protocol(r.stderr)
         self.assertEqual(self.store.get("there"), b"yes")
 
+    def test_forced_1_13_against_torch2s_non_libuv_server_names_the_protocol(self):
+        # torch 2.x's older (non-libuv) server closes a connection whose first
+        # request is not its handshake: the protocol, not a rejected key or a
+        # dead server, is named.
+        if not TORCH2:
+            self.skipTest("torch 2.x only")
+        other = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=TIMEOUT,
+                              wait_for_workers=False, use_libuv=False)
+        addr = f"127.0.0.1:{other.port}"
+        for cmd in (["get", "k", "--addr", addr], ["set", "k", "v", "--addr", addr], ["ping", addr]):
+            with self.subTest(cmd=cmd[0]):
+                r = ddpdiag("store", *cmd, "--protocol", "1.13", "--timeout", "2")
+                self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+                text = r.stdout + r.stderr
+                self.assertIn("closed the connection at the first request", text)
+                self.assertIn("on the torch 1.13 protocol that --protocol 1.13 asked for", text)
+                self.assertIn("drop --protocol 1.13", text)
+                self.assertNotIn("try --protocol 1.13 or 2.x", text)
+
     def test_values_cross_both_ways(self):
         r = ddpdiag("store", "set", "from_ddpdiag", "1234", "--addr", self.addr)
         self.assertEqual(r.returncode, 0, r.stderr)
