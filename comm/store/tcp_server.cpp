@@ -168,7 +168,9 @@ struct TcpStoreServer::Impl {
     std::string port_s = std::to_string(opts.port);
     const char* host = opts.host.empty() ? nullptr : opts.host.c_str();
     int rc = ::getaddrinfo(host, port_s.c_str(), &hints, &res);
-    std::string where = opts.host + ":" + port_s;
+    // An IPv6 host in brackets, as the first line's address ([::]:29500).
+    std::string where =
+        (opts.host.find(':') != std::string::npos ? "[" + opts.host + "]" : opts.host) + ":" + port_s;
     if (rc != 0)
       throw RendezvousError("cannot resolve the store bind address " + where + ": " + gai_strerror(rc),
                             {"store.serve", -1, -1, "use a numeric address such as 0.0.0.0 or ::"});
