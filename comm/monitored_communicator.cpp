@@ -614,7 +614,7 @@ GoneNotes MonitoredCommunicator::gone_notes(const std::vector<std::optional<Rank
     if (gone_state(st))
       notes[r] = fmt::format("is dead: its process {} on this machine has exited or was killed",
                              p.pid);
-    else if (st == 'T' || st == 't')
+    else if (stopped_state(st))
       notes[r] = fmt::format("is stopped: its process {} on this machine exists but does not "
                              "run (SIGSTOP or a debugger)", p.pid);
     else
@@ -815,7 +815,7 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
       const char st = process_state(opts_.peers[host].pid);
       if (gone_state(st))
         store_host_gone = opts_.peers[host].pid;
-      else if (st == 'T' || st == 't')
+      else if (stopped_state(st))
         store_host_stopped = opts_.peers[host].pid;
     }
     d = diagnose_store_unreachable(*states[rank()], size(), opts_.store_address, store_error,
@@ -1006,7 +1006,7 @@ std::string MonitoredCommunicator::local_peer_problem(int r, std::chrono::steady
   }
   const char st = process_state(p.pid);
   if (gone_state(st)) return "has ended";
-  if ((st != 'T' && st != 't') || opts_.heartbeat_stall.count() <= 0) {
+  if (!stopped_state(st) || opts_.heartbeat_stall.count() <= 0) {
     stopped_since_[r].reset();
     return "";
   }

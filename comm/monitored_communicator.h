@@ -63,6 +63,8 @@ std::string read_proc_stat(long pid);
 char process_state(long pid);
 // A state of a process that has exited (no such pid, a zombie, or dead).
 inline bool gone_state(char st) { return st == 0 || st == 'Z' || st == 'X'; }
+// Stopped (SIGSTOP, job control) or traced (a debugger): exists, does not run.
+inline bool stopped_state(char st) { return st == 'T' || st == 't'; }
 inline bool process_gone(long pid) { return gone_state(process_state(pid)); }
 
 struct MonitorOptions {

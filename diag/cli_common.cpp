@@ -942,10 +942,8 @@ std::uint64_t bucket_cap_bytes(double mb, const char* flag, int rank, bool zero_
   if (const std::string why = bucket_mb_problem(mb, zero_ok); !why.empty())
     throw UsageError(fmt::format("{} {} (MiB), got {}", flag, why, mb),
                      {"flags", rank, -1,
-                      std::string_view(flag).find("first-bucket") != std::string_view::npos
-                          ? "DDP's first bucket holds 1 MiB (dist._DEFAULT_FIRST_BUCKET_BYTES); the "
-                            "others bucket_cap_mb, default 25"
-                          : "DDP's default bucket_cap_mb is 25 (its first bucket 1)"});
+                      "DDP's defaults: bucket_cap_mb 25, and a first bucket of 1 MiB "
+                      "(dist._DEFAULT_FIRST_BUCKET_BYTES)"});
   return static_cast<std::uint64_t>(mb * kMiB);
 }
 

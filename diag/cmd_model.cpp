@@ -167,6 +167,16 @@ double busbw_of(double bytes, double time_s, int world_size) {
   return bytes / time_s / 1e9 * busbw_factor(Collective::kAllReduce, world_size);
 }
 
+// A report the model reads (an input, or a run to check against); one that
+// cannot be read is a usage error of that phase.
+json read_measured_report(const std::string& path, const char* phase) {
+  try {
+    return reports::read_json(path);
+  } catch (const std::exception& e) {
+    throw UsageError(e.what(), ErrorContext{phase, -1, -1, "pass a report written with --json FILE"});
+  }
+}
+
 // A report already read, that `path` (read as `doc`) repeats: the same file
 // under another name, or a copy of its content.
 struct SameReport {
@@ -301,12 +311,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   std::vector<std::pair<std::string, json>> read_inputs;
   std::size_t single_points = 0;  // at world size 1, left out
   for (const auto& path : o.inputs) {
-    json doc;
-    try {
-      doc = reports::read_json(path);
-    } catch (const std::exception& e) {
-      throw UsageError(e.what(), ErrorContext{"model.input", -1, -1, "pass a report written with --json FILE"});
-    }
+    json doc = read_measured_report(path, "model.input");
     if (const auto same = same_report(read_inputs, path, doc))
       throw UsageError(
           same->same_file
@@ -346,12 +351,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   // run twice) before anything of the fit is printed.
   std::vector<std::pair<std::string, json>> checked;
   for (const auto& path : o.check_against) {
-    json doc;
-    try {
-      doc = reports::read_json(path);
-    } catch (const std::exception& e) {
-      throw UsageError(e.what(), ErrorContext{"model.check", -1, -1, "pass a report written with --json FILE"});
-    }
+    json doc = read_measured_report(path, "model.check");
     // Checking the fit against its own points can only pass.
     if (const auto same = same_report(read_inputs, path, doc))
       throw UsageError(fmt::format("--check-against {} is {} the model was fitted from ({}): "

@@ -393,7 +393,7 @@ int launch_local(const LaunchOptions& o) {
         if (!c.exited) {
           any = true;
           const char st = process_state(static_cast<long>(c.pid));
-          all_stopped = all_stopped && (st == 'T' || st == 't');
+          all_stopped = all_stopped && stopped_state(st);
         }
       if (any && all_stopped) {
         for (const auto& c : children)

@@ -31,13 +31,6 @@ constexpr KnownFigure kFigures[] = {
     {"comm_us", false},            {"allreduce_time_us", false}, {"duration_ms", false},
 };
 
-// Fields that say which measurement a row is, in label order.
-constexpr const char* kIdentity[] = {"collective", "algorithm",  "model",         "bytes",
-                                     "size",       "chunk_bytes", "dtype",        "op",
-                                     "world_size", "bucket_cap_mb", "bucket_cap_bytes", "src",
-                                     "dst",        "rank",        "peer",          "phase",
-                                     "name"};
-
 bool is_rate(const std::string& f) { return f.size() > 5 && ends_with(f, "_gbps"); }
 
 // A string field, or dflt when o is not an object or the field is not a string.
@@ -243,7 +236,7 @@ void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, con
   std::string key = ctx.command + "|" + ctx.table;
   std::vector<std::string> label;
   bool have_collective = false, identified = false;
-  for (const char* id : kIdentity) {
+  for (const char* id : kRowIdentity) {
     auto it = row.find(id);
     if (it == row.end() || !(it->is_string() || it->is_number())) continue;
     identified = true;
@@ -340,9 +333,9 @@ std::vector<Row> extract_rows(const json& report, const std::vector<std::string>
           const json& sub = (*b)[j];
           if (!sub.is_object()) continue;
           json id = json::object();
-          for (const char* f : kIdentity)
+          for (const char* f : kRowIdentity)
             if (auto p = row.find(f); p != row.end()) id[f] = *p;
-          for (const char* f : kIdentity)
+          for (const char* f : kRowIdentity)
             if (auto p = sub.find(f); p != sub.end()) id[f] = *p;
           add_row(rows, seen, nt, id, sub, "", fmt::format("{}.{}[{}]", pos, b.key(), j));
         }

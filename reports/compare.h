@@ -47,6 +47,15 @@
 
 namespace ddpdiag::reports {
 
+// Fields that say which measurement a result row is, in label order: compare
+// matches rows by them, and render names a parent row by the first of them
+// that tells its rows apart.
+inline constexpr const char* kRowIdentity[] = {"collective", "algorithm",  "model",         "bytes",
+                                               "size",       "chunk_bytes", "dtype",        "op",
+                                               "world_size", "bucket_cap_mb", "bucket_cap_bytes", "src",
+                                               "dst",        "rank",        "peer",          "phase",
+                                               "name"};
+
 struct CompareOptions {
   double max_regression = 0.10;  // fraction: 0.10 = 10%
   bool fail_on_missing = false;  // rows missing from NEW count as regressions

@@ -9,6 +9,7 @@
 
 #include <fmt/core.h>
 
+#include "reports/compare.h"
 #include "reports/format.h"
 
 namespace ddpdiag::reports::view {
@@ -328,11 +329,10 @@ Table objects_table(const std::string& name, const json& arr, std::vector<Table>
   const bool per_rank = std::any_of(arr.begin(), arr.end(), [](const json& r) { return !field(r, "rank").is_null(); });
   std::string child_lead = "rank";
   if (!per_rank) {
-    // The first field that tells the rows apart (its values differ from row
-    // to row): broadcast-test's chunk size, bucket-sweep's cap.
+    // The first identity field that tells the rows apart (its values differ
+    // from row to row): broadcast-test's chunk size, bucket-sweep's cap.
     child_lead = "row";
-    for (const char* k : {"chunk_bytes", "bucket_cap_mb", "bucket_cap_bytes", "size", "bytes", "world_size",
-                          "collective", "algorithm", "name"}) {
+    for (const char* k : kRowIdentity) {
       std::set<std::string> values;
       bool scalar = true;
       for (const auto& r : arr) {
