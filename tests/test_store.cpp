@@ -271,6 +271,45 @@ TEST_CASE("every request round-trips through the incremental parser", "[store][p
   }
 }
 
+TEST_CASE("a many-key request that trickles in is parsed again only a few dozen times",
+          "[store][protocol]") {
+  // The server parses a connection's input again only once it holds `need`
+  // bytes. Feed a WAIT of 100,000 keys and a MULTI_SET of 20,000 pairs a
+  // few bytes at a time, as a slow or hostile client would, and count the
+  // parses the server would make.
+  std::vector<std::pair<StoreProtocol, tp::Request>> cases;
+  tp::Request wait{tp::Op::kWait, {}, {}, 0, 0};
+  for (int i = 0; i < 100000; ++i) wait.keys.push_back("rank/" + std::to_string(i));
+  cases.push_back({StoreProtocol::kV1, wait});
+  tp::Request mset{tp::Op::kMultiSet, {}, {}, 0, 0};
+  for (int i = 0; i < 20000; ++i) {
+    mset.keys.push_back("k" + std::to_string(i));
+    mset.values.push_back(to_bytes(std::to_string(i % 7)));
+  }
+  cases.push_back({StoreProtocol::kV2, mset});
+  for (const auto& [p, q] : cases) {
+    Bytes b = tp::encode_request(p, q);
+    tp::ParseLimits lim;
+    lim.max_keys_per_request = 1 << 20;
+    std::size_t need = 0, parses = 0;
+    tp::ParseResult last;
+    for (std::size_t have = 3;; have = std::min(b.size(), have + 3)) {
+      if (have < need) continue;
+      last = tp::parse_request(p, b.data(), have, lim);
+      ++parses;
+      if (last.status != tp::ParseStatus::kNeedMore) break;
+      REQUIRE(last.need > have);
+      REQUIRE(last.need <= b.size());  // never asks for more than will come
+      need = last.need;
+    }
+    REQUIRE(last.status == tp::ParseStatus::kComplete);
+    CHECK(last.request.keys == q.keys);
+    CHECK(last.request.values == q.values);
+    INFO(tp::op_name(q.op) << " of " << b.size() << " bytes");
+    CHECK(parses < 100);  // was one per key before need counted the fields still to come
+  }
+}
+
 TEST_CASE("oversized fields and unknown ops are malformed", "[store][protocol]") {
   tp::ParseLimits lim;
   lim.max_key_bytes = 16;

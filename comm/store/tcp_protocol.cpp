@@ -305,6 +305,18 @@ ParseResult parse_request(StoreProtocol p, const std::uint8_t* data, std::size_t
     res.request = Request{};
     return res;
   };
+  // A request of many keys that stops short still needs at least the
+  // 8-byte length of every field after the one it stopped in. Asking for
+  // those too means a request that trickles in is parsed again only when
+  // that much more has come (a geometric series of re-parses, not one per
+  // key: a 1 Mi-key WAIT sent a key at a time would otherwise be parsed
+  // from its start a million times).
+  auto need_more_items = [&](std::size_t items_left, std::size_t min_item_bytes,
+                             std::size_t min_rest_of_this_item = 0) {
+    ParseResult out = need_more();
+    out.need += items_left * min_item_bytes + min_rest_of_this_item;
+    return out;
+  };
   auto bad = [&]() {
     res.status = ParseStatus::kMalformed;
     res.request = Request{};
@@ -360,15 +372,23 @@ ParseResult parse_request(StoreProtocol p, const std::uint8_t* data, std::size_t
       std::size_t n = 0;
       DDPDIAG_STEP(read_count(r, lim, res.error, &n));
       // No reserve(n): n is only trusted once the bytes have arrived.
-      for (std::size_t i = 0; i < n; ++i) DDPDIAG_STEP(read_key(r, lim, res.error, q.keys));
+      for (std::size_t i = 0; i < n; ++i) {
+        Step s = read_key(r, lim, res.error, q.keys);
+        if (s == Step::kNeedMore) return need_more_items(n - i - 1, 8);
+        if (s == Step::kBad) return bad();
+      }
       break;
     }
     case Op::kMultiSet: {
       std::size_t n = 0;
       DDPDIAG_STEP(read_count(r, lim, res.error, &n));
       for (std::size_t i = 0; i < n; ++i) {
-        DDPDIAG_STEP(read_key(r, lim, res.error, q.keys));
-        DDPDIAG_STEP(read_value(r, lim, res.error, q.values));
+        Step s = read_key(r, lim, res.error, q.keys);
+        if (s == Step::kNeedMore) return need_more_items(n - i - 1, 16, 8);
+        if (s == Step::kBad) return bad();
+        s = read_value(r, lim, res.error, q.values);
+        if (s == Step::kNeedMore) return need_more_items(n - i - 1, 16);
+        if (s == Step::kBad) return bad();
       }
       break;
     }

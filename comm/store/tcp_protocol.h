@@ -98,8 +98,10 @@ inline constexpr ParseLimits kV2Limits{};
 // sanity bounds, far above what a real 1.13 client sends: 1 GiB per key or
 // value, so a garbage length cannot make the server buffer gigabytes; and
 // 1 Mi keys per request (8 times what 2.x allows), because a request still
-// arriving is parsed again from its start as more of it comes: at 1 Mi keys
-// that costs the event loop a fraction of a second, at 16 Mi about a minute.
+// arriving is parsed again from its start as more of it comes (only once
+// at least the length prefixes of all its remaining keys could have come,
+// see ParseResult::need, so a request trickling in is re-parsed a few dozen
+// times, not once per key).
 inline constexpr ParseLimits kV1Limits{std::size_t{1} << 30, std::size_t{1} << 30, std::size_t{1} << 20};
 // The bounds a connection of protocol p gets by default (kV1Limits or
 // kV2Limits).
@@ -116,6 +118,7 @@ struct ParseResult {
   ParseStatus status = ParseStatus::kNeedMore;
   std::size_t consumed = 0;  // kComplete: bytes of the request
   std::size_t need = 0;      // kNeedMore: lower bound on the bytes the request needs
+                             // (counting 8 bytes for every field not yet seen)
   Request request;
   std::string error;         // kMalformed: why, for logs and tests
 };
