@@ -49,6 +49,7 @@
 #include <vector>
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include "comm/measure.h"
 #include "comm/net_info.h"
@@ -395,6 +396,10 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
         m.a = a;
         m.b = b;
         m.same_host = job.ranks.size() == static_cast<std::size_t>(n) ? job.ranks[a].host == job.ranks[b].host : true;
+        if (job.ranks.size() == static_cast<std::size_t>(n)) {
+          m.host_a = job.ranks[a].host;
+          m.host_b = job.ranks[b].host;
+        }
         if (!m.same_host && job.ranks[a].net_speed_mbps > 0 && job.ranks[b].net_speed_mbps > 0)
           m.link_speed_mbps = std::min(job.ranks[a].net_speed_mbps, job.ranks[b].net_speed_mbps);
         const double t = best_time[a][b];
@@ -616,6 +621,30 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   std::vector<int> slow_ranks;
   for (int r = 0; r < n; ++r)
     if (pair_count[r] >= 2 && slow_count[r] == pair_count[r]) slow_ranks.push_back(r);
+  // Likewise a host of two or more ranks all of whose cross-host links are
+  // slow, when there are other hosts' links to tell it from (three hosts or
+  // more): its ranks' own same-host pair is fast, so no rank of it is in
+  // slow_ranks. A host of one rank is there already.
+  std::map<std::string, std::pair<int, int>> host_cross;  // host -> (cross pairs, slow ones)
+  std::map<std::string, std::vector<int>> ranks_of_host;
+  for (std::size_t i = 0; i < pairs.size(); ++i) {
+    const auto& m = pairs[i];
+    if (m.same_host || m.host_a.empty() || m.host_b.empty()) continue;
+    for (const auto* h : {&m.host_a, &m.host_b}) {
+      ++host_cross[*h].first;
+      if (judged[i].slow()) ++host_cross[*h].second;
+    }
+  }
+  if (job.ranks.size() == static_cast<std::size_t>(n))
+    for (int r = 0; r < n; ++r) ranks_of_host[job.ranks[r].host].push_back(r);
+  json slow_hosts = json::array();
+  std::vector<std::string> slow_host_names;
+  if (host_cross.size() >= 3)
+    for (const auto& [h, counts] : host_cross)
+      if (ranks_of_host[h].size() >= 2 && counts.first > 0 && counts.second == counts.first) {
+        slow_hosts.push_back({{"host", h}, {"ranks", ranks_of_host[h]}});
+        slow_host_names.push_back(fmt::format("{} (ranks {})", h, fmt::join(ranks_of_host[h], ", ")));
+      }
   json ar_rows = json::array(), all_data_errors = json::array();
   for (int r = 0; r < n; ++r) {
     ar_rows.push_back({{"rank", r},
@@ -638,6 +667,7 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
   res["pairs"] = pair_rows;
   res["slow_pairs"] = slow_pairs;
   res["slow_ranks"] = slow_ranks;
+  res["slow_hosts"] = slow_hosts;
   res["rechecks"] = o.rechecks;
   res["recheck_passes"] = recheck_passes;
   res["rechecked_pairs"] = json::array();
@@ -689,6 +719,10 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
     report.add_check({"slow_ranks", reports::CheckStatus::kFail,
                       fmt::format("every link of rank(s) {} is slow", names)});
   }
+  if (!slow_host_names.empty())
+    report.add_check({"slow_hosts", reports::CheckStatus::kFail,
+                      fmt::format("every cross-host link of host(s) {} is slow",
+                                  fmt::join(slow_host_names, "; "))});
   report.add_check(data_check);
 
   // The tables.

@@ -8,6 +8,7 @@
 #include <map>
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 #include "comm/net_info.h"
 
@@ -118,33 +119,52 @@ std::vector<PairJudgement> judge_pairs(const std::vector<PairMeasurement>& pairs
   // median is the slow value. So also: a rank whose best pair of a kind is
   // below the threshold against the median of the pairs of that kind
   // without it has a slow link itself; all its pairs of that kind are slow.
-  std::map<int, bool> ranks;
-  for (const auto& p : pairs) ranks[p.a] = ranks[p.b] = true;
-  for (const auto& [r, _] : ranks) {
-    for (const bool kind : {true, false}) {
-      double best = -1;
-      std::vector<double> without;
-      for (const auto& p : pairs) {
-        if (p.same_host != kind) continue;
-        if (p.a == r || p.b == r)
-          best = std::max(best, p.bandwidth_gbps);
-        else
-          without.push_back(p.bandwidth_gbps);
-      }
-      if (best < 0 || without.empty()) continue;
-      const double others = median_of(without);
-      if (best >= others * (1 - t.bandwidth_below_median_pct / 100)) continue;
-      for (std::size_t i = 0; i < pairs.size(); ++i) {
-        const auto& p = pairs[i];
-        if (p.same_host != kind || (p.a != r && p.b != r)) continue;
-        auto& j = out[i];
-        j.slow_bandwidth = true;
-        j.reason += fmt::format("{}every {} link of rank {} is slow: its best, {:.4g} GB/s, is {:.0f}% "
-                                "below the median {:.4g} GB/s of the {} pair(s) without it",
-                                j.reason.empty() ? "" : "; ", kind ? "same-host" : "cross-host", r,
-                                best, 100 * (1 - best / others), others, without.size());
-      }
+  // The same for a host of two or more ranks: its ranks' cross-host pairs
+  // with each other's peers keep one another in "the pairs without it", so
+  // a slow host of two ranks among three hosts hides from the rank rule.
+  // Judged by host, the pairs without it are those of the other hosts.
+  auto mark_if_slow = [&](auto touches, bool kind, const std::string& who) {
+    double best = -1;
+    std::vector<double> without;
+    for (const auto& p : pairs) {
+      if (p.same_host != kind) continue;
+      if (touches(p))
+        best = std::max(best, p.bandwidth_gbps);
+      else
+        without.push_back(p.bandwidth_gbps);
     }
+    if (best < 0 || without.empty()) return;
+    const double others = median_of(without);
+    if (best >= others * (1 - t.bandwidth_below_median_pct / 100)) return;
+    for (std::size_t i = 0; i < pairs.size(); ++i) {
+      const auto& p = pairs[i];
+      if (p.same_host != kind || !touches(p)) continue;
+      auto& j = out[i];
+      j.slow_bandwidth = true;
+      j.reason += fmt::format("{}every {} link of {} is slow: its best, {:.4g} GB/s, is {:.0f}% "
+                              "below the median {:.4g} GB/s of the {} pair(s) without it",
+                              j.reason.empty() ? "" : "; ", kind ? "same-host" : "cross-host", who,
+                              best, 100 * (1 - best / others), others, without.size());
+    }
+  };
+  std::map<int, bool> ranks;
+  std::map<std::string, std::vector<int>> host_ranks;
+  for (const auto& p : pairs) ranks[p.a] = ranks[p.b] = true;
+  for (const auto& p : pairs)
+    for (const auto& [r, h] : {std::pair{p.a, &p.host_a}, std::pair{p.b, &p.host_b}}) {
+      if (h->empty()) continue;
+      auto& v = host_ranks[*h];
+      if (std::find(v.begin(), v.end(), r) == v.end()) v.push_back(r);
+    }
+  for (const auto& [r, _] : ranks)
+    for (const bool kind : {true, false})
+      mark_if_slow([r = r](const PairMeasurement& p) { return p.a == r || p.b == r; }, kind,
+                   fmt::format("rank {}", r));
+  for (auto& [h, rs] : host_ranks) {
+    if (rs.size() < 2) continue;  // the rank rule has judged it
+    std::sort(rs.begin(), rs.end());
+    mark_if_slow([&h = h](const PairMeasurement& p) { return p.host_a == h || p.host_b == h; }, false,
+                 fmt::format("host {} (ranks {})", h, fmt::join(rs, ", ")));
   }
   return out;
 }

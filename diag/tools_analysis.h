@@ -38,6 +38,9 @@ struct PairMeasurement {
   // Cross-host pairs whose two ends' link speeds are known: the slower
   // end's speed (Mb/s); 0 when unknown or same host.
   int link_speed_mbps = 0;
+  // The hosts of a and b (empty when unknown): a host of several ranks whose
+  // every cross-host link is slow is found by host, not by rank.
+  std::string host_a{}, host_b{};
 };
 
 struct LinkThresholds {

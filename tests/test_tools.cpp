@@ -107,6 +107,32 @@ TEST_CASE("judge_pairs: outliers against the median of the same kind", "[tools]"
     CHECK_FALSE(j3[1].slow());
     CHECK(j3[0].reason.find("every cross-host link of rank 1 is slow") != std::string::npos);
   }
+  SECTION("a slow host of two ranks among three hosts is named by host") {
+    // Ranks 1 and 2 share host b, whose link is slow; a and c have one rank
+    // each. The cross-host pairs: 0-1, 0-2, 1-3, 2-3 slow, 0-3 fast; the
+    // median of all five is slow and each of ranks 1, 2 keeps the other's
+    // slow pairs in "the pairs without it", so only the host rule sees it.
+    auto m = [](int a, int b, const char* ha, const char* hb, double bw) {
+      PairMeasurement p{a, b, std::string(ha) == hb, bw, 50};
+      p.host_a = ha;
+      p.host_b = hb;
+      return p;
+    };
+    const std::vector<PairMeasurement> p = {m(0, 1, "a", "b", 0.003), m(0, 2, "a", "b", 0.006),
+                                            m(0, 3, "a", "c", 1.138), m(1, 2, "b", "b", 1.306),
+                                            m(1, 3, "b", "c", 0.003), m(2, 3, "b", "c", 0.003)};
+    const auto j = judge_pairs(p, t);
+    for (const int i : {0, 1, 4, 5}) {
+      CHECK(j[i].slow_bandwidth);
+      CHECK(j[i].reason.find("every cross-host link of host b (ranks 1, 2) is slow") != std::string::npos);
+    }
+    CHECK_FALSE(j[2].slow());  // a-c, the healthy link
+    CHECK_FALSE(j[3].slow());  // 1-2 within host b
+    // Without the host names the ranks alone cannot tell (what it did before).
+    std::vector<PairMeasurement> anon = p;
+    for (auto& q : anon) q.host_a = q.host_b = "";
+    for (const auto& jj : judge_pairs(anon, t)) CHECK_FALSE(jj.slow());
+  }
   SECTION("one slow pair of three hosts flags that pair alone") {
     // Only 0-2 is slow: ranks 0 and 2 each have a fast pair, so neither is
     // taken for a slow host.

@@ -70,12 +70,12 @@ def firewall(host, port):
        "match", "ip", "protocol", "6", "0xff", "flowid", "1:20")
 
 
-def start(rank, args, port):
+def start(rank, args, port, host=None, world=3):
     inner = [BIN] + args[:1] + [
-        "--rank", str(rank), "--world-size", "3", "--master-addr", ADDR[0], "--master-port",
+        "--rank", str(rank), "--world-size", str(world), "--master-addr", ADDR[0], "--master-port",
         str(port), "--gloo-interface", IFACE, "--timeout", "30"] + args[1:]
-    return subprocess.Popen(NET.command(rank, inner), env=clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(NET.command(rank if host is None else host, inner), env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 class LinkHealthAcrossHosts(unittest.TestCase):
@@ -93,7 +93,7 @@ class LinkHealthAcrossHosts(unittest.TestCase):
     def tearDown(self):
         teardown()
 
-    def run_link_health(self, bw_threshold_pct):
+    def run_link_health(self, bw_threshold_pct, hosts=(0, 1, 2)):
         path = tmp_json()
         args = ["link-health", "--bytes", "1M", "-n", "3", "-w", "1", "--latency-iters", "5",
                 "--allreduce-bytes", "256K", "--allreduce-iters", "2",
@@ -102,8 +102,8 @@ class LinkHealthAcrossHosts(unittest.TestCase):
                 # ping-pongs jump by milliseconds when three spinning ranks
                 # share two busy cores, so the latency rule is kept out.
                 "--latency-threshold-pct", "5000"]
-        procs = [start(r, args + (["--json", path] if r == 0 else []), self.port)
-                 for r in range(3)]
+        procs = [start(r, args + (["--json", path] if r == 0 else []), self.port, h, len(hosts))
+                 for r, h in enumerate(hosts)]
         res = [finish(p, 120) for p in procs]
         rep = load(path)
         os.unlink(path)
@@ -151,6 +151,23 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         slow = [c for c in rep["checks"] if c["name"] == "slow_ranks"][0]
         self.assertIn("1 (host host1)", slow["detail"])
         self.assertIn("every cross-host link of rank 1 is slow", res[0][1] + str(r["pairs"]))
+
+    def test_slow_host_of_two_ranks_is_named_by_host(self):
+        # Ranks 1 and 2 share host 1, whose link is slow. Of the five
+        # cross-host pairs four are slow, and each of ranks 1 and 2 keeps
+        # the other's slow pairs among "the pairs without it", so no rank
+        # stands out and the run passed; the host does.
+        slow_host(1)
+        res, rep = self.run_link_health(70, hosts=(0, 1, 1, 2))
+        self.assertEqual(res[0][0], 1, res[0][1] + res[0][2])
+        r = rep["results"]
+        self.assertEqual(r["slow_pairs"], [[0, 1], [0, 2], [1, 3], [2, 3]], res[0][1])
+        self.assertEqual(r["slow_ranks"], [])
+        self.assertEqual(r["slow_hosts"], [{"host": "host1", "ranks": [1, 2]}])
+        slow = [c for c in rep["checks"] if c["name"] == "slow_hosts"][0]
+        self.assertEqual(slow["status"], "fail")
+        self.assertIn("host1 (ranks 1, 2)", slow["detail"])
+        self.assertIn("every cross-host link of host host1 (ranks 1, 2) is slow", res[0][1])
 
     def test_gloo_without_an_address_for_other_hosts_fails_at_once(self):
         # Each host's name (host0..2) resolves nowhere, and no interface is
