@@ -100,7 +100,8 @@ BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
   // all_reduce, so being far slower than one is slow. Larger groups count
   // too because with unequal ranks per host a host's groups may have no
   // other group of their size to be judged against (hosts of 2, 2 and 1
-  // ranks: the pairs with the third host hold 3 ranks, the other pair 4).
+  // ranks: the pairs with the third host hold 3 ranks, the other pair 4);
+  // and smaller ones, scaled, for the host with more ranks (below).
   const auto spans_hosts = [&](const BisectGroup& g) {
     for (int r : g.ranks)
       if (r < 0 || static_cast<std::size_t>(r) >= host_of_rank.size() ||
@@ -112,10 +113,25 @@ BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
     o.slow = false;
     if (!o.ran || !o.error.empty() || o.group.ranks.empty()) continue;
     std::optional<double> reference;
-    for (const auto& other : outcomes)
-      if (other.ran && other.error.empty() && other.time_us > 0 &&
-          other.group.ranks.size() >= o.group.ranks.size() && spans_hosts(other.group) == spans_hosts(o.group))
-        reference = std::min(reference.value_or(other.time_us), other.time_us);
+    const std::size_t mine = o.group.ranks.size();
+    for (const auto& other : outcomes) {
+      const std::size_t theirs = other.group.ranks.size();
+      if (!other.ran || !other.error.empty() || other.time_us <= 0 ||
+          spans_hosts(other.group) != spans_hosts(o.group))
+        continue;
+      // A smaller group counts too, its time scaled by the ring steps the
+      // larger one takes more ((p-1)/(q-1): an all_reduce's time grows at
+      // most that fast with its ranks). Without it a host of more ranks
+      // than the others hides: every group of its size holds it (hosts of
+      // 1, 2 and 1 ranks, the middle one slow: both 3-rank pairs are slow
+      // alike, and only the 2-rank pair of the others shows the speed).
+      double scaled = other.time_us;
+      if (theirs < mine) {
+        if (theirs < 2) continue;  // one rank moves nothing
+        scaled *= static_cast<double>(mine - 1) / static_cast<double>(theirs - 1);
+      }
+      reference = std::min(reference.value_or(scaled), scaled);
+    }
     if (reference && o.time_us > slow_factor * *reference && o.time_us > *reference + min_slow_us) o.slow = true;
   }
   // Slowness shows in every group a slow rank or link is part of. A group

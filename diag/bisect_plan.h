@@ -46,7 +46,8 @@ struct BisectVerdict {
 };
 
 // Marks slow groups (time over slow_factor x the fastest group of the same
-// sort, on one host or across hosts, and of the same size or larger, and at
+// sort, on one host or across hosts, and of the same size or larger, or
+// smaller (of 2 ranks or more) with its time scaled by (p-1)/(q-1), and at
 // least min_slow_us more, unless a larger group holding all its
 // ranks was not slow: then it was noise) and names the suspects: the ranks in
 // every bad group that are in no good group (or, when that is empty, in every

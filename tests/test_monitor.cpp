@@ -409,6 +409,44 @@ TEST_CASE("bisect judge: a slow host with fewer ranks than the others", "[bisect
   for (const auto& o : out) CHECK_FALSE(o.slow);
 }
 
+TEST_CASE("bisect judge: a slow host with more ranks than the others", "[bisect]") {
+  using namespace cli;
+  // Hosts of 1, 2 and 1 ranks; host b's link is slow (figures of a run in
+  // namespaces with b's link at 50 Mbit/s). Both 3-rank pairs hold b and
+  // are slow alike; only the 2-rank pair of a and c shows the healthy speed.
+  for (const auto& hosts : {std::vector<std::string>{"a", "b", "b", "c"},
+                            std::vector<std::string>{"b", "b", "a", "c"}}) {
+    auto groups = plan_bisect(hosts);
+    std::vector<GroupOutcome> out;
+    for (const auto& g : groups) {
+      GroupOutcome o;
+      o.group = g;
+      o.ran = true;
+      std::set<std::string> on;
+      for (int r : g.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
+      o.time_us = on.size() == 1 ? 479.0 : (on.count("b") ? 59000.0 : 2001.0);
+      out.push_back(o);
+    }
+    auto v = judge_bisect(out, hosts, 3.0, 1000.0, /*world_passed=*/true);
+    CHECK(v.suspect_hosts == std::vector<std::string>{"b"});
+    for (const auto& o : out) {
+      std::set<std::string> on;
+      for (int r : o.group.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
+      CHECK(o.slow == (on.size() > 1 && on.count("b") == 1));
+    }
+    // A healthy network whose time grows with the ranks as a ring's does
+    // (a 3-rank group twice a 2-rank one) flags nothing.
+    for (auto& o : out) {
+      std::set<std::string> on;
+      for (int r : o.group.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
+      if (on.size() > 1) o.time_us = 2000.0 * static_cast<double>(o.group.ranks.size() - 1);
+    }
+    v = judge_bisect(out, hosts, 3.0, 1000.0, /*world_passed=*/true);
+    CHECK(v.suspect_ranks.empty());
+    for (const auto& o : out) CHECK_FALSE(o.slow);
+  }
+}
+
 // ---------------------------------------------------------------------------
 // With real Gloo ranks as threads.
 

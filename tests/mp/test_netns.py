@@ -169,6 +169,25 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertIn("host1 (ranks 1, 2)", slow["detail"])
         self.assertIn("every cross-host link of host host1 (ranks 1, 2) is slow", res[0][1])
 
+    def test_bisect_names_a_slow_host_of_more_ranks_than_the_others(self):
+        # Ranks 1 and 2 share host 1, whose link is slow. Every sub-group of
+        # three ranks holds host 1; only the pair of hosts 0 and 2 (two
+        # ranks) shows the healthy speed, so it must serve as the yardstick.
+        slow_host(1)
+        path = tmp_json()
+        args = ["allreduce-test", "-b", "1K", "-e", "256K", "-n", "5", "-w", "1", "--bisect"]
+        hosts = (0, 1, 1, 2)
+        procs = [start(r, args + (["--json", path] if r == 0 else []), self.port, h, len(hosts))
+                 for r, h in enumerate(hosts)]
+        res = [finish(p, 180) for p in procs]
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual([r[0] for r in res], [1] * 4, res[0][1] + res[0][2])
+        b = rep["results"]["bisect"]
+        self.assertEqual(b["suspect_hosts"], ["host1"], res[0][1])
+        self.assertEqual(b["suspect_ranks"], [1, 2], res[0][1])
+        self.assertIn("host1", [c for c in rep["checks"] if c["name"] == "bisect"][0]["detail"])
+
     def test_gloo_without_an_address_for_other_hosts_fails_at_once(self):
         # Each host's name (host0..2) resolves nowhere, and no interface is
         # named: Gloo would listen on 127.0.0.1, and peers on other hosts
