@@ -1653,8 +1653,11 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                                   who, static_cast<long>(getpid()), host);
     job.store->set("abort", to_bytes(msg));
     throw RendezvousError(msg, {"rendezvous", me, -1,
-                                "two processes were given the same rank; check RANK / "
-                                "--rank / the launcher's task counts"});
+                                "two processes were given the same rank (check RANK / --rank / "
+                                "the launcher's task counts), or a second job uses the same "
+                                "MASTER_ADDR:MASTER_PORT: give each job a port of its own (with "
+                                "SLURM_JOB_ID or TORCHELASTIC_RUN_ID set, the ranks of different "
+                                "jobs are told apart)"});
   }
   job.store->add("joined", 1);
 }

@@ -1408,6 +1408,10 @@ RendezvousError connect_failed(const CommOptions& opts, const StoreAdapter::Peer
   const std::string at = endpoint_str(last.address);
   const std::string ms = std::to_string(opts.timeout.count()) + " ms";
   const bool refused = gloo_error.find("refused") != std::string::npos;
+  // The kernel said at once that it has no path there (this host's routes,
+  // or an ICMP unreachable from a router): nothing waited out the timeout.
+  const bool no_route = gloo_error.find("No route to host") != std::string::npos ||
+                        gloo_error.find("Network is unreachable") != std::string::npos;
   // The side that connects (Gloo's rule: the pair's larger address) has a
   // socket in SYN_SENT, or Gloo's own connect error; the side that listens
   // waits for the peer.
@@ -1419,7 +1423,12 @@ RendezvousError connect_failed(const CommOptions& opts, const StoreAdapter::Peer
                              [&](const auto& a) { return same_endpoint(a, last.address); });
   }
   std::string what;
-  if (refused)
+  if (no_route)
+    what = me + "'s connection to " + peer + "'s Gloo listener at " + at +
+           " failed at once: this host has no route to that address, or a router on the way "
+           "answered that it has none (check `ip route get " + ip_text(reinterpret_cast<const sockaddr*>(&last.address)) +
+           "` on " + me + "'s host)";
+  else if (refused)
     what = me + "'s connection to " + peer + "'s Gloo listener at " + at +
            " was refused (nothing listens there any more, or a firewall rejects it)";
   else if (unanswered)

@@ -240,6 +240,28 @@ class LinkHealthAcrossHosts(unittest.TestCase):
             self.assertIn("resolves to the loopback address 127.0.1.1", se)
             self.assertIn("GLOO_SOCKET_IFNAME", se)
 
+    def test_no_route_to_a_peer_is_named_as_such_at_once(self):
+        # Host 2 routes host 1's address through a gateway that does not
+        # exist: its connect to rank 1 fails with "No route to host" within
+        # seconds (ARP gives up). Rank 2 must say that, not that rank 1 "did
+        # not open its connection within" the timeout it never waited.
+        import time
+        sh("ip", "-n", HOSTS[2], "route", "add", ADDR[1] + "/32", "via", NET.addr[0].rsplit(".", 1)[0] + ".99")
+        args = ["allreduce-test", "--rank", "R", "--world-size", "3", "--master-addr", ADDR[0],
+                "--master-port", str(self.port), "--gloo-interface", IFACE, "--timeout", "20",
+                "-b", "1K", "-e", "1K"]
+        t0 = time.monotonic()
+        procs = [subprocess.Popen(NET.command(r, [BIN] + [str(r) if a == "R" else a for a in args]),
+                                  env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in range(3)]
+        res = [finish(p, 90) for p in procs]
+        self.assertLess(time.monotonic() - t0, 20, [r[2] for r in res])
+        rc, _, se = res[2]
+        self.assertEqual(rc, 3, se)
+        self.assertIn("no route to that address", se)
+        self.assertIn("ip route get " + ADDR[1], se)
+        self.assertNotIn("within 20000 ms", se)
+
     def test_firewall_open_only_for_the_store_is_named_within_the_timeout(self):
         # Host 1 passes the store's port only. Every rank reaches the store
         # and publishes its address, then Gloo's connections to and from host
