@@ -115,6 +115,12 @@ class Communicator {
   enum class HostProbe { kUnknown, kAnswers, kSilent };
   virtual HostProbe probe_peer_host(int /*peer*/, Millis /*timeout*/) { return HostProbe::kUnknown; }
 
+  // This rank's connections to its peers that the network stalls now (data
+  // unacknowledged, retransmitted): read from the kernel's socket tables,
+  // cheap enough for a hang's diagnosis. Empty where the backend cannot tell
+  // (NCCL owns its sockets and transports).
+  virtual std::vector<StalledLink> stalled_links() const { return {}; }
+
   // send == recv is in-place.
   virtual std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count,
                                           DType dtype, ReduceOp op) = 0;

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include <fmt/core.h>
+#include <fmt/format.h>
 
 namespace ddpdiag {
 
@@ -65,6 +66,15 @@ nlohmann::json to_json(const RankState& s) {
     for (const auto& f : s.open_p2p) open.push_back(to_json(f));
     j["open_point_to_point"] = open;
   }
+  if (!s.stalled_links.empty()) {
+    nlohmann::json links = nlohmann::json::array();
+    for (const auto& l : s.stalled_links)
+      links.push_back({{"peer", l.peer < 0 ? nlohmann::json() : nlohmann::json(l.peer)},
+                       {"remote", l.remote},
+                       {"unacked_bytes", l.unacked_bytes},
+                       {"retransmits", l.retransmits}});
+    j["stalled_links"] = links;
+  }
   return j;
 }
 
@@ -91,6 +101,11 @@ RankState rank_state_from_json(const nlohmann::json& j) {
     }
     for (const auto& f : j.value("open_point_to_point", nlohmann::json::array()))
       s.open_p2p.push_back(fingerprint_from_json(f));
+    for (const auto& l : j.value("stalled_links", nlohmann::json::array())) {
+      const auto& peer = l.at("peer");
+      s.stalled_links.push_back({peer.is_null() ? -1 : peer.get<int>(), l.value("remote", std::string()),
+                                 l.value("unacked_bytes", std::uint64_t{0}), l.value("retransmits", 0)});
+    }
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(std::string("malformed rank state: ") + e.what());
   }
@@ -132,6 +147,12 @@ nlohmann::json Diagnosis::to_json() const {
           {"unreachable_ranks", unreachable},
           {"behind_ranks", behind},
           {"mismatches", mm},
+          {"stalled_links", [&] {
+             nlohmann::json a = nlohmann::json::array();
+             for (const auto& [x, y] : stalled_pairs)
+               a.push_back({x, y < 0 ? nlohmann::json() : nlohmann::json(y)});
+             return a;
+           }()},
           {"stuck_seq", stuck_seq},
           {"findings", lines},
           {"summary", summary()}};
@@ -286,6 +307,37 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
       d.stuck_seq = seq;
     }
   }
+  // Which links the kernel says drop the traffic: a rank's connection with
+  // data unacknowledged while it retransmits. Both ends of a link that
+  // drops one way show it (the data one way, the acknowledgements the other).
+  std::map<std::pair<int, int>, std::vector<std::string>> by_pair;
+  for (int r : present)
+    for (const auto& l : states[r]->stalled_links) {
+      const std::pair<int, int> key = l.peer >= 0 ? std::pair<int, int>{std::min(r, l.peer), std::max(r, l.peer)}
+                                                   : std::pair<int, int>{r, -1};
+      by_pair[key].push_back(fmt::format("rank {}'s {} byte(s) to {} unacknowledged after {} "
+                                         "retransmission(s)",
+                                         r, l.unacked_bytes,
+                                         l.peer >= 0 ? fmt::format("rank {} ({})", l.peer, l.remote) : l.remote,
+                                         l.retransmits));
+    }
+  const auto host_of = [&](int r) {
+    return r >= 0 && r < n && states[r] && !states[r]->host.empty() ? " (host " + states[r]->host + ")"
+                                                                   : std::string();
+  };
+  // Most telling first: the rest (a rank whose queued collectives cannot
+  // complete looks behind) follows from a link that drops.
+  std::vector<std::string> stalled_lines;
+  for (const auto& [key, details] : by_pair) {
+    d.stalled_pairs.push_back(key);
+    stalled_lines.push_back(fmt::format(
+        "{} drops traffic: {}.",
+        key.second >= 0 ? fmt::format("The link between rank {}{} and rank {}{}", key.first,
+                                      host_of(key.first), key.second, host_of(key.second))
+                        : fmt::format("A link of rank {}{}", key.first, host_of(key.first)),
+        fmt::join(details, "; ")));
+  }
+  d.lines.insert(d.lines.begin(), stalled_lines.begin(), stalled_lines.end());
   return d;
 }
 

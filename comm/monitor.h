@@ -64,6 +64,9 @@ struct RankState {
   // sequence number), the failed one first, at most 5: whom this rank waits
   // on.
   std::vector<Fingerprint> open_p2p;
+  // Its backend's connections to peers that the network stalls (data
+  // unacknowledged, retransmitted) when it published: the link that drops.
+  std::vector<StalledLink> stalled_links;
 
   // The fingerprint of collective `seq` if the recorder still holds it.
   const Fingerprint* at(std::int64_t seq) const;
@@ -89,6 +92,9 @@ struct Diagnosis {
   std::vector<int> unreachable;
   std::vector<int> behind;     // issued fewer collectives than the most advanced rank
   std::vector<Mismatch> mismatches;
+  // Pairs of ranks (a < b; b = -1 when a's peer is not told apart) whose
+  // connection stalls by the kernel's count of unacknowledged data.
+  std::vector<std::pair<int, int>> stalled_pairs;
   std::int64_t stuck_seq = 0;  // the first collective not completed everywhere (0: unknown)
   std::vector<std::string> lines;  // one sentence per finding, most telling first
   // One paragraph: lines joined.

@@ -12,6 +12,7 @@
 #include <regex>
 #include <stdexcept>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/core.h>
 
@@ -417,6 +418,11 @@ RankState MonitoredCommunicator::state(const std::string& reason) const {
   s.last_completed = completed_.load();
   s.reason = reason;
   s.reset_by = reset_by_.load();
+  try {
+    s.stalled_links = inner_->stalled_links();
+  } catch (const std::exception&) {
+    // Only a diagnostic aid.
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   for (const auto& o : p2p_open_) {
     if (s.open_p2p.size() >= 4) break;
@@ -895,6 +901,24 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
     hint = fmt::format("look at the log and host of {}{}: it died, was killed (OOM killer?), was "
                        "stopped or lost its network",
                        d.gone.size() == 1 ? "rank " : "ranks ", rank_list(d.gone));
+  } else if (!d.stalled_pairs.empty()) {
+    // The kernel says a link drops the data: whatever else the states show
+    // (a rank whose queued collectives cannot complete looks behind) follows
+    // from it.
+    auto [a, b] = d.stalled_pairs.front();
+    for (const auto& pr : d.stalled_pairs)
+      if (pr.first == rank() || pr.second == rank()) std::tie(a, b) = pr;
+    peer = a == rank() ? b : a;
+    const auto host_of = [&](int r) {
+      return r >= 0 && r < static_cast<int>(opts_.peers.size()) && !opts_.peers[r].host.empty()
+                 ? " (host " + opts_.peers[r].host + ")"
+                 : std::string();
+    };
+    hint = fmt::format("check the route, cable, switch port and firewall between {} (`ip route "
+                       "get`, `ip -s link` on both hosts); `ddpdiag link-health` measures every "
+                       "pair of ranks",
+                       b >= 0 ? fmt::format("rank {}{} and rank {}{}", a, host_of(a), b, host_of(b))
+                              : fmt::format("rank {}{} and the peer it names", a, host_of(a)));
   } else if (d.desync()) {
     const auto& g = d.mismatches.front().groups;
     if (g.size() > 1) {

@@ -67,4 +67,14 @@ enum class Collective : std::uint8_t {
 std::string_view collective_name(Collective c);
 double busbw_factor(Collective c, int world_size);
 
+// A connection of this rank's backend to a peer whose sent data the peer
+// has not acknowledged while the kernel retransmits it: that link drops the
+// traffic (a cable, a route, a firewall that started dropping).
+struct StalledLink {
+  int peer = -1;                    // -1: more than one rank at that address
+  std::string remote;               // the peer's end, "10.0.0.3:41234"
+  std::uint64_t unacked_bytes = 0;  // sent (or queued) and not acknowledged
+  int retransmits = 0;              // retransmission timeouts without an answer
+};
+
 }  // namespace ddpdiag

@@ -18,6 +18,7 @@ class ForwardingCommunicator : public Communicator {
 
   int rank() const override { return inner_.rank(); }
   int size() const override { return inner_.size(); }
+  std::vector<StalledLink> stalled_links() const override { return inner_.stalled_links(); }
   Backend backend() const override { return inner_.backend(); }
   MemoryKind memory_kind() const override { return inner_.memory_kind(); }
   std::string library_version() const override { return inner_.library_version(); }

@@ -224,6 +224,34 @@ TEST_CASE("diagnosis: everyone in the same collective points at the network", "[
   CHECK(contains(d.summary(), "Every rank is in collective #2"));
 }
 
+TEST_CASE("diagnosis: a link the kernel retransmits on is named by its two ranks", "[monitor]") {
+  // Ranks 2 and 3 lost their link (a route gone, a firewall dropping): both
+  // ends hold data unacknowledged, as the kernel's socket table says; rank
+  // 1's connection to a shared address is not told apart.
+  std::vector<std::optional<RankState>> st;
+  for (int r = 0; r < 4; ++r) st.push_back(state_of(r, {ar(), ar()}, 1));
+  st[3]->stalled_links.push_back({2, "10.0.0.3:4711", 65536, 6});
+  st[2]->stalled_links.push_back({3, "10.0.0.4:51000", 24, 5});
+  st[1]->stalled_links.push_back({-1, "10.0.0.9:51002", 100, 1});
+  // Through the store, as the ranks publish them.
+  for (auto& s : st) s = rank_state_from_json(nlohmann::json::parse(to_json(*s).dump()));
+  REQUIRE(st[3]->stalled_links.size() == 1);
+  CHECK(st[3]->stalled_links[0].peer == 2);
+  CHECK(st[3]->stalled_links[0].unacked_bytes == 65536);
+  CHECK(st[1]->stalled_links[0].peer == -1);
+  CHECK(to_json(*st[1])["stalled_links"][0]["peer"].is_null());
+  CHECK_FALSE(to_json(*st[0]).contains("stalled_links"));
+  Diagnosis d = diagnose(st);
+  CHECK(d.stuck_seq == 2);
+  CHECK(d.stalled_pairs == std::vector<std::pair<int, int>>{{1, -1}, {2, 3}});
+  CHECK(contains(d.summary(), "Every rank is in collective #2"));
+  CHECK(contains(d.summary(), "The link between rank 2 (host h2) and rank 3 (host h3) drops traffic: "
+                              "rank 2's 24 byte(s) to rank 3 (10.0.0.4:51000) unacknowledged after 5 "
+                              "retransmission(s); rank 3's 65536 byte(s) to rank 2 (10.0.0.3:4711)"));
+  CHECK(contains(d.summary(), "A link of rank 1 (host h1) drops traffic: rank 1's 100 byte(s) to 10.0.0.9:51002"));
+  CHECK(d.to_json()["stalled_links"] == nlohmann::json::parse("[[1, null], [2, 3]]"));
+}
+
 TEST_CASE("diagnosis: with collectives queued, the stuck one is the first not completed",
           "[monitor]") {
   // Both ranks queued 12 collectives; only 3 completed everywhere.

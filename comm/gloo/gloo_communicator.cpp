@@ -377,6 +377,8 @@ std::array<ByteRange, 2> buffer_ranges(const OpArgs& a, int size) {
 }
 
 class Core;
+std::vector<StalledLink> stalled_links_of(int rank, const std::map<int, sockaddr_storage>& peer_listeners,
+                                          const std::vector<sockaddr_storage>& own_listeners);
 
 class GlooWork final : public Work {
  public:
@@ -494,6 +496,22 @@ class Core : public std::enable_shared_from_this<Core> {
       case TcpReach::kSilent: return P::kSilent;
       default: return P::kUnknown;
     }
+  }
+
+  // Communicator::stalled_links: this process's connections to the peers'
+  // listeners, or to its own pairs' listeners from a peer's address.
+  std::vector<StalledLink> stalled_links() const {
+    std::vector<sockaddr_storage> own;
+    for (int p = 0; p < size_; ++p) {
+      if (p == rank_) continue;
+      try {
+        const auto& pair = context_->getPair(p);
+        if (const auto* a = pair ? dynamic_cast<const gloo::transport::tcp::Address*>(&pair->address()) : nullptr)
+          own.push_back(a->getSockaddr());
+      } catch (const std::exception&) {
+      }
+    }
+    return stalled_links_of(rank_, peer_sockaddrs_, own);
   }
 
   void start(int threads) {
@@ -1110,6 +1128,7 @@ class GlooCommunicator final : public Communicator {
   std::string library_version() const override { return gloo_version(); }
   std::string device_name() const override { return device_; }
   std::string listen_address() const override { return listen_address_; }
+  std::vector<StalledLink> stalled_links() const override { return core_->stalled_links(); }
   HostProbe probe_peer_host(int peer, Millis timeout) override {
     return core_->probe_peer_host(peer, timeout);
   }
@@ -1334,11 +1353,17 @@ bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
   return false;
 }
 
-// The remote ends of this process's TCP connections still in SYN_SENT: the
-// connection requests nobody has answered. Read from the kernel's tables
-// (/proc/net/tcp and tcp6, this network namespace), kept to sockets open in
-// this process. Empty where /proc is not readable.
-std::vector<sockaddr_storage> unanswered_connects() {
+// This process's TCP sockets as the kernel lists them (/proc/net/tcp and
+// tcp6, this network namespace), kept to sockets open in this process.
+// Empty where /proc is not readable.
+struct TcpRow {
+  int state = 0;  // 1 ESTABLISHED, 2 SYN_SENT, ... (the kernel's numbering)
+  sockaddr_storage local{}, remote{};
+  std::uint64_t tx_queue = 0;  // bytes not yet acknowledged
+  int retransmits = 0;         // retransmission timeouts without an answer
+};
+
+std::vector<TcpRow> tcp_sockets_of_this_process() {
   std::set<unsigned long> ours;
   if (DIR* dir = ::opendir("/proc/self/fd")) {
     while (const dirent* e = ::readdir(dir)) {
@@ -1350,47 +1375,106 @@ std::vector<sockaddr_storage> unanswered_connects() {
     }
     ::closedir(dir);
   }
-  std::vector<sockaddr_storage> out;
+  const auto is_hex = [](const std::string& t) {
+    return !t.empty() && t.find_first_not_of("0123456789ABCDEFabcdef") == std::string::npos;
+  };
+  // "0100007F:1F90": the address as the kernel prints each 32-bit word of
+  // it as it lies in memory, then the port.
+  const auto endpoint = [&](const std::string& text, bool v6, sockaddr_storage& ss) {
+    const auto colon = text.find(':');
+    if (colon == std::string::npos) return false;
+    const std::string host = text.substr(0, colon), port_hex = text.substr(colon + 1);
+    if (!is_hex(host) || !is_hex(port_hex) || port_hex.size() > 4) return false;
+    const auto port = static_cast<std::uint16_t>(std::stoul(port_hex, nullptr, 16));
+    ss = {};
+    if (!v6 && host.size() == 8) {
+      auto& in4 = reinterpret_cast<sockaddr_in&>(ss);
+      in4.sin_family = AF_INET;
+      in4.sin_port = htons(port);
+      in4.sin_addr.s_addr = static_cast<std::uint32_t>(std::stoul(host, nullptr, 16));
+      return true;
+    }
+    if (v6 && host.size() == 32) {
+      auto& in6 = reinterpret_cast<sockaddr_in6&>(ss);
+      in6.sin6_family = AF_INET6;
+      in6.sin6_port = htons(port);
+      for (int w = 0; w < 4; ++w) {
+        const auto word = static_cast<std::uint32_t>(std::stoul(host.substr(w * 8, 8), nullptr, 16));
+        std::memcpy(reinterpret_cast<char*>(&in6.sin6_addr) + w * 4, &word, 4);
+      }
+      return true;
+    }
+    return false;
+  };
+  std::vector<TcpRow> out;
+  if (ours.empty()) return out;
   for (const bool v6 : {false, true}) {
     std::ifstream in(v6 ? "/proc/net/tcp6" : "/proc/net/tcp");
     std::string line;
     std::getline(in, line);  // the header
     while (std::getline(in, line)) {
-      // sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
+      // sl local_address rem_address st tx_queue:rx_queue tr:when retrnsmt uid timeout inode
       std::istringstream f(line);
       std::string sl, local, remote, st, queues, timer, retr, uid, tmo;
       unsigned long inode = 0;
       if (!(f >> sl >> local >> remote >> st >> queues >> timer >> retr >> uid >> tmo >> inode))
         continue;
-      if (st != "02" || !ours.count(inode)) continue;  // 02: TCP_SYN_SENT
-      const auto colon = remote.find(':');
-      if (colon == std::string::npos) continue;
-      const std::string host = remote.substr(0, colon);
-      const std::string port_hex = remote.substr(colon + 1);
-      if (host.find_first_not_of("0123456789ABCDEFabcdef") != std::string::npos || port_hex.empty() ||
-          port_hex.size() > 4 || port_hex.find_first_not_of("0123456789ABCDEFabcdef") != std::string::npos)
-        continue;
-      const auto port = static_cast<std::uint16_t>(std::stoul(port_hex, nullptr, 16));
-      sockaddr_storage ss{};
-      // The kernel prints each 32-bit word of the address as it lies in memory.
-      if (!v6 && host.size() == 8) {
-        auto& in4 = reinterpret_cast<sockaddr_in&>(ss);
-        in4.sin_family = AF_INET;
-        in4.sin_port = htons(port);
-        in4.sin_addr.s_addr = static_cast<std::uint32_t>(std::stoul(host, nullptr, 16));
-      } else if (v6 && host.size() == 32) {
-        auto& in6 = reinterpret_cast<sockaddr_in6&>(ss);
-        in6.sin6_family = AF_INET6;
-        in6.sin6_port = htons(port);
-        for (int w = 0; w < 4; ++w) {
-          const auto word = static_cast<std::uint32_t>(std::stoul(host.substr(w * 8, 8), nullptr, 16));
-          std::memcpy(reinterpret_cast<char*>(&in6.sin6_addr) + w * 4, &word, 4);
-        }
-      } else {
-        continue;
-      }
-      out.push_back(ss);
+      if (!ours.count(inode) || !is_hex(st) || !is_hex(retr) || retr.size() > 8) continue;
+      TcpRow row;
+      if (!endpoint(local, v6, row.local) || !endpoint(remote, v6, row.remote)) continue;
+      row.state = static_cast<int>(std::stoul(st, nullptr, 16));
+      const std::string tx = queues.substr(0, queues.find(':'));
+      if (is_hex(tx) && tx.size() <= 16) row.tx_queue = std::stoull(tx, nullptr, 16);
+      row.retransmits = static_cast<int>(std::stoul(retr, nullptr, 16));
+      out.push_back(row);
     }
+  }
+  return out;
+}
+
+// The remote ends of this process's TCP connections still in SYN_SENT: the
+// connection requests nobody has answered.
+std::vector<sockaddr_storage> unanswered_connects() {
+  std::vector<sockaddr_storage> out;
+  for (const auto& row : tcp_sockets_of_this_process())
+    if (row.state == 2) out.push_back(row.remote);  // TCP_SYN_SENT
+  return out;
+}
+
+bool same_ip(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  return ip_text(reinterpret_cast<const sockaddr*>(&a)) == ip_text(reinterpret_cast<const sockaddr*>(&b));
+}
+
+// The established connections whose data waits for acknowledgement while
+// the kernel retransmits it, that are this rank's Gloo pairs: the ones it
+// opened to a peer's listener (the peer is known exactly), and the ones a
+// peer opened to one of this rank's listeners (the peer is known by its
+// address when no other rank shares it). Other sockets (the store's) are
+// left out.
+std::vector<StalledLink> stalled_links_of(int rank, const std::map<int, sockaddr_storage>& peer_listeners,
+                                          const std::vector<sockaddr_storage>& own_listeners) {
+  std::vector<StalledLink> out;
+  for (const auto& row : tcp_sockets_of_this_process()) {
+    if (row.state != 1 || row.tx_queue == 0 || row.retransmits == 0) continue;  // 1: ESTABLISHED
+    int peer = -1;
+    bool ours = false;
+    for (const auto& [p, at] : peer_listeners)
+      if (p != rank && same_endpoint(row.remote, at)) {
+        peer = p;
+        ours = true;
+      }
+    if (!ours && std::any_of(own_listeners.begin(), own_listeners.end(),
+                             [&](const auto& l) { return same_endpoint(row.local, l); })) {
+      ours = true;
+      std::vector<int> at_that_ip;
+      for (const auto& [p, at] : peer_listeners)
+        if (p != rank && same_ip(row.remote, at)) at_that_ip.push_back(p);
+      if (at_that_ip.size() == 1) peer = at_that_ip[0];
+    }
+    if (!ours) continue;
+    out.push_back({peer, endpoint_text(reinterpret_cast<const sockaddr*>(&row.remote)), row.tx_queue,
+                   row.retransmits});
   }
   return out;
 }

@@ -262,6 +262,37 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertIn("ip route get " + ADDR[1], se)
         self.assertNotIn("within 20000 ms", se)
 
+    def test_link_that_starts_dropping_mid_run_is_named_by_its_two_ranks(self):
+        # Mid-run, host 2 starts routing host 1's address through a gateway
+        # that does not exist: the link 1-2 drops everything, every other
+        # link and the store stay up. Every rank ends in the same collective
+        # after --timeout; the diagnosis names the pair 1-2 from the
+        # kernel's count of unacknowledged data on both ends.
+        import threading
+        import time
+        path = tmp_json()
+        args = ["allreduce-test", "--rank", "R", "--world-size", "3", "--master-addr", ADDR[0],
+                "--master-port", str(self.port), "--gloo-interface", IFACE, "--timeout", "8",
+                "-b", "64K", "-e", "64K", "-n", "100000", "-w", "1", "--json", path]
+        procs = [subprocess.Popen(NET.command(r, [BIN] + [str(r) if a == "R" else a for a in args]),
+                                  env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for r in range(3)]
+        gw = ADDR[0].rsplit(".", 1)[0] + ".99"
+        timer = threading.Timer(3.0, lambda: sh("ip", "-n", HOSTS[2], "route", "add",
+                                                ADDR[1] + "/32", "via", gw))
+        timer.start()
+        try:
+            res = [finish(p, 120) for p in procs]
+        finally:
+            timer.cancel()
+        rep = load(path)
+        os.unlink(path)
+        self.assertEqual(res[0][0], 4, res[0][2])
+        wd = rep["results"]["watchdog"]["diagnosis"]
+        self.assertIn([1, 2], wd["stalled_links"], res[0][2])
+        self.assertIn("The link between rank 1 (host host1) and rank 2 (host host2) drops traffic",
+                      res[0][2])
+
     def test_firewall_open_only_for_the_store_is_named_within_the_timeout(self):
         # Host 1 passes the store's port only. Every rank reaches the store
         # and publishes its address, then Gloo's connections to and from host
