@@ -179,8 +179,10 @@ std::vector<std::pair<std::string, json>> settings_of(const json& report) {
   if (auto w = report.find("world"); w != report.end() && w->is_object()) {
     if (auto s = w->find("size"); s != w->end() && s->is_number()) out.push_back({"world size", *s});
     if (auto b = w->find("backend"); b != w->end() && b->is_string()) out.push_back({"backend", *b});
-    // Gloo's worker threads (--gloo-threads) change how collectives overlap.
+    // Gloo's worker threads (--gloo-threads) change how collectives overlap,
+    // and --desync-check adds an all-gather before every collective.
     if (auto t = w->find("gloo_threads"); t != w->end() && t->is_number()) out.push_back({"gloo threads", *t});
+    if (auto d = w->find("desync_check"); d != w->end() && d->is_boolean()) out.push_back({"desync check", *d});
   }
   auto res = report.find("results");
   if (res == report.end() || !res->is_object()) return out;

@@ -1609,6 +1609,17 @@ TEST_CASE("compare: memory's workspace, model's bucket algorithm, links and fit 
     REQUIRE(c.settings_changed.size() == 1);
     CHECK(c.settings_changed[0].name == "gloo threads");
   }
+  SECTION("--desync-check") {
+    json base = allreduce_report(baseline_points()), now = allreduce_report(baseline_points());
+    base["world"]["desync_check"] = false;
+    now["world"]["desync_check"] = true;
+    for (auto& s : now["results"]["sizes"]) s["out_of_place"]["time_us"] = 1000.0;
+    auto c = compare_reports(base, now);
+    CHECK_FALSE(c.regressed());
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "desync check");
+    CHECK(validate_report(now).empty());
+  }
 }
 
 TEST_CASE("compare and render: control characters from a report are shown escaped", "[reports][compare][render]") {

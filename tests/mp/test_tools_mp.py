@@ -945,6 +945,17 @@ class ReportCommand(unittest.TestCase):
         self.assertIn("0 regressed", r.stdout)
         self.assertEqual(run(["report", "compare", "--fail-on-missing", a, b]).returncode, 1)
 
+    def test_desync_check_is_a_setting(self):
+        a, b = self.path("plain.json"), self.path("desync.json")
+        for path, extra in ((a, []), (b, ["--desync-check"])):
+            p = run(["allreduce-test", "-b", "8", "-e", "1K", "-n", "1", "-w", "0", "--json", path] + extra)
+            self.assertEqual(p.returncode, 0, p.stderr)
+        with open(b) as f:
+            self.assertIs(json.load(f)["world"]["desync_check"], True)
+        r = run(["report", "compare", a, b])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("settings differ: desync check no (base) vs yes (new)", r.stdout)
+
     def test_a_step_summary_that_cannot_be_appended_to_is_refused_first(self):
         summary = os.path.join(self.dir, "missing", "s.md")
         r = run(["report", "compare", self.base, self.base, "--markdown", summary],
