@@ -2193,6 +2193,9 @@ void record_known_world(const Job& job, const CommonOptions& o, reports::Report&
   report.set_world(job.size(), std::string(backend_name(job.backend)),
                    std::string(launcher_name(job.world.launcher)), ranks, libs);
   if (job.backend == Backend::kGloo) report.set_gloo_threads(o.gloo_threads);
+  // An all-gather before every collective: what each timed collective costs
+  // changes, so report compare reads it as a setting.
+  report.set_world_field("desync_check", o.desync_check);
   // Under torchrun: which of this node's restarts the report comes from, and
   // the run its ranks met in (the keys' run/<N> in the agent's store).
   if (job.world.restart_count >= 0) report.set_world_field("restart_count", job.world.restart_count);

@@ -283,6 +283,9 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   res["bucket_count"] = bucket_count;
   res["gradient_as_bucket_view"] = o.gradient_views;
   res["iters"] = o.iters;
+  // The metrics buffer's size (--workspace-mb): the workspace category and
+  // every total and peak grow with it, so compare treats it as a setting.
+  res["workspace_mb"] = o.workspace_mb;
   res["memory_kind"] = device ? "device" : "host";
   res["categories"] = json::array();
   for (auto c : kAllMemoryCategories) res["categories"].push_back(std::string(memory_category_name(c)));

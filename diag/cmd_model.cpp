@@ -395,6 +395,17 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     model.fits.push_back(std::move(sf));
   }
   res["backend_as"] = o.backend_as;
+  // What shapes every prediction besides the inputs, as given (null: not
+  // given, the links then come from the fit and the fit takes every size),
+  // so that report compare tells runs made with other links or another fit
+  // range from a regression.
+  const auto given = [](const CLI::Option* opt, double v) { return opt->count() ? json(v) : json(); };
+  res["intra_gbps"] = given(o.intra_gbps_opt, o.intra_gbps);
+  res["intra_latency_us"] = given(o.intra_latency_opt, o.intra_latency_us);
+  res["inter_gbps"] = given(o.inter_gbps_opt, o.inter_gbps);
+  res["inter_latency_us"] = given(o.inter_latency_opt, o.inter_latency_us);
+  res["fit_min_bytes"] = parse_size(o.fit_min_bytes);
+  res["fit_max_bytes"] = o.fit_max_bytes.empty() ? json() : json(parse_size(o.fit_max_bytes));
   res["formulas"] = {{"ring", "2(p-1) alpha + 2(p-1)/p n beta"},
                      {"tree", "2 ceil(log2 p) (alpha + n beta), binomial reduce then broadcast, not pipelined"},
                      {"gather", "2(p-1) (alpha + n beta), at the root's link"}};

@@ -19,6 +19,7 @@
 #include "comm/errors.h"
 #include "diag/commands.h"
 #include "reports/compare.h"
+#include "reports/format.h"
 #include "reports/render.h"
 #include "reports/report.h"
 #include "reports/report_schema.h"
@@ -136,6 +137,12 @@ int run_validate(const ReportOptions& o) {
     nlohmann::json doc;
     try {
       doc = reports::read_json(path);
+    } catch (const reports::DuplicateKeyError& e) {
+      // Readable JSON, but not one report: invalid, as a schema error is.
+      std::printf("%s: 1 error(s) against %s\n  %s: the key appears twice in one object\n", path.c_str(),
+                  reports::kSchema, reports::escape_controls(e.pointer()).c_str());
+      if (rc == 0) rc = static_cast<int>(ExitCode::kCheckFailed);
+      continue;
     } catch (const std::exception& e) {
       std::fprintf(stderr, "%s: unreadable: %s\n", path.c_str(), e.what());
       rc = static_cast<int>(ExitCode::kUsage);
@@ -147,7 +154,7 @@ int run_validate(const ReportOptions& o) {
       continue;
     }
     std::printf("%s: %zu error(s) against %s\n", path.c_str(), errors.size(), reports::kSchema);
-    for (const auto& e : errors) std::printf("  %s\n", e.to_string().c_str());
+    for (const auto& e : errors) std::printf("  %s\n", reports::escape_controls(e.to_string()).c_str());
     if (rc == 0) rc = static_cast<int>(ExitCode::kCheckFailed);
   }
   flush_stdout("the validation results");
@@ -180,12 +187,19 @@ int run_compare(const ReportOptions& o) {
   // GitHub's step summary is appended to (other steps' output stays);
   // any other file is replaced, and checked before the reports are read.
   // A read-only summary is refused as a read-only report is, even by root.
+  // A summary that cannot be appended to (its directory missing, a
+  // directory, not writable) is refused here too, before the comparison is
+  // printed: a result line followed by an error would read as a pass.
   if (!append_summary) {
     check_output_path("--markdown", o.compare_markdown);
   } else if (reports::is_read_only_file(o.compare_markdown)) {
     throw UsageError(fmt::format("--markdown {}: cannot append there: it is read-only", o.compare_markdown),
                      {"report", -1, -1, "make the step summary file writable, or write the comparison to a "
                                         "file of its own"});
+  } else if (auto problem = reports::append_path_problem(o.compare_markdown)) {
+    throw UsageError(fmt::format("--markdown {}: cannot append there: {}", o.compare_markdown, *problem),
+                     {"report", -1, -1, "check GITHUB_STEP_SUMMARY (a file in an existing, writable directory), "
+                                        "or write the comparison to a file of its own"});
   }
   std::vector<nlohmann::json> bases;
   for (const auto& p : base_paths) bases.push_back(load(p));
@@ -201,7 +215,8 @@ int run_compare(const ReportOptions& o) {
     if (errors.empty()) continue;
     constexpr std::size_t kShown = 3;
     std::string listed;
-    for (std::size_t i = 0; i < errors.size() && i < kShown; ++i) listed += "\n  " + errors[i].to_string();
+    for (std::size_t i = 0; i < errors.size() && i < kShown; ++i)
+      listed += "\n  " + reports::escape_controls(errors[i].to_string());
     if (errors.size() > kShown) listed += fmt::format("\n  ... and {} more", errors.size() - kShown);
     throw UsageError(fmt::format("{} is not a valid {} report ({} schema error(s)); it cannot be compared:{}",
                                  *path, reports::kSchema, errors.size(), listed),
@@ -210,6 +225,21 @@ int run_compare(const ReportOptions& o) {
                                   "written by ddpdiag --json, unedited",
                                   *path)});
   }
+  // A baseline that ended with an error before measuring anything (a run
+  // interrupted at once, a line refused for its flags) has no row for NEW to
+  // be worse than: every row of NEW would be new and the gate would pass.
+  for (std::size_t i = 0; i < bases.size(); ++i)
+    if (const std::string why = reports::measured_nothing(bases[i]); !why.empty())
+      throw UsageError(
+          fmt::format("baseline {} measured nothing to compare against: {}; a gate never passes on such "
+                      "a baseline",
+                      base_paths[i], why),
+          {"report", -1, -1,
+           bases.size() > 1
+               ? fmt::format("record the baseline again from a run that passed, or leave {} out of the "
+                             "baselines",
+                             base_paths[i])
+               : "record the baseline again from a run that passed (verdict PASS)"});
   // A report the schema accepts that the comparison still cannot read is
   // the input's fault, named with the files (exit 2), not an internal error.
   auto unreadable = [&](const nlohmann::json::exception& e) {
@@ -248,7 +278,15 @@ int run_compare(const ReportOptions& o) {
   } catch (const nlohmann::json::exception& e) {
     throw unreadable(e);
   }
-  print_stdout(text, "the comparison");
+  // With the Markdown on standard output (`--markdown - >> "$GITHUB_STEP_SUMMARY"`),
+  // the plain-text table goes to standard error, so that what is redirected
+  // is Markdown alone.
+  if (o.compare_markdown == "-") {
+    std::fputs(text.c_str(), stderr);
+    std::fflush(stderr);
+  } else {
+    print_stdout(text, "the comparison");
+  }
   if (!o.compare_markdown.empty()) {
     if (append_summary) {
       // GitHub's step summary is appended to, as other steps' output
@@ -297,7 +335,8 @@ int run_render(const ReportOptions& o) {
   const auto doc = load(o.render_file);
   require_report(doc, o.render_file, "render");
   for (const auto& e : reports::validate_report(doc))
-    std::fprintf(stderr, "ddpdiag report render: warning: %s: %s\n", o.render_file.c_str(), e.to_string().c_str());
+    std::fprintf(stderr, "ddpdiag report render: warning: %s: %s\n", o.render_file.c_str(),
+                 reports::escape_controls(e.to_string()).c_str());
   if (!o.html_out.empty()) write_output("--html", o.html_out, reports::render_html(doc));
   if (!o.markdown_out.empty()) write_output("--markdown", o.markdown_out, reports::render_markdown(doc));
   if (o.html_out.empty() && o.markdown_out.empty()) write_output("--markdown", "-", reports::render_markdown(doc));
@@ -323,7 +362,8 @@ Subcommand add_report_command(CLI::App& parent) {
   c->add_option("--max-regression", o->max_regression,
                 "tolerance for busbw, time and exposed time, e.g. 10%")->capture_default_str();
   c->add_flag("--fail-on-missing", o->fail_on_missing, "rows of BASE missing from NEW count as regressions");
-  c->add_option("--markdown", o->compare_markdown, "also write the comparison as Markdown (e.g. $GITHUB_STEP_SUMMARY)")
+  c->add_option("--markdown", o->compare_markdown, "also write the comparison as Markdown (e.g. $GITHUB_STEP_SUMMARY; '-': stdout, the "
+                "table then goes to stderr)")
       ->check(CLI::Validator(
           [](std::string& s) { return s.empty() ? std::string("an empty path: give a file path") : std::string(); },
           "PATH", "NONEMPTY_PATH"));

@@ -144,15 +144,21 @@ const std::vector<CommandSettings>& command_settings() {
   static const std::vector<CommandSettings> table = {
       {"allreduce-test", {"collective"}},
       {"link-health", {"bandwidth_bytes", "allreduce_bytes"}},
-      {"memory", {"model", "bucket_cap_mb", "first_bucket_bytes", "gradient_as_bucket_view", "memory_kind"}},
+      {"memory",
+       {"model", "bucket_cap_mb", "first_bucket_bytes", "gradient_as_bucket_view", "memory_kind", "workspace_mb"}},
       {"ddp-step",
        {"model", "bucket_cap_bytes", "first_bucket_bytes", "hook", "averaging", "gradient_as_bucket_view",
-        "find_unused_parameters", "compute_gbps"}},
+        "find_unused_parameters", "compute_gbps", "sparse_rows"}},
       {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps", "find_unused_parameters"}},
       {"broadcast-test", {"model", "bytes"}},
       {"dp-vs-ring", {"collective", "dtype", "op"}},
-      {"model", {"model", "first_bucket_bytes", "compute_gbps", "backend_as", "predicted_world_size",
-                 "predicted_ranks_per_host"}},
+      // The link flags and the fit's range are null where not given (the
+      // links then come from the fit, the fit from every size): a run that
+      // gave one differs from a run that did not.
+      {"model",
+       {"model", "first_bucket_bytes", "compute_gbps", "bucket_algorithm", "backend_as", "predicted_world_size",
+        "predicted_ranks_per_host", "intra_gbps", "intra_latency_us", "inter_gbps", "inter_latency_us",
+        "fit_min_bytes", "fit_max_bytes"}},
   };
   return table;
 }
@@ -160,6 +166,7 @@ const std::vector<CommandSettings>& command_settings() {
 std::string setting_text(const std::string& name, const json& v) {
   const bool bytes = name.size() > 6 && name.compare(name.size() - 6, 6, "_bytes") == 0;
   if (bytes && v.is_number()) return human_bytes(v.get<double>());
+  if (v.is_null()) return "not given";
   return v.is_string() ? v.get<std::string>() : format_cell(v);
 }
 
@@ -172,14 +179,21 @@ std::vector<std::pair<std::string, json>> settings_of(const json& report) {
   if (auto w = report.find("world"); w != report.end() && w->is_object()) {
     if (auto s = w->find("size"); s != w->end() && s->is_number()) out.push_back({"world size", *s});
     if (auto b = w->find("backend"); b != w->end() && b->is_string()) out.push_back({"backend", *b});
+    // Gloo's worker threads (--gloo-threads) change how collectives overlap,
+    // and --desync-check adds an all-gather before every collective.
+    if (auto t = w->find("gloo_threads"); t != w->end() && t->is_number()) out.push_back({"gloo threads", *t});
+    if (auto d = w->find("desync_check"); d != w->end() && d->is_boolean()) out.push_back({"desync check", *d});
   }
   auto res = report.find("results");
   if (res == report.end() || !res->is_object()) return out;
   const std::string command = str_or(report, "command", "");
   for (const auto& cs : command_settings()) {
     if (command != cs.command) continue;
+    // A null is recorded as such (a flag not given), unlike a field the
+    // report lacks (a run that failed first, or an older ddpdiag).
     for (const char* f : cs.fields)
-      if (auto it = res->find(f); it != res->end() && (it->is_string() || it->is_number() || it->is_boolean()))
+      if (auto it = res->find(f);
+          it != res->end() && (it->is_string() || it->is_number() || it->is_boolean() || it->is_null()))
         out.push_back({f, *it});
   }
   return out;
@@ -538,6 +552,17 @@ std::string baselines_disagree(const std::vector<json>& bases, const std::vector
   return "";
 }
 
+std::string measured_nothing(const json& report) {
+  if (verdict_of(report) != "ERROR" || !extract_rows(report, {}, {}).empty()) return "";
+  const json err = report.is_object() && report.contains("error") ? report["error"] : json();
+  const std::string kind = str_or(err, "kind", ""), message = str_or(err, "message", "");
+  std::string error;
+  if (!kind.empty() || !message.empty())
+    error = fmt::format(" (error{}{}{})", kind.empty() ? "" : " " + kind, message.empty() ? "" : ": ",
+                        escape_controls(message));
+  return fmt::format("its verdict is ERROR{} and it measured no result row", error);
+}
+
 Comparison compare_reports(const json& base, const json& now, const CompareOptions& o) {
   return compare_reports(std::vector<json>{base}, now, o);
 }
@@ -711,14 +736,18 @@ std::string settings_note(const Comparison& c) {
 }
 
 std::string render_comparison_text(const Comparison& c) {
+  // What the reports supply (host, model and phase names, check names) is
+  // shown with its control characters escaped: a report cannot drive the
+  // terminal or start a line of its own.
+  const auto t = [](const std::string& s) { return escape_controls(s); };
   std::string out;
-  out += fmt::format("base: {}\nnew:  {}\n", c.base_label, c.new_label);
+  out += fmt::format("base: {}\nnew:  {}\n", t(c.base_label), t(c.new_label));
   if (c.base_command != c.new_command)
     out += fmt::format("note: the reports are of different commands ({} vs {}); only rows with the "
                        "same identity are compared\n",
-                       c.base_command, c.new_command);
+                       t(c.base_command), t(c.new_command));
   if (!c.settings_changed.empty())
-    out += fmt::format("note: {}\n", settings_note(c));
+    out += fmt::format("note: {}\n", t(settings_note(c)));
   if (nothing_matched(c))
     out += "note: no row of NEW matched a row of BASE, so no figure was compared (other sizes, dtypes "
            "or settings?); only the checks and verdicts were\n";
@@ -727,7 +756,7 @@ std::string render_comparison_text(const Comparison& c) {
       "spread\n\n",
       c.max_regression * 100);
   std::size_t w = 3;
-  for (const auto& f : c.figures) w = std::max(w, f.row.size());
+  for (const auto& f : c.figures) w = std::max(w, t(f.row).size());
   w = std::min<std::size_t>(w, 60);
   out += fmt::format("{:<10} {:<{}} {:<22} {:>12} {:>12} {:>9} {:>8}\n", "status", "row", w, "figure",
                      "base", "new", "change", "spread");
@@ -735,34 +764,34 @@ std::string render_comparison_text(const Comparison& c) {
     std::string fig = f.figure.empty() ? "-" : f.figure + (f.higher_is_better ? " (+)" : " (-)");
     std::string change = f.base && f.now ? percent(f.change) : "-";
     std::string spread = f.base && f.now && f.noise > 0 ? fmt::format("±{:.1f}%", f.noise * 100) : "-";
-    out += fmt::format("{:<10} {:<{}} {:<22} {:>12} {:>12} {:>9} {:>8}\n", change_kind_name(f.kind), f.row,
+    out += fmt::format("{:<10} {:<{}} {:<22} {:>12} {:>12} {:>9} {:>8}\n", change_kind_name(f.kind), t(f.row),
                        w, fig, value_cell(f.base), value_cell(f.now), change, spread);
   }
   if (!c.checks.empty()) {
     out += "\nchecks:\n";
     for (const auto& ch : c.checks)
-      out += fmt::format("  {:<20} {:>6} -> {:<6}{}\n", ch.name, ch.base.empty() ? "(none)" : ch.base,
-                         ch.now.empty() ? "(none)" : ch.now,
+      out += fmt::format("  {:<20} {:>6} -> {:<6}{}\n", t(ch.name), ch.base.empty() ? "(none)" : t(ch.base),
+                         ch.now.empty() ? "(none)" : t(ch.now),
                          ch.regressed                          ? "  REGRESSED"
                          : ch.missing && c.fail_on_missing     ? "  NO LONGER CHECKED (--fail-on-missing)"
                          : ch.missing                          ? "  no longer checked"
                                                                : "");
   }
-  out += fmt::format("verdict: {} -> {}{}\n", c.base_verdict.empty() ? "?" : c.base_verdict,
-                     c.new_verdict.empty() ? "?" : c.new_verdict, c.verdict_regressed ? "  REGRESSED" : "");
+  out += fmt::format("verdict: {} -> {}{}\n", c.base_verdict.empty() ? "?" : t(c.base_verdict),
+                     c.new_verdict.empty() ? "?" : t(c.new_verdict), c.verdict_regressed ? "  REGRESSED" : "");
   out += fmt::format("rows: {} improved, {} regressed, {} unchanged, {} within noise, {} missing, {} new\n",
                      c.rows(ChangeKind::kImproved), c.rows(ChangeKind::kRegressed),
                      c.rows(ChangeKind::kUnchanged), c.rows(ChangeKind::kNoise),
                      c.rows(ChangeKind::kMissing), c.rows(ChangeKind::kNew));
   out += fmt::format("result: {}{}\n", c.regressed() ? "REGRESSION" : "no regression",
-                     c.regressed() ? " (" + regression_reasons(c) + ")" : std::string());
+                     c.regressed() ? " (" + t(regression_reasons(c)) + ")" : std::string());
   return out;
 }
 
 std::string render_comparison_markdown(const Comparison& c) {
   std::string out;
   out += fmt::format("## ddpdiag report compare: {}\n\n",
-                     c.regressed() ? "❌ regression (" + regression_reasons(c) + ")" : "✅ no regression");
+                     c.regressed() ? "❌ regression (" + markdown_text(regression_reasons(c)) + ")" : "✅ no regression");
   out += fmt::format("- base: {}\n- new: {}\n- tolerance: {:g}% (and outside the measured spread)\n\n",
                      markdown_cell(c.base_label), markdown_cell(c.new_label), c.max_regression * 100);
   if (!c.settings_changed.empty()) out += fmt::format("> **Note:** {}\n\n", markdown_cell(settings_note(c)));
@@ -773,13 +802,13 @@ std::string render_comparison_markdown(const Comparison& c) {
   out += fmt::format("| {} | {} | {} | {} | {} | {} |\n\n", c.rows(ChangeKind::kImproved),
                      c.rows(ChangeKind::kRegressed), c.rows(ChangeKind::kUnchanged),
                      c.rows(ChangeKind::kNoise), c.rows(ChangeKind::kMissing), c.rows(ChangeKind::kNew));
-  out += fmt::format("Verdict: **{}** → **{}**{}\n\n", c.base_verdict.empty() ? "?" : c.base_verdict,
-                     c.new_verdict.empty() ? "?" : c.new_verdict, c.verdict_regressed ? " (regressed)" : "");
+  out += fmt::format("Verdict: **{}** → **{}**{}\n\n", c.base_verdict.empty() ? "?" : markdown_text(c.base_verdict),
+                     c.new_verdict.empty() ? "?" : markdown_text(c.new_verdict), c.verdict_regressed ? " (regressed)" : "");
   if (!c.checks.empty()) {
     out += "| check | base | new | |\n|---|---|---|---|\n";
     for (const auto& ch : c.checks)
-      out += fmt::format("| {} | {} | {} | {} |\n", markdown_cell(ch.name), ch.base.empty() ? "–" : ch.base,
-                         ch.now.empty() ? "–" : ch.now,
+      out += fmt::format("| {} | {} | {} | {} |\n", markdown_cell(ch.name),
+                         ch.base.empty() ? "–" : markdown_cell(ch.base), ch.now.empty() ? "–" : markdown_cell(ch.now),
                          ch.regressed ? "❌ regressed"
                          : ch.missing ? (c.fail_on_missing ? "❌ no longer checked" : "no longer checked")
                                       : "");
@@ -833,13 +862,23 @@ double parse_percentage(const std::string& s) {
                                              s));
   };
   if (digits == 0 || points > 1 || others > 0) throw refuse();
+  // A number of hundreds of digits is a plain decimal number all the same:
+  // beyond a double (too large, or too small to tell from 0), so out of
+  // range rather than malformed.
+  const auto beyond_double = [&]() {
+    return std::invalid_argument(fmt::format("'{}' is out of range: it has more digits than a number can "
+                                             "hold; write a percentage such as 10% or 2.5",
+                                             s.size() > 40 ? s.substr(0, 20) + "..." : s));
+  };
   double v = 0;
   try {
     v = std::stod(t);
+  } catch (const std::out_of_range&) {
+    throw beyond_double();
   } catch (const std::exception&) {
     throw refuse();
   }
-  if (!std::isfinite(v)) throw refuse();
+  if (!std::isfinite(v)) throw beyond_double();
   // A bare fraction is most likely meant as one (0.1 for 10%), which as a
   // percentage would be 0.1%: make the writer say which.
   if (v > 0 && v < 1 && s.find('%') == std::string::npos)

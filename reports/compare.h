@@ -131,6 +131,13 @@ Comparison compare_reports(const std::vector<nlohmann::json>& bases, const nlohm
 std::string baselines_disagree(const std::vector<nlohmann::json>& bases,
                                const std::vector<std::string>& names);
 
+// Why `report` has nothing to compare against: it ended with an error
+// (verdict ERROR) before it measured any result row, as a run interrupted at
+// once or refused for its flags; "" when it measured something or did not end
+// with an error (a run that failed part-way compares on what it measured).
+// "its verdict is ERROR (error interrupted: ...) and it measured no result row".
+std::string measured_nothing(const nlohmann::json& report);
+
 // One line naming the settings that differ and what compare did about it;
 // the text and Markdown renderings print it when settings_changed is not empty.
 std::string settings_note(const Comparison& c);

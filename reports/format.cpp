@@ -59,6 +59,42 @@ std::string format_cell(const nlohmann::json& v) {
   return s;
 }
 
+namespace {
+
+// The length of the control character at s[i] (1 for C0 and DEL, 2 for a C1
+// character in UTF-8), or 0.
+std::size_t control_at(const std::string& s, std::size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x20 || c == 0x7f) return 1;
+  if (c == 0xc2 && i + 1 < s.size()) {
+    const auto n = static_cast<unsigned char>(s[i + 1]);
+    if (n >= 0x80 && n <= 0x9f) return 2;
+  }
+  return 0;
+}
+
+std::string control_text(const std::string& s, std::size_t i, std::size_t len) {
+  return len == 1 ? fmt::format("\\x{:02x}", static_cast<unsigned char>(s[i]))
+                  : fmt::format("\\u{:04x}", static_cast<unsigned char>(s[i + 1]));
+}
+
+}  // namespace
+
+std::string escape_controls(const std::string& s, bool keep_lines) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const std::size_t len = control_at(s, i);
+    if (len == 0 || (keep_lines && (s[i] == '\n' || s[i] == '\t'))) {
+      out += s[i];
+      continue;
+    }
+    out += control_text(s, i, len);
+    i += len - 1;
+  }
+  return out;
+}
+
 std::string html_escape(const std::string& s) {
   std::string out;
   out.reserve(s.size());
@@ -114,8 +150,15 @@ std::string markdown_text(const std::string& s) {
         out += ascii_alnum(next) || next == ' ' ? "\\" : "\\\\";
         break;
       case '\n':
-      case '\r': out += ' '; break;
-      default: out += c;
+      case '\r':
+      case '\t': out += ' '; break;
+      default:
+        if (const std::size_t len = control_at(s, i)) {
+          out += control_text(s, i, len);
+          i += len - 1;
+        } else {
+          out += c;
+        }
     }
   }
   return out;
@@ -137,12 +180,16 @@ std::string markdown_code_cell(const std::string& s) {
   // takes \| in a table cell as a pipe even within code.
   std::size_t longest = 0, run = 0;
   std::string body;
-  for (char c : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
     run = c == '`' ? run + 1 : 0;
     longest = std::max(longest, run);
     if (c == '|') body += "\\|";
-    else if (c == '\n' || c == '\r') body += ' ';
-    else body += c;
+    else if (c == '\n' || c == '\r' || c == '\t') body += ' ';
+    else if (const std::size_t len = control_at(s, i)) {
+      body += control_text(s, i, len);
+      i += len - 1;
+    } else body += c;
   }
   const std::string fence(longest + 1, '`');
   const bool pad = !body.empty() && (body.front() == '`' || body.back() == '`');

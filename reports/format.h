@@ -20,6 +20,13 @@ std::string format_figure(double v, int digits = 4);
 // A JSON scalar as a table cell: strings bare, numbers via format_figure,
 // null as "-", arrays/objects compact.
 std::string format_cell(const nlohmann::json& v);
+// Control characters (C0 but tab and newline where `keep_lines`, DEL, and
+// C1 as UTF-8) written as text (ESC as \x1b, U+0085 as \u0085): a report's
+// strings (host, model and phase names, details, argv) printed or put in
+// Markdown can then move no cursor, ring no bell, set no terminal title.
+// Without `keep_lines`, a newline or tab is escaped too (\x0a): one field
+// stays on one line and cannot forge one of the lines around it.
+std::string escape_controls(const std::string& s, bool keep_lines = false);
 // &, <, >, ", ' escaped for HTML text and attribute values.
 std::string html_escape(const std::string& s);
 // Text from a report made inert in Markdown: &, <, > as entities (no HTML

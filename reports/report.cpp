@@ -337,6 +337,15 @@ std::optional<std::string> output_path_problem(const std::string& path) {
   return std::nullopt;
 }
 
+std::optional<std::string> append_path_problem(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::stat(path.c_str(), &st) != 0) return output_path_problem(path);  // created by the append
+  if (S_ISDIR(st.st_mode)) return fmt::format("{} is a directory", path);
+  if (is_read_only_file(path)) return fmt::format("{} is read-only", path);
+  if (::access(path.c_str(), W_OK) != 0) return fmt::format("{} is not writable: {}", path, std::strerror(errno));
+  return std::nullopt;
+}
+
 bool same_file(const std::string& a, const std::string& b) {
   if (a.empty() || b.empty()) return false;
   const std::string ra = resolve_links(a), rb = resolve_links(b);
@@ -370,7 +379,12 @@ nlohmann::json read_json(const std::string& path) {
                                          e.kind() == InputFileError::Kind::kNotAFile ? ", not a report file" : ""));
   }
   try {
-    return parse_json_bounded(text);
+    return parse_json_bounded(text, true);
+  } catch (const JsonDuplicateKey& e) {
+    throw DuplicateKeyError(fmt::format("{}: {}; a report names each field once, so it is not read (edited "
+                                        "by hand?)",
+                                        path, e.what()),
+                            e.pointer());
   } catch (const JsonTooDeep& e) {
     throw std::runtime_error(
         fmt::format("{}: {}; no ddpdiag report does, so it is not read (is it a report?)", path, e.what()));

@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -124,6 +125,10 @@ void write_file_atomic(const std::string& path, const std::string& content);
 // Why a report could not be written at `path`, found before any work is done
 // (its directory missing or not writable, the path a directory), or nullopt.
 std::optional<std::string> output_path_problem(const std::string& path);
+// Why content could not be appended to `path` (GitHub's step summary), found
+// before any work is done: a directory, a file that cannot be written, or,
+// for a file not there yet, what output_path_problem finds; or nullopt.
+std::optional<std::string> append_path_problem(const std::string& path);
 // A regular file with no write permission for anyone (a kept report):
 // never replaced or appended to, even by root, whom access() lets write.
 bool is_read_only_file(const std::string& path);
@@ -140,6 +145,19 @@ bool same_file(const std::string& a, const std::string& b);
 void write_json_atomic(const std::string& path, const nlohmann::json& doc);
 // Reads and parses a report; throws std::runtime_error naming the file.
 nlohmann::json read_json(const std::string& path);
+// What read_json throws for a file that repeats a key in one object
+// ({"verdict": "FAIL", "verdict": "PASS"}): JSON's own rules leave which one
+// counts open, so a report that does is refused rather than read as the last
+// one says. `pointer`: the repeated key's JSON pointer ("/verdict").
+class DuplicateKeyError : public std::runtime_error {
+ public:
+  DuplicateKeyError(const std::string& what, std::string pointer)
+      : std::runtime_error(what), pointer_(std::move(pointer)) {}
+  const std::string& pointer() const { return pointer_; }
+
+ private:
+  std::string pointer_;
+};
 
 // ISO 8601 UTC with milliseconds, e.g. 2026-11-29T11:30:26.123Z.
 std::string utc_timestamp(std::chrono::system_clock::time_point t);

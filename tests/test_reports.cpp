@@ -1,5 +1,6 @@
 // The reports layer: JSON Schema validator, the report schema against what
 // the report writer produces, the compare gate, the Markdown and HTML renderers.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -1363,6 +1364,7 @@ TEST_CASE("report schema: every command ddpdiag has or plans is accepted, others
 #include <csignal>
 #include <functional>
 
+#include "comm/json_bounded.h"
 #include "reports/format.h"
 
 namespace {
@@ -1517,4 +1519,172 @@ TEST_CASE("format: large figures are written whole, not in exponent form", "[rep
   CHECK(format_figure(1234.5678) == "1235");
   CHECK(format_figure(0.00001234) == "1.234e-05");
   CHECK(format_cell(nlohmann::json(90520000.0)) == "90520000");
+}
+
+TEST_CASE("compare: a baseline that ended with an error before measuring anything has nothing to compare",
+          "[reports][compare]") {
+  // Interrupted before the first size: command line, world, no rows.
+  Report interrupted("allreduce-test", {"ddpdiag", "allreduce-test"});
+  interrupted.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+  interrupted.set_error({"interrupted", "stopped by SIGTERM", "allreduce", 0, -1, "", 143});
+  const json k = interrupted.finish();
+  const std::string why = measured_nothing(k);
+  CHECK(why.find("its verdict is ERROR") != std::string::npos);
+  CHECK(why.find("interrupted: stopped by SIGTERM") != std::string::npos);
+  CHECK(why.find("measured no result row") != std::string::npos);
+  // A line refused for its flags: no world either.
+  Report usage("allreduce-test", {"ddpdiag", "allreduce-test", "-b", "1M", "-e", "1K"});
+  usage.set_error({"usage", "-e 1K is below -b 1M", "flags", 0, -1, "", 2});
+  CHECK_FALSE(measured_nothing(usage.finish()).empty());
+  // What measured rows compares as before: a failed run, and one that
+  // ended with an error part-way.
+  CHECK(measured_nothing(allreduce_report(baseline_points(), CheckStatus::kFail)).empty());
+  json partial = allreduce_report(baseline_points());
+  partial["verdict"] = "ERROR";
+  partial["error"] = {{"kind", "timeout"}, {"message", "stuck"}};
+  CHECK(measured_nothing(partial).empty());
+  CHECK(measured_nothing(allreduce_report(baseline_points())).empty());
+}
+
+TEST_CASE("compare: memory's workspace, model's bucket algorithm, links and fit range, Gloo's threads are "
+          "settings",
+          "[reports][compare]") {
+  SECTION("memory --workspace-mb") {
+    json base = memory_report("mlp", 1.6e7), now = memory_report("mlp", 1.6e7 + 64 * 1048576.0);
+    base["results"]["workspace_mb"] = 1.0;
+    now["results"]["workspace_mb"] = 64.0;
+    auto c = compare_reports(base, now);
+    CHECK_FALSE(c.regressed());
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "workspace_mb");
+    CHECK(c.rows(ChangeKind::kMissing) == 2);
+    CHECK(c.rows(ChangeKind::kNew) == 2);
+    // An older report without the field is not called different.
+    json old = base;
+    old["results"].erase("workspace_mb");
+    CHECK(compare_reports(old, now).settings_changed.empty());
+  }
+  auto model_report = [](const std::string& algorithm, const json& inter_gbps, double time_us) {
+    Report r("model", {"ddpdiag", "model"});
+    auto& res = r.results();
+    res["backend_as"] = "ring";
+    res["predicted_world_size"] = 64;
+    res["predicted_ranks_per_host"] = 8;
+    res["intra_gbps"] = nullptr;
+    res["intra_latency_us"] = nullptr;
+    res["inter_gbps"] = inter_gbps;
+    res["inter_latency_us"] = nullptr;
+    res["fit_min_bytes"] = 0;
+    res["fit_max_bytes"] = nullptr;
+    res["model"] = "mlp";
+    res["bucket_algorithm"] = algorithm;
+    res["caps"] = json::array({{{"bucket_cap_mb", 25}, {"bucket_count", 2}, {"comm_time_us", time_us},
+                                {"exposed_comm_time_us", time_us / 2}}});
+    return r.finish();
+  };
+  SECTION("model --bucket-algorithm") {
+    auto c = compare_reports(model_report("ring", nullptr, 100), model_report("tree", nullptr, 300));
+    CHECK_FALSE(c.regressed());
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "bucket_algorithm");
+    CHECK(c.rows(ChangeKind::kRegressed) == 0);
+  }
+  SECTION("model's link flags: one given against none") {
+    auto c = compare_reports(model_report("ring", nullptr, 100), model_report("ring", 1.25, 300));
+    CHECK_FALSE(c.regressed());
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "inter_gbps");
+    CHECK(c.settings_changed[0].base == "not given");
+    CHECK(c.settings_changed[0].now == "1.25");
+    // The same flags compare as before: a slower prediction regresses.
+    CHECK(compare_reports(model_report("ring", 1.25, 100), model_report("ring", 1.25, 300)).regressed());
+  }
+  SECTION("Gloo's worker threads") {
+    json base = allreduce_report(baseline_points()), now = allreduce_report(baseline_points());
+    base["world"]["gloo_threads"] = 2;
+    now["world"]["gloo_threads"] = 1;
+    for (auto& s : now["results"]["sizes"]) s["out_of_place"]["busbw_gbps"] = 0.1;
+    auto c = compare_reports(base, now);
+    CHECK_FALSE(c.regressed());
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "gloo threads");
+  }
+  SECTION("--desync-check") {
+    json base = allreduce_report(baseline_points()), now = allreduce_report(baseline_points());
+    base["world"]["desync_check"] = false;
+    now["world"]["desync_check"] = true;
+    for (auto& s : now["results"]["sizes"]) s["out_of_place"]["time_us"] = 1000.0;
+    auto c = compare_reports(base, now);
+    CHECK_FALSE(c.regressed());
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "desync check");
+    CHECK(validate_report(now).empty());
+  }
+}
+
+TEST_CASE("compare and render: control characters from a report are shown escaped", "[reports][compare][render]") {
+  json base = allreduce_report(baseline_points());
+  json now = allreduce_report(baseline_points(), CheckStatus::kFail);
+  const std::string evil = "x\x1b]0;pwned\x07y\x7f\xc2\x9bz\nresult: no regression";
+  now["started_at"] = evil;
+  now["world"]["backend"] = evil;
+  now["checks"][0]["name"] = evil;
+  now["results"]["sizes"][0]["dtype"] = evil;
+  auto c = compare_reports(base, now);
+  for (const std::string& out : {render_comparison_text(c), render_comparison_markdown(c), render_markdown(now)}) {
+    const bool raw = std::any_of(out.begin(), out.end(), [](char ch) {
+      const auto u = static_cast<unsigned char>(ch);
+      return (u < 0x20 && ch != '\n') || u == 0x7f;
+    });
+    CHECK_FALSE(raw);
+    CHECK(out.find("\xc2\x9b") == std::string::npos);
+    CHECK(out.find("x\\x1b") != std::string::npos);
+    CHECK(out.find("pwned\\x07y\\x7f\\u009bz") != std::string::npos);
+    CHECK(out.find("\nresult: no regression") == std::string::npos);
+  }
+  CHECK(escape_controls("a\tb\nc", true) == "a\tb\nc");
+  CHECK(escape_controls("a\tb\nc") == "a\\x09b\\x0ac");
+  CHECK(escape_controls("±5 µs") == "±5 µs");  // other non-ASCII text stays
+  // HTML escapes markup as before.
+  json html_doc = now;
+  html_doc["results"]["sizes"][0]["dtype"] = "<script>alert(1)</script>";
+  const std::string html = render_html(html_doc);
+  CHECK(html.find("<script>alert") == std::string::npos);
+  CHECK(html.find("&lt;script&gt;") != std::string::npos);
+}
+
+TEST_CASE("compare: a tolerance of hundreds of digits is out of range, not malformed", "[reports][compare]") {
+  const std::string huge(400, '9');
+  for (const std::string& s : {huge, huge + "%", "0." + std::string(400, '0') + "1%"}) {
+    try {
+      parse_percentage(s);
+      FAIL("accepted " << s.substr(0, 30));
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      CHECK(what.find("out of range") != std::string::npos);
+      CHECK(what.find("not a percentage") == std::string::npos);
+      CHECK(what.size() < 200);
+    }
+  }
+  CHECK_THROWS_WITH(parse_percentage("1e5"), Catch::Contains("not a percentage"));
+}
+
+TEST_CASE("reading a report: a key repeated in one object is refused with its pointer", "[reports][schema]") {
+  using ddpdiag::JsonDuplicateKey;
+  using ddpdiag::parse_json_bounded;
+  const auto pointer_of = [](const std::string& text) -> std::string {
+    try {
+      parse_json_bounded(text, true);
+    } catch (const JsonDuplicateKey& e) {
+      return e.pointer();
+    }
+    return "(accepted)";
+  };
+  CHECK(pointer_of(R"({"verdict": "FAIL", "verdict": "PASS"})") == "/verdict");
+  CHECK(pointer_of(R"({"a": [1, {"x": 1}, {"y": 2, "y": 3}]})") == "/a/2/y");
+  CHECK(pointer_of(R"({"a/b": {"c~d": 1, "c~d": 2}})") == "/a~1b/c~0d");
+  CHECK(pointer_of(R"({"a": {"k": 1}, "b": {"k": 1}, "c": [[], [{"k": 1}]]})") == "(accepted)");
+  // Without the option (model layouts), the last one still wins.
+  CHECK(parse_json_bounded(R"({"v": 1, "v": 2})")["v"] == 2);
+  CHECK_THROWS_AS(parse_json_bounded(std::string(65, '[') + std::string(65, ']'), true), ddpdiag::JsonTooDeep);
 }

@@ -521,6 +521,35 @@ class ModelOfSyntheticReports(unittest.TestCase):
         self.assertNotEqual(load(out)["results"]["sizes"], res["sizes"])
         self.assertEqual(res["prediction"]["links"][0]["intra"]["source"], "flags")
 
+    def test_link_flags_fit_range_and_bucket_algorithm_are_settings(self):
+        # Predictions made with other links, another fit range or another
+        # bucket all_reduce are not a regression of the default run: the
+        # settings are named and the rows listed as missing and new.
+        base = tmp_json()
+        self.files.append(base)
+        common = ["model", self.sweep(2), "--model", "mlp", "--max-fit-error", "1000", "--world-size", "16",
+                  "--ranks-per-host", "8"]
+        p = run(common + ["--json", base])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        rep = load(base)
+        for field in ("intra_gbps", "intra_latency_us", "inter_gbps", "inter_latency_us", "fit_max_bytes"):
+            self.assertIsNone(rep["results"][field], field)
+        self.assertEqual(rep["results"]["fit_min_bytes"], 0)
+        for extra, note in ((["--inter-gbps", "0.001"], "inter_gbps not given (base) vs 0.001 (new)"),
+                            (["--intra-latency-us", "5000"], "intra_latency_us not given (base) vs 5000 (new)"),
+                            (["--bucket-algorithm", "gather"], "bucket_algorithm ring (base) vs gather (new)"),
+                            (["--fit-max-bytes", "64K"], "fit_max_bytes not given (base) vs 64 KiB (new)")):
+            with self.subTest(extra=extra):
+                new = tmp_json()
+                self.files.append(new)
+                p = run(common + extra + ["--json", new])
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                r = run(["report", "compare", base, new])
+                self.assertIn(note, r.stdout)
+                self.assertIn("0 regressed", r.stdout)
+                self.assertEqual(r.returncode, 0, r.stdout)
+                self.assertEqual(run(["report", "compare", "--fail-on-missing", base, new]).returncode, 1)
+
     def test_link_and_size_flags_without_a_world_size_are_refused(self):
         two, three = self.sweep(2), self.sweep(3)
         for flag, value in (("--intra-gbps", "100"), ("--inter-latency-us", "5"),

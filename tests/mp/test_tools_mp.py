@@ -790,6 +790,7 @@ class ReportCommand(unittest.TestCase):
     def test_a_report_nested_thousands_deep_is_refused_not_a_crash(self):
         with open(self.base) as f:
             doc = json.load(f)
+        del doc["results"]  # given again below (a key given twice is refused on its own)
         text = json.dumps(doc)
         # 20,000 levels inside results: the schema lets results hold anything.
         deep = text[:-1] + ', "results": ' + "[" * 20000 + "]" * 20000 + "}"
@@ -890,6 +891,137 @@ class ReportCommand(unittest.TestCase):
         self.assertEqual(text.count("\n## ddpdiag report compare"), 2)
         second = text.index("## ddpdiag report compare", 30)
         self.assertEqual(text[second - 2:second], "\n\n")
+
+    def test_a_baseline_that_measured_nothing_never_passes_the_gate(self):
+        # A run interrupted at once and a line refused for its flags end in
+        # ERROR with no row: against them every row of NEW would be new and
+        # the gate would pass, even with --fail-on-missing.
+        new, usage, killed = self.path("new.json"), self.path("usage.json"), self.path("killed.json")
+        p = run(["allreduce-test", "-b", "8", "-e", "1K", "-n", "1", "-w", "0", "--json", new])
+        self.assertEqual(p.returncode, 0, p.stderr)
+        p = run(["allreduce-test", "-b", "1M", "-e", "1K", "--json", usage])
+        self.assertEqual(p.returncode, 2, p.stderr)
+        proc = subprocess.Popen([BIN, "allreduce-test", "-n", "200", "--json", killed], env=clean_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(2.5)
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=60), 128 + signal.SIGTERM)
+        with open(killed) as f:
+            self.assertEqual(json.load(f)["error"]["kind"], "interrupted")
+        for base, kind in ((killed, "interrupted"), (usage, "usage")):
+            for extra in ([], ["--fail-on-missing"]):
+                with self.subTest(base=kind, extra=extra):
+                    r = run(["report", "compare"] + extra + [base, new])
+                    self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                    self.assertIn("baseline %s measured nothing to compare against" % base, r.stderr)
+                    self.assertIn("its verdict is ERROR (error %s: " % kind, r.stderr)
+                    self.assertIn("record the baseline again from a run that passed", r.stderr)
+                    self.assertNotIn("no regression", r.stdout)
+        # Among several baselines it is refused by name.
+        r = run(["report", "compare", new, killed, new])
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("baseline %s measured nothing" % killed, r.stderr)
+        self.assertIn("leave %s out of the baselines" % killed, r.stderr)
+        # A baseline that failed but measured its rows compares as before.
+        with open(new) as f:
+            doc = json.load(f)
+        doc["verdict"] = "FAIL"
+        doc["checks"][0]["status"] = "fail"
+        failed = self.write_json("failed.json", doc)
+        r = run(["report", "compare", failed, new])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("verdict: FAIL -> PASS", r.stdout)
+
+    def test_memory_workspace_is_a_setting(self):
+        a, b = self.path("ws1.json"), self.path("ws64.json")
+        for path, extra in ((a, []), (b, ["--workspace-mb", "64"])):
+            p = run(["memory", "--model", "mlp", "--no-comm-probe", "--json", path] + extra)
+            self.assertEqual(p.returncode, 0, p.stderr)
+        with open(b) as f:
+            self.assertEqual(json.load(f)["results"]["workspace_mb"], 64)
+        r = run(["report", "compare", a, b])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("settings differ: workspace_mb 1 (base) vs 64 (new)", r.stdout)
+        self.assertIn("0 regressed", r.stdout)
+        self.assertEqual(run(["report", "compare", "--fail-on-missing", a, b]).returncode, 1)
+
+    def test_desync_check_is_a_setting(self):
+        a, b = self.path("plain.json"), self.path("desync.json")
+        for path, extra in ((a, []), (b, ["--desync-check"])):
+            p = run(["allreduce-test", "-b", "8", "-e", "1K", "-n", "1", "-w", "0", "--json", path] + extra)
+            self.assertEqual(p.returncode, 0, p.stderr)
+        with open(b) as f:
+            self.assertIs(json.load(f)["world"]["desync_check"], True)
+        r = run(["report", "compare", a, b])
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("settings differ: desync check no (base) vs yes (new)", r.stdout)
+
+    def test_a_step_summary_that_cannot_be_appended_to_is_refused_first(self):
+        summary = os.path.join(self.dir, "missing", "s.md")
+        r = run(["report", "compare", self.base, self.base, "--markdown", summary],
+                env=clean_env(GITHUB_STEP_SUMMARY=summary))
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("--markdown %s: cannot append there" % summary, r.stderr)
+        self.assertIn("does not exist", r.stderr)
+        os.mkdir(self.path("dir.md"))
+        r = run(["report", "compare", self.base, self.base, "--markdown", self.path("dir.md")],
+                env=clean_env(GITHUB_STEP_SUMMARY=self.path("dir.md")))
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stdout, "")
+        self.assertIn("is a directory", r.stderr)
+
+    def test_compare_markdown_to_stdout_is_markdown_alone(self):
+        r = run(["report", "compare", self.base, self.base, "--markdown", "-"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(r.stdout.startswith("## ddpdiag report compare"), r.stdout[:200])
+        self.assertNotIn("result: ", r.stdout)
+        self.assertIn("result: no regression", r.stderr)
+
+    def test_a_tolerance_of_hundreds_of_digits_is_out_of_range(self):
+        r = run(["report", "compare", self.base, self.base, "--max-regression", "9" * 400])
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn("out of range", r.stderr)
+        self.assertNotIn("not a percentage", r.stderr)
+
+    def test_control_characters_of_a_report_are_escaped(self):
+        with open(self.base) as f:
+            doc = json.load(f)
+        # A row named by a report string, a check's detail, the command line.
+        doc["results"]["extra"] = [{"name": "\x1b]0;title\x07\u009b", "time_us": 1.0}]
+        doc["checks"].append({"name": "bell", "status": "pass", "detail": "\x1b[2J cleared\x7f"})
+        doc["argv"].append("\x1b[31mred")
+        evil = self.write_json("evil.json", doc)
+        for args in (["report", "compare", self.base, evil], ["report", "compare", evil, evil, "--markdown", "-"],
+                     ["report", "render", evil]):
+            with self.subTest(args=args[:2]):
+                r = run(args)
+                self.assertEqual(r.returncode, 0, r.stderr)
+                for out in (r.stdout, r.stderr):
+                    for ch in "\x1b\x07\x7f\u009b":
+                        self.assertNotIn(ch, out)
+                self.assertIn("\\x1b]0;title\\x07\\u009b", (r.stdout + r.stderr).replace("\\]", "]"))
+        r = run(["report", "render", evil, "--html", "-"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("cleared", r.stdout)
+
+    def test_a_key_repeated_in_one_object_is_refused(self):
+        with open(self.base) as f:
+            text = f.read()
+        self.assertIn('"verdict": "PASS"', text)
+        dup = self.path("dup.json")
+        with open(dup, "w") as f:
+            f.write(text.replace('"verdict": "PASS"', '"verdict": "FAIL", "verdict": "PASS"', 1))
+        r = run(["report", "validate", dup])
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("/verdict: the key appears twice in one object", r.stdout)
+        for args in (["report", "compare", self.base, dup], ["report", "compare", dup, self.base],
+                     ["report", "render", dup]):
+            with self.subTest(args=args):
+                r = run(args)
+                self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                self.assertIn("the key at /verdict appears twice in one object", r.stderr)
+                self.assertEqual(r.stdout, "")
 
     def test_render_refuses_one_file_for_both_pages_under_two_spellings(self):
         page = self.path("page.md")
