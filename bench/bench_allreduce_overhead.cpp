@@ -15,7 +15,7 @@
 // 5 repetitions), the last waiting on every op (the hand-off's cost).
 //
 // The binary starts its own two ranks (it forks itself; rank 1's output is
-// discarded). Both ranks must run exactly the same collectives, so every
+// discarded, --benchmark_out included: only rank 0 writes that file). Both ranks must run exactly the same collectives, so every
 // benchmark has a fixed iteration and repetition count: Google Benchmark's
 // automatic iteration estimate differs between processes and would
 // deadlock them. Time is manual: one batch of K all_reduces per iteration.
@@ -348,7 +348,17 @@ int run_rank(int rank, int port, int argc, char** argv) {
   g_rank = &r;
 
   register_all();
-  benchmark::Initialize(&argc, argv);
+  // Rank 1 writes no --benchmark_out file: it would open rank 0's path and
+  // its figures could end up there. (BENCHMARK_OUT in its environment is
+  // left out by main().)
+  std::vector<char*> args(argv, argv + argc);
+  if (rank != 0)
+    std::erase_if(args, [](const char* a) {
+      return std::strncmp(a, "--benchmark_out=", 16) == 0 || std::strncmp(a, "--benchmark_out_format=", 23) == 0;
+    });
+  int nargs = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&nargs, args.data());
   if (rank == 0) {
     benchmark::RunSpecifiedBenchmarks();
   } else {
@@ -379,8 +389,12 @@ int main(int argc, char** argv) {
     // runs, so the child may not allocate before it execs.
     std::vector<std::string> env = {"DDPDIAG_BENCH_RANK=" + std::to_string(r),
                                     "DDPDIAG_BENCH_PORT=" + std::to_string(server.port())};
+    // Google Benchmark reads --benchmark_out from BENCHMARK_OUT too: rank 1
+    // gets neither (run_rank drops the flag).
     for (char** e = environ; e && *e; ++e)
-      if (std::strncmp(*e, "DDPDIAG_BENCH_", 14) != 0) env.emplace_back(*e);
+      if (std::strncmp(*e, "DDPDIAG_BENCH_", 14) != 0 &&
+          (r == 0 || std::strncmp(*e, "BENCHMARK_OUT", 13) != 0))
+        env.emplace_back(*e);
     std::vector<char*> envp;
     for (auto& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);

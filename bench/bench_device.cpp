@@ -9,7 +9,11 @@
 // Prints tables and writes every figure to --json FILE.
 // --iters: ops per timed burst (at least; the flatten part doubles it until a
 // burst lasts 20 ms). Exit 1 when a part failed (its error is in the JSON's
-// "errors"; the other parts are still measured and written).
+// "errors"; the other parts are still measured and written). Exit 77 (the
+// test runners' "skipped") when there is no GPU to measure: it prints
+// "no GPU" and why, and --json FILE gets {"no_gpu": why}, so a script on a
+// CPU-only machine tells that apart from a failure, and gpu-check.sh, which
+// expects a GPU, still counts it as one.
 // Usage: ddpdiag_bench_device [--json FILE] [--max-bytes N] [--iters N]
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -37,6 +41,9 @@ namespace {
 
 using namespace ddpdiag;
 using Clock = std::chrono::steady_clock;
+
+// No GPU to measure: the exit status test runners read as "skipped".
+constexpr int kExitNoGpu = 77;
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "ddpdiag_bench_device: %s\n", what.c_str());
@@ -233,7 +240,18 @@ int main(int argc, char** argv) {
     else
       die("unknown flag " + a + " (flags: --json FILE --max-bytes N --iters N)");
   }
-  if (cuda_device_count() == 0) die("no GPU: " + cuda_unavailable_reason());
+  if (cuda_device_count() == 0) {
+    const std::string why = cuda_unavailable_reason();
+    std::fprintf(stderr, "ddpdiag_bench_device: no GPU (%s); nothing measured\n", why.c_str());
+    if (!json_path.empty()) {
+      try {
+        reports::write_json_atomic(json_path, nlohmann::json{{"no_gpu", why}});
+      } catch (const std::exception& e) {
+        die("writing " + json_path + " failed: " + e.what());
+      }
+    }
+    return kExitNoGpu;
+  }
   // Each part that fails is named in "errors"; what the others measured is
   // still printed and written.
   nlohmann::json doc;

@@ -13,7 +13,9 @@
    count are shown but not judged: there every implementation waits for the
    scheduler at each message.
 2. DDP reducer: bench/ddp_vs_torch.py (ddpdiag ddp-step against PyTorch DDP,
-   resnet50 layout, each bucket cap).
+   resnet50 layout, each bucket cap), like against like: DDP's default
+   against ddp-step --no-views, and gradient_as_bucket_view=True against
+   ddp-step --gradient-as-bucket-view; each pair judged on its own.
 3. Rendezvous: N local clients meet (connect, SET own key, ADD a counter,
    WAIT for "done") against `ddpdiag store serve` and against torch's
    TCPStore(is_master=True) server, with the same client (our C++ client,
@@ -373,42 +375,67 @@ def measure_reducer(a):
     rows = []
     for r in doc["rows"]:
         rows.append({"model": doc["model"], "world_size": doc["nproc"], "cap_mb": r["cap_mb"],
-                     "torch_us": r["torch_us"], "torch_views_us": r["torch_views_us"],
-                     "ddpdiag_us": r["ours_us"], "ddpdiag_no_views_us": r["ours_no_views_us"],
+                     "torch_us": r["torch_us"], "ddpdiag_us": r["ours_us"],
                      "ddpdiag_exposed_comm_us": r["ours_exposed_us"],
                      "ddpdiag_over_torch": r["ratio"],
-                     "ddpdiag_over_torch_views": r["ratio_views"]})
+                     "torch_views_us": r["torch_views_us"], "ddpdiag_views_us": r["ours_views_us"],
+                     "ddpdiag_views_exposed_comm_us": r["ours_views_exposed_us"],
+                     "ddpdiag_views_over_torch_views": r["ratio_views"]})
     return rows
+
+
+# The reducer's judged pairs: (check name, ratio key, what is compared).
+REDUCER_PAIRS = (("reducer_vs_torch_ddp", "ddpdiag_over_torch",
+                  "ddp-step --no-views / torch DDP (gradient_as_bucket_view=False)"),
+                 ("reducer_vs_torch_ddp_views", "ddpdiag_views_over_torch_views",
+                  "ddp-step --gradient-as-bucket-view / torch DDP (gradient_as_bucket_view=True)"))
+
+
+def like_for_like(row):
+    """A reducer row of a report from before the pairs were like for like
+    (ddpdiag_us with views against torch_us without; ddpdiag_no_views_us),
+    in today's layout."""
+    if "ddpdiag_views_us" in row or "ddpdiag_no_views_us" not in row:
+        return row
+    r = dict(row)
+    r["ddpdiag_views_us"] = r["ddpdiag_us"]
+    r["ddpdiag_us"] = r.pop("ddpdiag_no_views_us")
+    r["ddpdiag_over_torch"] = r["ddpdiag_us"] / r["torch_us"]
+    r["ddpdiag_views_over_torch_views"] = r["ddpdiag_views_us"] / r["torch_views_us"]
+    return r
 
 
 def print_reducer(rows):
     if not rows:
         return
-    print("# DDP reducer vs PyTorch DDP: %s layout, %d ranks, time per iteration (us)" %
+    print("# DDP reducer vs PyTorch DDP: %s layout, %d ranks, time per iteration (us); "
+          "no views: DDP's default, views: gradient_as_bucket_view" %
           (rows[0]["model"], rows[0]["world_size"]))
-    print("# %8s %12s %12s %12s %14s %16s" % ("cap(MiB)", "ddpdiag", "torch", "torch views",
-                                             "ddpdiag/torch", "ddpdiag/t.views"))
+    print("# %8s %12s %12s %14s %14s %14s %14s" % ("cap(MiB)", "ddpdiag", "torch", "ddpdiag/torch",
+                                                  "ddpdiag views", "torch views", "views d/t"))
     for r in rows:
-        print("  %8g %12.0f %12.0f %12.0f %14.3f %16.3f" % (
-            r["cap_mb"], r["ddpdiag_us"], r["torch_us"], r["torch_views_us"],
-            r["ddpdiag_over_torch"], r["ddpdiag_over_torch_views"]))
+        print("  %8g %12.0f %12.0f %14.3f %14.0f %14.0f %14.3f" % (
+            r["cap_mb"], r["ddpdiag_us"], r["torch_us"], r["ddpdiag_over_torch"],
+            r["ddpdiag_views_us"], r["torch_views_us"], r["ddpdiag_views_over_torch_views"]))
     print()
     sys.stdout.flush()
 
 
 def reducer_checks(rows):
     if not rows:
-        return [{"name": "reducer_vs_torch_ddp", "status": "skip",
-                 "detail": "the reducer comparison was not run"}]
-    worst = max(rows, key=lambda r: r["ddpdiag_over_torch"])
-    ok = worst["ddpdiag_over_torch"] <= TARGET_REDUCER_RATIO
-    return [{"name": "reducer_vs_torch_ddp", "status": "pass" if ok else "fail",
-             "detail": "iteration time ddpdiag / torch DDP (%s, %d ranks): highest %.3f at cap "
-                       "%g MiB (target <= %.2f; %d of %d caps meet it)" % (
-                           worst["model"], worst["world_size"], worst["ddpdiag_over_torch"],
-                           worst["cap_mb"], TARGET_REDUCER_RATIO,
-                           sum(r["ddpdiag_over_torch"] <= TARGET_REDUCER_RATIO for r in rows),
-                           len(rows))}]
+        return [{"name": name, "status": "skip", "detail": "the reducer comparison was not run"}
+                for name, _, _ in REDUCER_PAIRS]
+    checks = []
+    for name, key, what in REDUCER_PAIRS:
+        worst = max(rows, key=lambda r: r[key])
+        ok = worst[key] <= TARGET_REDUCER_RATIO
+        checks.append({"name": name, "status": "pass" if ok else "fail",
+                       "detail": "iteration time %s (%s, %d ranks): highest %.3f at cap %g MiB "
+                                 "(target <= %.2f; %d of %d caps meet it)" % (
+                                     what, worst["model"], worst["world_size"], worst[key],
+                                     worst["cap_mb"], TARGET_REDUCER_RATIO,
+                                     sum(r[key] <= TARGET_REDUCER_RATIO for r in rows), len(rows))})
+    return checks
 
 
 # --------------------------------------------------------------------------
@@ -1017,8 +1044,14 @@ def self_test(a, rc):
     expect(len(res.get("all_reduce_ratios", [])) == 3, "3 ratio rows")
     red = res.get("reducer", [])
     # An iteration of the mlp layout's gradients takes well under a minute here.
-    expect(len(red) == 1 and red[0]["cap_mb"] == 25 and 0 < red[0]["ddpdiag_us"] < 60e6 and
-           0 < red[0]["torch_us"] < 60e6, "reducer rows: %s" % red)
+    expect(len(red) == 1 and red[0]["cap_mb"] == 25 and
+           all(0 < red[0][k] < 60e6 for k in ("ddpdiag_us", "torch_us", "ddpdiag_views_us",
+                                              "torch_views_us")), "reducer rows: %s" % red)
+    # Like against like: each ratio is of the pair with the same settings.
+    for r in red:
+        expect(abs(r["ddpdiag_over_torch"] - r["ddpdiag_us"] / r["torch_us"]) < 1e-9 and
+               abs(r["ddpdiag_views_over_torch_views"] - r["ddpdiag_views_us"] / r["torch_views_us"])
+               < 1e-9, "reducer ratios: %s" % r)
     rz = res.get("rendezvous", [])
     gens = ["1.13"] + (["2.x"] if a.torch2_python else [])
     expect(sorted((r["torch"], r["client"], r["driver"], r["server"]) for r in rz) ==
@@ -1040,7 +1073,8 @@ def self_test(a, rc):
            all(r["ops_per_second"] > 0 for r in st), "store rows: %s" % st)
     names = {c["name"] for c in rep.get("checks", [])}
     expect(names == {"allreduce_vs_bare_gloo_2ranks", "allreduce_vs_torch_2ranks",
-                     "reducer_vs_torch_ddp", "rendezvous_1024_vs_torch_tcpstore",
+                     "reducer_vs_torch_ddp", "reducer_vs_torch_ddp_views",
+                     "rendezvous_1024_vs_torch_tcpstore",
                      "rendezvous_1024_vs_torch_tcpstore_epoll_clients", "store_64_clients"} |
            ({"rendezvous_1024_vs_torch2_tcpstore",
              "rendezvous_1024_vs_torch2_tcpstore_epoll_clients"} if a.torch2_python else set()),
@@ -1060,7 +1094,7 @@ def print_report(path):
     res = rep.get("results", {})
     if res.get("all_reduce_ratios"):
         print_allreduce(res["all_reduce_ratios"], res.get("repeats", 0))
-    print_reducer(res.get("reducer", []))
+    print_reducer([like_for_like(r) for r in res.get("reducer", [])])
     print_rendezvous(res.get("rendezvous", []), res.get("rendezvous_ratios", []))
     print_store(res.get("store", []))
     print("# targets (measured vs target)")

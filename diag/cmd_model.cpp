@@ -80,6 +80,7 @@ struct ModelOptions {
   std::vector<std::string> check_against;
   std::string check_min_bytes = "1M";
   double max_error_factor = 2.0;
+  std::vector<CLI::Option*> check_opts;  // --check-min-bytes, --max-error-factor
   std::string json_path;
   std::string markdown_path;
 };
@@ -261,8 +262,20 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                                      "--world-size (a --check-against run is predicted on the hosts "
                                      "its report names, with the fitted link)",
                                      opt->get_name()),
-                         "e.g. --world-size 64 --ranks-per-host 8 " + opt->get_name() + " ...");
+                         opt == o.ranks_per_host_opt
+                             ? std::string("e.g. --world-size 64 --ranks-per-host 8")
+                             : "e.g. --world-size 64 --ranks-per-host 8 " + opt->get_name() + " ...");
+  } else {
+    // The prediction's hosts, before anything of the fit is printed.
+    scale::validate_topology({o.world_size, o.ranks_per_host, {}, {}});
   }
+  if (o.check_against.empty())
+    for (const auto* opt : o.check_opts)
+      if (opt->count())
+        throw flag_error(fmt::format("{} needs --check-against: it sets how predictions are compared "
+                                     "with a measured run",
+                                     opt->get_name()),
+                         "e.g. --check-against sweep4.json " + opt->get_name() + " ...");
   if (o.model.empty())
     for (const auto* opt : {o.first_bucket_opt, o.compute_gbps_opt, o.backward_ms_opt, o.bucket_algorithm_opt})
       if (opt->count())
@@ -461,7 +474,6 @@ void run_model(const ModelOptions& o, reports::Report& report) {
   // ---- prediction at --world-size ------------------------------------------
   if (o.world_size_opt->count()) {
     const int w = o.world_size, k = o.ranks_per_host;
-    scale::validate_topology({w, k, {}, {}});
     std::map<Algorithm, scale::Topology> topo;
     json links = json::array();
     std::printf("# prediction: world size %d = %d host(s) x %d rank(s) per host\n", w, w / k, k);
@@ -474,8 +486,15 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                 {"measured", c.measured},
                 {"intra", link_json(t.intra)},
                 {"inter", link_json(t.inter)}};
-      l["intra"]["source"] = o.intra_gbps_opt->count() || o.intra_latency_opt->count() ? "flags" : "fit";
-      l["inter"]["source"] = o.inter_gbps_opt->count() || o.inter_latency_opt->count() ? "flags" : "fit";
+      // Where each half of a link came from: a flag, or the fit.
+      for (auto [kind, gbps_opt, latency_opt] : {std::tuple{"intra", o.intra_gbps_opt, o.intra_latency_opt},
+                                                  std::tuple{"inter", o.inter_gbps_opt, o.inter_latency_opt}}) {
+        const char* bw = gbps_opt->count() ? "flags" : "fit";
+        const char* lat = latency_opt->count() ? "flags" : "fit";
+        l[kind]["bandwidth_source"] = bw;
+        l[kind]["latency_source"] = lat;
+        l[kind]["source"] = std::string_view(bw) == lat ? bw : "flags+fit";
+      }
       links.push_back(l);
       std::printf("#  %-6s from the %s fit%s; intra-host %s; inter-host %s\n",
                   std::string(scale::algorithm_name(a)).c_str(), c.fit->series.c_str(),
@@ -722,13 +741,14 @@ Subcommand add_model_command(CLI::App& parent) {
                   "Reports of measured runs (any world size) to compare predictions with; repeatable")
       ->expected(1)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  app->add_option("--check-min-bytes", opts->check_min_bytes,
-                  "Compare only sizes >= this (bandwidth-bound)")
-      ->capture_default_str()
-      ->check(cli::size_value());
-  app->add_option("--max-error-factor", opts->max_error_factor,
-                  "FAIL when a prediction is off by more than this factor either way")
-      ->capture_default_str();
+  opts->check_opts.push_back(app->add_option("--check-min-bytes", opts->check_min_bytes,
+                                             "Compare only sizes >= this (bandwidth-bound; with --check-against)")
+                                 ->capture_default_str()
+                                 ->check(cli::size_value()));
+  opts->check_opts.push_back(app->add_option("--max-error-factor", opts->max_error_factor,
+                                             "FAIL when a prediction is off by more than this factor either "
+                                             "way (with --check-against)")
+                                 ->capture_default_str());
   app->add_option("--json", opts->json_path, "Write the report to this file")
       ->check(report_path_value());
   app->add_option("--markdown", opts->markdown_path, "Write the report as Markdown to this file")
@@ -740,7 +760,8 @@ Subcommand add_model_command(CLI::App& parent) {
       "  gather  T = 2(p-1) (alpha + n beta)             (DataParallel-style, at the root's link)\n"
       "Fit: least squares of relative residuals, alpha, beta >= 0, per series of the inputs\n"
       "(backend, ring, gather), one point per size (the faster of out-of-place and in-place);\n"
-      "refused with fewer than 3 points, one size only, or beta <= 0.\n"
+      "refused with fewer than 3 points, one size only, or times that do not grow with size\n"
+      "(beta <= 0, or a byte term under a millionth of every measured time).\n"
       "Hosts: ranks host by host; a ring step costs its slowest link (each inter-host link is\n"
       "crossed once per step); a tree round its slowest pair; gather sums the root's exchanges.\n"
       "Buckets: ddp_buckets() per cap, gradients ready in the layout's ready order at\n"

@@ -21,6 +21,9 @@ constexpr double kMiB = 1024.0 * 1024.0;
 // not measured (a world of a million ranks; one all_reduce of 1 PiB).
 constexpr std::int64_t kMaxReportWorldSize = 1 << 20;
 constexpr double kMaxReportBytes = 1125899906842624.0;
+// The least share of a measured time the fitted byte term must make up at
+// some point (fit_link): below it, time does not grow with size.
+constexpr double kMinByteShare = 1e-6;
 
 UsageError fit_error(const std::string& what, const std::string& hint) {
   return UsageError(what, ErrorContext{"model.fit", -1, -1, hint});
@@ -178,13 +181,28 @@ Fit fit_link(Algorithm formula, std::span<const Sample> samples, std::size_t min
     beta = sbt / sbb;
     f.alpha_clamped = true;
   }
-  if (!(beta > 0) || !std::isfinite(beta)) {
+  // The byte term's largest share of a measured time. Under kMinByteShare
+  // the fitted beta is rounding left over from times that do not grow with
+  // size (equal times give beta ~1e-20 s/B, not 0): no measured time holds a
+  // byte term that small (report times carry 0.1 us at best; a clock or a
+  // scheduler adds far more), so such a beta is zero within what was
+  // measured, and its bandwidth (1e17 GB/s) nothing a link has.
+  double byte_share = 0;
+  if (beta > 0 && std::isfinite(beta))
+    for (const auto& s : samples)
+      byte_share = std::max(byte_share, uniform_cost_terms(formula, s.world_size, s.bytes).byte_terms * beta /
+                                            s.time_s);
+  if (!(byte_share >= kMinByteShare)) {
     const auto [lo, hi] = std::minmax_element(samples.begin(), samples.end(),
                                               [](const Sample& x, const Sample& y) { return x.bytes < y.bytes; });
-    throw fit_error(fmt::format("{} fit: the inverse bandwidth comes out {} s/B (time does not grow "
+    throw fit_error(fmt::format("{} fit: the inverse bandwidth comes out {} s/B{} (time does not grow "
                                 "with message size: {:.1f} us at {} B, {:.1f} us at {} B); such a "
                                 "fit predicts nothing",
-                                name, beta, lo->time_s * 1e6, lo->bytes, hi->time_s * 1e6, hi->bytes),
+                                name, beta,
+                                beta > 0 && std::isfinite(beta)
+                                    ? fmt::format(", at most {:.2g} of a measured time", byte_share)
+                                    : std::string(),
+                                lo->time_s * 1e6, lo->bytes, hi->time_s * 1e6, hi->bytes),
                     "measure larger messages (e.g. -e 16M), where bandwidth dominates");
   }
   f.link = {alpha, beta};
@@ -211,7 +229,13 @@ void validate_topology(const Topology& t) {
   if (t.world_size < 1)
     throw UsageError(fmt::format("world size {} is not positive", t.world_size),
                      ErrorContext{"model.predict", -1, -1, "e.g. --world-size 64"});
-  if (t.ranks_per_host < 1 || t.ranks_per_host > t.world_size || t.world_size % t.ranks_per_host)
+  if (t.ranks_per_host > t.world_size)
+    throw UsageError(fmt::format("--ranks-per-host {} exceeds the world size {}: a host holds at most "
+                                 "the whole world",
+                                 t.ranks_per_host, t.world_size),
+                     ErrorContext{"model.predict", -1, -1,
+                                  "use a world size that is hosts x ranks per host"});
+  if (t.ranks_per_host < 1 || t.world_size % t.ranks_per_host)
     throw UsageError(fmt::format("--ranks-per-host {} does not divide the world size {}",
                                  t.ranks_per_host, t.world_size),
                      ErrorContext{"model.predict", -1, -1,

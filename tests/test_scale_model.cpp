@@ -134,6 +134,23 @@ TEST_CASE("scale model: the fit refuses input it cannot use", "[scale_model]") {
   CHECK_THAT(usage_message([&] { fit_link(Algorithm::kRing, shrinking); }),
              Contains("inverse bandwidth comes out"));
 
+  // Equal times at every size: rounding leaves beta a tiny number of either
+  // sign (-3e-21 s/B at 777.7 us, +1e-20 at 333.3 us); both are refused, not
+  // read as a link of 1e17 GB/s.
+  for (double t_us : {333.3, 777.7, 1000.0})
+    for (Algorithm a : kAllAlgorithms) {
+      std::vector<Sample> flat;
+      for (int i = 0; i < 8; ++i) flat.push_back({2, 1024.0 * (1 << (2 * i)), t_us * 1e-6});
+      CAPTURE(t_us, algorithm_name(a));
+      CHECK_THAT(usage_message([&] { fit_link(a, flat); }), Contains("time does not grow with message size"));
+    }
+  // A byte term that is small but measured (a 1 TB/s link under a 100 us
+  // latency: 0.1 % of the largest time) still fits.
+  std::vector<Sample> fast;
+  for (double n = 1024; n <= 16 * kMiB; n *= 4) fast.push_back({2, n, 100e-6 + n * 1e-12});
+  const auto f = fit_link(Algorithm::kRing, fast);
+  CHECK(f.link.beta_s_per_byte == Approx(1e-12));
+
   auto zero_time = good;
   zero_time[1].time_s = 0;
   CHECK_THAT(usage_message([&] { fit_link(Algorithm::kRing, zero_time); }), Contains("must be positive"));
@@ -203,7 +220,10 @@ TEST_CASE("scale model: topologies that do not add up are refused", "[scale_mode
   CHECK_THAT(usage_message([&] { predict_allreduce_s(Algorithm::kRing, {10, 4, l, l}, 1e6); }),
              Contains("--ranks-per-host 4 does not divide the world size 10"));
   CHECK_THAT(usage_message([&] { validate_topology({0, 1, l, l}); }), Contains("world size 0 is not positive"));
-  CHECK_THAT(usage_message([&] { validate_topology({8, 16, l, l}); }), Contains("does not divide"));
+  CHECK_THAT(usage_message([&] { validate_topology({8, 16, l, l}); }),
+             Contains("--ranks-per-host 16 exceeds the world size 8"));
+  CHECK_THAT(usage_message([&] { validate_topology({12, 5, l, l}); }),
+             Contains("--ranks-per-host 5 does not divide the world size 12"));
 }
 
 TEST_CASE("scale model: the bucket schedule worked by hand", "[scale_model]") {

@@ -604,6 +604,65 @@ class ModelOfSyntheticReports(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
                 self.assertIn(message, p.stderr)
 
+    def test_a_sweep_whose_time_does_not_grow_is_refused(self):
+        # Equal times at every size: rounding leaves beta a tiny number,
+        # negative (777.7 us) or positive (333.3 us); neither is a link (the
+        # positive one would be 1.5e17 GB/s).
+        for t_us in (333.3, 777.7):
+            path = tmp_json()
+            self.files.append(path)
+            with open(path, "w") as f:
+                json.dump({"command": "allreduce-test", "world": {"size": 2},
+                           "results": {"sizes": [{"bytes": 1024 * 4 ** i, "in_place": {"time_us": t_us}}
+                                                 for i in range(8)]}}, f)
+            with self.subTest(t_us=t_us):
+                p = run(["model", path, "--world-size", "64", "--ranks-per-host", "8", "-b", "1G",
+                         "-e", "1G"])
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn("time does not grow with message size", p.stderr)
+                self.assertNotIn("prediction", p.stdout)
+
+    def test_flags_of_parts_not_asked_for_are_refused_before_the_fit_prints(self):
+        two, three = self.sweep(2), self.sweep(3)
+        for args, message in (
+                (["--world-size", "8", "--max-error-factor", "3"],
+                 "--max-error-factor needs --check-against"),
+                (["--world-size", "8", "--check-min-bytes", "4M"],
+                 "--check-min-bytes needs --check-against"),
+                (["--world-size", "12", "--ranks-per-host", "5"],
+                 "--ranks-per-host 5 does not divide the world size 12"),
+                (["--world-size", "4", "--ranks-per-host", "8"],
+                 "--ranks-per-host 8 exceeds the world size 4"),
+                (["--check-against", three, "--ranks-per-host", "8"],
+                 "--ranks-per-host needs --world-size"),
+        ):
+            with self.subTest(args=args):
+                p = run(["model", two] + args)
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(message, p.stderr)
+                self.assertEqual(p.stdout, "")
+                self.assertNotIn("--ranks-per-host 8 --ranks-per-host", p.stderr)
+
+    def test_each_half_of_a_link_says_where_it_came_from(self):
+        two, out = self.sweep(2), tmp_json()
+        self.files.append(out)
+        p = run(["model", two, "--world-size", "16", "--ranks-per-host", "8", "--inter-gbps", "12.5",
+                 "--intra-latency-us", "2", "--json", out])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for link in load(out)["results"]["prediction"]["links"]:
+            self.assertEqual((link["inter"]["source"], link["inter"]["bandwidth_source"],
+                              link["inter"]["latency_source"]), ("flags+fit", "flags", "fit"))
+            self.assertEqual((link["intra"]["source"], link["intra"]["bandwidth_source"],
+                              link["intra"]["latency_source"]), ("flags+fit", "fit", "flags"))
+            self.assertAlmostEqual(link["inter"]["bandwidth_gbps"], 12.5)
+            self.assertAlmostEqual(link["inter"]["alpha_us"], 10.0, places=6)  # the fit's
+        p = run(["model", two, "--world-size", "16", "--ranks-per-host", "8", "--inter-gbps", "12.5",
+                 "--inter-latency-us", "5", "--json", out])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        for link in load(out)["results"]["prediction"]["links"]:
+            self.assertEqual(link["inter"]["source"], "flags")
+            self.assertEqual(link["intra"]["source"], "fit")
+
     def test_refusals_say_what_to_change(self):
         two, three = self.sweep(2), self.sweep(3)
         # One size at several world sizes: the gather and tree formulas
