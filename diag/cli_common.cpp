@@ -1939,8 +1939,12 @@ void name_the_other_rank_0(const Job& job) {
                   job.world.master_port, pid, host, other_job.empty() ? "" : ", " + other_job,
                   static_cast<long>(getpid()), mine.empty() ? "" : ", " + mine),
       {"store.serve", 0, -1,
-       "if that process belongs to this job, two processes were given rank 0 (check RANK / the "
-       "launcher's rank variables); else give each job a MASTER_PORT of its own"});
+       !mine.empty() && !other_job.empty()
+           ? std::string("that is another job (the job names differ): give each job a MASTER_PORT of "
+                         "its own")
+           : std::string("if that process belongs to this job, two processes were given rank 0 (check "
+                         "RANK / the launcher's rank variables); else give each job a MASTER_PORT of "
+                         "its own")});
 }
 }  // namespace
 
