@@ -2772,6 +2772,34 @@ void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& 
   job.server.reset();
 }
 
+// A rank refused its place in the world before it knew one (RANK=3 where
+// its own WORLD_SIZE says 3: a node's script exported another size) leaves
+// the others waiting out --timeout for it, then naming it as never arrived.
+// Where the store's address was given outright (MASTER_ADDR and
+// MASTER_PORT, or the flags), it posts its reason there as a rank that
+// refused a flag does, so rank 0 ends the world at once naming it.
+void tell_store_of_world_refusal(Job& job, const CommonOptions& o, const EnvLookup& env,
+                                 const std::string& why) {
+  if (env("DDPDIAG_LAUNCHER")) return;  // the launcher ends the others and names this rank
+  if (const auto agent = env("TORCHELASTIC_USE_AGENT_STORE"); agent && !agent->empty() && *agent != "0" &&
+                                                               *agent != "False" && *agent != "false")
+    return;  // torchrun ends the others too
+  const std::optional<std::string> addr = o.world.master_addr ? o.world.master_addr : env("MASTER_ADDR");
+  std::optional<int> port = o.world.master_port;
+  if (!port)
+    if (const auto text = env("MASTER_PORT")) {
+      char* end = nullptr;
+      const long p = std::strtol(text->c_str(), &end, 10);
+      if (end && *end == '\0' && p >= 1 && p <= 65535) port = static_cast<int>(p);
+    }
+  if (!addr || addr->empty() || !port) return;
+  job.world.master_addr = without_ipv6_brackets(*addr);
+  job.world.master_port = *port;
+  job.world.world_size = std::max(job.world.world_size, job.world.rank + 1);
+  job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
+  tell_world_of_refusal(job, o, why);
+}
+
 // Rank 0 judges most runs alone: it gathers every rank's figures and adds
 // the checks. Its verdict goes to every rank through the store, so that
 // each rank exits as the job does (1 on a FAIL on every rank): launchers
@@ -2907,6 +2935,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   bool report_error = false;           // the run ended with an error (posted as error/<r>)
   // Set when this rank's error file waits for torchrun to see the failure
   // that caused it (the catch below).
+  std::optional<std::string> world_refusal;  // its place in the world refused (RANK=3 of 3)
   std::optional<std::chrono::steady_clock::time_point> defer_error_file_since;
   try {
     discover_job(job, o);
@@ -2955,6 +2984,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     if (!job.warnings.empty() && !report.results().contains("warnings")) record_warnings(job, report);
     rc = static_cast<int>(e.exit_code());
     if (rc == static_cast<int>(ExitCode::kUsage) && !job.store && job.world_known) refusal = e.what();
+    if (rc == static_cast<int>(ExitCode::kUsage) && !job.world_known) world_refusal = e.what();
     store_unreachable = !job.store || e.context().phase.rfind("store.connect", 0) == 0;
     if (job.monitor) {
       auto watchdog = job.monitor->failure_report();
@@ -2984,6 +3014,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       const long r = std::strtol(text->c_str(), &end, 10);
       if (end && *end == '\0' && r > 0 && r < (1L << 30)) job.world.rank = static_cast<int>(r);
     }
+  if (world_refusal && job.world.rank > 0) tell_store_of_world_refusal(job, o, env, *world_refusal);
   const bool own_report = job.world.rank > 0 && (store_unreachable || rank0_gone || !job.world_known ||
                                                  (job.monitor && job.monitor->store_lost()));
   // A rank that refused its report paths has said so: no second error from

@@ -236,6 +236,8 @@ void leave_job(Job& job, bool after_error);
 // the same, so that the others stop at once instead of waiting out
 // --timeout (cli_common.cpp says when and how long).
 void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& why);
+void tell_store_of_world_refusal(Job& job, const CommonOptions& o, const EnvLookup& env,
+                                 const std::string& why);
 reports::ErrorInfo to_error_info(const Error& e);
 // After the rendezvous: the warnings of diag/placement.h (ranks that run
 // different ddpdiag builds or backend library versions; Gloo ranks short of

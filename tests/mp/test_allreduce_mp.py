@@ -753,6 +753,39 @@ class RefusalBeforeTheRendezvous(unittest.TestCase):
         self.assertIn("(peer rank 1) during rendezvous: rank 1 refused to start", res[2][1])
         self.assertLess(res[2][2], 20, res[2][1])
 
+    def test_rank_refused_its_place_in_the_world_tells_the_others(self):
+        # A node's script exported another WORLD_SIZE: rank 3 of a world of
+        # 4 is told WORLD_SIZE=3, and refuses before it knows a world. With
+        # the store's address given, it posts why, and the others stop
+        # naming it instead of waiting out --timeout for it (60 s).
+        port = free_port()
+        t0 = time.monotonic()
+        procs = []
+        for r in range(4):
+            env = clean_env()
+            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+                        "WORLD_SIZE": "3" if r == 3 else "4"})
+            procs.append(subprocess.Popen([BIN, "allreduce-test"] + SMALL + ["--timeout", "60"],
+                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+        res = []
+        for p in procs:
+            try:
+                so, se = p.communicate(timeout=50)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                raise AssertionError("a rank waited for the one refused its place in the world")
+            res.append((p.returncode, so, se))
+        elapsed = time.monotonic() - t0
+        self.assertEqual(res[3][0], 2, res[3][2])
+        self.assertIn("RANK=3 is out of range for WORLD_SIZE=3", res[3][2])
+        for rc, _, se in res[:3]:
+            self.assertEqual(rc, 3, se)
+            self.assertIn("(peer rank 3) during rendezvous: rank 3 refused to start, so this world "
+                          "cannot meet: RANK=3 is out of range for WORLD_SIZE=3", se)
+        self.assertLess(elapsed, 30)
+
     def test_every_rank_refusing_ends_at_once(self):
         # 1000 GiB buffers fit on no rank: each says so, and rank 0 does not
         # keep the store up for ranks that all refused too.
