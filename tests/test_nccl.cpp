@@ -3,9 +3,14 @@
 // the no-GPU case checks the error a CPU machine gets.
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -45,8 +50,75 @@ TEST_CASE("nccl: without a GPU make_communicator says so", "[nccl]") {
     const std::string msg = e.what();
     INFO(msg);
     CHECK(msg.find("no GPU") != std::string::npos);
-    CHECK(msg.find("--backend gloo") != std::string::npos);
+    // What to do is the hint's, said once: the CLI prints message and hint.
+    CHECK(msg.find("--backend gloo") == std::string::npos);
+    CHECK(e.context().hint.find("--backend gloo") != std::string::npos);
     CHECK(e.context().phase == "backend.init");
+  }
+}
+
+namespace {
+
+// Sets an environment variable for one scope, then puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE("nccl: the no-GPU reason names the driver and CUDA_VISIBLE_DEVICES", "[nccl]") {
+  if (cuda_device_count() > 0) {
+    WARN("a GPU is present: the no-GPU reason is not exercised here");
+    return;
+  }
+  // Without libcuda.so.1 CUDA answers "driver version is insufficient",
+  // which is not what is wrong; with it, CUDA's own message stays.
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  const std::string plain = cuda_unavailable_reason();
+  INFO(plain);
+  if (!driver) {
+    CHECK(plain.find("no NVIDIA driver (libcuda.so.1 not found)") != std::string::npos);
+    CHECK(plain.find("insufficient") == std::string::npos);
+  } else {
+    dlclose(driver);
+    CHECK(plain.find("libcuda.so.1 not found") == std::string::npos);
+  }
+  {
+    // CUDA reports these as cudaErrorNoDevice (or, here, as no driver),
+    // never as a count of 0: the variable must be named all the same.
+    ScopedEnv env("CUDA_VISIBLE_DEVICES", "GPU-00000000-0000-0000-0000-000000000000");
+    const std::string why = cuda_unavailable_reason();
+    INFO(why);
+    CHECK(why.find("CUDA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-000000000000") !=
+          std::string::npos);
+    try {
+      auto comm = make_communicator(nccl_options());
+      FAIL("make_communicator(NCCL) succeeded without a GPU");
+    } catch (const BackendError& e) {
+      CHECK(std::string(e.what()).find("CUDA_VISIBLE_DEVICES=GPU-0000") != std::string::npos);
+    }
+  }
+  {
+    ScopedEnv env("CUDA_VISIBLE_DEVICES", "");
+    const std::string why = cuda_unavailable_reason();
+    INFO(why);
+    CHECK(why.find("CUDA_VISIBLE_DEVICES is set and empty") != std::string::npos);
   }
 }
 
