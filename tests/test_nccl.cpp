@@ -17,6 +17,7 @@
 #include "comm/errors.h"
 #include "comm/store/store.h"
 #include "comm/types.h"
+#include "ddp_core/param_broadcast.h"
 
 using namespace ddpdiag;
 using namespace std::chrono_literals;
@@ -166,4 +167,29 @@ TEST_CASE("nccl: collectives on device memory at world size 1", "[nccl][gpu]") {
     CHECK(r == h);
   }
   comm->barrier()->wait(30s);
+}
+
+TEST_CASE("nccl: parameter broadcast packs scattered tensors with device copies", "[nccl][gpu]") {
+  if (cuda_device_count() == 0) {
+    WARN("skipped: no GPU (" << cuda_unavailable_reason() << ")");
+    return;
+  }
+  auto comm = make_communicator(nccl_options());
+  // One allocation per tensor: no chunk is contiguous, so each is packed
+  // into a staging buffer on the device (the root's side of the staging; the
+  // unpacking needs a second rank).
+  const std::uint64_t sizes[] = {1200, 12, 20000, 136, 258, 8, 3108};
+  std::vector<CommBuffer> own;
+  std::vector<ddp_core::ParamTensor> tensors;
+  for (std::uint64_t b : sizes) {
+    own.emplace_back(*comm, b);
+    tensors.push_back({"t" + std::to_string(tensors.size()), own.back().get(), b, DType::kUInt8});
+  }
+  ddp_core::fill_start_values(*comm, tensors, 0);
+  ddp_core::BroadcastOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = 30s;
+  const auto st = ddp_core::broadcast_parameters(*comm, tensors, o);
+  CHECK(st.staged_chunks > 0);
+  CHECK(ddp_core::tensor_checksums(*comm, tensors) == ddp_core::start_pattern_checksums(tensors, 0));
 }
