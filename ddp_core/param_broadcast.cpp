@@ -96,7 +96,11 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
   // One staging buffer per in-flight slot, grown on demand; chunk i uses
   // slot i % 2, so it is reused only after chunk i - 2 was waited for.
   CommBuffer staging[kBroadcastChunksInFlight];
-  std::vector<std::uint8_t> host;  // device flatten/unflatten goes through it
+  // On the device, packing and unpacking are device-to-device copies on the
+  // communicator's stream (ordered with its broadcasts, no host round trip);
+  // a device backend without stream ops goes through `host`.
+  StreamOps* ops = device ? comm.stream_ops() : nullptr;
+  std::vector<std::uint8_t> host;
   struct InFlight {
     std::size_t chunk;
     std::shared_ptr<Work> work;
@@ -116,6 +120,10 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
   auto copy = [&](void* dst, const void* src, std::uint64_t n) {
     if (!device) {
       std::memcpy(dst, src, n);
+      return;
+    }
+    if (ops) {
+      ops->copy(dst, src, n);
       return;
     }
     host.resize(n);
@@ -161,6 +169,9 @@ BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTen
       ++st.chunks;
     }
     while (!in_flight.empty()) complete_oldest();
+    // The last unpacking copies are only enqueued: the tensors are the
+    // caller's once they have landed.
+    if (ops && st.staged_chunks > 0) ops->fence()->wait(timeout);
   } catch (...) {
     // Outstanding broadcasts write into buffers that die with this frame.
     // Each gets the timeout from the completion of the one before (after a

@@ -91,8 +91,10 @@ struct BroadcastStats {
 // chunk closes once it reaches chunk_bytes, so it may exceed it by its last
 // tensor), and broadcasts each from root. A chunk whose tensors lie back to back in memory
 // is broadcast in place; other chunks are flattened into a staging buffer and
-// unflattened after (on device memory through the host: the Communicator has
-// no device-to-device copy). At most two broadcasts are outstanding.
+// unflattened after (on device memory by device-to-device copies on the
+// communicator's stream, StreamOps::copy, waited for before it returns; only
+// a device backend without stream ops goes through the host). At most two
+// broadcasts are outstanding.
 BroadcastStats broadcast_parameters(Communicator& comm, std::span<const ParamTensor> tensors,
                                     const BroadcastOptions& options = {});
 

@@ -18,6 +18,7 @@
 #include "diag/bisect.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
+#include "diag/tools_analysis.h"
 
 namespace ddpdiag::cli {
 
@@ -216,6 +217,18 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                      {"flags", job.rank(), -1, "drop one of them"});
 
   auto& res = report.results();
+  {
+    std::vector<std::string> op_names, dtype_names;
+    for (auto r : ops) op_names.emplace_back(reduce_op_name(r));
+    for (auto d : dtypes) dtype_names.emplace_back(dtype_name(d));
+    const std::string idle = tools::in_place_no_work_warning(
+        job.size(), backend_name(job.backend), so.in_place, op_names, dtype_names);
+    if (!idle.empty()) {
+      if (!res.contains("warnings")) res["warnings"] = nlohmann::json::array();
+      res["warnings"].push_back({{"name", "in_place_no_work"}, {"detail", idle}});
+      if (job.rank() == 0) std::fprintf(stderr, "ddpdiag: warning: %s\n", idle.c_str());
+    }
+  }
   res["collective"] = "all_reduce";
   res["dtypes"] = nlohmann::json::array();
   for (auto d : dtypes) res["dtypes"].push_back(std::string(dtype_name(d)));

@@ -246,6 +246,28 @@ std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& cap
   return r;
 }
 
+std::string in_place_no_work_warning(int world_size, std::string_view backend, bool in_place,
+                                     const std::vector<std::string>& ops,
+                                     const std::vector<std::string>& dtypes) {
+  if (world_size != 1 || backend != "nccl" || !in_place) return "";
+  const bool integer = std::any_of(dtypes.begin(), dtypes.end(), [](const std::string& d) {
+    return d.rfind("int", 0) == 0 || d.rfind("uint", 0) == 0;
+  });
+  std::string idle;
+  for (const auto& op : ops)
+    if (op != "avg")
+      idle += (idle.empty() ? "" : ", ") + op;
+    else if (integer)
+      idle += (idle.empty() ? "" : ", ") + std::string("avg of integer types");
+  if (idle.empty()) return "";
+  return fmt::format(
+      "at world size 1 NCCL does no work for an in-place all_reduce ({}): its in-place times "
+      "are launch overhead only and its in-place algbw is no bandwidth. Out of place NCCL copies "
+      "the buffer (a device-to-device copy), and busbw is 0 at one rank (2(n-1)/n); to measure "
+      "all_reduce bandwidth run 2 or more ranks, or pass --no-in-place to leave that block out",
+      idle);
+}
+
 double median_of_others(const std::vector<double>& per_rank, std::size_t rank) {
   std::vector<double> others;
   for (std::size_t r = 0; r < per_rank.size(); ++r)

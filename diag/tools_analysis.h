@@ -108,6 +108,20 @@ struct CapRecommendation {
 std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& caps,
                                                double default_cap_mb = 25);
 
+// ---- allreduce-test --------------------------------------------------------
+
+// What a sweep's in-place figures mean where they time no work: NCCL at world
+// size 1 enqueues nothing for an in-place all_reduce, except for avg of a
+// floating type (a pre-multiplied sum, which runs a kernel), so those
+// in-place times are launch overhead and their algbw absurd. The warning's
+// text (first sentence: what is wrong; then what to do) when `backend` is
+// "nccl", world_size is 1, in_place is set and some op of `ops` with some
+// dtype of `dtypes` (names as allreduce-test's -o and -d take them) is such a
+// no-op; "" otherwise.
+std::string in_place_no_work_warning(int world_size, std::string_view backend, bool in_place,
+                                     const std::vector<std::string>& ops,
+                                     const std::vector<std::string>& dtypes);
+
 // ---- memory ----------------------------------------------------------------
 
 // The median of every rank's value but `rank`'s (0 with no other rank).

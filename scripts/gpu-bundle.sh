@@ -17,7 +17,11 @@
 #                  the tree had changes on top of it, and the hash of the
 #                  sources built (scripts/source-hash.sh), which gpu-check.sh
 #                  compares with the tree it runs in
-# Then, on the GPU machine: BUNDLE_DIR=DIR scripts/gpu-check.sh OUT_DIR.
+# Then copy the tree with DIR to the GPU machine (.gpu-bundle/ is git-ignored:
+# a copy of the tracked files alone leaves it behind, so name it explicitly)
+# and run there: scripts/gpu-check.sh OUT_DIR (it finds .gpu-bundle/ itself;
+# BUNDLE_DIR=DIR for another folder). Without a bundle gpu-check.sh can only
+# build, which a GPU machine without ddpdiag's dependencies cannot.
 # BUILD_DIR (default build-gpu) is the build tree used: configured here
 # (Release, CUDA on, no CPU benchmarks) if it has no CMakeCache.txt yet,
 # otherwise only brought up to date; it must be a CUDA build of this tree.

@@ -3,11 +3,25 @@
 # the GPU-tagged unit tests (NCCL collectives, the reducer's device kernels
 # against the host reference bit for bit, the reducer on the GPU against
 # Gloo), allreduce-test over every dtype and op, the device benchmarks (NCCL
-# world-size-1 all_reduce latency per size, host-timed and CUDA-graph replay;
+# world-size-1 all_reduce per size, host-timed and CUDA-graph replay;
 # bucket flatten/unflatten as a fraction of a device-to-device copy, target
 # >= 0.9), the reducer's GPU path with a simulated backward (ddp-step),
 # `ddpdiag memory` on the GPU, and two ranks given the same GPU (refused with
 # exit 2 naming both); writing logs, tables and JSON into OUT_DIR.
+#
+# What the figures are: everything runs at one rank, where NCCL runs no
+# all_reduce kernel (out of place it copies send to receive, in place it does
+# nothing; busbw is 0 by definition). The allreduce-test steps therefore check
+# correctness and NCCL's code path, not bandwidth: the size sweep is out of
+# place only (--no-in-place), its algbw that of a device-to-device copy; the
+# all-dtype/op step keeps in place for correctness (allreduce-test warns
+# in_place_no_work there). bench_device's NCCL table times out of place (a
+# copy per op) and shows in place as launch overhead only. Its flatten and
+# unflatten GB/s count the bucket's bytes once (as its memcpy GB/s do, though
+# a device-to-device copy reads and writes them); every ratio to the copy
+# must be >= 0.9, else that step fails (bench exit 3) and the summary says
+# "flatten/unflatten target NOT met" with the worst ratio and its bucket; the
+# worst ratio is in the summary either way.
 #
 # The programs come from one of:
 # - a prebuilt bundle (scripts/gpu-bundle.sh): BUNDLE_DIR, or .gpu-bundle at
@@ -23,7 +37,14 @@
 #   found, a glibc too old or a symbol missing (an NCCL older than the build's)
 #   stops the check there.
 # - otherwise a build from source with CUDA and NCCL into BUILD_DIR (default
-#   build-gpu; a build made beforehand is only refreshed).
+#   build-gpu; a build made beforehand is only refreshed). That needs cmake
+#   and ddpdiag's dependencies (Gloo, fmt, CLI11, nlohmann-json), which a GPU
+#   machine lent for a few minutes usually lacks: without them (and without
+#   a configured BUILD_DIR) the check stops at once, saying so in one line of
+#   the summary ("no prebuilt bundle and no gloo/fmt on this machine: ..."),
+#   rather than fail a configure step. Make the bundle on a machine that has
+#   them (scripts/gpu-bundle.sh writes .gpu-bundle/), then copy it with the
+#   tree: it is git-ignored, so a copy of the tracked files leaves it behind.
 # machine.txt records the GPU, the toolkit, glibc and the libnccl used.
 #
 # Bounded: every step has a timeout and the whole script ends within 8
@@ -239,6 +260,26 @@ for d in dirs:
   } >>"$out/machine.txt"
 else
   build="${BUILD_DIR:-build-gpu}"
+  # A build needs cmake and the dependencies; a GPU machine with neither a
+  # bundle nor them cannot build: say so in one line instead of failing
+  # configure. A BUILD_DIR configured before is trusted to have them.
+  if [ ! -f "$build/CMakeCache.txt" ]; then
+    missing=()
+    command -v cmake >/dev/null || missing+=(cmake)
+    inc=(/usr/include /usr/local/include)
+    IFS=: read -r -a extra <<<"${CMAKE_PREFIX_PATH:-}:${CPATH:-}"
+    for p in "${extra[@]}"; do [ -z "$p" ] || inc+=("$p" "$p/include"); done
+    for dep in gloo:gloo/allreduce.h fmt:fmt/core.h CLI11:CLI/CLI.hpp nlohmann-json:nlohmann/json.hpp; do
+      found=0
+      for d in "${inc[@]}"; do [ -f "$d/${dep#*:}" ] && { found=1; break; }; done
+      [ $found -eq 1 ] || missing+=("${dep%%:*}")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+      status=1
+      say "gpu-check: no prebuilt bundle and no gloo/fmt on this machine (missing: ${missing[*]}): run scripts/gpu-bundle.sh on a machine with ddpdiag's dependencies first and carry .gpu-bundle/ with the tree (it is git-ignored), or set BUNDLE_DIR"
+      finish
+    fi
+  fi
   bin="$build/diag/ddpdiag" tests="$build/tests/ddpdiag_tests"
   bench_device="$build/bench/ddpdiag_bench_device"
   step configure 120 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DDDPDIAG_WITH_CUDA=ON \
@@ -253,15 +294,32 @@ else
 fi
 
 step unit_gpu 150 "$tests" "[nccl]" --reporter junit --out "$out/unit_gpu.xml"
+# At one rank NCCL does no work for an in-place sum: the size sweep is out of
+# place only, and what it checks is correctness and the code path.
 step allreduce_nccl 120 "$bin" allreduce-test --backend nccl --nproc 1 -b 8 -e 256M -f 4 \
-  -n 20 -w 5 --json "$out/allreduce_nccl.json"
+  -n 20 -w 5 --no-in-place --json "$out/allreduce_nccl.json"
+say "   (one rank: allreduce_nccl checks correctness and NCCL's code path, not bandwidth; its algbw is a device-to-device copy's, busbw is 0)"
 cp "$out/allreduce_nccl.log" "$out/allreduce_nccl_table.txt" 2>/dev/null
 reported="$(grep -o '"nccl [0-9][^"]*"' "$out/allreduce_nccl.json" 2>/dev/null | head -n1)"
 [ -z "$reported" ] || echo "== NCCL reported by ddpdiag: $reported" >>"$out/machine.txt"
 step allreduce_nccl_all_types 120 "$bin" allreduce-test --backend nccl --nproc 1 -b 8 -e 1M \
   -f 32 -n 5 -w 2 -d all -o all --json "$out/allreduce_nccl_all_types.json"
 step bench_device 120 "$bench_device" --json "$out/bench_device.json"
+bench_rc=$?
 cp "$out/bench_device.log" "$out/bench_device_tables.txt" 2>/dev/null
+# The flatten/unflatten verdict: the worst ratio to a device-to-device copy
+# of the same bytes, and where it was; under 0.9 fails the step (exit 3, or
+# 1 when a part failed too).
+line="$(grep '^# flatten/unflatten worst ratio to memcpy: ' "$out/bench_device.log" 2>/dev/null | tail -n1)"
+worst="$(sed -n 's/^# flatten\/unflatten worst ratio to memcpy: \(.*\) (target >= [0-9.]*): .*/\1/p' <<<"$line")"
+if [ $bench_rc -eq 3 ] || [[ "$line" == *": NOT met" ]]; then
+  status=1
+  say "   bench_device: flatten/unflatten target NOT met (>= 0.9 of a D2D copy of the same bytes): worst ratio ${worst:-(not printed)}"
+elif [ -n "$worst" ]; then
+  say "   bench_device: flatten/unflatten target met (>= 0.9 of a D2D copy of the same bytes): worst ratio $worst"
+else
+  say "   bench_device: flatten/unflatten not measured (see bench_device_tables.txt)"
+fi
 for views in views no-views; do
   flag="--no-views"; [ "$views" = views ] && flag="--gradient-as-bucket-view"
   step "ddp_step_nccl_$views" 90 "$bin" ddp-step --backend nccl --nproc 1 --model resnet50 \

@@ -3,15 +3,21 @@
 // the no-GPU case checks the error a CPU machine gets.
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
+
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/errors.h"
 #include "comm/store/store.h"
 #include "comm/types.h"
+#include "ddp_core/param_broadcast.h"
 
 using namespace ddpdiag;
 using namespace std::chrono_literals;
@@ -45,8 +51,75 @@ TEST_CASE("nccl: without a GPU make_communicator says so", "[nccl]") {
     const std::string msg = e.what();
     INFO(msg);
     CHECK(msg.find("no GPU") != std::string::npos);
-    CHECK(msg.find("--backend gloo") != std::string::npos);
+    // What to do is the hint's, said once: the CLI prints message and hint.
+    CHECK(msg.find("--backend gloo") == std::string::npos);
+    CHECK(e.context().hint.find("--backend gloo") != std::string::npos);
     CHECK(e.context().phase == "backend.init");
+  }
+}
+
+namespace {
+
+// Sets an environment variable for one scope, then puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+}  // namespace
+
+TEST_CASE("nccl: the no-GPU reason names the driver and CUDA_VISIBLE_DEVICES", "[nccl]") {
+  if (cuda_device_count() > 0) {
+    WARN("a GPU is present: the no-GPU reason is not exercised here");
+    return;
+  }
+  // Without libcuda.so.1 CUDA answers "driver version is insufficient",
+  // which is not what is wrong; with it, CUDA's own message stays.
+  void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  const std::string plain = cuda_unavailable_reason();
+  INFO(plain);
+  if (!driver) {
+    CHECK(plain.find("no NVIDIA driver (libcuda.so.1 not found)") != std::string::npos);
+    CHECK(plain.find("insufficient") == std::string::npos);
+  } else {
+    dlclose(driver);
+    CHECK(plain.find("libcuda.so.1 not found") == std::string::npos);
+  }
+  {
+    // CUDA reports these as cudaErrorNoDevice (or, here, as no driver),
+    // never as a count of 0: the variable must be named all the same.
+    ScopedEnv env("CUDA_VISIBLE_DEVICES", "GPU-00000000-0000-0000-0000-000000000000");
+    const std::string why = cuda_unavailable_reason();
+    INFO(why);
+    CHECK(why.find("CUDA_VISIBLE_DEVICES=GPU-00000000-0000-0000-0000-000000000000") !=
+          std::string::npos);
+    try {
+      auto comm = make_communicator(nccl_options());
+      FAIL("make_communicator(NCCL) succeeded without a GPU");
+    } catch (const BackendError& e) {
+      CHECK(std::string(e.what()).find("CUDA_VISIBLE_DEVICES=GPU-0000") != std::string::npos);
+    }
+  }
+  {
+    ScopedEnv env("CUDA_VISIBLE_DEVICES", "");
+    const std::string why = cuda_unavailable_reason();
+    INFO(why);
+    CHECK(why.find("CUDA_VISIBLE_DEVICES is set and empty") != std::string::npos);
   }
 }
 
@@ -94,4 +167,29 @@ TEST_CASE("nccl: collectives on device memory at world size 1", "[nccl][gpu]") {
     CHECK(r == h);
   }
   comm->barrier()->wait(30s);
+}
+
+TEST_CASE("nccl: parameter broadcast packs scattered tensors with device copies", "[nccl][gpu]") {
+  if (cuda_device_count() == 0) {
+    WARN("skipped: no GPU (" << cuda_unavailable_reason() << ")");
+    return;
+  }
+  auto comm = make_communicator(nccl_options());
+  // One allocation per tensor: no chunk is contiguous, so each is packed
+  // into a staging buffer on the device (the root's side of the staging; the
+  // unpacking needs a second rank).
+  const std::uint64_t sizes[] = {1200, 12, 20000, 136, 258, 8, 3108};
+  std::vector<CommBuffer> own;
+  std::vector<ddp_core::ParamTensor> tensors;
+  for (std::uint64_t b : sizes) {
+    own.emplace_back(*comm, b);
+    tensors.push_back({"t" + std::to_string(tensors.size()), own.back().get(), b, DType::kUInt8});
+  }
+  ddp_core::fill_start_values(*comm, tensors, 0);
+  ddp_core::BroadcastOptions o;
+  o.chunk_bytes = 4096;
+  o.timeout = 30s;
+  const auto st = ddp_core::broadcast_parameters(*comm, tensors, o);
+  CHECK(st.staged_chunks > 0);
+  CHECK(ddp_core::tensor_checksums(*comm, tensors) == ddp_core::start_pattern_checksums(tensors, 0));
 }

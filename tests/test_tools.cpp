@@ -665,3 +665,25 @@ TEST_CASE("rank_that_failed_first: a rank that failed of its own and not one tha
   CHECK_FALSE(rank_that_failed_first({{1, exited(1)}, {0, exited(1)}}).has_value());
   CHECK_FALSE(rank_that_failed_first({}).has_value());
 }
+
+TEST_CASE("in_place_no_work_warning: only NCCL at one rank, in place, an op that does nothing", "[tools]") {
+  const std::vector<std::string> sum{"sum"}, avg{"avg"}, all{"sum", "prod", "min", "max", "avg"};
+  const std::vector<std::string> f32{"float"}, every{"float", "double", "half", "bfloat16",
+                                                     "int32", "int64", "int8", "uint8"};
+  const std::string w = in_place_no_work_warning(1, "nccl", true, sum, f32);
+  CHECK(w.find("NCCL does no work for an in-place all_reduce (sum)") != std::string::npos);
+  CHECK(w.find("--no-in-place") != std::string::npos);
+  // The summary beside the verdict shows the first sentence: it must say
+  // what is wrong on its own.
+  CHECK(w.substr(0, w.find(". ")).find("launch overhead") != std::string::npos);
+  CHECK(in_place_no_work_warning(1, "nccl", true, all, f32).find("(sum, prod, min, max)") !=
+        std::string::npos);
+  // avg of a floating type is a pre-multiplied sum: a kernel runs. Of an
+  // integer type it is a sum divided afterwards: nothing runs at one rank.
+  CHECK(in_place_no_work_warning(1, "nccl", true, avg, f32).empty());
+  CHECK(in_place_no_work_warning(1, "nccl", true, avg, every).find("(avg of integer types)") !=
+        std::string::npos);
+  CHECK(in_place_no_work_warning(1, "nccl", false, sum, f32).empty());  // --no-in-place
+  CHECK(in_place_no_work_warning(2, "nccl", true, sum, f32).empty());   // a real all_reduce
+  CHECK(in_place_no_work_warning(1, "gloo", true, sum, f32).empty());
+}

@@ -22,6 +22,7 @@
 #include "comm/nccl/nccl_communicator.h"
 
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
 #include <unistd.h>
 
@@ -765,19 +766,50 @@ int device_count() {
   return n;
 }
 
+namespace {
+
+// Whether the CUDA driver's library can be loaded at all. Without it the CUDA
+// runtime answers cudaErrorInsufficientDriver ("CUDA driver version is
+// insufficient for CUDA runtime version"), which reads as an old driver
+// where there is none.
+bool driver_library_present() {
+  if (void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD)) {
+    dlclose(h);
+    return true;
+  }
+  void* h = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!h) return false;
+  dlclose(h);
+  return true;
+}
+
+// Why cudaGetDeviceCount gave no device (e: its answer, n: its count), with
+// CUDA_VISIBLE_DEVICES whenever it is set: CUDA answers cudaErrorNoDevice,
+// not a count of 0, when it is empty or names no GPU of this machine.
+std::string no_device_reason(cudaError_t e, int n) {
+  std::string why;
+  if (e == cudaErrorInsufficientDriver && !driver_library_present())
+    why = "no NVIDIA driver (libcuda.so.1 not found)";
+  else if (e != cudaSuccess)
+    why = cuda_message(e);
+  else if (n == 0)
+    why = "no CUDA device is visible";
+  else
+    return "";
+  if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES"))
+    why += *visible ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) +
+                          " is set: this process sees only the GPUs it names)"
+                    : std::string(" (CUDA_VISIBLE_DEVICES is set and empty: it hides every GPU)");
+  return why;
+}
+
+}  // namespace
+
 std::string unavailable_reason() {
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return cuda_message(e);
-  }
-  if (n == 0) {
-    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-    return std::string("no CUDA device is visible") +
-           (visible ? " (CUDA_VISIBLE_DEVICES=" + std::string(visible) + ")" : "");
-  }
-  return "";
+  if (e != cudaSuccess) cudaGetLastError();
+  return no_device_reason(e, n);
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
@@ -792,8 +824,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
   const cudaError_t ce = cudaGetDeviceCount(&count);
   if (ce != cudaSuccess || count == 0) {
     if (ce != cudaSuccess) cudaGetLastError();
-    const std::string why = ce != cudaSuccess ? cuda_message(ce) : unavailable_reason();
-    throw BackendError("no GPU: " + why + "; use --backend gloo",
+    throw BackendError("no GPU: " + no_device_reason(ce, count),
                        ctx("run on a machine with a GPU and its driver, or use --backend gloo"));
   }
 
@@ -803,7 +834,8 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
     throw UsageError("rank " + std::to_string(rank) + " wants cuda:" + std::to_string(device) +
                          " but only " + std::to_string(count) + " GPU(s) are visible",
                      ctx("start at most one rank per visible GPU on each host (--nproc), or "
-                         "set --device"));
+                         "give each rank its own LOCAL_RANK below the GPU count (check "
+                         "CUDA_VISIBLE_DEVICES)"));
   if (const cudaError_t e = cudaSetDevice(device); e != cudaSuccess)
     throw BackendError("cudaSetDevice(" + std::to_string(device) + ") failed on rank " +
                            std::to_string(rank) + ": " + cuda_message(e),
@@ -869,7 +901,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
               ", host " + me.host + "); NCCL needs one GPU per rank (it would fail with "
               "\"Duplicate GPU detected\")",
           ctx("start at most one rank per GPU (--nproc <= number of GPUs), give each rank its "
-              "own device (LOCAL_RANK, --device, CUDA_VISIBLE_DEVICES); to test multi-rank "
+              "own device (LOCAL_RANK, CUDA_VISIBLE_DEVICES); to test multi-rank "
               "logic on one GPU use --backend gloo",
               r));
     }
