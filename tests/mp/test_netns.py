@@ -169,6 +169,24 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertIn("host1 (ranks 1, 2)", slow["detail"])
         self.assertIn("every cross-host link of host host1 (ranks 1, 2) is slow", res[0][1])
 
+    def run_bisect(self, hosts):
+        path = tmp_json()
+        args = ["allreduce-test", "-b", "1K", "-e", "256K", "-n", "5", "-w", "1", "--bisect"]
+        procs = [start(r, args + (["--json", path] if r == 0 else []), self.port, h, len(hosts))
+                 for r, h in enumerate(hosts)]
+        res = [finish(p, 180) for p in procs]
+        rep = load(path)
+        os.unlink(path)
+        return res, rep
+
+    def test_bisect_of_healthy_hosts_of_unequal_ranks_passes(self):
+        # The yardstick of a smaller group, scaled by the ring steps, must
+        # not make healthy 3-rank groups slow (4 ranks on 2 cores here).
+        res, rep = self.run_bisect((0, 1, 1, 2))
+        self.assertEqual([r[0] for r in res], [0] * 4, res[0][1] + res[0][2])
+        b = rep["results"]["bisect"]
+        self.assertEqual(b["suspect_ranks"], [], res[0][1])
+
     def test_bisect_names_a_slow_host_of_more_ranks_than_the_others(self):
         # Ranks 1 and 2 share host 1, whose link is slow. Every sub-group of
         # three ranks holds host 1; only the pair of hosts 0 and 2 (two
