@@ -53,6 +53,12 @@ RankState state_of(int rank, const std::vector<Fingerprint>& fps, std::int64_t c
   return s;
 }
 
+std::set<std::string> hosts_of(const std::vector<std::string>& hosts, const cli::BisectGroup& g) {
+  std::set<std::string> on;
+  for (int r : g.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
+  return on;
+}
+
 bool contains(const std::string& hay, const std::string& needle) {
   return hay.find(needle) != std::string::npos;
 }
@@ -404,34 +410,42 @@ TEST_CASE("bisect judge: a broken rank, a slow rank, nobody", "[bisect]") {
   CHECK(v.suspect_ranks == std::vector<int>{2});
 }
 
+namespace {
+
+// Each planned group of `hosts` as run, its time by the hosts it spans:
+// time_of(hosts in the group, group).
+template <typename TimeOf>
+std::vector<cli::GroupOutcome> outcomes_by_hosts(const std::vector<std::string>& hosts, TimeOf time_of) {
+  std::vector<cli::GroupOutcome> out;
+  for (const auto& g : cli::plan_bisect(hosts)) {
+    cli::GroupOutcome o;
+    o.group = g;
+    o.ran = true;
+    o.time_us = time_of(hosts_of(hosts, g), g);
+    out.push_back(o);
+  }
+  return out;
+}
+
+}  // namespace
+
 TEST_CASE("bisect judge: a slow host with fewer ranks than the others", "[bisect]") {
   using namespace cli;
   // Hosts of 2, 2 and 1 ranks; host c's link is slow. No other group has
   // the size of c's pairs (3 ranks), so they are judged against the pair of
   // a and b (4 ranks), which is fast.
   std::vector<std::string> hosts = {"a", "a", "b", "b", "c"};
-  auto groups = plan_bisect(hosts);
-  std::vector<GroupOutcome> out;
-  for (const auto& g : groups) {
-    GroupOutcome o;
-    o.group = g;
-    o.ran = true;
-    std::set<std::string> on;
-    for (int r : g.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
-    // Loopback inside a host: fast; across hosts: 2 ms, 20 ms with c.
-    o.time_us = on.size() == 1 ? 150.0 : (on.count("c") ? 20000.0 : 2000.0);
-    out.push_back(o);
-  }
+  // Loopback inside a host: fast; across hosts: 2 ms, 20 ms with c.
+  auto out = outcomes_by_hosts(hosts, [](const std::set<std::string>& on, const BisectGroup&) {
+    return on.size() == 1 ? 150.0 : (on.count("c") ? 20000.0 : 2000.0);
+  });
   auto v = judge_bisect(out, hosts);
   CHECK(v.suspect_hosts == std::vector<std::string>{"c"});
   CHECK(v.suspect_ranks == std::vector<int>{4});
   // Groups on one host are not judged against groups across hosts: a
   // healthy network, slower than loopback, flags nothing.
-  for (auto& o : out) {
-    std::set<std::string> on;
-    for (int r : o.group.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
-    if (on.size() > 1) o.time_us = 2000.0 + 100.0 * static_cast<double>(o.group.ranks.size());
-  }
+  for (auto& o : out)
+    if (hosts_of(hosts, o.group).size() > 1) o.time_us = 2000.0 + 100.0 * static_cast<double>(o.group.ranks.size());
   v = judge_bisect(out, hosts);
   CHECK(v.suspect_ranks.empty());
   for (const auto& o : out) CHECK_FALSE(o.slow);
@@ -444,31 +458,19 @@ TEST_CASE("bisect judge: a slow host with more ranks than the others", "[bisect]
   // are slow alike; only the 2-rank pair of a and c shows the healthy speed.
   for (const auto& hosts : {std::vector<std::string>{"a", "b", "b", "c"},
                             std::vector<std::string>{"b", "b", "a", "c"}}) {
-    auto groups = plan_bisect(hosts);
-    std::vector<GroupOutcome> out;
-    for (const auto& g : groups) {
-      GroupOutcome o;
-      o.group = g;
-      o.ran = true;
-      std::set<std::string> on;
-      for (int r : g.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
-      o.time_us = on.size() == 1 ? 479.0 : (on.count("b") ? 59000.0 : 2001.0);
-      out.push_back(o);
-    }
+    auto out = outcomes_by_hosts(hosts, [](const std::set<std::string>& on, const BisectGroup&) {
+      return on.size() == 1 ? 479.0 : (on.count("b") ? 59000.0 : 2001.0);
+    });
     auto v = judge_bisect(out, hosts, 3.0, 1000.0, /*world_passed=*/true);
     CHECK(v.suspect_hosts == std::vector<std::string>{"b"});
     for (const auto& o : out) {
-      std::set<std::string> on;
-      for (int r : o.group.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
+      const auto on = hosts_of(hosts, o.group);
       CHECK(o.slow == (on.size() > 1 && on.count("b") == 1));
     }
     // A healthy network whose time grows with the ranks as a ring's does
     // (a 3-rank group twice a 2-rank one) flags nothing.
-    for (auto& o : out) {
-      std::set<std::string> on;
-      for (int r : o.group.ranks) on.insert(hosts[static_cast<std::size_t>(r)]);
-      if (on.size() > 1) o.time_us = 2000.0 * static_cast<double>(o.group.ranks.size() - 1);
-    }
+    for (auto& o : out)
+      if (hosts_of(hosts, o.group).size() > 1) o.time_us = 2000.0 * static_cast<double>(o.group.ranks.size() - 1);
     v = judge_bisect(out, hosts, 3.0, 1000.0, /*world_passed=*/true);
     CHECK(v.suspect_ranks.empty());
     for (const auto& o : out) CHECK_FALSE(o.slow);

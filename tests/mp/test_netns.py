@@ -70,10 +70,10 @@ def firewall(host, port):
        "match", "ip", "protocol", "6", "0xff", "flowid", "1:20")
 
 
-def start(rank, args, port, host=None, world=3):
+def start(rank, args, port, host=None, world=3, timeout=30):
     inner = [BIN] + args[:1] + [
         "--rank", str(rank), "--world-size", str(world), "--master-addr", ADDR[0], "--master-port",
-        str(port), "--gloo-interface", IFACE, "--timeout", "30"] + args[1:]
+        str(port), "--gloo-interface", IFACE, "--timeout", str(timeout)] + args[1:]
     return subprocess.Popen(NET.command(rank if host is None else host, inner), env=clean_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -94,7 +94,6 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         teardown()
 
     def run_link_health(self, bw_threshold_pct, hosts=(0, 1, 2)):
-        path = tmp_json()
         args = ["link-health", "--bytes", "1M", "-n", "3", "-w", "1", "--latency-iters", "5",
                 "--allreduce-bytes", "256K", "--allreduce-iters", "2",
                 "--bw-threshold-pct", str(bw_threshold_pct),
@@ -102,9 +101,15 @@ class LinkHealthAcrossHosts(unittest.TestCase):
                 # ping-pongs jump by milliseconds when three spinning ranks
                 # share two busy cores, so the latency rule is kept out.
                 "--latency-threshold-pct", "5000"]
+        return self.run_ranks(args, hosts, 120)
+
+    def run_ranks(self, args, hosts, timeout):
+        """Every rank on its host (hosts[r]), rank 0 writing the report:
+        ((rc, stdout, stderr) per rank, the report)."""
+        path = tmp_json()
         procs = [start(r, args + (["--json", path] if r == 0 else []), self.port, h, len(hosts))
                  for r, h in enumerate(hosts)]
-        res = [finish(p, 120) for p in procs]
+        res = [finish(p, timeout) for p in procs]
         rep = load(path)
         os.unlink(path)
         return res, rep
@@ -170,14 +175,8 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertIn("every cross-host link of host host1 (ranks 1, 2) is slow", res[0][1])
 
     def run_bisect(self, hosts):
-        path = tmp_json()
         args = ["allreduce-test", "-b", "1K", "-e", "256K", "-n", "5", "-w", "1", "--bisect"]
-        procs = [start(r, args + (["--json", path] if r == 0 else []), self.port, h, len(hosts))
-                 for r, h in enumerate(hosts)]
-        res = [finish(p, 180) for p in procs]
-        rep = load(path)
-        os.unlink(path)
-        return res, rep
+        return self.run_ranks(args, hosts, 180)
 
     def test_bisect_of_healthy_hosts_of_unequal_ranks_passes(self):
         # The yardstick of a smaller group, scaled by the ring steps, must
@@ -192,14 +191,7 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         # three ranks holds host 1; only the pair of hosts 0 and 2 (two
         # ranks) shows the healthy speed, so it must serve as the yardstick.
         slow_host(1)
-        path = tmp_json()
-        args = ["allreduce-test", "-b", "1K", "-e", "256K", "-n", "5", "-w", "1", "--bisect"]
-        hosts = (0, 1, 1, 2)
-        procs = [start(r, args + (["--json", path] if r == 0 else []), self.port, h, len(hosts))
-                 for r, h in enumerate(hosts)]
-        res = [finish(p, 180) for p in procs]
-        rep = load(path)
-        os.unlink(path)
+        res, rep = self.run_bisect((0, 1, 1, 2))
         self.assertEqual([r[0] for r in res], [1] * 4, res[0][1] + res[0][2])
         b = rep["results"]["bisect"]
         self.assertEqual(b["suspect_hosts"], ["host1"], res[0][1])
@@ -265,13 +257,9 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         # not open its connection within" the timeout it never waited.
         import time
         sh("ip", "-n", HOSTS[2], "route", "add", ADDR[1] + "/32", "via", NET.addr[0].rsplit(".", 1)[0] + ".99")
-        args = ["allreduce-test", "--rank", "R", "--world-size", "3", "--master-addr", ADDR[0],
-                "--master-port", str(self.port), "--gloo-interface", IFACE, "--timeout", "20",
-                "-b", "1K", "-e", "1K"]
         t0 = time.monotonic()
-        procs = [subprocess.Popen(NET.command(r, [BIN] + [str(r) if a == "R" else a for a in args]),
-                                  env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for r in range(3)]
+        procs = [start(r, ["allreduce-test", "-b", "1K", "-e", "1K"], self.port, timeout=20)
+                 for r in range(3)]
         res = [finish(p, 90) for p in procs]
         self.assertLess(time.monotonic() - t0, 20, [r[2] for r in res])
         rc, _, se = res[2]
@@ -289,12 +277,8 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         import threading
         import time
         path = tmp_json()
-        args = ["allreduce-test", "--rank", "R", "--world-size", "3", "--master-addr", ADDR[0],
-                "--master-port", str(self.port), "--gloo-interface", IFACE, "--timeout", "8",
-                "-b", "64K", "-e", "64K", "-n", "100000", "-w", "1", "--json", path]
-        procs = [subprocess.Popen(NET.command(r, [BIN] + [str(r) if a == "R" else a for a in args]),
-                                  env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for r in range(3)]
+        args = ["allreduce-test", "-b", "64K", "-e", "64K", "-n", "100000", "-w", "1", "--json", path]
+        procs = [start(r, args, self.port, timeout=8) for r in range(3)]
         gw = ADDR[0].rsplit(".", 1)[0] + ".99"
         timer = threading.Timer(3.0, lambda: sh("ip", "-n", HOSTS[2], "route", "add",
                                                 ADDR[1] + "/32", "via", gw))
