@@ -310,9 +310,13 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
   // Which links the kernel says drop the traffic: a rank's connection with
   // data unacknowledged while it retransmits. Both ends of a link that
   // drops one way show it (the data one way, the acknowledgements the other).
+  // A link to a rank that published nothing is that rank's story (gone,
+  // unreachable: its host lost the network), told above: not a link of its
+  // own that drops.
   std::map<std::pair<int, int>, std::vector<std::string>> by_pair;
   for (int r : present)
     for (const auto& l : states[r]->stalled_links) {
+      if (l.peer >= 0 && l.peer < n && !states[l.peer]) continue;
       const std::pair<int, int> key = l.peer >= 0 ? std::pair<int, int>{std::min(r, l.peer), std::max(r, l.peer)}
                                                    : std::pair<int, int>{r, -1};
       by_pair[key].push_back(fmt::format("rank {}'s {} byte(s) to {} unacknowledged after {} "

@@ -1691,7 +1691,9 @@ void wait_for_ranks(Job& job) {
           r.job.empty() || job_identity().empty() || r.job == job_identity()) {
         job.world_refused = true;
         throw RendezvousError(
-            fmt::format("rank {} refused to start, so this world cannot meet: {}", r.rank, r.message),
+            fmt::format("{} refused to start, so this world cannot meet: {}",
+                        r.rank >= 0 ? fmt::format("rank {}", r.rank) : std::string("a rank whose rank is not valid"),
+                        r.message),
             {"rendezvous", me, r.rank,
              "fix what that rank refused (its own message says the same) and start every rank "
              "again"});
@@ -2773,13 +2775,21 @@ void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& 
 }
 
 // A rank refused its place in the world before it knew one (RANK=3 where
-// its own WORLD_SIZE says 3: a node's script exported another size) leaves
-// the others waiting out --timeout for it, then naming it as never arrived.
-// Where the store's address was given outright (MASTER_ADDR and
-// MASTER_PORT, or the flags), it posts its reason there as a rank that
-// refused a flag does, so rank 0 ends the world at once naming it.
+// its own WORLD_SIZE says 3: a node's script exported another size; RANK=-1;
+// WORLD_SIZE=0) leaves the others waiting out --timeout for it, then naming
+// it as never arrived. Where the store's address was given outright
+// (MASTER_ADDR and MASTER_PORT, or the flags), it posts its reason there as
+// a rank that refused a flag does, so rank 0 ends the world at once naming
+// it; a rank 0 (RANK=0) hosts the store to say so. A rank given as no valid
+// number posts as rank -1 ("a rank whose rank is not valid").
 void tell_store_of_world_refusal(Job& job, const CommonOptions& o, const EnvLookup& env,
                                  const std::string& why) {
+  const std::optional<std::string> rank_text =
+      o.world.rank ? std::optional<std::string>(std::to_string(*o.world.rank)) : launcher_rank_text(env);
+  if (!rank_text) return;  // no rank given at all: nothing says it belongs to a world
+  const bool rank0 = *rank_text == "0";
+  if (!rank0 && job.world.rank <= 0) job.world.rank = -1;
+  if (rank0) job.world.rank = 0;
   if (env("DDPDIAG_LAUNCHER")) return;  // the launcher ends the others and names this rank
   if (const auto agent = env("TORCHELASTIC_USE_AGENT_STORE"); agent && !agent->empty() && *agent != "0" &&
                                                                *agent != "False" && *agent != "false")
@@ -2795,7 +2805,18 @@ void tell_store_of_world_refusal(Job& job, const CommonOptions& o, const EnvLook
   if (!addr || addr->empty() || !port) return;
   job.world.master_addr = without_ipv6_brackets(*addr);
   job.world.master_port = *port;
-  job.world.world_size = std::max(job.world.world_size, job.world.rank + 1);
+  // The world's size as far as it can be told; rank 0 keeps the store up
+  // until every other rank has read the refusal, or no rank came for 5 s
+  // (an unknown size: only the latter ends it).
+  job.world.world_size = std::max({job.world.world_size, job.world.rank + 1, 2});
+  if (rank0) {
+    const auto size_text = o.world.world_size ? std::optional<std::string>(std::to_string(*o.world.world_size))
+                                              : env("WORLD_SIZE");
+    char* end = nullptr;
+    const long n = size_text ? std::strtol(size_text->c_str(), &end, 10) : 0;
+    job.world.world_size = size_text && end && *end == '\0' && n >= 2 && n < (1L << 30) ? static_cast<int>(n)
+                                                                                         : (1 << 30);
+  }
   job.timeout = Millis(static_cast<std::int64_t>(o.timeout_s * 1000));
   tell_world_of_refusal(job, o, why);
 }
@@ -3014,7 +3035,6 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
       const long r = std::strtol(text->c_str(), &end, 10);
       if (end && *end == '\0' && r > 0 && r < (1L << 30)) job.world.rank = static_cast<int>(r);
     }
-  if (world_refusal && job.world.rank > 0) tell_store_of_world_refusal(job, o, env, *world_refusal);
   const bool own_report = job.world.rank > 0 && (store_unreachable || rank0_gone || !job.world_known ||
                                                  (job.monitor && job.monitor->store_lost()));
   // A rank that refused its report paths has said so: no second error from
@@ -3047,6 +3067,7 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
   final_report->written(rc);
   if (!report_error) post_verdict(job, report, rc);
   if (refusal) tell_world_of_refusal(job, o, *refusal);
+  if (world_refusal) tell_store_of_world_refusal(job, o, env, *world_refusal);
   leave_job(job, rc != 0 && rc != static_cast<int>(ExitCode::kCheckFailed));
   if (job.world_refused) keep_store_for_the_others(job);
   leave_ended_mark(rc);

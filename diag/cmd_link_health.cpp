@@ -695,6 +695,21 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
                               "--min-link-pct or --min-bw-gbps judge it against a figure",
                               kind ? "same-host" : "cross-host");
     }
+    // Two hosts: every cross-host pair crosses the same link, so a slow link
+    // makes them slow alike and the medians cannot see it.
+    std::set<std::pair<std::string, std::string>> host_pairs;
+    std::size_t cross = 0;
+    for (const auto& p : pairs)
+      if (!p.same_host && !p.host_a.empty() && !p.host_b.empty()) {
+        ++cross;
+        host_pairs.insert(std::minmax(p.host_a, p.host_b));
+      }
+    if (cross >= 2 && host_pairs.size() == 1 && o.thresholds.min_bandwidth_gbps <= 0 &&
+        o.thresholds.min_link_pct <= 0)
+      detail += fmt::format("; the {} cross-host pairs all join the same two hosts ({} and {}), so "
+                            "a slow link between them makes every one slow alike and the medians "
+                            "cannot tell: --min-link-pct or --min-bw-gbps judge them against a figure",
+                            cross, host_pairs.begin()->first, host_pairs.begin()->second);
   } else {
     detail = fmt::format("{} slow pair(s): ", slow_names.size());
     for (std::size_t i = 0; i < slow_names.size(); ++i) detail += (i ? "; " : "") + slow_names[i];

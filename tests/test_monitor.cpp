@@ -256,6 +256,14 @@ TEST_CASE("diagnosis: a link the kernel retransmits on is named by its two ranks
                               "retransmission(s); rank 3's 65536 byte(s) to rank 2 (10.0.0.3:4711)"));
   CHECK(contains(d.summary(), "A link of rank 1 (host h1) drops traffic: rank 1's 100 byte(s) to 10.0.0.9:51002"));
   CHECK(d.to_json()["stalled_links"] == nlohmann::json::parse("[[1, null], [2, 3]]"));
+  // Rank 2 published nothing (its host lost the network): the links to it
+  // are its story, not links of their own.
+  st[2].reset();
+  st[0]->stalled_links.push_back({2, "10.0.0.3:4711", 87672, 5});
+  d = diagnose(st);
+  CHECK(d.stalled_pairs == std::vector<std::pair<int, int>>{{1, -1}});
+  CHECK_FALSE(contains(d.summary(), "and rank 2"));
+  CHECK(contains(d.summary(), "Rank 2 did not publish its state"));
 }
 
 TEST_CASE("diagnosis: with collectives queued, the stuck one is the first not completed",
