@@ -760,28 +760,38 @@ class RefusalBeforeTheRendezvous(unittest.TestCase):
         self.assertLess(res[2][2], 20, res[2][1])
 
     def test_rank_refused_its_place_in_the_world_tells_the_others(self):
-        # A node's script exported another WORLD_SIZE: rank 3 of a world of
-        # 4 is told WORLD_SIZE=3, and refuses before it knows a world. With
-        # the store's address given, it posts why, and the others stop
+        # A node's script exported another WORLD_SIZE (rank 3 of 4 told 3),
+        # a rank that is no number, a rank 0 told WORLD_SIZE=0: each refuses
+        # before it knows a world. With the store's address given, it posts
+        # why (rank 0 hosting the store to say so), and the others stop
         # naming it instead of waiting out --timeout for it (60 s).
-        port = free_port()
-        t0 = time.monotonic()
-        procs = []
-        for r in range(4):
-            env = clean_env()
-            env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
-                        "WORLD_SIZE": "3" if r == 3 else "4"})
-            procs.append(subprocess.Popen([BIN, "allreduce-test"] + SMALL + ["--timeout", "60"],
-                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                          text=True))
-        res = self.communicate_all(procs, t0)
-        self.assertEqual(res[3][0], 2, res[3][1])
-        self.assertIn("RANK=3 is out of range for WORLD_SIZE=3", res[3][1])
-        for rc, se, elapsed in res[:3]:
-            self.assertEqual(rc, 3, se)
-            self.assertIn("(peer rank 3) during rendezvous: rank 3 refused to start, so this world "
-                          "cannot meet: RANK=3 is out of range for WORLD_SIZE=3", se)
-            self.assertLess(elapsed, 30, se)
+        cases = [({3: ("3", "3")}, 4, 3, "rank 3 refused to start, so this world cannot meet: "
+                  "RANK=3 is out of range for WORLD_SIZE=3"),
+                 ({2: ("abc", "3")}, 3, 2, "a rank whose rank is not valid refused to start, so "
+                  "this world cannot meet: environment variable RANK='abc' is not an integer"),
+                 ({0: ("0", "0")}, 3, 0, "rank 0 refused to start, so this world cannot meet: "
+                  "WORLD_SIZE=0 must be at least 1")]
+        for odd, n, refused, message in cases:
+            with self.subTest(refused=odd):
+                port = free_port()
+                t0 = time.monotonic()
+                procs = []
+                for r in range(n):
+                    rank, size = odd.get(r, (str(r), str(n)))
+                    env = clean_env()
+                    env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": rank,
+                                "WORLD_SIZE": size})
+                    procs.append(subprocess.Popen([BIN, "allreduce-test"] + SMALL + ["--timeout", "60"],
+                                                  env=env, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.PIPE, text=True))
+                res = self.communicate_all(procs, t0)
+                self.assertEqual(res[refused][0], 2, res[refused][1])
+                for r, (rc, se, elapsed) in enumerate(res):
+                    if r == refused:
+                        continue
+                    self.assertEqual(rc, 3, se)
+                    self.assertIn(message, se)
+                    self.assertLess(elapsed, 30, se)
 
     def test_every_rank_refusing_ends_at_once(self):
         # 1000 GiB buffers fit on no rank: each says so, and rank 0 does not
