@@ -308,6 +308,27 @@ TEST_CASE("a many-key request that trickles in is parsed again only a few dozen 
     INFO(tp::op_name(q.op) << " of " << b.size() << " bytes");
     CHECK(parses < 100);  // was one per key before need counted the fields still to come
   }
+  // `need` may ask for more than a malformed request holds: a key of 9 KiB
+  // (over 2.x's 8 KiB) among 1000 trickled keys is found when the stream
+  // ends, as the server parses once more at EOF whatever `need` said.
+  tp::Request bad{tp::Op::kWait, {}, {}, 0, 0};
+  for (int i = 0; i < 1000; ++i) bad.keys.push_back(i == 600 ? std::string(9000, 'k') : "k" + std::to_string(i));
+  Bytes b = tp::encode_request(StoreProtocol::kV2, bad);
+  b.resize(b.size() - 9000 + 10);  // the client sends the oversized key's start, then ends
+  CHECK(tp::parse_request(StoreProtocol::kV2, b.data(), b.size(), tp::kV2Limits).status ==
+        tp::ParseStatus::kMalformed);
+  std::size_t need = 0;
+  tp::ParseStatus last = tp::ParseStatus::kNeedMore;
+  for (std::size_t have = 3; have <= b.size(); have += 3) {
+    const bool eof = have + 3 > b.size();
+    if (eof) have = b.size();
+    if (have < need && !eof) continue;
+    auto r = tp::parse_request(StoreProtocol::kV2, b.data(), have, tp::kV2Limits);
+    last = r.status;
+    if (last != tp::ParseStatus::kNeedMore) break;
+    need = r.need;
+  }
+  CHECK(last == tp::ParseStatus::kMalformed);
 }
 
 TEST_CASE("oversized fields and unknown ops are malformed", "[store][protocol]") {

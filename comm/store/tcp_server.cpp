@@ -449,6 +449,11 @@ struct TcpStoreServer::Impl {
       }
       break;
     }
+    // At the end of the stream parse whatever came, whatever `need` said: a
+    // many-key request asks for the length prefixes of all its remaining
+    // keys before it is parsed again, and a malformed field among what came
+    // is then refused (and logged) rather than dropped unread.
+    if (eof) c.need = 0;
     process_input(c);
     // Requests that arrived before the FIN are served; the replies are lost
     // with the socket, as they are on a c10d server.

@@ -179,7 +179,10 @@ Outcome parse_in_one_read(const std::uint8_t* data, std::size_t len, const tp::P
 
 // The server's loop (TcpStoreServer::Impl::process_input) over reads whose
 // sizes come from seed: an input buffer with a read offset, parsing only once
-// `need` bytes are there, compacting the buffer as the server does.
+// `need` bytes are there, compacting the buffer as the server does; at the
+// end of the stream (the server's EOF) it parses once more whatever `need`
+// said, as the server does, so a malformed field that came before the bytes
+// `need` asked for is still found.
 Outcome parse_in_reads(const std::uint8_t* data, std::size_t len, const tp::ParseLimits& lim,
                        unsigned seed) {
   Outcome o;
@@ -196,6 +199,7 @@ Outcome parse_in_reads(const std::uint8_t* data, std::size_t len, const tp::Pars
     if (chunk > len - fed) chunk = len - fed;
     in.insert(in.end(), data + fed, data + fed + chunk);
     fed += chunk;
+    if (fed == len) need = 0;  // the end of the stream: the server's EOF
     for (;;) {
       std::size_t avail = in.size() - in_off;
       if (avail == 0 || avail < need) break;
