@@ -192,6 +192,20 @@ bool launched_by_launcher(const EnvLookup& env) {
   return env("DDPDIAG_LAUNCHER").has_value();
 }
 
+std::optional<GivenStore> given_store(const WorldFlags& flags, const EnvLookup& env) {
+  const std::optional<std::string> addr = flags.master_addr ? flags.master_addr : env("MASTER_ADDR");
+  std::optional<int> port = flags.master_port;
+  if (!port)
+    if (const auto text = env("MASTER_PORT")) {
+      int p = 0;
+      const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), p);
+      if (ec == std::errc() && end == text->data() + text->size()) port = p;
+    }
+  if (!addr || addr->empty() || !port || *port < 1 || *port > 65535) return std::nullopt;
+  const auto agent = env("TORCHELASTIC_USE_AGENT_STORE");
+  return GivenStore{without_ipv6_brackets(*addr), *port, agent && truthy(*agent)};
+}
+
 std::optional<std::string> launcher_rank_text(const EnvLookup& env) {
   for (const char* v : kRankVariables)
     if (auto text = env(v); text && !text->empty() && rank_variable_applies(v, env)) return text;

@@ -138,6 +138,18 @@ bool rank_variable_applies(std::string_view var, const EnvLookup& env);
 // as its launcher gave it, before any check; nullopt when none is set.
 std::optional<std::string> launcher_rank_text(const EnvLookup& env);
 
+// Where the store is when it was given outright (--master-addr/--master-port,
+// else MASTER_ADDR/MASTER_PORT), read as discover_world reads them but
+// without its checks, for a rank whose world was refused; nullopt when
+// either is missing or the port is no port. agent_store: torchrun's agent
+// hosts it (TORCHELASTIC_USE_AGENT_STORE).
+struct GivenStore {
+  std::string addr;
+  int port = 0;
+  bool agent_store = false;
+};
+std::optional<GivenStore> given_store(const WorldFlags& flags, const EnvLookup& env);
+
 // Environment variables recorded in reports: NCCL_*, GLOO_*, MASTER_*,
 // TORCHELASTIC_*, the rank variables, CUDA_VISIBLE_DEVICES, SLURM_*,
 // OMPI_COMM_WORLD_*, MV2_COMM_WORLD_*, PMI_* and MPI_LOCAL* (all that are set).

@@ -2791,20 +2791,10 @@ void tell_store_of_world_refusal(Job& job, const CommonOptions& o, const EnvLook
   if (!rank0 && job.world.rank <= 0) job.world.rank = -1;
   if (rank0) job.world.rank = 0;
   if (env("DDPDIAG_LAUNCHER")) return;  // the launcher ends the others and names this rank
-  if (const auto agent = env("TORCHELASTIC_USE_AGENT_STORE"); agent && !agent->empty() && *agent != "0" &&
-                                                               *agent != "False" && *agent != "false")
-    return;  // torchrun ends the others too
-  const std::optional<std::string> addr = o.world.master_addr ? o.world.master_addr : env("MASTER_ADDR");
-  std::optional<int> port = o.world.master_port;
-  if (!port)
-    if (const auto text = env("MASTER_PORT")) {
-      char* end = nullptr;
-      const long p = std::strtol(text->c_str(), &end, 10);
-      if (end && *end == '\0' && p >= 1 && p <= 65535) port = static_cast<int>(p);
-    }
-  if (!addr || addr->empty() || !port) return;
-  job.world.master_addr = without_ipv6_brackets(*addr);
-  job.world.master_port = *port;
+  const auto store = given_store(o.world, env);
+  if (!store || store->agent_store) return;  // torchrun's agent ends the others too
+  job.world.master_addr = store->addr;
+  job.world.master_port = store->port;
   // The world's size as far as it can be told; rank 0 keeps the store up
   // until every other rank has read the refusal, or no rank came for 5 s
   // (an unknown size: only the latter ends it).
