@@ -1504,9 +1504,17 @@ void answer_hellos(Job& job) {
   // run starts while this job's ranks still wait (a restart stops the old
   // workers first; a script's next command waits for this one), so a newer
   // run is another rank 0, now. The older names the newer, and tells it.
+  // A rank 0 names its run right after taking it: a newer run seen between
+  // the two steps is waited for briefly, so both processes are named.
   const auto other_run = [&](std::int64_t r) {
     const std::string key = fmt::format("runs/{}", r);
-    return store.check({key}) ? to_string(store.get(key, job.timeout)) : std::string("another process");
+    try {
+      store.wait({key}, std::min(job.timeout, Millis(2000)));
+      return to_string(store.get(key, job.timeout));
+    } catch (const TimeoutError& e) {
+      if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
+      return std::string("another process");
+    }
   };
   const auto duplicate = [&](const std::string& msg) {
     job.store->set("abort", to_bytes(msg));
