@@ -959,10 +959,11 @@ TEST_CASE("monitored Gloo: a stop of a rank on this machine counts from when it 
           "[monitor][gloo]") {
   // Rank 1's process, as rank 0 sees it, is a child stopped with SIGSTOP
   // (rank 1 itself is a thread here). Op A: the child is stopped while rank
-  // 1 comes 0.6 s late, and stays stopped after A completes; it runs again,
-  // and is stopped again when op B starts, rank 1 again 0.6 s late. With a
-  // 1.5 s stall neither op may end: B's stop is 0.6 s old, not as old as A's.
-  // Then op C: stopped while rank 1 is 2.5 s late; C ends at the stall.
+  // 1 comes 0.6 s late, and stays stopped after A completes; it runs again
+  // for 4 s, and is stopped again when op B starts, rank 1 again 0.6 s late.
+  // With a 3 s stall neither op may end: B's stop is 0.6 s old, not as old
+  // as A's (5 s). Then op C: stopped while rank 1 is 5 s late; C ends at the
+  // stall. (The margins allow for a busy machine's late threads.)
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
   if (child == 0) {
@@ -989,7 +990,7 @@ TEST_CASE("monitored Gloo: a stop of a rank on this machine counts from when it 
         mo.timeout = timeout;
         mo.gather_wait = 1000ms;
         mo.poll_interval = 100ms;
-        mo.heartbeat_stall = 1500ms;
+        mo.heartbeat_stall = 3000ms;
         mo.peers = {{"host", static_cast<long>(::getpid()), true},
                     {"host", r == 0 ? static_cast<long>(child) : static_cast<long>(::getpid()), true}};
         MonitoredCommunicator comm(std::move(inner), mo);
@@ -1004,18 +1005,18 @@ TEST_CASE("monitored Gloo: a stop of a rank on this machine counts from when it 
           op();  // A
           std::this_thread::sleep_for(400ms);
           cont();
-          std::this_thread::sleep_for(2500ms);
+          std::this_thread::sleep_for(4000ms);
           stop();
           std::this_thread::sleep_for(600ms);
           op();  // B
           cont();
           std::this_thread::sleep_for(500ms);
           stop();
-          std::this_thread::sleep_for(2500ms);
+          std::this_thread::sleep_for(5000ms);
           op();  // C
         } else {
           op();  // A
-          std::this_thread::sleep_for(2900ms);  // no op open while rank 1 runs again
+          std::this_thread::sleep_for(4400ms);  // no op open while rank 1 runs again
           op();  // B
           op();  // C
         }

@@ -1788,11 +1788,15 @@ TEST_CASE("a wait in slices: given up between slices, the connection still usabl
       std::this_thread::sleep_for(450ms);
       setter.set("late", to_bytes("v"));
     });
+    const auto started = std::chrono::steady_clock::now();
     const auto value = in_slices(5000ms, [&](Millis s) { return c.get("late", s); }, count, 100ms);
+    const auto took = std::chrono::duration_cast<Millis>(std::chrono::steady_clock::now() - started);
     t.join();
     CHECK(to_string(value) == "v");
-    CHECK(between >= 3);
-    CHECK(between <= 10);
+    // Sliced, and no slice shorter than asked (on a busy machine a slice
+    // takes longer, so there may be fewer of them).
+    CHECK(between >= 1);
+    CHECK(between <= took / 100ms + 1);
   }
   SECTION("between() throws: the wait ends there, long before its timeout") {
     const auto started = std::chrono::steady_clock::now();
@@ -1824,7 +1828,7 @@ TEST_CASE("a wait in slices: given up between slices, the connection still usabl
     }
     CHECK_THAT(caught, Catch::Matchers::Contains("(450 ms in all)"));
     CHECK(std::chrono::steady_clock::now() - started >= 450ms);
-    CHECK(between >= 3);
+    CHECK(between >= 1);  // 4 when every slice takes its 100 ms; fewer on a busy machine
   }
   // After slices that timed out (cancelled on the server, or a reconnect
   // under 1.13), the client still talks the protocol in step.
