@@ -111,7 +111,11 @@ BisectVerdict judge_bisect(std::vector<GroupOutcome>& outcomes,
   };
   for (auto& o : outcomes) {
     o.slow = false;
-    if (!o.ran || !o.error.empty() || o.group.ranks.empty()) continue;
+    // A group of one rank moves nothing over any link: its time says only
+    // how the scheduler treated that process (a healthy rank alone on a busy
+    // machine once took 1.6 ms against the other's 0.1 ms). Its errors and
+    // wrong results still count; its time is not judged.
+    if (!o.ran || !o.error.empty() || o.group.ranks.size() < 2) continue;
     std::optional<double> reference;
     const std::size_t mine = o.group.ranks.size();
     for (const auto& other : outcomes) {

@@ -367,6 +367,27 @@ TEST_CASE("bisect judge: a broken rank, a slow rank, nobody", "[bisect]") {
   CHECK(contains(v.summary, "host b"));
   auto j = v.to_json(slow);
   CHECK(j["suspect_ranks"] == nlohmann::json::array({1}));
+  // A rank alone moves nothing: its time is never judged, only the groups
+  // where it talks to others.
+  for (const auto& o : slow)
+    if (o.group.ranks.size() == 1) CHECK_FALSE(o.slow);
+  // Two ranks on one machine, healthy, rank 1 alone timed far slower than
+  // rank 0 alone (a busy machine's scheduler): nothing to localise.
+  {
+    const std::vector<std::string> two = {"x", "x"};
+    std::vector<GroupOutcome> lonely;
+    for (const auto& g : plan_bisect(two)) {
+      GroupOutcome o;
+      o.group = g;
+      o.ran = true;
+      o.time_us = g.ranks == std::vector<int>{1} ? 1637.9 : 113.1;
+      lonely.push_back(o);
+    }
+    REQUIRE(lonely.size() == 2);
+    v = judge_bisect(lonely, two, 3.0, 1000.0, /*world_passed=*/true);
+    CHECK_FALSE(v.smallest_failing);
+    CHECK(v.suspect_ranks.empty());
+  }
 
   auto fine = outcome(-1, false);
   v = judge_bisect(fine, hosts);
@@ -406,7 +427,7 @@ TEST_CASE("bisect judge: a broken rank, a slow rank, nobody", "[bisect]") {
   CHECK(v.suspect_ranks == std::vector<int>{1});
   for (const auto& o : busy) {
     const bool has1 = std::find(o.group.ranks.begin(), o.group.ranks.end(), 1) != o.group.ranks.end();
-    CHECK(o.slow == has1);
+    CHECK(o.slow == (has1 && o.group.ranks.size() > 1));
   }
 
   // A slow rank stays slow when every larger group holding it is slow too.

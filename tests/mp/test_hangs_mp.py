@@ -906,22 +906,15 @@ class Bisect(unittest.TestCase):
         os.unlink(path)
 
     def test_healthy_run_bisect_says_nothing_failed(self):
-        # One-rank groups on a shared two-core machine can time slow by a
-        # scheduler tick; a few tries give a run where no group was bad.
-        for attempt in range(4):
-            path = tmp_json()
-            p = run(["allreduce-test", "--nproc", "2", "-b", "1K", "-e", "4K", "-n", "3", "-w", "1",
-                     "--timeout", "10", "--bisect", "--json", path])
-            self.assertIn(p.returncode, (0, 1), p.stdout + p.stderr)
-            rep = load(path)
-            validate(path)
-            self.assertNotIn("the failure needs the whole world", p.stdout)
-            if all(g["verdict"] != "fail" for g in rep["results"]["bisect"]["groups"]):
-                break
-            os.unlink(path)
-        else:
-            self.skipTest("a one-rank group timed slow on every try (busy machine)")
+        # On 2 ranks the groups are the ranks alone: their times are not
+        # judged (a busy machine's scheduler once timed one 14x the other).
+        path = tmp_json()
+        p = run(["allreduce-test", "--nproc", "2", "-b", "1K", "-e", "4K", "-n", "3", "-w", "1",
+                 "--timeout", "10", "--bisect", "--json", path])
+        rep = load(path)
+        validate(path)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertTrue(all(not g["slow"] for g in rep["results"]["bisect"]["groups"]), p.stdout)
         summary = rep["results"]["bisect"]["summary"]
         self.assertIn("the full world passed", summary)
         self.assertNotIn("failure", summary)
