@@ -13,9 +13,10 @@
 // Prints tables and writes every figure to --json FILE.
 // --iters: ops per timed burst (at least; the flatten part doubles it until a
 // burst lasts 20 ms). Exit 1 when a part failed (its error is in the JSON's
-// "errors"; what it and the other parts measured is still written). Exit 3
-// when everything was measured but a flatten or unflatten ratio is under the
-// 0.9 target (the last table line names the worst and where it was). Exit 77
+// "errors"; what it and the other parts measured is still written) or when a
+// flatten or unflatten ratio is under the 0.9 target (the last table line
+// names the worst and where it was). Exit 2 for a bad flag or a --json FILE
+// that cannot be written. Exit 77
 // (the test runners' "skipped") when there is no GPU to measure: it prints
 // "no GPU" and why, and --json FILE gets {"no_gpu": why}, so a script on a
 // CPU-only machine tells that apart from a failure, and gpu-check.sh, which
@@ -50,14 +51,15 @@ using Clock = std::chrono::steady_clock;
 
 // No GPU to measure: the exit status test runners read as "skipped".
 constexpr int kExitNoGpu = 77;
-// Everything was measured, but flatten or unflatten ran under
-// kFlattenTarget of the copy.
-constexpr int kExitTargetMissed = 3;
+// A check failed (flatten or unflatten under kFlattenTarget of the copy) or
+// a part failed; a bad flag or an unwritable --json FILE.
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitUsage = 2;
 constexpr double kFlattenTarget = 0.9;
 
 [[noreturn]] void die(const std::string& what) {
   std::fprintf(stderr, "ddpdiag_bench_device: %s\n", what.c_str());
-  std::exit(1);
+  std::exit(kExitUsage);
 }
 
 // A failed CUDA or NCCL call ends the part it is in; main() still writes
@@ -383,6 +385,5 @@ int main(int argc, char** argv) {
       die("writing " + json_path + " failed: " + e.what());
     }
   }
-  if (!doc["errors"].empty()) return 1;
-  return target_missed ? kExitTargetMissed : 0;
+  return !doc["errors"].empty() || target_missed ? kExitCheckFailed : 0;
 }

@@ -56,9 +56,15 @@ class BenchPrograms(unittest.TestCase):
             doc = json.load(f)
         self.assertEqual(list(doc), ["no_gpu"])
         self.assertTrue(doc["no_gpu"])
-        # A bad flag is still a failure (1), told apart from no GPU.
+        # A bad flag is a usage error (2), told apart from no GPU, and so is
+        # a --json FILE that cannot be written.
         p = subprocess.run([DEVICE, "--bogus"], capture_output=True, text=True, timeout=120)
-        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("unknown flag --bogus", p.stderr)
+        p = subprocess.run([DEVICE, "--json", os.path.join(self.dir, "no", "such", "dir.json")],
+                           capture_output=True, text=True, timeout=120, env=clean_env())
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("failed", p.stderr)
 
     @unittest.skipUnless(os.access(OVERHEAD, os.X_OK), "ddpdiag_bench_allreduce_overhead is not built")
     @unittest.skipUnless(shutil.which("strace"), "no strace to see which rank opens the file")
