@@ -267,7 +267,8 @@ Subcommand add_buckets_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_flag("--find-unused-parameters", opts->find_unused,
                 "DDP's find_unused_parameters=True: the buckets DDP builds in its constructor "
-                "and keeps (it never rebuilds them from the gradients' order)");
+                "and keeps (it never rebuilds them from the gradients' order; static_graph=True, "
+                "which does, is not modelled)");
   app->add_option("--json", opts->json_path, "write a JSON report to FILE")
       ->check(report_path_value());
   app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE")
