@@ -165,8 +165,11 @@ std::vector<DdpBucket> to_ddp_buckets(const ModelLayout& layout, BucketAssignmen
 }
 
 BucketTensor bucket_tensor(const TensorSpec& s) {
-  // The device is the same for every parameter; for the floating-point
-  // dtypes that can have gradients, which one does not change the order.
+  // Hashed as the CPU. The device only matters to the order of the
+  // leftover buckets of a layout of three or more dtypes (torch iterates
+  // its (dtype, device) map), and DDP runs the buckets rank 0 built: the
+  // CPU and cuda:0 give the same order, while by the same hash cuda:2 or
+  // cuda:6 would order some three-dtype mixes differently (not modelled).
   return BucketTensor{s.bytes(), s.dtype, kTorchCpu, s.expects_sparse};
 }
 
