@@ -446,7 +446,13 @@ std::string gone_local_peer(int* rank_out) {
 
 int g_signal_pipe[2] = {-1, -1};
 
+// Set by the handler, before the signal's thread is woken: a SIGINT or
+// SIGTERM has come (lock-free, so safe in a handler).
+std::atomic<bool> g_interrupt_seen{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
 void on_interrupt(int sig) {
+  g_interrupt_seen.store(true);
   const char c = static_cast<char>(sig);
   (void)!::write(g_signal_pipe[1], &c, 1);
 }
@@ -478,6 +484,16 @@ FinalReportWindow::FinalReportWindow() {
   // A signal's thread already writing the armed report ends the process
   // while this waits.
   g_interrupt_mutex.lock();
+  if (g_interrupt_seen.load()) {
+    // The signal came before this rank's own end, and its thread has not
+    // yet taken the report: what ended the run here is most likely that
+    // signal's doing (a launcher or Ctrl-C stops every rank, and a peer
+    // that stopped first closes its connections, which this rank saw as a
+    // peer failure). The signal's thread writes the report and ends the
+    // process, as it does when it comes first.
+    g_interrupt_mutex.unlock();
+    for (;;) ::pause();
+  }
   held_ = true;
   disarm_report();
 }
