@@ -516,6 +516,15 @@ void write_report_on_interrupt() {
     char c = 0;
     while (::read(g_signal_pipe[0], &c, 1) < 0 && errno == EINTR) {
     }
+    // Tests only: DDPDIAG_TEST_SIGNAL_DELAY=R:MS holds rank R's signal
+    // thread MS ms here, so that rank's own end (a peer stopped by the same
+    // signal closed its connection) comes first, as on a busy machine.
+    if (const char* d = std::getenv("DDPDIAG_TEST_SIGNAL_DELAY"); d && *d) {
+      int r = -1;
+      long ms = 0;
+      if (std::sscanf(d, "%d:%ld", &r, &ms) == 2 && r == current_rank() && ms > 0 && ms <= 60000)
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+    }
     // Never released: this thread ends the process. Held by the main thread
     // while it writes its final report (then this waits for the write), and
     // for good once the process exits normally (then this waits for ever).

@@ -226,6 +226,36 @@ class LauncherSweeps(unittest.TestCase):
                     self.assertEqual(rep["error"]["rank"], rank)
                     self.assertIn(name, rep["error"]["message"])
 
+    def test_a_rank_whose_peer_ended_first_on_the_same_signal_says_interrupted(self):
+        # SIGTERM to the launcher reaches both ranks; rank 1's signal thread
+        # is held back 1.5 s (a busy machine), so rank 1 first sees rank 0,
+        # stopped by the same signal, close its connection. That is the
+        # interrupt's doing, not a peer failure: rank 1's report says
+        # "interrupted" too.
+        path = tmp_json()
+        own = path[:-len(".json")] + ".rank1.json"
+        p = subprocess.Popen([BIN, "allreduce-test", "--nproc", "2", "--timeout", "20", "-b", "64K",
+                              "-e", "64K", "-n", "10000000", "-w", "1", "--json", path],
+                             env=clean_env(DDPDIAG_TEST_SIGNAL_DELAY="1:1500"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.assertEqual(launched_ranks_seen(p, 2), 2, "the ranks did not start")
+        time.sleep(0.5)
+        p.send_signal(signal.SIGTERM)
+        try:
+            out, err = p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            self.fail("the launcher did not end after SIGTERM")
+        self.assertEqual(p.returncode, 128 + int(signal.SIGTERM), err)
+        for f, rank in ((path, 0), (own, 1)):
+            self.assertTrue(os.path.exists(f), "%s: %s" % (f, err))
+            rep = load(f)
+            os.unlink(f)
+            self.assertEqual(rep["error"]["kind"], "interrupted", "rank %d: %s" % (rank, err))
+            self.assertEqual(rep["error"]["rank"], rank)
+            self.assertEqual(rep["error"]["exit_code"], 128 + int(signal.SIGTERM))
+
     def test_ranks_of_a_killed_launcher_stop_and_write_their_reports(self):
         # A launcher killed outright (SIGKILL: `timeout -s KILL`, a CI runner,
         # the OOM killer) passes nothing on: its ranks get SIGTERM from the
