@@ -30,6 +30,7 @@
 #include <fstream>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 
 #include <fmt/core.h>
@@ -182,6 +183,12 @@ int note_rank(const std::string& note) {
 // between() after each slice that ended without it (to look for a reason to
 // stop waiting; it throws one). At the deadline the store's own
 // TimeoutError ("store wait timed out ...") comes through.
+// The store's own "the key did not come in time" (a wait, or the wait of a
+// get), not a connection that timed out.
+bool is_store_wait_timeout(const TimeoutError& e) {
+  return std::string_view(e.what()).rfind("store wait timed out", 0) == 0;
+}
+
 void wait_in_slices(Store& store, const std::string& key,
                     std::chrono::steady_clock::time_point deadline,
                     const std::function<void()>& between) {
@@ -193,7 +200,7 @@ void wait_in_slices(Store& store, const std::string& key,
       return;
     } catch (const TimeoutError& e) {
       if (left <= Millis(500)) throw;
-      if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
+      if (!is_store_wait_timeout(e)) throw;
     }
     between();
   }
@@ -1493,7 +1500,7 @@ void join_store_run(Job& job, const std::string& host) {
         }
       });
     } catch (const TimeoutError& e) {
-      if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
+      if (!is_store_wait_timeout(e)) throw;
       throw RendezvousError(
           fmt::format("rendezvous timed out after {:.0f} s: rank 0 never took this rank into its "
                       "run (hello {} in the agent's store at {}:{} was not answered); rank(s) "
@@ -1534,10 +1541,9 @@ void answer_hellos(Job& job) {
   const auto other_run = [&](std::int64_t r) {
     const std::string key = fmt::format("runs/{}", r);
     try {
-      store.wait({key}, std::min(job.timeout, Millis(2000)));
-      return to_string(store.get(key, job.timeout));
+      return to_string(store.get(key, std::min(job.timeout, Millis(2000))));
     } catch (const TimeoutError& e) {
-      if (std::string(e.what()).rfind("store wait timed out", 0) != 0) throw;
+      if (!is_store_wait_timeout(e)) throw;
       return std::string("another process");
     }
   };

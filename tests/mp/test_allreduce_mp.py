@@ -23,6 +23,17 @@ SMALL = ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
 ALL_TYPES = ["-d", "all", "-o", "all"]
 
 
+def communicate_or_fail(test, p, timeout, what):
+    """p's (stdout, stderr) once it ends within timeout; else kills it and
+    fails the test with `what`."""
+    try:
+        return p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        test.fail(what)
+
+
 def launched_ranks_seen(p, n, seconds=60):
     """Reads the launcher's output until its n ranks' "#  Rank" lines have
     come (they print them once the world is up); returns how many came."""
@@ -120,11 +131,7 @@ class LauncherSweeps(unittest.TestCase):
         time.sleep(1.0)
         os.kill(pid1, signal.SIGKILL)
         t_kill = time.monotonic()
-        try:
-            out, err = p.communicate(timeout=10 + 5 + 30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            self.fail("job did not end after a rank was killed")
+        out, err = communicate_or_fail(self, p, 10 + 5 + 30, "job did not end after a rank was killed")
         elapsed = time.monotonic() - t_kill
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("rank 1 (pid %d) failed first" % pid1, err)
@@ -163,12 +170,7 @@ class LauncherSweeps(unittest.TestCase):
         self.assertIsNotNone(rank1, "rank 1 did not start")
         time.sleep(1.5)  # past the rendezvous, into the backward
         os.kill(rank1, signal.SIGKILL)
-        try:
-            out, err = p.communicate(timeout=60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            self.fail("the job did not end")
+        out, err = communicate_or_fail(self, p, 60, "the job did not end")
         self.assertEqual(p.returncode, 5, err)
         self.assertIn("rank 1 (pid %d) failed first: it was killed by signal 9 (SIGKILL)" % rank1, err)
         self.assertIn("OOM killer", err)
@@ -204,12 +206,7 @@ class LauncherSweeps(unittest.TestCase):
                 self.assertEqual(launched_ranks_seen(p, 2), 2, "the ranks did not start")
                 time.sleep(0.5)
                 p.send_signal(sig)
-                try:
-                    out, err = p.communicate(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.communicate()
-                    self.fail("the launcher did not end after %s" % name)
+                out, err = communicate_or_fail(self, p, 30, "the launcher did not end after %s" % name)
                 self.assertEqual(p.returncode, 128 + int(sig), err)
                 self.assertIn("ddpdiag launcher: interrupted by signal %d (%s)" % (int(sig), name),
                               err)
@@ -241,12 +238,7 @@ class LauncherSweeps(unittest.TestCase):
         self.assertEqual(launched_ranks_seen(p, 2), 2, "the ranks did not start")
         time.sleep(0.5)
         p.send_signal(signal.SIGTERM)
-        try:
-            out, err = p.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.communicate()
-            self.fail("the launcher did not end after SIGTERM")
+        out, err = communicate_or_fail(self, p, 30, "the launcher did not end after SIGTERM")
         self.assertEqual(p.returncode, 128 + int(signal.SIGTERM), err)
         for f, rank in ((path, 0), (own, 1)):
             self.assertTrue(os.path.exists(f), "%s: %s" % (f, err))
