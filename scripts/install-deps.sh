@@ -18,6 +18,7 @@ done
 packages=(build-essential cmake ninja-build git pkg-config libfmt-dev nlohmann-json3-dev catch2
           libbenchmark-dev libgloo-dev libcli11-dev python3 python3-venv python3-torch
           iproute2 chromium
+          strace  # tests/mp/test_bench_programs.py: which rank opens --benchmark_out's file
           openmpi-bin mpich slurm-wlm  # tests/mp/test_launchers_live.py: real mpirun (Open MPI, MPICH) and srun
           clang libclang-rt-14-dev)  # scripts/test-sanitizers.sh: clang and its libFuzzer
 missing=()
