@@ -47,9 +47,12 @@ struct SamplerCliOptions {
 // A Python int literal (sign and decimal digits) for --seed and --epoch:
 // DistributedSampler takes any Python int for both and only seed + epoch
 // must suit manual_seed, so neither is cut to 64 bits here (a CLI int64
-// option would clamp 2^63 to 2^63 - 1 without a word). Up to 38 digits are
-// held exactly, far beyond the range the sum is checked against later.
-SeedInt parse_python_int(const char* flag, const std::string& s) {
+// option would clamp 2^63 to 2^63 - 1 without a word). Up to 37 digits are
+// held exactly (and two such still sum inside __int128), far beyond the
+// range the sum is checked against later. Without shuffling torch never
+// seeds, so any length is taken then (a longer one is held as +-10^37 and
+// reported as null, like any value beyond 64 bits).
+SeedInt parse_python_int(const char* flag, const std::string& s, bool shuffle) {
   const auto hint = "seed + epoch must lie in [-2^63, 2^64), the range torch.manual_seed takes";
   std::size_t i = 0;
   bool neg = false;
@@ -58,7 +61,12 @@ SeedInt parse_python_int(const char* flag, const std::string& s) {
   if (!digits)
     throw UsageError(fmt::format("{} '{}' is not an integer", flag, s), ErrorContext{"sampler", -1, -1, hint});
   const std::size_t first = std::min(s.find_first_not_of('0', i), s.size());
-  if (s.size() - first > 38)
+  if (s.size() - first > 37 && !shuffle) {
+    SeedInt big = 1;
+    for (int k = 0; k < 37; ++k) big *= 10;
+    return neg ? -big : big;
+  }
+  if (s.size() - first > 37)
     throw UsageError(fmt::format("{} {} is far outside the range torch's manual_seed accepts", flag, s),
                      ErrorContext{"sampler", -1, -1, hint});
   SeedInt v = 0;
@@ -143,9 +151,9 @@ int run_sampler_checked(const SamplerCliOptions& c, reports::Report& report) {
   o.dataset_size = c.dataset_size;
   o.world_size = c.world_size;
   o.rank = c.rank;
-  o.seed = parse_python_int("--seed", c.seed);
-  o.epoch = parse_python_int("--epoch", c.epoch);
   o.shuffle = !c.no_shuffle;
+  o.seed = parse_python_int("--seed", c.seed, o.shuffle);
+  o.epoch = parse_python_int("--epoch", c.epoch, o.shuffle);
   o.drop_last = c.drop_last;
   auto tv = parse_torch_version(c.torch_version);
   if (!tv)

@@ -1032,7 +1032,10 @@ class SamplerTest(unittest.TestCase):
                 self.assertIsNone(json.load(f)["results"]["epoch"])
             p = run_bin(["report", "validate", out])
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        for seed, epoch in [(0, 99999999999999999999), (0, -(2 ** 63) - 1), (2 ** 63, 2 ** 63)]:
+        # The last two: 37 and 38 digits each, whose sum must not overflow
+        # the parser's 128-bit integer on the way to the range check.
+        for seed, epoch in [(0, 99999999999999999999), (0, -(2 ** 63) - 1), (2 ** 63, 2 ** 63),
+                            (10 ** 37 - 1, 10 ** 37 - 1), (10 ** 38 - 1, 10 ** 38 - 1)]:
             with self.assertRaises((OverflowError, RuntimeError, ValueError)):
                 torch_sampler(10, 2, 0, seed, epoch, True, False)
             rc, err = our_sampler(10, 2, 0, seed, epoch, True, False)
@@ -1043,7 +1046,8 @@ class SamplerTest(unittest.TestCase):
     def test_no_shuffle_never_seeds(self):
         # shuffle=False never calls manual_seed, so torch takes any seed and
         # epoch there; ddpdiag once refused them (exit 2), in both modes.
-        for seed, epoch in [(2 ** 64 - 1, 1), (-(2 ** 63), -1), (2 ** 64 - 1, 40)]:
+        # Any length: 10^40 and -10^45 were once refused for their length.
+        for seed, epoch in [(2 ** 64 - 1, 1), (-(2 ** 63), -1), (2 ** 64 - 1, 40), (10 ** 40, -(10 ** 45))]:
             for n, r, rank, drop_last in [(10, 2, 1, False), (2622, 1024, 403, True), (50, 1000, 215, False)]:
                 expected = torch_sampler(n, r, rank, seed, epoch, False, drop_last)
                 for extra in ([], ["--streaming"]):
