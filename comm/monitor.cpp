@@ -352,7 +352,8 @@ Diagnosis diagnose_store_unreachable(const RankState& self, int size,
                                      const std::vector<bool>& same_machine, int ended) {
   Diagnosis d;
   std::vector<std::string> others_hosts;
-  std::vector<int> here;  // on this host: cut off with this rank
+  std::vector<int> here;     // on this host: cut off with this rank
+  std::vector<int> unheard;  // on other hosts, where the store's own host is to blame
   for (int r = 0; r < size; ++r) {
     if (r == self.rank) continue;
     d.gone.push_back(r);
@@ -361,7 +362,9 @@ Diagnosis diagnose_store_unreachable(const RankState& self, int size,
       here.push_back(r);
       continue;
     }
-    d.unreachable.push_back(r);
+    // With the store's host known to be the cause, the other hosts are
+    // not known to be cut off: only unheard.
+    (ended >= 0 ? unheard : d.unreachable).push_back(r);
     if (r < static_cast<int>(hosts.size()) && !hosts[r].empty() &&
         std::find(others_hosts.begin(), others_hosts.end(), hosts[r]) == others_hosts.end())
       others_hosts.push_back(hosts[r]);
@@ -383,6 +386,9 @@ Diagnosis diagnose_store_unreachable(const RankState& self, int size,
   if (!d.unreachable.empty())
     line += fmt::format(", so {}{} {} unreachable from here", ranks_word(d.unreachable), on_hosts,
                         d.unreachable.size() == 1 ? "is" : "are");
+  if (!unheard.empty())
+    line += fmt::format(", so what {}{} {} doing is unknown here", ranks_word(unheard), on_hosts,
+                        unheard.size() == 1 ? "is" : "are");
   if (!here.empty())
     line += fmt::format("; {}, on this host, {} cut off with it",
                         ranks_word(here), here.size() == 1 ? "is" : "are");

@@ -117,9 +117,11 @@ Diagnosis diagnose(const std::vector<std::optional<RankState>>& states,
 // unreachable from here, and those on this host (`same_machine[r]`) are cut
 // off with it, not unreachable. The first line says that the store at
 // `store_address` is out of reach (`store_error`: what the store client
-// said). `hosts[r]` names rank r's host where known. `ended`: a rank on this
-// machine whose process is known to be gone (it hosted the store), which
-// the caller names itself: gone, but neither unreachable nor cut off.
+// said). `hosts[r]` names rank r's host where known. `ended`: the rank that
+// hosted the store, known to have ended or to be frozen (its process on
+// this machine, or its host's answer on the store's port), which the
+// caller names itself: gone, but neither unreachable nor cut off; the
+// ranks on other hosts are then unheard, not unreachable.
 Diagnosis diagnose_store_unreachable(const RankState& self, int size,
                                      const std::string& store_address,
                                      const std::string& store_error,

@@ -447,7 +447,11 @@ nlohmann::json MonitoredCommunicator::failure_report() const {
 
 void MonitoredCommunicator::note_store_lost(const Error& e) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!store_lost_) store_error_ = e.what();
+  if (!store_lost_) {
+    store_error_ = e.what();
+    store_timed_out_ = dynamic_cast<const TimeoutError*>(&e) != nullptr;
+    store_lost_since_ = Clock::now();
+  }
   store_lost_ = true;
 }
 
@@ -781,13 +785,19 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   auto states = gather_states(heartbeats);
   const bool store_lost = store_lost_.load();
   std::string store_error;
+  bool store_timed_out = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     store_error = store_error_;
+    store_timed_out = store_timed_out_;
   }
   Diagnosis d;
   long store_host_gone = 0;     // pid of the store's host rank, when its process is gone
   long store_host_stopped = 0;  // its pid, when its process is stopped (SIGSTOP, a debugger)
+  // The same for a store's host rank on another machine, by how its host
+  // answers on the store's port: refused (the process is gone) or accepted
+  // with the store silent (the process is frozen).
+  bool store_host_remote = false;
   // Unless the rank that closed it published its state: that rank is alive,
   // and closed its connections as it stopped (it raised or saw the alarm
   // before this rank's watchdog did), which says nothing of the silent ones.
@@ -823,11 +833,38 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
         store_host_gone = opts_.peers[host].pid;
       else if (stopped_state(st))
         store_host_stopped = opts_.peers[host].pid;
+    } else if (host >= 0 && host != rank() && host < static_cast<int>(opts_.peers.size()) &&
+               opts_.peers[host].pid > 0) {
+      const PortReach port = tcp_port_probe(opts_.store_address, Millis(1000));
+      if (port == PortReach::kRefused) {
+        store_host_gone = opts_.peers[host].pid;
+        store_host_remote = true;
+      } else if (port == PortReach::kAccepts && store_timed_out) {
+        store_host_stopped = opts_.peers[host].pid;
+        store_host_remote = true;
+      }
     }
     d = diagnose_store_unreachable(*states[rank()], size(), opts_.store_address, store_error,
                                    hosts, same_machine,
                                    store_host_gone || store_host_stopped ? host : -1);
-    if (store_host_gone)
+    const std::string on_host = host >= 0 && host < static_cast<int>(opts_.peers.size())
+                                    ? opts_.peers[host].host
+                                    : std::string();
+    if (store_host_gone && store_host_remote)
+      d.lines.insert(d.lines.begin(),
+                     fmt::format("Rank {} (host {}, pid {}), which hosted the store, has ended: "
+                                 "its host refuses connections to the store's port {}, so that "
+                                 "host and the network are up and the process is gone, and the "
+                                 "store with it.",
+                                 host, on_host, store_host_gone, opts_.store_address));
+    else if (store_host_stopped && store_host_remote)
+      d.lines.insert(d.lines.begin(),
+                     fmt::format("Rank {} (host {}, pid {}), which hosts the store, is frozen: its "
+                                 "host accepts connections to the store's port {}, but the store "
+                                 "in its process does not answer, so that process does not run "
+                                 "(SIGSTOP, a debugger, a machine swapping).",
+                                 host, on_host, store_host_stopped, opts_.store_address));
+    else if (store_host_gone)
       d.lines.insert(d.lines.begin(),
                      fmt::format("Rank {} (pid {} on this machine), which hosted the store, has "
                                  "ended: its process is gone, and the store with it.",
@@ -850,7 +887,23 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
 
   std::string hint;
   int peer = cause.context().peer;
-  if (store_lost && store_host_gone > 0) {
+  const std::string store_host_name =
+      opts_.store_host_rank >= 0 && opts_.store_host_rank < static_cast<int>(opts_.peers.size())
+          ? opts_.peers[opts_.store_host_rank].host
+          : std::string();
+  if (store_lost && store_host_gone > 0 && store_host_remote) {
+    peer = opts_.store_host_rank;
+    hint = fmt::format("look at rank {}'s log and report, and at the kernel log on {} (dmesg: the "
+                       "OOM killer?): its process died or was killed, and the job's store lived "
+                       "in it",
+                       opts_.store_host_rank, store_host_name);
+  } else if (store_lost && store_host_stopped > 0 && store_host_remote) {
+    peer = opts_.store_host_rank;
+    hint = fmt::format("look at rank {}'s process (pid {}) on {}: ps state T is stopped (kill "
+                       "-CONT {} resumes it), or a debugger holds it, or the machine swaps; the "
+                       "job's store lives in its process, so every rank waits on it",
+                       opts_.store_host_rank, store_host_stopped, store_host_name, store_host_stopped);
+  } else if (store_lost && store_host_gone > 0) {
     peer = opts_.store_host_rank;
     hint = fmt::format("look at rank {}'s log and report: it died or was killed (the OOM "
                        "killer? dmesg says), and the job's store lived in its process",
@@ -1046,6 +1099,37 @@ std::string MonitoredCommunicator::local_peer_problem(int r, std::chrono::steady
                      std::chrono::duration<double>(stopped).count(), st);
 }
 
+std::string MonitoredCommunicator::remote_store_host_problem(Clock::time_point now) {
+  const int h = opts_.store_host_rank;
+  if (opts_.heartbeat_stall.count() <= 0 || h < 0 || h == rank() ||
+      h >= static_cast<int>(opts_.peers.size()) || opts_.peers[h].same_machine || opts_.peers[h].pid <= 0)
+    return "";
+  bool timed_out = false;
+  Clock::time_point since;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    timed_out = store_timed_out_;
+    since = store_lost_since_;
+  }
+  if (now - since < opts_.heartbeat_stall) return "";
+  const auto& p = opts_.peers[h];
+  switch (tcp_port_probe(opts_.store_address, Millis(500))) {
+    case PortReach::kRefused:
+      return fmt::format("rank {} (host {}, pid {}), which hosts the store, has ended: its host "
+                         "refuses connections to the store's port {}",
+                         h, p.host, p.pid, opts_.store_address);
+    case PortReach::kAccepts:
+      if (!timed_out) return "";
+      return fmt::format("rank {} (host {}, pid {}), which hosts the store, has not answered for "
+                         "{:.0f} s though its host accepts connections to the store's port {}: "
+                         "its process is frozen (SIGSTOP, a debugger, a machine swapping)",
+                         h, p.host, p.pid, std::chrono::duration<double>(now - since).count(),
+                         opts_.store_address);
+    default:
+      return "";
+  }
+}
+
 void MonitoredCommunicator::watchdog_loop() {
   while (true) {
     bool failed = false;
@@ -1075,6 +1159,7 @@ void MonitoredCommunicator::watchdog_loop() {
           std::lock_guard<std::mutex> lock(mutex_);
           store_lost_ = false;
           store_error_.clear();
+          store_timed_out_ = false;
         }
       } catch (const Error&) {
       }
@@ -1142,7 +1227,27 @@ void MonitoredCommunicator::watchdog_loop() {
         }
       }
     }
-    if (store_lost_) continue;  // nothing more to learn from a store that is gone
+    if (store_lost_) {
+      // Nothing more to learn from a store that is gone, but where it went:
+      // its rank's host answers for it on the store's port. A store that
+      // lives in a frozen rank leaves no heartbeat to watch, so this is how
+      // the other hosts' ranks tell it before the deadline.
+      if (!overdue && watch_seq >= 0 && !alarm_seen_) {
+        const std::string problem = remote_store_host_problem(Clock::now());
+        if (!problem.empty()) {
+          std::string op = "?";
+          {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (const Open* o = open_at(watch_seq)) op = o->fp.describe();
+          }
+          alarm_seen_ = true;
+          note_halt_reason(fmt::format("rank {}: collective #{} {} cannot complete: {}", rank(),
+                                       watch_seq, op, problem));
+          halt();
+        }
+      }
+      continue;
+    }
     try {
       if (!overdue && watch_seq >= 0 && opts_.heartbeat_stall.count() > 0 && !alarm_seen_) {
         // Rank 0 watches every rank on another machine, the others watch

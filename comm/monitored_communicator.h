@@ -258,6 +258,11 @@ class MonitoredCommunicator final : public Communicator {
   // (state T or t for heartbeat_stall, when that is on); "" if neither, or
   // r is on another machine.
   std::string local_peer_problem(int r, std::chrono::steady_clock::time_point now);
+  // With the store lost for the heartbeat stall: why the rank that hosts it,
+  // on another machine, is to blame (its host refuses the store's port: the
+  // process ended; accepts it while the store stays silent: the process is
+  // frozen); empty when that is not known.
+  std::string remote_store_host_problem(std::chrono::steady_clock::time_point now);
   std::vector<std::optional<std::chrono::steady_clock::time_point>> stopped_since_;
   std::vector<std::chrono::steady_clock::time_point> stopped_seen_;  // last look at a stop
   void watchdog_loop();
@@ -298,6 +303,8 @@ class MonitoredCommunicator final : public Communicator {
   std::atomic<int> reset_by_{-1};  // RankState::reset_by of this rank
   std::atomic<bool> store_lost_{false};
   std::string store_error_;  // what the failed store call said; under mutex_
+  bool store_timed_out_ = false;  // that call ran out of time (not refused or closed); under mutex_
+  std::chrono::steady_clock::time_point store_lost_since_;  // under mutex_
   std::string halt_reason_;  // note_halt_reason; under mutex_
   std::int64_t heartbeats_ = 0;  // watchdog thread only
   // stalled_peer's view of the peers' heartbeats (watchdog thread only): the

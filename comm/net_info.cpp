@@ -118,28 +118,29 @@ std::string format_link_speed(int mbps) {
   return fmt::format("{:g} Gb/s", mbps / 1000.0);
 }
 
-TcpReach tcp_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout) {
-  if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) return TcpReach::kUnknown;
+PortReach tcp_port_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout) {
+  if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) return PortReach::kUnknown;
   const socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
   const int fd = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-  if (fd < 0) return TcpReach::kUnknown;
+  if (fd < 0) return PortReach::kUnknown;
   const auto answer = [](int err) {
-    if (err == 0 || err == ECONNREFUSED || err == ECONNRESET) return TcpReach::kAnswers;
+    if (err == 0) return PortReach::kAccepts;
+    if (err == ECONNREFUSED || err == ECONNRESET) return PortReach::kRefused;
     if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN ||
         err == ENETDOWN)
-      return TcpReach::kSilent;
-    return TcpReach::kUnknown;
+      return PortReach::kSilent;
+    return PortReach::kUnknown;
   };
-  TcpReach result = TcpReach::kUnknown;
+  PortReach result = PortReach::kUnknown;
   if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), len) == 0) {
-    result = TcpReach::kAnswers;
+    result = PortReach::kAccepts;
   } else if (errno != EINPROGRESS) {
     result = answer(errno);
   } else {
     pollfd pfd{fd, POLLOUT, 0};
     const int ready = ::poll(&pfd, 1, static_cast<int>(std::max<long long>(0, timeout.count())));
     if (ready == 0) {
-      result = TcpReach::kSilent;
+      result = PortReach::kSilent;
     } else if (ready > 0) {
       int err = 0;
       socklen_t err_len = sizeof err;
@@ -150,15 +151,35 @@ TcpReach tcp_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeo
   return result;
 }
 
-TcpReach tcp_probe(const std::string& host_port, std::chrono::milliseconds timeout) {
+namespace {
+// Accepted or refused, the host and the path to it are up.
+TcpReach host_reach(PortReach r) {
+  switch (r) {
+    case PortReach::kAccepts:
+    case PortReach::kRefused:
+      return TcpReach::kAnswers;
+    case PortReach::kSilent:
+      return TcpReach::kSilent;
+    case PortReach::kUnknown:
+      break;
+  }
+  return TcpReach::kUnknown;
+}
+}  // namespace
+
+TcpReach tcp_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout) {
+  return host_reach(tcp_port_probe(addr, timeout));
+}
+
+PortReach tcp_port_probe(const std::string& host_port, std::chrono::milliseconds timeout) {
   const auto colon = host_port.rfind(':');
-  if (colon == std::string::npos) return TcpReach::kUnknown;
+  if (colon == std::string::npos) return PortReach::kUnknown;
   std::string host = host_port.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   int port = 0;
   const char* p = host_port.data() + colon + 1;
   const char* end = host_port.data() + host_port.size();
-  if (std::from_chars(p, end, port).ptr != end || port <= 0 || port > 65535) return TcpReach::kUnknown;
+  if (std::from_chars(p, end, port).ptr != end || port <= 0 || port > 65535) return PortReach::kUnknown;
   sockaddr_storage addr{};
   if (auto* a4 = reinterpret_cast<sockaddr_in*>(&addr); ::inet_pton(AF_INET, host.c_str(), &a4->sin_addr) == 1) {
     a4->sin_family = AF_INET;
@@ -168,9 +189,13 @@ TcpReach tcp_probe(const std::string& host_port, std::chrono::milliseconds timeo
     a6->sin6_family = AF_INET6;
     a6->sin6_port = htons(static_cast<std::uint16_t>(port));
   } else {
-    return TcpReach::kUnknown;
+    return PortReach::kUnknown;
   }
-  return tcp_probe(addr, timeout);
+  return tcp_port_probe(addr, timeout);
+}
+
+TcpReach tcp_probe(const std::string& host_port, std::chrono::milliseconds timeout) {
+  return host_reach(tcp_port_probe(host_port, timeout));
 }
 
 }  // namespace ddpdiag

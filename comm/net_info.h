@@ -57,6 +57,13 @@ std::string format_link_speed(int mbps);
 // not (kSilent); anything else kUnknown.
 enum class TcpReach { kUnknown, kAnswers, kSilent };
 TcpReach tcp_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout);
+// The same, telling an accepted connection from a refused one: a host
+// whose port is refused is up with nothing listening there (the process
+// that listened has ended); one that accepts has a listener (which may yet
+// never answer: its process is frozen).
+enum class PortReach { kUnknown, kAccepts, kRefused, kSilent };
+PortReach tcp_port_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout);
+PortReach tcp_port_probe(const std::string& host_port, std::chrono::milliseconds timeout);
 // The same for "host:port" with a numeric host ("10.0.0.2:29500",
 // "[::1]:29500"); kUnknown for a host name (no resolver call that could
 // block).

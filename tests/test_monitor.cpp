@@ -218,6 +218,15 @@ TEST_CASE("diagnosis: a rank cut off from the store tells other hosts from its o
   CHECK(contains(ended.summary(), "no other rank's state can be read; rank 1, on this host, is "
                                   "cut off with it."));
   CHECK_FALSE(contains(ended.summary(), "rank 0, on this host"));
+  // Rank 0 hosted the store on another host, whose kernel answered for it
+  // (ended or frozen): the other hosts' ranks are unheard, not unreachable.
+  Diagnosis remote = diagnose_store_unreachable(self, 4, store, err, {"h0", "h1", "h2", "h3"},
+                                                {false, false, true, false}, /*ended=*/0);
+  CHECK(remote.gone == std::vector<int>{0, 1, 3});
+  CHECK(remote.unreachable.empty());
+  CHECK(contains(remote.summary(), "no other rank's state can be read, so what ranks 1 and 3 "
+                                   "(hosts h1, h3) are doing is unknown here."));
+  CHECK_FALSE(contains(remote.summary(), "unreachable from here"));
 }
 
 TEST_CASE("diagnosis: everyone in the same collective points at the network", "[monitor]") {

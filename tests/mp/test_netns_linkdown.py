@@ -331,6 +331,61 @@ class LinkDown(unittest.TestCase):
         self.assertIn("rank 2 (pid", json.dumps(rep))
         self.assertRegex(json.dumps(rep), r"wrote no new heartbeat for (1[5-9]|2\d) s")
 
+    def test_store_host_killed_on_another_host_is_dead_not_our_network(self):
+        # Rank 0, whose process hosts the store, is killed on host 0: ranks
+        # 1 and 2 lose the store and their peer at once. Host 0's kernel
+        # refuses the store's port, so host and network are up: they must
+        # name rank 0 as ended, not send the user to their own cables, and
+        # not call each other unreachable.
+        hosts = [0, 1, 2]
+
+        def kill0(procs):
+            procs[0].send_signal(signal.SIGKILL)
+        kill0.takes_procs = True
+        out = self.run_and_cut(hosts, kill0, ending=[1, 2])
+        store = "%s:%d" % (ADDR[0], self.port + 1)
+        for r in (1, 2):
+            rc, se, elapsed = out[r]
+            self.assertEqual(rc, 5, "rank %d: %s" % (r, se))
+            self.assertLess(elapsed, TIMEOUT + MARGIN, "rank %d: %s" % (r, se))
+            self.assertIn("Rank 0 (host host0, pid", se)
+            self.assertIn("which hosted the store, has ended: its host refuses connections to "
+                          "the store's port %s" % store, se)
+            self.assertNotIn("unreachable from here", se)
+            self.assertIn("hint: look at rank 0's log and report, and at the kernel log on host0",
+                          se)
+            own = load(rank_path(self.json, r))
+            self.assertEqual(own["error"]["exit_code"], 5)
+            self.assertEqual(own["error"]["peer"], 0)
+            self.assertEqual(own["results"]["watchdog"]["diagnosis"]["unreachable_ranks"], [])
+
+    def test_store_host_frozen_on_another_host_is_named_before_the_timeout(self):
+        # Rank 0, whose process hosts the store, is stopped on host 0: no
+        # connection fails and no heartbeat can be read (they live in the
+        # store). Host 0 still accepts connections on the store's port while
+        # the store never answers: ranks 1 and 2 must name rank 0 frozen a
+        # heartbeat stall (a quarter of --timeout 60: 15 s) after losing the
+        # store, not at the timeout, and not blame their own network.
+        hosts = [0, 1, 2]
+
+        def stop0(procs):
+            procs[0].send_signal(signal.SIGSTOP)
+        stop0.takes_procs = True
+        out = self.run_and_cut(hosts, stop0, timeout=60, ending=[1, 2])
+        store = "%s:%d" % (ADDR[0], self.port + 1)
+        for r in (1, 2):
+            rc, se, elapsed = out[r]
+            self.assertEqual(rc, 5, "rank %d: %s" % (r, se))
+            self.assertLess(elapsed, 50, "rank %d: %s" % (r, se))
+            self.assertIn("cannot complete: rank 0 (host host0, pid", se)
+            self.assertIn("which hosts the store, is frozen: its host accepts connections to the "
+                          "store's port %s" % store, se)
+            self.assertNotIn("unreachable from here", se)
+            self.assertIn("hint: look at rank 0's process (pid", se)
+            own = load(rank_path(self.json, r))
+            self.assertEqual(own["error"]["peer"], 0)
+            self.assertEqual(own["results"]["watchdog"]["diagnosis"]["unreachable_ranks"], [])
+
     def test_rank_frozen_in_a_point_to_point_op_is_named_before_the_timeout(self):
         # link-health's pair exchanges are send/recv, not collectives: rank 1
         # on host 2 is stopped in the middle of its 256 MiB exchanges with
