@@ -674,7 +674,8 @@ void check_host_memory(const Job& job, long double per_rank, const std::string& 
 }
 
 void check_layout_memory(const Job& job, const std::string& model, int grad_copies,
-                         int param_copies, std::optional<std::int64_t> sparse_rows) {
+                         int param_copies, std::optional<std::int64_t> sparse_rows,
+                         long double extra_bytes, const std::string& extra_what) {
   std::uint64_t grads = 0, params = 0;
   long double sparse = 0;  // the simulated sparse gradients, on the host
   try {
@@ -705,15 +706,20 @@ void check_layout_memory(const Job& job, const std::string& model, int grad_copi
     return;
   }
   const long double per_rank = static_cast<long double>(grads) * grad_copies +
-                               static_cast<long double>(params) * param_copies + sparse;
-  check_host_memory(job, per_rank,
-                    sparse > 0 ? fmt::format("the buffers of model {} ({:.1f} GiB of parameters) and its "
-                                             "sparse gradients of --sparse-rows {}",
-                                             model, static_cast<double>(params) / (1ULL << 30), *sparse_rows)
-                               : fmt::format("the buffers of model {} ({:.1f} GiB of parameters)", model,
-                                             static_cast<double>(params) / (1ULL << 30)),
-                    sparse > 0 ? "lower --sparse-rows, use a smaller model layout, or fewer ranks on this host"
-                               : "use a smaller model layout, or fewer ranks on this host");
+                               static_cast<long double>(params) * param_copies + sparse + extra_bytes;
+  std::string what =
+      sparse > 0 ? fmt::format("the buffers of model {} ({:.1f} GiB of parameters) and its "
+                               "sparse gradients of --sparse-rows {}",
+                               model, static_cast<double>(params) / (1ULL << 30), *sparse_rows)
+                 : fmt::format("the buffers of model {} ({:.1f} GiB of parameters)", model,
+                               static_cast<double>(params) / (1ULL << 30));
+  std::string hint = sparse > 0 ? "lower --sparse-rows, use a smaller model layout, or fewer ranks on this host"
+                                : "use a smaller model layout, or fewer ranks on this host";
+  if (extra_bytes > 0) {
+    what += fmt::format(" and {} ({:.1f} GiB)", extra_what, static_cast<double>(extra_bytes / (1ULL << 30)));
+    hint = "make " + extra_what + " smaller, " + hint;
+  }
+  check_host_memory(job, per_rank, what, hint);
 }
 
 UsageError report_write_error(const reports::WriteError& e, int rank) {
@@ -1699,6 +1705,7 @@ void register_rank(Job& job, const std::string& device, const std::string& host)
                                 "jobs are told apart)"});
   }
   job.store->add("joined", 1);
+  job.joined = true;
 }
 
 namespace {
@@ -2409,7 +2416,10 @@ std::vector<int> gone_ranks(const Job& job) {
 }  // namespace
 
 void leave_job(Job& job, bool after_error) {
-  if (!job.store) return;
+  // A rank that never joined (a second claimant of a rank, turned away at
+  // registration) is not among those rank 0 waits for: counting it would
+  // let rank 0 close the store before a rank that did join has read why.
+  if (!job.store || !job.joined) return;
   if (job.monitor && job.monitor->store_lost()) return;
   const auto absent = static_cast<std::int64_t>(gone_ranks(job).size());
   try {

@@ -102,6 +102,9 @@ struct Job {
   // The rendezvous met a rank's refusal to start ("refused"): rank 0 keeps
   // the store up for the ranks still to come.
   bool world_refused = false;
+  // This rank counted itself in the store's "joined" (it registered):
+  // only such a rank counts itself in "left", which rank 0 waits on.
+  bool joined = false;
   Millis timeout{60000};
   std::unique_ptr<TcpStoreServer> server;  // rank 0 when it hosts the store
   std::shared_ptr<Store> store;            // under this job's ddpdiag prefix
@@ -358,9 +361,11 @@ void check_host_memory(const Job& job, long double per_rank, const std::string& 
 // parameter bytes, a lower bound of what the command holds. A layout that
 // cannot be read is left to the command, which says why.
 // With sparse_rows (ddp-step --sparse-rows), the simulated sparse gradients
-// too (on the host, with either backend).
+// too (on the host, with either backend). extra_bytes: more the command
+// holds beside them on Gloo (memory's --workspace-mb), named by extra_what.
 void check_layout_memory(const Job& job, const std::string& model, int grad_copies,
-                         int param_copies, std::optional<std::int64_t> sparse_rows = std::nullopt);
+                         int param_copies, std::optional<std::int64_t> sparse_rows = std::nullopt,
+                         long double extra_bytes = 0, const std::string& extra_what = {});
 std::string format_size(std::size_t bytes);  // 1K, 64M, 3 ...
 // A flag check that the value parses as a size, so that a typo is refused by
 // the launcher before any rank starts.

@@ -414,8 +414,18 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
             return run_distributed(
                 opts->common, "bucket-sweep",
                 [opts](Job& job, reports::Report& report) { run(job, report, *opts); },
-                // The gradients and the buckets of a cap.
-                [opts](const Job& job) { check_layout_memory(job, opts->model, 2, 0); });
+                // The gradients and the buckets of a cap; then, on their
+                // own, the plain sweep's buffers (as allreduce-test's).
+                [opts](const Job& job) {
+                  check_layout_memory(job, opts->model, 2, 0);
+                  if (opts->no_size_sweep || job.backend != Backend::kGloo) return;
+                  const std::size_t largest = parse_size(opts->sweep_max) / 4 * 4;
+                  check_host_memory(job, static_cast<long double>(largest) * 3,
+                                    fmt::format("the plain sweep's buffers of {} (--sweep-maxbytes)",
+                                                format_size(largest)),
+                                    "use a smaller --sweep-maxbytes (or --no-size-sweep), or fewer "
+                                    "ranks on this host");
+                });
           }};
 }
 

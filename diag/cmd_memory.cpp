@@ -411,7 +411,11 @@ Subcommand add_memory_command(CLI::App& parent) {
                 // Every parameter, and the buckets; the gradients' own
                 // buffers unless they are views of the buckets.
                 [opts](const Job& job) {
-                  check_layout_memory(job, opts->model, opts->gradient_views ? 1 : 2, 1);
+                  // The workspace too, where its size is one run() takes.
+                  const bool ws = opts->workspace_mb >= 0 && opts->workspace_mb <= kMaxWorkspaceMb;
+                  check_layout_memory(job, opts->model, opts->gradient_views ? 1 : 2, 1, std::nullopt,
+                                      ws ? static_cast<long double>(opts->workspace_mb) * kMiB : 0,
+                                      "the workspace of --workspace-mb");
                 });
           }};
 }

@@ -408,6 +408,25 @@ class LauncherEnvironments(unittest.TestCase):
             so, se = p.communicate(timeout=120)
             self.assertEqual(p.returncode, 0, se)
 
+    def test_a_rank_claimed_twice_is_named_by_every_rank(self):
+        # RANK=1 given to two processes: the one turned away at registration
+        # calls the world off, and rank 0 keeps the store up until the other
+        # claimant, which did register, has read why. Rank 0 once closed it
+        # at once (counting the turned-away rank as one that left), and that
+        # claimant then said only that the store had closed the connection
+        # (about 1 run in 3). Five runs.
+        for attempt in range(5):
+            port = free_port()
+            envs = [clean_env(RANK=r, WORLD_SIZE=3, MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+                    for r in (0, 1, 1)]
+            res = run_ranks([["allreduce-test", "--timeout", "20"] + SMALL] * 3, envs)
+            for r, (rc, _, se, elapsed) in enumerate(res):
+                with self.subTest(attempt=attempt, process=r):
+                    self.assertEqual(rc, 3, se)
+                    self.assertIn("rank 1 is claimed twice: by pid", se)
+                    self.assertNotIn("closed the connection", se)
+                    self.assertLess(elapsed, 15, se)
+
     def test_two_rank_0s_and_a_rank_1_started_together(self):
         # Whichever rank 0 meets rank 1 first may run its (whole) world; the
         # other one is named a duplicate at once, never left to wait out
