@@ -30,6 +30,7 @@
 #include "diag/scale_model.h"
 #include "diag/tools_analysis.h"
 #include "diag/tools_common.h"
+#include "reports/format.h"
 #include "reports/render.h"
 #include "reports/report.h"
 
@@ -352,12 +353,18 @@ void run_model(const ModelOptions& o, reports::Report& report) {
     if (single > 0)
       std::printf("# %s: %zu point(s) at world size 1 left out of the fit: a world of one does no all_reduce\n",
                   path.c_str(), single);
+    // Rows the model cannot read (an edited or damaged report) are named,
+    // not dropped without a word.
+    if (rows.left_out() > 0)
+      std::printf("# %s: %zu row(s) left out of the fit: %s (report validate names them)\n", path.c_str(),
+                  rows.left_out(), rows.left_out_text().c_str());
     res["inputs"].push_back({{"file", path},
                              {"command", rows.command},
                              {"world_size", rows.world_size},
                              {"hosts", rows.hosts},
                              {"points", rows.rows.size()},
                              {"points_world_size_1", single},
+                             {"rows_left_out", rows.left_out()},
                              {"points_used", used}});
   }
   // The runs to check against, read and refused (the fit's own input, one
@@ -381,6 +388,23 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                                    path, same->same_file ? "also as" : "the same content as",
                                    same->path),
                        ErrorContext{"model.check", -1, -1, "give each measured run once"});
+    // Its rows are read now, so that a report without any (another
+    // command's, a run that failed before measuring) is refused before
+    // anything of the fit is printed.
+    try {
+      (void)scale::extract_rows(doc, path);
+    } catch (const UsageError& e) {
+      const json* error = doc.is_object() && doc.contains("error") ? &doc["error"] : nullptr;
+      throw UsageError(
+          fmt::format("--check-against {}{}", e.what(),
+                      error && error->is_object() && error->contains("message")
+                          ? fmt::format(" (that run ended with an error: {})",
+                                        reports::escape_controls(error->value("message", std::string())))
+                          : std::string()),
+          ErrorContext{"model.check", -1, -1,
+                       "check against a report of allreduce-test, dp-vs-ring or bucket-sweep that "
+                       "measured all_reduce times"});
+    }
     checked.emplace_back(path, std::move(doc));
   }
   if (by_series.empty() && single_points > 0 && fit_min <= 0 && !std::isfinite(fit_max))
@@ -780,6 +804,9 @@ Subcommand add_model_command(CLI::App& parent) {
                                                "the model's report would replace it",
                                                out == &opts->json_path ? "--json" : "--markdown", *out, in),
                                    ErrorContext{"flags", -1, -1, "write the report to another file"});
+            // The same checks as every command's: one file for both, a
+            // read-only (kept) report, a directory that does not exist.
+            check_report_outputs(opts->json_path, opts->markdown_path);
             reports::Report report("model", own_command_line());
             int rc = 0;
             try {

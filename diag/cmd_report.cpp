@@ -213,13 +213,8 @@ int run_compare(const ReportOptions& o) {
     // not know, a deleted world): the same schema check as report validate.
     const auto errors = reports::validate_report(*doc);
     if (errors.empty()) continue;
-    constexpr std::size_t kShown = 3;
-    std::string listed;
-    for (std::size_t i = 0; i < errors.size() && i < kShown; ++i)
-      listed += "\n  " + reports::escape_controls(errors[i].to_string());
-    if (errors.size() > kShown) listed += fmt::format("\n  ... and {} more", errors.size() - kShown);
     throw UsageError(fmt::format("{} is not a valid {} report ({} schema error(s)); it cannot be compared:{}",
-                                 *path, reports::kSchema, errors.size(), listed),
+                                 *path, reports::kSchema, errors.size(), reports::list_violations(errors)),
                      {"report", -1, -1,
                       fmt::format("run 'ddpdiag report validate {}' for every error, and compare reports "
                                   "written by ddpdiag --json, unedited",

@@ -303,6 +303,16 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
   return plan;
 }
 
+std::string ReportRows::left_out_text() const {
+  std::vector<std::string> parts;
+  if (unsized_rows) parts.push_back(fmt::format("{} without a positive bytes", unsized_rows));
+  if (untimed_rows) parts.push_back(fmt::format("{} without a positive time_us", untimed_rows));
+  if (wrong_rows) parts.push_back(fmt::format("{} with wrong results only", wrong_rows));
+  std::string text;
+  for (std::size_t i = 0; i < parts.size(); ++i) text += (i ? ", " : "") + parts[i];
+  return text;
+}
+
 ReportRows extract_rows(const json& report, const std::string& source) {
   auto bad = [&](const std::string& what) {
     return UsageError(fmt::format("{}: {}", source, what),
@@ -359,7 +369,9 @@ ReportRows extract_rows(const json& report, const std::string& source) {
   };
   const std::string default_dtype = text_or(member(results, "dtype"), "float");
   const std::string default_op = text_or(member(results, "op"), "sum");
-  std::size_t other_dtype_rows = 0, wrong_rows = 0, untimed_rows = 0;
+  std::size_t other_dtype_rows = 0;
+  std::size_t& wrong_rows = out.wrong_rows;
+  std::size_t& untimed_rows = out.untimed_rows;
   if (sizes.is_array()) {
     for (const auto& row : sizes) {
       const json& coll = member(row, "collective").is_string() ? member(row, "collective") : default_collective;
@@ -370,7 +382,10 @@ ReportRows extract_rows(const json& report, const std::string& source) {
         continue;
       }
       const json& bytes = member(row, "bytes");
-      if (!bytes.is_number() || !(bytes.get<double>() > 0)) continue;
+      if (!bytes.is_number() || !(bytes.get<double>() > 0)) {
+        ++out.unsized_rows;
+        continue;
+      }
       if (!(bytes.get<double>() <= kMaxReportBytes))
         throw bad(fmt::format("a row of {} bytes: no all_reduce moves more than {} bytes (1 PiB) in one "
                               "call",

@@ -155,6 +155,13 @@ struct ReportRows {
   // does not name every rank's host.
   std::vector<std::string> rank_hosts;
   std::vector<MeasuredRow> rows;
+  // Float sum all_reduce rows left out, by why: no positive byte count, no
+  // positive time in either block, only wrong results. (Rows of other
+  // dtypes, ops or collectives are not the model's: not counted.)
+  std::size_t unsized_rows = 0, untimed_rows = 0, wrong_rows = 0;
+  std::size_t left_out() const { return unsized_rows + untimed_rows + wrong_rows; }
+  // "2 without a positive bytes, 1 without a positive time_us" ("" if none).
+  std::string left_out_text() const;
 };
 
 // How ranks 0..w-1 of a run sit on hosts, as the model places them: host by

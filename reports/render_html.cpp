@@ -56,6 +56,7 @@ table{border-collapse:collapse;font-size:13px;margin:4px 0}
 th,td{padding:4px 8px;border-bottom:1px solid #eceef1;text-align:left;vertical-align:top}
 th{background:#f7f8fa;font-weight:600;min-width:4em}
 td.n{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.w{overflow-wrap:anywhere;min-width:16em}
 .verdict{display:inline-block;padding:2px 12px;border-radius:14px;color:#fff;font-weight:700;letter-spacing:.03em}
 .v-PASS{background:#1b7f3b}.v-FAIL{background:#c62828}.v-ERROR{background:#6a1b9a}.v-none{background:#777}
 .s-pass{color:#1b7f3b;font-weight:600}.s-fail{color:#c62828;font-weight:700}.s-skip{color:#777}
@@ -69,6 +70,8 @@ footer{color:#888;font-size:.85em;text-align:center;margin:16px 0}
 @media (max-width:640px){body{padding:6px}svg.chart text:not(.cell){font-size:17px}svg.chart text.title{font-size:17px}.card{padding:10px}dl.ctx{grid-template-columns:1fr}dl.ctx dt{font-weight:600;color:#333}h1{font-size:1.25em}}
 )css";
 
+constexpr std::size_t kLongCell = 40;  // characters
+
 std::string table_html(const view::Table& t) {
   std::string out = "<div class=\"scroll\"><table><thead><tr>";
   for (const auto& h : t.header) out += "<th>" + html_escape(h) + "</th>";
@@ -76,8 +79,13 @@ std::string table_html(const view::Table& t) {
   for (const auto& row : t.rows) {
     out += "<tr>";
     for (std::size_t c = 0; c < row.size(); ++c) {
-      bool n = c < t.numeric.size() && t.numeric[c];
-      out += std::string(n ? "<td class=\"n\">" : "<td>") + html_escape(row[c]) + "</td>";
+      // A numeric column's long text (a summary's recommendation, a
+      // flattened object) wraps: kept on one line, one cell would push the
+      // column's short values out of sight.
+      const bool n = c < t.numeric.size() && t.numeric[c];
+      const bool long_text = row[c].size() > kLongCell;
+      out += std::string(n && !long_text ? "<td class=\"n\">" : long_text ? "<td class=\"w\">" : "<td>") +
+             html_escape(row[c]) + "</td>";
     }
     out += "</tr>";
   }

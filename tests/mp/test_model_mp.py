@@ -604,6 +604,63 @@ class ModelOfSyntheticReports(unittest.TestCase):
                 self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
                 self.assertIn(message, p.stderr)
 
+    def test_rows_it_cannot_read_are_named_not_dropped_silently(self):
+        # An edited report: a negative size, a null row, a zero time. The
+        # fit goes on without them, and says so (it once fitted 4 points
+        # of 6 without a word).
+        path = self.sweep(2)
+        with open(path) as f:
+            doc = json.load(f)
+        rows = doc["results"]["sizes"]
+        total = len(rows)
+        rows[0]["bytes"] = -4096
+        rows[1] = None
+        for block in ("out_of_place", "in_place"):
+            if block in rows[2]:
+                rows[2][block]["time_us"] = 0
+        with open(path, "w") as f:
+            json.dump(doc, f)
+        out = tmp_json()
+        self.files.append(out)
+        p = run(["model", path, "--world-size", "8", "--json", out])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("3 row(s) left out of the fit: 2 without a positive bytes, 1 without a "
+                      "positive time_us", p.stdout)
+        res = load(out)["results"]
+        self.assertEqual(res["inputs"][0]["rows_left_out"], 3)
+        self.assertEqual(res["fits"][0]["points"], total - 3)
+
+    def test_outputs_and_check_reports_are_refused_before_the_fit_prints(self):
+        two = self.sweep(2)
+        same = tmp_json()
+        self.files.append(same)
+        p = run(["model", two, "--world-size", "8", "--json", same, "--markdown", same])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("name the same file", p.stderr)
+        self.assertFalse(os.path.exists(same))
+        kept = tmp_json()
+        self.files.append(kept)
+        with open(kept, "w") as f:
+            f.write("{}")
+        os.chmod(kept, 0o444)
+        p = run(["model", two, "--world-size", "8", "--json", kept])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("read-only", p.stderr)
+        with open(kept) as f:
+            self.assertEqual(f.read(), "{}")
+        # A report with no all_reduce rows to check against: refused before
+        # the fit's table is printed, naming --check-against.
+        other = tmp_json()
+        self.files.append(other)
+        with open(other, "w") as f:
+            json.dump({"command": "buckets", "world": {"size": 2}, "results": {}}, f)
+        p = run(["model", two, "--check-against", other])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("--check-against %s: a 'buckets' report has no all_reduce timings" % other,
+                      p.stderr)
+        self.assertIn("during model.check", p.stderr)
+        self.assertEqual(p.stdout, "")
+
     def test_a_sweep_whose_time_does_not_grow_is_refused(self):
         # Equal times at every size: rounding leaves beta a tiny number,
         # negative (777.7 us) or positive (333.3 us); neither is a link (the
