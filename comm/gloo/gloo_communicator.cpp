@@ -1485,8 +1485,56 @@ std::vector<StalledLink> stalled_links_of(int rank, const std::map<int, sockaddr
 // give each connection one timeout, and then say which one is stuck: the
 // peer whose address Gloo read last. `gloo_error` is Gloo's own message when
 // Gloo gave up first, empty when our deadline passed.
+// The peers' Gloo addresses as this rank read them from the store, for an
+// error that the addresses explain (" Addresses published: rank 0 at
+// 10.0.0.1:41234, rank 2 at ..."); at most 16, then how many more.
+std::string published_addresses(const std::vector<StoreAdapter::PeerRead>& reads) {
+  std::map<int, std::string> by_peer;
+  for (const auto& r : reads) by_peer[r.peer] = endpoint_str(r.address);
+  if (by_peer.empty()) return "";
+  std::string out = ". Gloo addresses the peers published: ";
+  std::size_t shown = 0;
+  for (const auto& [peer, at] : by_peer) {
+    if (shown == 16) {
+      out += " and " + std::to_string(by_peer.size() - shown) + " more";
+      break;
+    }
+    out += std::string(shown++ ? ", " : "") + "rank " + std::to_string(peer) + " at " + at;
+  }
+  return out;
+}
+
+// The peer whose address Gloo's error names ("connect [10.0.0.2]:4711:
+// ..."; msg with its ports put right), or nullptr.
+const StoreAdapter::PeerRead* read_named_in(const std::string& msg,
+                                            const std::vector<StoreAdapter::PeerRead>& reads) {
+  for (const auto& r : reads) {
+    const std::string ep = endpoint_str(r.address);
+    const auto colon = ep.rfind(':');
+    if (colon == std::string::npos) continue;
+    const std::string shown = ep.front() == '[' ? ep : "[" + ep.substr(0, colon) + "]" + ep.substr(colon);
+    if (find_address(msg, shown) != std::string::npos) return &r;
+  }
+  return nullptr;
+}
+
+// The first peer whose published address this host cannot reach (no route,
+// or no answer within 500 ms; 3 s in all), or nullptr.
+const StoreAdapter::PeerRead* unreachable_peer(const std::vector<StoreAdapter::PeerRead>& reads) {
+  const auto until = Clock::now() + std::chrono::seconds(3);
+  std::set<int> tried;
+  for (const auto& r : reads) {
+    if (!tried.insert(r.peer).second) continue;
+    const auto left = std::chrono::duration_cast<Millis>(until - Clock::now());
+    if (left.count() <= 0) break;
+    if (tcp_probe(r.address, std::min(left, Millis(500))) == TcpReach::kSilent) return &r;
+  }
+  return nullptr;
+}
+
 RendezvousError connect_failed(const CommOptions& opts, const StoreAdapter::PeerRead& last,
-                               const std::string& gloo_error) {
+                               const std::string& gloo_error,
+                               const std::vector<StoreAdapter::PeerRead>& reads = {}) {
   const std::string me = "rank " + std::to_string(opts.rank);
   const std::string peer = "rank " + std::to_string(last.peer);
   const std::string at = endpoint_str(last.address);
@@ -1528,7 +1576,8 @@ RendezvousError connect_failed(const CommOptions& opts, const StoreAdapter::Peer
           "Gloo listens on, a random one on each rank, are not reachable between these ranks: "
           "a firewall that lets only the store's port through, or an address on a network the "
           "other host cannot reach" +
-          (gloo_error.empty() ? std::string() : " (gloo: " + gloo_error + ")"),
+          (gloo_error.empty() ? std::string() : " (gloo: " + gloo_error + ")") +
+          published_addresses(reads),
       ErrorContext{"backend.init", opts.rank, last.peer,
                    "allow TCP between the hosts on all ports (Gloo picks its ports at random), "
                    "or set GLOO_SOCKET_IFNAME (--gloo-interface) on every rank to the interface "
@@ -1606,7 +1655,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
       continue;
     adapter->abandon();
     connector.detach();
-    throw connect_failed(opts, reads.back(), "");
+    throw connect_failed(opts, reads.back(), "", reads);
   }
   connector.join();
   try {
@@ -1635,10 +1684,17 @@ std::unique_ptr<Communicator> make_gloo_communicator(const CommOptions& opts) {
     const std::string msg = right_ports(e.what());
     const auto reads = adapter->reads();
     if (!reads.empty() && (msg.find("connect [") != std::string::npos ||
-                           msg.find("Connect timeout") != std::string::npos))
-      throw connect_failed(opts, reads.back(), msg);
+                           msg.find("Connect timeout") != std::string::npos)) {
+      const auto* named = read_named_in(msg, reads);
+      throw connect_failed(opts, named ? *named : reads.back(), msg, reads);
+    }
+    // A connect that failed without naming its address (Gloo's
+    // "connect: Network is unreachable"): the peer whose published address
+    // this host cannot reach is the one, found by trying each.
+    if (!reads.empty() && msg.find("connect") != std::string::npos)
+      if (const auto* culprit = unreachable_peer(reads)) throw connect_failed(opts, *culprit, msg, reads);
     throw RendezvousError("gloo: rank " + std::to_string(opts.rank) +
-                              " could not connect to its peers: " + msg,
+                              " could not connect to its peers: " + msg + published_addresses(reads),
                           ErrorContext{"backend.init", opts.rank, -1,
                                        "check that the ranks can reach each other (firewall, "
                                        "--gloo-interface / GLOO_SOCKET_IFNAME)"});

@@ -271,6 +271,27 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertIn("ip route get " + ADDR[1], se)
         self.assertNotIn("within 20000 ms", se)
 
+    def test_unreachable_peer_address_is_named_by_the_rank_that_cannot_reach_it(self):
+        # Host 2 has an "unreachable" route to host 1's address: its connect
+        # to rank 1's Gloo listener fails in the syscall, and Gloo's error
+        # ("connect: No route to host") names no address. Rank 2 must name
+        # rank 1 and its address (found by trying each peer's published
+        # address), and list the addresses it read, not only Gloo's words.
+        import time
+        sh("ip", "-n", HOSTS[2], "route", "add", "unreachable", ADDR[1] + "/32")
+        t0 = time.monotonic()
+        procs = [start(r, ["allreduce-test", "-b", "1K", "-e", "1K"], self.port, timeout=20)
+                 for r in range(3)]
+        res = [finish(p, 90) for p in procs]
+        self.assertLess(time.monotonic() - t0, 20, [r[2] for r in res])
+        rc, _, se = res[2]
+        self.assertEqual(rc, 3, se)
+        self.assertIn("could not connect to rank 1: rank 2's connection to rank 1's Gloo listener "
+                      "at %s:" % ADDR[1], se)
+        self.assertIn("no route to that address", se)
+        self.assertIn("Gloo addresses the peers published: rank 0 at %s:" % ADDR[0], se)
+        self.assertIn("rank 1 at %s:" % ADDR[1], se)
+
     def test_link_that_starts_dropping_mid_run_is_named_by_its_two_ranks(self):
         # Mid-run, host 2 starts routing host 1's address through a gateway
         # that does not exist: the link 1-2 drops everything, every other
