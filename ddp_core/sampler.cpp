@@ -168,7 +168,11 @@ void stride_positions(const SamplerOptions& o, std::int64_t start, std::int64_t 
 }  // namespace
 
 std::optional<TorchVersion> parse_torch_version(std::string_view s) {
-  if (s == "1.13" || s == "1.13.1" || s == "1") return TorchVersion::k1_13;
+  // 1.13.N: every 1.13 release draws the same permutations.
+  const auto patch = s.substr(std::min(s.size(), std::size_t{5}));
+  if (s == "1.13" || s == "1" ||
+      (s.starts_with("1.13.") && !patch.empty() && patch.find_first_not_of("0123456789") == std::string_view::npos))
+    return TorchVersion::k1_13;
   if (s == "2" || s == "2.x" || s.starts_with("2.")) return TorchVersion::k2;
   return std::nullopt;
 }

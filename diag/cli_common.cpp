@@ -715,7 +715,8 @@ void check_layout_memory(const Job& job, const std::string& model, int grad_copi
                                static_cast<double>(params) / (1ULL << 30));
   std::string hint = sparse > 0 ? "lower --sparse-rows, use a smaller model layout, or fewer ranks on this host"
                                 : "use a smaller model layout, or fewer ranks on this host";
-  if (extra_bytes > 0) {
+  // Named where it weighs (the default 1 MiB workspace does not).
+  if (extra_bytes > 0.1L * per_rank) {
     what += fmt::format(" and {} ({:.1f} GiB)", extra_what, static_cast<double>(extra_bytes / (1ULL << 30)));
     hint = "make " + extra_what + " smaller, " + hint;
   }
@@ -2809,8 +2810,17 @@ void tell_world_of_refusal(Job& job, const CommonOptions& o, const std::string& 
   try {
     if (job.world.hosts_store()) host_store(job);
     // Another rank only tries briefly: rank 0, when it started at all,
-    // hosts the store within moments.
-    connect_store(job, o, job.world.hosts_store() ? job.timeout : std::min(job.timeout, Millis(5000)));
+    // hosts the store within moments. Said first: that wait is no hang.
+    const Millis wait = job.world.hosts_store() ? job.timeout : std::min(job.timeout, Millis(5000));
+    if (!job.world.hosts_store()) {
+      std::fprintf(stderr,
+                   "ddpdiag: %s posts why it stopped at the store %s:%d, so that the other ranks "
+                   "end at once instead of waiting out --timeout (for at most %.0f s)\n",
+                   job.rank() >= 0 ? fmt::format("rank {}", job.rank()).c_str() : "this rank",
+                   job.world.master_addr.c_str(), job.world.master_port, wait.count() / 1000.0);
+      std::fflush(stderr);
+    }
+    connect_store(job, o, wait);
     if (!job.store->check({"refused"}))
       job.store->set("refused", to_bytes(refusal_text(job.rank(), why)));
     job.store->add("refused_ranks", 1);
@@ -2837,6 +2847,13 @@ void tell_store_of_world_refusal(Job& job, const CommonOptions& o, const EnvLook
       o.world.rank ? std::optional<std::string>(std::to_string(*o.world.rank)) : launcher_rank_text(env);
   if (!rank_text) return;  // no rank given at all: nothing says it belongs to a world
   const bool rank0 = *rank_text == "0";
+  // Rank 0 of a world of one, as given: no other rank waits to be told (a
+  // rank 1 given a world of one is wrong itself, and others may wait).
+  if (rank0) {
+    const auto size_text = o.world.world_size ? std::optional<std::string>(std::to_string(*o.world.world_size))
+                                              : env("WORLD_SIZE");
+    if (size_text && *size_text == "1") return;
+  }
   if (!rank0 && job.world.rank <= 0) job.world.rank = -1;
   if (rank0) job.world.rank = 0;
   if (env("DDPDIAG_LAUNCHER")) return;  // the launcher ends the others and names this rank

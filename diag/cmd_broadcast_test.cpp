@@ -59,7 +59,8 @@ std::vector<std::uint64_t> parse_chunks(const std::string& s, int rank) {
                        {"flags", rank, -1,
                         "the smallest chunk is 1 byte, --chunk-mb 0.000001 (a chunk holds at least "
                         "one tensor whatever its size)"});
-    out.push_back(bytes);
+    // Named twice, measured once (as bucket-sweep's --caps).
+    if (std::find(out.begin(), out.end(), bytes) == out.end()) out.push_back(bytes);
   }
   if (out.empty())
     throw UsageError("--chunk-mb is empty", {"flags", rank, -1, "pass e.g. 250,64,16"});

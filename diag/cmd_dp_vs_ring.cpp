@@ -274,12 +274,15 @@ void run(Job& job, reports::Report& report, const DpVsRingOptions& o) {
                      {"flags", job.rank(), -1, "use float, double, half, bfloat16, int32, ..."});
   std::vector<Algo> algos;
   for (const auto& a : split_list(o.algorithms, "--algorithms", "gather,ring,backend", job.rank())) {
-    if (a == "gather") algos.push_back(Algo::kGather);
-    else if (a == "ring") algos.push_back(Algo::kRing);
-    else if (a == "backend") algos.push_back(Algo::kBackend);
+    Algo algo;
+    if (a == "gather") algo = Algo::kGather;
+    else if (a == "ring") algo = Algo::kRing;
+    else if (a == "backend") algo = Algo::kBackend;
     else
       throw UsageError(fmt::format("unknown algorithm '{}'", a),
                        {"flags", job.rank(), -1, "use a list of gather, ring, backend"});
+    // Named twice, measured once (as --world-sizes and bucket-sweep's --caps).
+    if (std::find(algos.begin(), algos.end(), algo) == algos.end()) algos.push_back(algo);
   }
   if (algos.empty())
     throw UsageError("--algorithms is empty", {"flags", job.rank(), -1, "e.g. gather,ring,backend"});

@@ -809,7 +809,16 @@ Subcommand add_link_health_command(CLI::App& parent) {
   app->add_option("--latency-iters", opts->latency_iters, "Ping-pongs per pair")
       ->check(cli::positive_number());
   app->add_option("--allreduce-bytes", opts->allreduce_bytes, "Size of the per-rank all_reduce")
-      ->check(cli::size_value());
+      ->check(CLI::Validator(
+          [sized = cli::size_value()](std::string& s) -> std::string {
+            if (auto problem = sized(s); !problem.empty()) return problem;
+            // A float all_reduce: below one element there is nothing to time
+            // (it was rounded up to 4 B without a word).
+            return parse_size(s) >= 4 ? ""
+                                      : s + " B is less than one float element (4 B): give 4 or more "
+                                            "(e.g. --allreduce-bytes 1M)";
+          },
+          "SIZE >= 4", "ALLREDUCE_SIZE"));
   app->add_option("--allreduce-iters", opts->allreduce_iters, "all_reduce iterations")
       ->check(cli::positive_number());
   app->add_option("--rechecks", opts->rechecks,

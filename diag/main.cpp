@@ -304,17 +304,35 @@ int main(int argc, char** argv) {
       for (CLI::App* sub : a->get_subcommands([](CLI::App*) { return true; })) todo.push_back(sub);
     }
   }
-  // CLI11 would answer "A subcommand is required" to a misspelt one.
-  if (argc > 1 && argv[1][0] != '-') {
-    std::string names;
-    bool known = false;
-    for (const auto& s : subs) {
-      known = known || s.app->get_name() == argv[1];
-      names += (names.empty() ? "" : ", ") + s.app->get_name();
-    }
-    if (!known) {
-      std::fprintf(stderr, "ddpdiag: unknown subcommand '%s'; the subcommands are: %s (ddpdiag --help)\n",
-                   argv[1], names.c_str());
+  // CLI11 would answer "A subcommand is required" to a misspelt one, at
+  // the top (`ddpdiag alreduce-test`) or below (`ddpdiag report rendr`), and
+  // to an option given before any subcommand.
+  {
+    CLI::App* level = &app;
+    std::string path = "ddpdiag";
+    for (int i = 1; i < argc; ++i) {
+      const auto subs_here = level->get_subcommands([](CLI::App*) { return true; });
+      if (subs_here.empty()) break;
+      const std::string arg = argv[i];
+      std::string names;
+      CLI::App* next = nullptr;
+      for (CLI::App* sub : subs_here) {
+        if (sub->get_name() == arg) next = sub;
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      }
+      if (next) {
+        level = next;
+        path += " " + arg;
+        continue;
+      }
+      if (arg == "-h" || arg == "--help" || (level == &app && arg == "--version")) break;
+      if (arg.rfind("-", 0) == 0)
+        std::fprintf(stderr, "ddpdiag: unknown option '%s' before a subcommand of %s; the subcommands are: "
+                             "%s (options go after the subcommand: %s SUBCOMMAND --help)\n",
+                     arg.c_str(), path.c_str(), names.c_str(), path.c_str());
+      else
+        std::fprintf(stderr, "ddpdiag: unknown subcommand '%s' of %s; the subcommands are: %s (%s --help)\n",
+                     arg.c_str(), path.c_str(), names.c_str(), path.c_str());
       return static_cast<int>(ExitCode::kUsage);
     }
   }

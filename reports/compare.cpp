@@ -378,8 +378,13 @@ std::string report_label(const json& r) {
 
 std::string verdict_of(const json& r) { return str_or(r, "verdict", ""); }
 
+// A change a microsecond time must exceed to count at all.
+constexpr double kTimeResolutionUs = 0.25;
+
 std::string percent(double f) {
-  if (!std::isfinite(f)) return f > 0 ? "+inf%" : "-inf%";
+  // From a baseline of 0 there is no percentage (the change is judged in
+  // the figure's own units).
+  if (!std::isfinite(f)) return "n/a (from 0)";
   if (std::fabs(f) >= 1e4) return fmt::format("{:+.3g}%", f * 100);
   // A change below 0.05% (judged against a tolerance that small) keeps two
   // significant digits rather than showing as +0.0%.
@@ -651,6 +656,10 @@ Comparison compare_reports(const std::vector<json>& bases, const json& now, cons
       // grows out of 0 only by more than one of its units (1 us; 1 ms for
       // a phase's duration).
       if (scale == 0 && (ends_with(bf.name, "_us") || ends_with(bf.name, "_ms"))) band = std::max(band, 1.0);
+      // A time in microseconds that moved by less than a quarter of one
+      // moved by less than a timed call resolves (dp-vs-ring's world-size-1
+      // rows time a no-op of 0.03 us): noise, however many percent.
+      if (ends_with(bf.name, "_us")) band = std::max(band, kTimeResolutionUs);
       fc.noise = scale > 0 ? band / scale : 0;
       const double worse = bf.higher_is_better ? -fc.change : fc.change;
       // A change of exactly the tolerance is within it: 0.7 -> 0.77 is

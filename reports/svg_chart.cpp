@@ -20,6 +20,7 @@ constexpr double kWidth = 600;
 constexpr double kLeft = 70, kRight = 18, kTop = 38, kPlotHeight = 250, kBottom = 52;
 constexpr double kLegendRow = 20;
 constexpr int kLegendColumns = 2;
+constexpr std::size_t kPaletteSize = 10;  // palette()'s colours
 
 std::string esc(const std::string& s) { return html_escape(s); }
 
@@ -100,6 +101,13 @@ std::string tick_label(double v, AxisFormat f) {
   return f == AxisFormat::kBytes ? short_bytes(v) : format_figure(v, 3);
 }
 
+// A line's dash pattern: solid, or dashed (in-place); past the palette's
+// ten colours, dash-dot and dotted, so that no two lines look alike.
+std::string dash_attr(std::size_t i, bool dashed) {
+  if ((i / kPaletteSize) % 2 == 0) return dashed ? " stroke-dasharray=\"5 3\"" : "";
+  return dashed ? " stroke-dasharray=\"2 2\"" : " stroke-dasharray=\"10 3 2 3\"";
+}
+
 // Legend under the plot: swatch and name, kLegendColumns to a row.
 std::string legend(const std::vector<std::string>& names, const std::vector<bool>& dashed, double y0,
                    bool lines) {
@@ -111,7 +119,7 @@ std::string legend(const std::vector<std::string>& names, const std::vector<bool
     if (lines)
       out += fmt::format("<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"{}\" stroke-width=\"2.5\"{}/>",
                          num(x), num(y - 4), num(x + 22), num(y - 4), palette(i),
-                         i < dashed.size() && dashed[i] ? " stroke-dasharray=\"5 3\"" : "");
+                         dash_attr(i, i < dashed.size() && dashed[i]));
     else
       out += fmt::format("<rect x=\"{}\" y=\"{}\" width=\"14\" height=\"12\" fill=\"{}\"/>", num(x + 4),
                          num(y - 11), palette(i));
@@ -161,9 +169,9 @@ std::string x_title(const Frame& f, const std::string& label) {
 
 const char* palette(std::size_t i) {
   // Okabe-Ito first, then Tol's muted colours, so ten series stay distinct.
-  static const char* colors[] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
-                                 "#56B4E9", "#882255", "#44AA99", "#999933", "#000000"};
-  return colors[i % (sizeof colors / sizeof colors[0])];
+  static const char* colors[kPaletteSize] = {"#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00",
+                                             "#56B4E9", "#882255", "#44AA99", "#999933", "#000000"};
+  return colors[i % kPaletteSize];
 }
 
 std::string line_chart(const LineChart& c) {
@@ -238,7 +246,7 @@ std::string line_chart(const LineChart& c) {
                           esc(tick_label(x, c.x_format)));
     }
     out += fmt::format("<polyline points=\"{}\" fill=\"none\" stroke=\"{}\" stroke-width=\"2\"{}/>", pts, palette(i),
-                       s.dashed ? " stroke-dasharray=\"5 3\"" : "");
+                       dash_attr(i, s.dashed));
     out += dots;
   }
   for (const auto& m : c.markers) {

@@ -1500,6 +1500,18 @@ class BadInput(unittest.TestCase):
         self.assertEqual(p.returncode, 2)
         self.assertIn("unknown subcommand 'allreduce-tset'", p.stderr)
         self.assertIn("allreduce-test", p.stderr)
+        # One level down, and an option before any subcommand: named too
+        # (CLI11 answered "A subcommand is required" to both).
+        p = run(["report", "rendr", "x.json"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("unknown subcommand 'rendr' of ddpdiag report", p.stderr)
+        self.assertIn("render", p.stderr)
+        p = run(["--bogus"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("unknown option '--bogus' before a subcommand of ddpdiag", p.stderr)
+        p = run(["store", "pnig"])
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("unknown subcommand 'pnig' of ddpdiag store", p.stderr)
 
     def test_report_compare_of_different_commands_is_exit_2(self):
         a, b = tmp_json(), tmp_json()
