@@ -786,10 +786,12 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
   const bool store_lost = store_lost_.load();
   std::string store_error;
   bool store_timed_out = false;
+  Clock::time_point store_lost_since;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     store_error = store_error_;
     store_timed_out = store_timed_out_;
+    store_lost_since = store_lost_since_;
   }
   Diagnosis d;
   long store_host_gone = 0;     // pid of the store's host rank, when its process is gone
@@ -835,11 +837,17 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
         store_host_stopped = opts_.peers[host].pid;
     } else if (host >= 0 && host != rank() && host < static_cast<int>(opts_.peers.size()) &&
                opts_.peers[host].pid > 0) {
+      // Frozen only on the watchdog's kind of evidence: the store silent
+      // for a while (half the heartbeat stall; the rank whose watchdog
+      // named it first lost it at about the same time), not for one call
+      // that ran out of time (a slow store).
       const PortReach port = tcp_port_probe(opts_.store_address, Millis(1000));
+      const bool silent_long = opts_.heartbeat_stall.count() > 0 && store_timed_out &&
+                               Clock::now() - store_lost_since >= opts_.heartbeat_stall / 2;
       if (port == PortReach::kRefused) {
         store_host_gone = opts_.peers[host].pid;
         store_host_remote = true;
-      } else if (port == PortReach::kAccepts && store_timed_out) {
+      } else if (port == PortReach::kAccepts && silent_long) {
         store_host_stopped = opts_.peers[host].pid;
         store_host_remote = true;
       }
@@ -854,16 +862,18 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
       d.lines.insert(d.lines.begin(),
                      fmt::format("Rank {} (host {}, pid {}), which hosted the store, has ended: "
                                  "its host refuses connections to the store's port {}, so that "
-                                 "host and the network are up and the process is gone, and the "
-                                 "store with it.",
+                                 "host and the network are up and the process is gone (after an "
+                                 "error of its own, or a crash or kill), and the store with it.",
                                  host, on_host, store_host_gone, opts_.store_address));
     else if (store_host_stopped && store_host_remote)
       d.lines.insert(d.lines.begin(),
                      fmt::format("Rank {} (host {}, pid {}), which hosts the store, is frozen: its "
                                  "host accepts connections to the store's port {}, but the store "
-                                 "in its process does not answer, so that process does not run "
-                                 "(SIGSTOP, a debugger, a machine swapping).",
-                                 host, on_host, store_host_stopped, opts_.store_address));
+                                 "in its process has not answered for {:.0f} s: that process does "
+                                 "not run (SIGSTOP, a debugger, a machine swapping), or its store "
+                                 "is stuck.",
+                                 host, on_host, store_host_stopped, opts_.store_address,
+                                 std::chrono::duration<double>(Clock::now() - store_lost_since).count()));
     else if (store_host_gone)
       d.lines.insert(d.lines.begin(),
                      fmt::format("Rank {} (pid {} on this machine), which hosted the store, has "
@@ -893,9 +903,9 @@ void MonitoredCommunicator::fail(std::int64_t seq, const Error& cause, const Fin
           : std::string();
   if (store_lost && store_host_gone > 0 && store_host_remote) {
     peer = opts_.store_host_rank;
-    hint = fmt::format("look at rank {}'s log and report, and at the kernel log on {} (dmesg: the "
-                       "OOM killer?): its process died or was killed, and the job's store lived "
-                       "in it",
+    hint = fmt::format("look at rank {}'s log and report (its own error), and, if it has none, at "
+                       "the kernel log on {} (dmesg: the OOM killer?): its process ended, and the "
+                       "job's store lived in it",
                        opts_.store_host_rank, store_host_name);
   } else if (store_lost && store_host_stopped > 0 && store_host_remote) {
     peer = opts_.store_host_rank;
@@ -1122,7 +1132,8 @@ std::string MonitoredCommunicator::remote_store_host_problem(Clock::time_point n
       if (!timed_out) return "";
       return fmt::format("rank {} (host {}, pid {}), which hosts the store, has not answered for "
                          "{:.0f} s though its host accepts connections to the store's port {}: "
-                         "its process is frozen (SIGSTOP, a debugger, a machine swapping)",
+                         "its process is frozen (SIGSTOP, a debugger, a machine swapping) or its "
+                         "store is stuck",
                          h, p.host, p.pid, std::chrono::duration<double>(now - since).count(),
                          opts_.store_address);
     default:

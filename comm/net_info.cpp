@@ -125,7 +125,8 @@ PortReach tcp_port_probe(const sockaddr_storage& addr, std::chrono::milliseconds
   if (fd < 0) return PortReach::kUnknown;
   const auto answer = [](int err) {
     if (err == 0) return PortReach::kAccepts;
-    if (err == ECONNREFUSED || err == ECONNRESET) return PortReach::kRefused;
+    if (err == ECONNREFUSED) return PortReach::kRefused;
+    if (err == ECONNRESET) return PortReach::kReset;
     if (err == ETIMEDOUT || err == EHOSTUNREACH || err == ENETUNREACH || err == EHOSTDOWN ||
         err == ENETDOWN)
       return PortReach::kSilent;
@@ -157,6 +158,7 @@ TcpReach host_reach(PortReach r) {
   switch (r) {
     case PortReach::kAccepts:
     case PortReach::kRefused:
+    case PortReach::kReset:
       return TcpReach::kAnswers;
     case PortReach::kSilent:
       return TcpReach::kSilent;

@@ -60,8 +60,9 @@ TcpReach tcp_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeo
 // The same, telling an accepted connection from a refused one: a host
 // whose port is refused is up with nothing listening there (the process
 // that listened has ended); one that accepts has a listener (which may yet
-// never answer: its process is frozen).
-enum class PortReach { kUnknown, kAccepts, kRefused, kSilent };
+// never answer: its process is frozen). Reset after the handshake (a
+// listener whose queue overflowed): the host is up, nothing more is known.
+enum class PortReach { kUnknown, kAccepts, kRefused, kReset, kSilent };
 PortReach tcp_port_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout);
 PortReach tcp_port_probe(const std::string& host_port, std::chrono::milliseconds timeout);
 // The same for "host:port" with a numeric host ("10.0.0.2:29500",

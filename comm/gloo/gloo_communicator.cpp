@@ -1519,7 +1519,11 @@ const StoreAdapter::PeerRead* read_named_in(const std::string& msg,
 }
 
 // The first peer whose published address this host cannot reach (no route,
-// or no answer within 500 ms; 3 s in all), or nullptr.
+// or no answer within 500 ms; 3 s in all), or nullptr. A probe that reaches
+// a pair still listening for this rank would be taken for this rank's
+// connection; connectFullMesh reads and connects in order, so the peers
+// before the failed one are connected already (their listeners closed) and
+// the search stops at the first silent one.
 const StoreAdapter::PeerRead* unreachable_peer(const std::vector<StoreAdapter::PeerRead>& reads) {
   const auto until = Clock::now() + std::chrono::seconds(3);
   std::set<int> tried;
