@@ -199,9 +199,14 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                 job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
                 layout.tensors.size(), static_cast<double>(layout.total_bytes()) / kMiB,
                 o.first_bucket_mb);
-    std::printf("# per cap: communication alone (all gradients ready at once) and overlapped with a "
-                "backward producing gradients at %.3g GB/s; medians of %d iters, slowest rank\n",
-                o.compute_gbps, o.iters);
+    if (o.compute_gbps > 0)
+      std::printf("# per cap: communication alone (all gradients ready at once) and overlapped with a "
+                  "backward producing gradients at %.3g GB/s; medians of %d iters, slowest rank\n",
+                  o.compute_gbps, o.iters);
+    else
+      std::printf("# per cap: communication with every gradient ready at once (--compute-gbps 0: no "
+                  "backward to overlap); medians of %d iters, slowest rank\n",
+                  o.iters);
     std::printf("# %8s %8s %10s %10s %10s %10s %9s %12s %12s %12s %6s\n", "cap", "buckets",
                 "min", "median", "max", "comm", "busbw", "exposed", "step", "backward", "#wrong");
     std::printf("# %8s %8s %10s %10s %10s %10s %9s %12s %12s %12s %6s\n", "(MiB)", "", "(MiB)",

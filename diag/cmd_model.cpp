@@ -572,10 +572,13 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       res["bucket_algorithm"] = o.bucket_algorithm;
       res["default_bucket_cap_mb"] = kDefaultCapMb;
       res["caps"] = json::array();
-      std::printf("# buckets: model %s (%zu tensors, %.1f MiB), backward producing gradients at %.3g GB/s "
-                  "(%.2f ms), all_reduce %s at world size %d\n",
-                  layout.name.c_str(), layout.tensors.size(), total / kMiB, rate / 1e9,
-                  rate > 0 ? total / rate * 1e3 : 0.0, o.bucket_algorithm.c_str(), w);
+      // A rate of 0: every gradient at once (no backward to overlap).
+      const std::string pace = rate > 0 ? fmt::format("backward producing gradients at {:.3g} GB/s ({:.2f} ms)",
+                                                      rate / 1e9, total / rate * 1e3)
+                                        : std::string("every gradient ready at once (no backward to overlap)");
+      std::printf("# buckets: model %s (%zu tensors, %.1f MiB), %s, all_reduce %s at world size %d\n",
+                  layout.name.c_str(), layout.tensors.size(), total / kMiB, pace.c_str(),
+                  o.bucket_algorithm.c_str(), w);
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "cap", "buckets", "comm", "exposed", "step", "backward");
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "(MiB)", "", "(ms)", "(ms)", "(ms)", "(ms)");
       std::vector<tools::CapFigure> figs;
