@@ -169,14 +169,19 @@ int run_sampler_checked(const SamplerCliOptions& c, reports::Report& report) {
       (c.count < 0 || c.count > shape.num_samples - c.start) ? shape.num_samples - c.start : c.count;
 
   const bool keep = !c.json_path.empty() || !c.markdown_path.empty();  // reports list the indices
-  if (keep && count > kMaxReportIndices)
-    throw UsageError(fmt::format("a report would hold all {} indices of this rank (about {} MB "
+  if (keep && count > kMaxReportIndices) {
+    const bool window = c.start > 0 || c.count >= 0;
+    throw UsageError(fmt::format("a report would hold {} {} indices of this rank (about {} MB "
                                  "of memory); reports hold at most {}",
-                                 count, count * 65 / 1'000'000, kMaxReportIndices),
+                                 window ? "the window's" : "all", count, count * 65 / 1'000'000,
+                                 kMaxReportIndices),
                      ErrorContext{"sampler", -1, -1,
-                                  "report a window of them (--start, --count), or print them "
-                                  "without --json / --markdown (--streaming runs in constant "
-                                  "memory)"});
+                                  fmt::format("report {} (--count {} or less), or print them "
+                                              "without --json / --markdown (--streaming runs in "
+                                              "constant memory)",
+                                              window ? "a smaller window" : "a window of them (--start, --count)",
+                                              kMaxReportIndices)});
+  }
   std::vector<std::int64_t> indices;
   std::uint64_t checksum = 0;              // sum of the indices mod 2^64, to compare runs cheaply
   const auto t0 = std::chrono::steady_clock::now();
