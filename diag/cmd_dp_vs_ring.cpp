@@ -459,7 +459,13 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
         if (world_size_entry(w) < 1)
           throw CLI::ValidationError(fmt::format(
               "--world-sizes: '{}' is not a whole number of ranks of 1 or more (e.g. --world-sizes 2,4)", w));
-      split_list(opts->algorithms, "--algorithms", "gather,ring,backend");
+      for (const auto& a : split_list(opts->algorithms, "--algorithms", "gather,ring,backend"))
+        if (a != "gather" && a != "ring" && a != "backend")
+          throw CLI::ValidationError(
+              fmt::format("--algorithms: unknown algorithm '{}' (use a list of gather, ring, backend)", a));
+      if (!parse_dtype(opts->dtype))
+        throw CLI::ValidationError(fmt::format(
+            "-d: unknown dtype '{}' (float, double, half, bfloat16, int32, int64, int8, uint8)", opts->dtype));
     } catch (const UsageError& e) {
       throw CLI::ValidationError(fmt::format("{} ({})", e.what(), e.context().hint));
     }

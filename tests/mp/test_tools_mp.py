@@ -321,6 +321,22 @@ class BucketSweep(unittest.TestCase):
 
 
 class DpVsRing(unittest.TestCase):
+    def test_bad_names_are_refused_once_before_any_rank_starts(self):
+        # Were refused by every rank after the launch: the error once per
+        # rank, then the launcher's lines.
+        for args, message in ((["-d", "foo"], "-d: unknown dtype 'foo'"),
+                              (["--algorithms", "ring,rign"], "unknown algorithm 'rign'")):
+            with self.subTest(args=args):
+                p = run(["dp-vs-ring", "--nproc", "2"] + args)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertEqual(p.stderr.count(message), 1, p.stderr)
+                self.assertNotIn("[rank", p.stderr)
+
+    def test_a_repeated_algorithm_is_measured_once(self):
+        p, rep = tool(self, ["dp-vs-ring", "-b", "64", "-e", "64", "-n", "1", "-w", "0",
+                             "--algorithms", "ring,ring,gather"], 2)
+        self.assertEqual([r["algorithm"] for r in rep["results"]["sizes"]], ["ring", "gather"])
+
     def test_bytes_equal_theory_at_2_3_4_ranks(self):
         for n in WORLDS:
             with self.subTest(ranks=n):
