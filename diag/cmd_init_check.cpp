@@ -608,6 +608,9 @@ int run_init_check(const InitCheckOptions& io) {
                      "ddpdiag: rank %d failed in %s; its own report: %s (its timeline went to "
                      "rank 0 through the store as well)\n",
                      job.world.rank, failure->phase.c_str(), json_path.c_str());
+    } catch (const reports::WriteError& e) {
+      print_error(report_write_error(e, job.world.rank));
+      if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ddpdiag: error on rank %d: %s\n", job.world.rank, e.what());
       if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
@@ -847,6 +850,10 @@ int run_init_check(const InitCheckOptions& io) {
     if (!paths_refused && (!o.json_path.empty() || !o.markdown_path.empty())) {
       try {
         reports::write_report_outputs(report.finish(), o.json_path, o.markdown_path);
+      } catch (const reports::WriteError& e) {
+        // With what to do about it, as every command says it.
+        print_error(report_write_error(e, 0));
+        if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "ddpdiag: error on rank 0: %s\n", e.what());
         if (rc == 0) rc = static_cast<int>(ExitCode::kUsage);
