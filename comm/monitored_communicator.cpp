@@ -510,15 +510,19 @@ std::vector<std::optional<RankState>> MonitoredCommunicator::gather_states(
     if (!opts_.store->check(keys))
       for (int r = 0; r < n; ++r)
         if (r != rank() && !opts_.store->check({keys[r]})) before[r] = read_heartbeat(r);
-    // A rank on this machine whose process is gone will publish nothing:
+    // A rank on this machine whose process is gone, or stopped (SIGSTOP, a
+    // debugger: it publishes nothing until resumed), will publish nothing:
     // not waited for.
     const auto awaited = [&] {
       std::vector<std::string> k;
       for (int r = 0; r < n; ++r) {
-        const bool gone = r != rank() && r < static_cast<int>(opts_.peers.size()) &&
-                          opts_.peers[r].same_machine && opts_.peers[r].pid > 0 &&
-                          process_gone(opts_.peers[r].pid);
-        if (!gone) k.push_back(keys[r]);
+        bool silent = false;
+        if (r != rank() && r < static_cast<int>(opts_.peers.size()) && opts_.peers[r].same_machine &&
+            opts_.peers[r].pid > 0) {
+          const char st = process_state(opts_.peers[r].pid);
+          silent = gone_state(st) || stopped_state(st);
+        }
+        if (!silent) k.push_back(keys[r]);
       }
       return k;
     };

@@ -25,8 +25,15 @@ std::uint8_t* at(void* base, std::uint64_t offset) {
 }
 
 // dst = src / world, element-wise. For float32, the common case, a float
-// division, which is what torch's div_ on a float tensor computes; other
-// dtypes go through the shared host helper.
+// division, which is what torch's div_ computes on a float tensor: its
+// Reducer divides so when the gradient is a view of its bucket
+// (gradient_as_bucket_view=True). With views off it multiplies by the
+// factor 1.0 / world instead (at::mul_out on the way into the bucket), which
+// at world sizes that are not powers of two can differ in the last bit of a
+// float32 or float64 (5 / 3: 1.6666666269 here, 1.6666667461 there); 16-bit
+// dtypes agree. Not modelled: the simulated gradients (world * k, k whole)
+// come out exact either way, which is what the checks compare. Other dtypes
+// go through the shared host helper.
 void copy_divided(DType t, void* dst, const void* src, std::size_t n, int world) {
   if (t == DType::kFloat32) {
     const float w = static_cast<float>(world);

@@ -412,6 +412,12 @@ std::optional<LocalPeer> local_peer(int rank) {
 
 bool peer_on_this_machine(int rank) { return local_peer(rank).has_value(); }
 
+// `rank` runs on this machine and its process is stopped (state T or t).
+bool local_peer_stopped(int rank) {
+  const auto peer = local_peer(rank);
+  return peer && stopped_state(process_state(peer->pid));
+}
+
 // "rank 1 (pid 4889 on this machine) had ended" when `rank` runs on this
 // machine and its process is gone without the mark of a blameless end; ""
 // otherwise.
@@ -603,6 +609,9 @@ void write_report_on_interrupt() {
                    rank >= 0 ? fmt::format("rank {}: ", rank).c_str() : "", peer_text.c_str(),
                    written.empty() ? "" : fmt::format("; report: {}", written).c_str());
       std::fflush(stderr);
+      // No TORCHELASTIC_ERROR_FILE here: written within the second torchrun
+      // saw the peer end, it would tie with that failure, and ties go to the
+      // lower rank, so torchrun could name this rank as the root cause.
       leave_ended_mark(static_cast<int>(ExitCode::kPeerFailed));
       std::_Exit(static_cast<int>(ExitCode::kPeerFailed));
     }
@@ -3042,10 +3051,13 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
     // function).
     // Only for a peer of this machine: torchrun sees the workers of its own
     // node alone.
+    // Not for a peer that is stopped (SIGSTOP, a debugger): torchrun never
+    // sees it end, so the pause would only hold this rank's exit.
     const bool defer_error_file = e.exit_code() == ExitCode::kPeerFailed &&
                                   std::getenv("TORCHELASTIC_RUN_ID") && !std::getenv("DDPDIAG_LAUNCHER") &&
                                   std::getenv("TORCHELASTIC_ERROR_FILE") &&
-                                  peer_on_this_machine(e.context().peer);
+                                  peer_on_this_machine(e.context().peer) &&
+                                  !local_peer_stopped(e.context().peer);
     print_error(e, !defer_error_file);
     if (defer_error_file) {
       g_pending_error_file = error_file_text(e);

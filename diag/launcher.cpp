@@ -94,7 +94,9 @@ void emit_lines(std::string& partial, const char* data, std::size_t n, FILE* to,
   std::fflush(to);
 }
 
-std::string describe_status(int status) {
+// sent_here: this launcher signalled the rank (a stopped rank is killed; the
+// others get SIGTERM, then SIGKILL), so a SIGKILL is not the OOM killer's.
+std::string describe_status(int status, bool sent_here = false) {
   if (WIFEXITED(status)) {
     // ddpdiag's own exit codes (README, Exit codes), named.
     const int code = WEXITSTATUS(status);
@@ -110,6 +112,10 @@ std::string describe_status(int status) {
   if (WIFSIGNALED(status)) {
     int sig = WTERMSIG(status);
     const char* name = sigabbrev_np(sig);
+    if (sent_here && (sig == SIGKILL || sig == SIGTERM))
+      return fmt::format("was killed by signal {} (SIG{}), sent by this launcher to end the job{}", sig,
+                         name ? name : "?",
+                         sig == SIGKILL ? " (the rank was stopped, or did not end after SIGTERM)" : "");
     return fmt::format("was killed by signal {} (SIG{}){}", sig, name ? name : "?",
                        sig == SIGKILL ? "; the kernel's OOM killer ends processes this way when "
                                         "memory runs out (dmesg says whether it did)"
@@ -471,11 +477,12 @@ int launch_local(const LaunchOptions& o) {
       blamed->named_peer >= 0 && blamed->named_peer != blamed->rank && blamed->named_peer < o.nproc)
     naming = fmt::format(", naming rank {} as the cause (its diagnosis above says why)", blamed->named_peer);
   std::fprintf(stderr, "ddpdiag launcher: rank %d (pid %ld) failed first: it %s%s\n", blamed->rank,
-               static_cast<long>(blamed->pid), describe_status(blamed->status).c_str(), naming.c_str());
+               static_cast<long>(blamed->pid), describe_status(blamed->status, blamed->signalled).c_str(),
+               naming.c_str());
   for (const auto& c : children)
     if (c.rank != blamed->rank && failed(c.status))
       std::fprintf(stderr, "ddpdiag launcher: rank %d %s\n", c.rank,
-                   describe_status(c.status).c_str());
+                   describe_status(c.status, c.signalled).c_str());
   if (WIFEXITED(blamed->status)) return WEXITSTATUS(blamed->status);
   return 5;
 }

@@ -244,6 +244,12 @@ class DdpStep(unittest.TestCase):
             p = run(["ddp-step", "--nproc", "2", "--model", layout, "--sparse-rows", "-3"])
             self.assertEqual(p.returncode, 2, p.stderr)
             self.assertIn("--sparse-rows", p.stderr)
+            # torch calls a compression hook on the sparse bucket too (fp16
+            # fails on Gloo, bf16 rounds): refused, not passed as exact.
+            for hook in ("fp16", "bf16"):
+                p = run(["ddp-step", "--nproc", "2", "--model", layout, "--hook", hook])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("--hook %s with sparse gradients is not modelled" % hook, p.stderr)
             # More rows than the host can hold: refused before the ranks meet,
             # with a report (was an internal error, std::bad_alloc, exit 70).
             path = tmp_json()
