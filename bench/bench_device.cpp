@@ -173,8 +173,11 @@ void nccl_latency(std::size_t max_bytes, int iters, nlohmann::json& rows) {
   check(cudaStreamCreateWithFlags(&n.stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check(cudaMalloc(&n.send, max_bytes), "cudaMalloc");
   check(cudaMalloc(&n.recv, max_bytes), "cudaMalloc");
-  check(cudaMemset(n.send, 0, max_bytes), "cudaMemset");
-  check(cudaMemset(n.recv, 0, max_bytes), "cudaMemset");
+  // On the benchmark's stream (cudaMemset runs on the legacy stream, which a
+  // non-blocking stream does not wait for), finished before any timing.
+  check(cudaMemsetAsync(n.send, 0, max_bytes, n.stream), "cudaMemsetAsync");
+  check(cudaMemsetAsync(n.recv, 0, max_bytes, n.stream), "cudaMemsetAsync");
+  check(cudaStreamSynchronize(n.stream), "cudaStreamSynchronize");
   int version = 0;
   ncclGetVersion(&version);
   const cudaStream_t s = n.stream;

@@ -149,6 +149,21 @@ print("%d.%d.%d" % ((c // 10000, c % 10000 // 100, c % 100) if c >= 10000 else
   echo "== glibc"; timeout 10 ldd --version 2>&1 | head -n1 || true
 } >"$out/machine.txt"
 
+# The driver and the GPU's compute mode, said before any step: CUDA 13 needs
+# a driver of branch 580 or newer (on an older one every step fails with
+# "CUDA driver version is insufficient", unless the machine has CUDA's
+# forward-compatibility package, so this is a note, not a stop), and a GPU in
+# Exclusive_Process mode takes one process at a time (two_ranks_one_gpu
+# cannot run there and is skipped).
+driver="$(timeout 20 nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' ')"
+compute_mode="$(timeout 20 nvidia-smi --query-gpu=compute_mode --format=csv,noheader 2>/dev/null | head -n1 | tr -d ' ')"
+echo "== driver ${driver:-unknown}, compute mode ${compute_mode:-unknown}" >>"$out/machine.txt"
+if [ -z "$driver" ]; then
+  say "gpu-check: nvidia-smi gives no driver version: no driver or no GPU here? (see machine.txt)"
+elif [[ "$driver" =~ ^[0-9]+ ]] && [ "${BASH_REMATCH[0]}" -lt 580 ]; then
+  say "gpu-check: driver $driver is older than CUDA 13 needs (580 or newer): expect every step to fail with 'CUDA driver version is insufficient' unless CUDA's forward-compatibility libraries are installed"
+fi
+
 if [ -n "$bundle" ]; then
   if [ ! -f "$bundle/MANIFEST.txt" ] || [ ! -e "$bundle/bin/ddpdiag" ]; then
     status=1
@@ -293,7 +308,9 @@ else
   fi
 fi
 
-step unit_gpu 150 "$tests" "[nccl]" --reporter junit --out "$out/unit_gpu.xml"
+# DDPDIAG_REQUIRE_GPU=1: a GPU case that finds no usable GPU fails instead of
+# skipping (tests/gpu_skip.h), so this step cannot pass having tested nothing.
+step unit_gpu 150 env DDPDIAG_REQUIRE_GPU=1 "$tests" "[nccl]" --reporter junit --out "$out/unit_gpu.xml"
 # At one rank NCCL does no work for an in-place sum: the size sweep is out of
 # place only, and what it checks is correctness and the code path.
 step allreduce_nccl 120 "$bin" allreduce-test --backend nccl --nproc 1 -b 8 -e 256M -f 4 \
@@ -331,7 +348,10 @@ step memory_nccl 90 "$bin" memory --backend nccl --nproc 1 --model gpt2 --bucket
 # Two ranks given the same GPU (both LOCAL_RANK 0, each claiming a host of
 # its own): both must stop with exit 2 and the message naming both ranks and
 # the device, before NCCL's own "Duplicate GPU detected". Passes when they do.
-step two_ranks_one_gpu 60 bash -c '
+if [ "$compute_mode" = Exclusive_Process ]; then
+  say "== two_ranks_one_gpu: skipped, the GPU is in Exclusive_Process compute mode (one process at a time): the second rank could not use it at all"
+else
+  step two_ranks_one_gpu 60 bash -c '
   bin=$1 out=$2 port=$((20000 + RANDOM % 20000))
   for r in 0 1; do
     RANK=$r WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
@@ -344,5 +364,6 @@ step two_ranks_one_gpu 60 bash -c '
   cat "$out"/two_ranks_one_gpu.rank*.txt
   [ "$rc0" -eq 2 ] && [ "$rc1" -eq 2 ] &&
     grep -q "ranks 0 and 1 both use the same GPU" "$out"/two_ranks_one_gpu.rank*.txt
-' _ "$bin" "$out"
+  ' _ "$bin" "$out"
+fi
 finish

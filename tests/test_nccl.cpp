@@ -1,5 +1,6 @@
 // The NCCL backend at world size 1 over a MemoryStore. Built only with CUDA
-// and NCCL; the "[gpu]" cases skip with a reason where there is no GPU, and
+// and NCCL; the "[gpu]" cases skip with a reason where there is no GPU (fail with
+// DDPDIAG_REQUIRE_GPU=1: tests/gpu_skip.h), and
 // the no-GPU case checks the error a CPU machine gets.
 #include <catch2/catch.hpp>
 
@@ -18,6 +19,7 @@
 #include "comm/store/store.h"
 #include "comm/types.h"
 #include "ddp_core/param_broadcast.h"
+#include "tests/gpu_skip.h"
 
 using namespace ddpdiag;
 using namespace std::chrono_literals;
@@ -124,10 +126,7 @@ TEST_CASE("nccl: the no-GPU reason names the driver and CUDA_VISIBLE_DEVICES", "
 }
 
 TEST_CASE("nccl: collectives on device memory at world size 1", "[nccl][gpu]") {
-  if (cuda_device_count() == 0) {
-    WARN("skipped: no GPU (" << cuda_unavailable_reason() << ")");
-    return;
-  }
+  if (ddpdiag::test::no_gpu_skip()) return;
   auto comm = make_communicator(nccl_options());
   REQUIRE(comm->memory_kind() == MemoryKind::kDevice);
   INFO(comm->library_version() << " on " << comm->device_name());
@@ -170,10 +169,7 @@ TEST_CASE("nccl: collectives on device memory at world size 1", "[nccl][gpu]") {
 }
 
 TEST_CASE("nccl: parameter broadcast packs scattered tensors with device copies", "[nccl][gpu]") {
-  if (cuda_device_count() == 0) {
-    WARN("skipped: no GPU (" << cuda_unavailable_reason() << ")");
-    return;
-  }
+  if (ddpdiag::test::no_gpu_skip()) return;
   auto comm = make_communicator(nccl_options());
   // One allocation per tensor: no chunk is contiguous, so each is packed
   // into a staging buffer on the device (the root's side of the staging; the

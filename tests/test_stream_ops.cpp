@@ -19,6 +19,7 @@
 #include "comm/types.h"
 #include "ddp_core/backward_sim.h"
 #include "ddp_core/reducer.h"
+#include "tests/gpu_skip.h"
 #include "tests/rank_threads.h"
 
 using namespace ddpdiag;
@@ -161,10 +162,7 @@ TEST_CASE("stream ops: Gloo runs them in order with its collectives", "[stream_o
 }
 
 TEST_CASE("stream ops: device kernels give the host reference's bits", "[nccl][gpu]") {
-  if (cuda_device_count() == 0) {
-    WARN("skipped: no GPU (" << cuda_unavailable_reason() << ")");
-    return;
-  }
+  if (ddpdiag::test::no_gpu_skip()) return;
   CommOptions o;
   o.backend = Backend::kNccl;
   o.store = std::make_shared<MemoryStore>();
@@ -266,10 +264,7 @@ TEST_CASE("stream ops: device kernels give the host reference's bits", "[nccl][g
 }
 
 TEST_CASE("stream ops: the reducer on a GPU gives Gloo's bits", "[nccl][gpu]") {
-  if (cuda_device_count() == 0) {
-    WARN("skipped: no GPU (" << cuda_unavailable_reason() << ")");
-    return;
-  }
+  if (ddpdiag::test::no_gpu_skip()) return;
   using namespace ddpdiag::ddp_core;
   CommOptions o;
   o.backend = Backend::kNccl;

@@ -248,6 +248,8 @@ cudaError_t divide(void* buf, std::size_t n, DType t, int divisor, cudaStream_t 
     case DType::kUInt8:
       divide_int<<<blocks, kElementThreads, 0, stream>>>(static_cast<std::uint8_t*>(buf), n, q);
       break;
+    default:
+      return cudaErrorInvalidValue;  // a dtype without a kernel: never silently undivided
   }
   return cudaGetLastError();
 }
