@@ -7,7 +7,11 @@
 # bucket flatten/unflatten as a fraction of a device-to-device copy, target
 # >= 0.9), the reducer's GPU path with a simulated backward (ddp-step),
 # `ddpdiag memory` on the GPU, and two ranks given the same GPU (refused with
-# exit 2 naming both); writing logs, tables and JSON into OUT_DIR.
+# exit 2 naming both; skipped on a GPU in Exclusive_Process compute mode);
+# writing logs, tables and JSON into OUT_DIR. The unit step sets
+# DDPDIAG_REQUIRE_GPU=1: a GPU case that finds no GPU fails, not skips.
+# machine.txt and the summary give the driver (a note where it is older than
+# CUDA 13's 580) and the compute mode.
 #
 # What the figures are: everything runs at one rank, where NCCL runs no
 # all_reduce kernel (out of place it copies send to receive, in place it does
