@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include <fmt/core.h>
 #include <nlohmann/json.hpp>
@@ -144,6 +146,17 @@ void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOpt
               std::string(launcher_name(job.world.launcher)).c_str());
   std::printf("# iters %d, warmup %d, check iters %d, dtype %s, op %s\n", so.iters, so.warmup,
               so.check_iters, o.dtype.c_str(), o.op.c_str());
+  // What small sizes' times include, for a comparison with nccl-tests
+  // (README, allreduce-test): at one rank NCCL launches directly either way.
+  if (job.backend == Backend::kNccl && job.size() > 1) {
+    const char* blocking = std::getenv("NCCL_COMM_BLOCKING");
+    if (blocking && std::string_view(blocking) == "1")
+      std::printf("# nccl: blocking communicator (NCCL_COMM_BLOCKING=1): ops launched as nccl-tests "
+                  "does; init and teardown wait on NCCL without ddpdiag's deadline\n");
+    else
+      std::printf("# nccl: non-blocking communicator: NCCL launches each op from a thread of its "
+                  "own, which small sizes' times include (NCCL_COMM_BLOCKING=1: as nccl-tests)\n");
+  }
   for (const auto& r : job.ranks) {
     const std::string net =
         r.net_address.empty() ? "" : " net " + network_text(r.net_interface, r.net_address, r.net_speed_mbps);
