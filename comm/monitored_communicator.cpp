@@ -65,6 +65,7 @@ class MonitoredWork final : public Work {
   bool is_completed() override { return !inner_ || inner_->is_completed(); }
 
   void wait(Millis timeout) override {
+    if (finished_) return;
     if (!inner_) {
       // A phantom collective (injected desync): it never completes, as a
       // collective that no peer joins; it ends at its deadline or the alarm.
@@ -94,6 +95,7 @@ class MonitoredWork final : public Work {
       if (seq_ > 0) owner_->corrupt_result(corrupt_target_, dtype_, count_);
       else owner_->corrupt_received(corrupt_target_, count_);
     }
+    finished_ = true;
   }
 
   void abort() override {
@@ -116,6 +118,7 @@ class MonitoredWork final : public Work {
   DType dtype_;
   std::size_t count_;
   bool corrupted_ = false;
+  bool finished_ = false;  // waited for (and corrupted) once: later waits return
 };
 
 class DoneWork final : public Work {
@@ -242,8 +245,15 @@ std::shared_ptr<Work> MonitoredCommunicator::issue(Fingerprint fp, MakeFn make,
   }
   started_.store(seq);
   if (!fault_at(Fault::Kind::kCorrupt, seq)) corrupt_target = nullptr;
-  return std::make_shared<MonitoredWork>(this, seq, std::move(fp), std::move(work),
-                                         corrupt_target, dtype, count);
+  const bool corrupt_now = corrupt_target && work;
+  auto monitored = std::make_shared<MonitoredWork>(this, seq, std::move(fp), std::move(work),
+                                                   corrupt_target, dtype, count);
+  // The injected corruption lands before this call returns: on a stream (NCCL,
+  // the reducer's stream path) the caller queues work after the op at once
+  // (unflatten, a hook's decompress), which would otherwise read the result
+  // before the wait corrupted it, and the check would see a clean gradient.
+  if (corrupt_now) monitored->wait(op_timeout());
+  return monitored;
 }
 
 void MonitoredCommunicator::prune_p2p() {

@@ -12,10 +12,14 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
+#include <thread>
+#include <mutex>
 
 #include <fmt/core.h>
 
 #include "comm/memory.h"
+#include "comm/monitored_communicator.h"
 #include "ddp_core/backward_sim.h"
 #include "ddp_core/reducer.h"
 #include "tests/forwarding_communicator.h"
@@ -464,6 +468,65 @@ TEST_CASE("reducer: the stream path gives the host path's bits", "[reducer]") {
   });
   INFO(describe(f));
   CHECK(f.empty());
+}
+
+// --inject-fault corrupt on the stream path (the one NCCL always takes): the
+// reducer queues the unflatten or a hook's decompress right after each
+// bucket's all_reduce, so a corruption applied at the wait came after the
+// gradient had been copied out, and the check passed in about half the runs.
+// The fault now lands before the all_reduce call returns.
+TEST_CASE("reducer: an injected corrupt fault reaches the checked gradient on both paths",
+          "[reducer][monitor]") {
+  for (int trial = 0; trial < 3; ++trial)
+    for (CompressionHook h : {CompressionHook::kNone, CompressionHook::kFp16})
+      for (bool views : {false, true})
+        for (bool stream : {false, true}) {
+          CAPTURE(trial, compression_hook_name(h), views, stream);
+          std::int64_t wrong_on_1 = -1, wrong_on_0 = -1;
+          // Ranks as threads, each owning its Gloo communicator (the monitor
+          // takes it, with its stream operations).
+          auto store = std::make_shared<MemoryStore>();
+          Failures f;
+          std::mutex f_mutex;
+          const auto body = [&](int r) {
+            auto c = make_communicator(gloo_rank_options(r, 2, store, 20s));
+            MonitorOptions mo;
+            mo.rank = r;
+            mo.world_rank = r;
+            mo.size = 2;
+            mo.timeout = 20s;
+            Fault fault;
+            fault.kind = Fault::Kind::kCorrupt;
+            fault.rank = 1;
+            mo.faults.push_back(fault);
+            MonitoredCommunicator mc(std::move(c), mo);
+            auto o = small_options();
+            o.hook = h;
+            o.gradient_as_bucket_view = views;
+            o.stream_path = stream;
+            Reducer red(mc, small_layout(), o);
+            simulate_backward(red, mc, 0);
+            red.finalize();
+            const auto chk = check_gradients(red, mc, 0, 1.0, 0, {});
+            (r == 1 ? wrong_on_1 : wrong_on_0) = chk.wrong;
+            mc.barrier()->wait(20s);
+          };
+          std::vector<std::thread> threads;
+          for (int r = 0; r < 2; ++r)
+            threads.emplace_back([&, r] {
+              try {
+                body(r);
+              } catch (const std::exception& e) {
+                std::lock_guard<std::mutex> lock(f_mutex);
+                f.push_back(fmt::format("rank {} threw: {}", r, e.what()));
+              }
+            });
+          for (auto& t : threads) t.join();
+          INFO(describe(f));
+          REQUIRE(f.empty());
+          CHECK(wrong_on_1 > 0);
+          CHECK(wrong_on_0 == 0);
+        }
 }
 
 // Sparse gradients (nn.Embedding(sparse=True)): reduced as torch's Gloo
