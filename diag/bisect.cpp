@@ -90,7 +90,27 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
   // a split fails on this rank, or on a backend without split (Gloo), each
   // group is a fresh communicator over the store (Gloo sub-contexts), which
   // does not need a healthy parent.
+  // Whether to split is decided by every rank together: a rank whose world
+  // communicator was aborted (a phase of init-check failed there only) cannot
+  // split, and the others would wait in ncclCommSplit, a collective of the
+  // whole world, for it until --timeout.
+  // all_agree: true when every rank said `mine` is true (store counters, one
+  // round; bounded like the groups' barrier).
+  auto all_agree = [&](const std::string& key, bool mine) {
+    if (mine) job.store->add(key + "/yes", 1);
+    job.store->add(key + "/votes", 1);
+    const auto deadline = Clock::now() + 2 * job.timeout + Millis(5000);
+    while (job.store->add(key + "/votes", 0) < job.size()) {
+      if (Clock::now() >= deadline)
+        throw TimeoutError(fmt::format("bisect: not every rank said in time whether it can split ({})", key),
+                           {"bisect", job.rank(), -1, "a rank is gone or stuck; see the other ranks' logs"});
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return job.store->add(key + "/yes", 0) == job.size();
+  };
   bool try_split = job.comm && job.comm->can_split();
+  // Only NCCL splits; the backend is the same on every rank.
+  if (job.backend == Backend::kNccl) try_split = all_agree(base + "/can_split", try_split);
   // Tests groups[i] for each i in `which`, in that order, every rank taking
   // part; returns the merged outcomes on rank 0 (empty elsewhere).
   auto run_pass = [&](const std::vector<std::size_t>& which, const std::string& pass) {
@@ -101,14 +121,26 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
       const std::string key = fmt::format("{}/{}{}", base, pass, i);
       std::unique_ptr<Communicator> split;
       if (try_split) {
+        bool split_ok = true;
         try {
           split = job.comm->split(member ? 0 : -1, job.rank(), job.timeout);
         } catch (const Error& e) {
-          try_split = false;
+          split_ok = false;
           std::fprintf(stderr,
                        "[rank %d] bisect: splitting the world communicator failed (%s); this "
                        "and the remaining sub-groups are created over the store\n",
                        job.rank(), e.what());
+        }
+        // One rank's failed split sends every rank to the store's groups, so
+        // that no member waits in a split communicator its peers left.
+        if (!all_agree(key + "/split", split_ok)) {
+          if (split_ok)
+            std::fprintf(stderr,
+                         "[rank %d] bisect: another rank could not split the world communicator; "
+                         "this and the remaining sub-groups are created over the store\n",
+                         job.rank());
+          split.reset();
+          try_split = false;
         }
       }
       if (member) {

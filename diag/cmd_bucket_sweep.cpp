@@ -423,9 +423,10 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
                 // own, the plain sweep's buffers (as allreduce-test's).
                 [opts](const Job& job) {
                   check_layout_memory(job, opts->model, 2, 0);
-                  if (opts->no_size_sweep || job.backend != Backend::kGloo) return;
+                  if (opts->no_size_sweep) return;
+                  // Send, receive and host copy on Gloo; the host copy on NCCL.
                   const std::size_t largest = parse_size(opts->sweep_max) / 4 * 4;
-                  check_host_memory(job, static_cast<long double>(largest) * 3,
+                  check_host_memory(job, static_cast<long double>(largest) * (job.backend == Backend::kGloo ? 3 : 1),
                                     fmt::format("the plain sweep's buffers of {} (--sweep-maxbytes)",
                                                 format_size(largest)),
                                     "use a smaller --sweep-maxbytes (or --no-size-sweep), or fewer "

@@ -215,6 +215,9 @@ void print_header(const Job& job, const DpVsRingOptions& o) {
               "all-gather; backend: the backend's own all_reduce\n");
   std::printf("# bytes moved = sent + received by one rank over one call (theory: gather root "
               "2(n-1)S, others 2S; ring 2 x 2(n-1)/n S)\n");
+  if (job.backend == Backend::kNccl)
+    std::printf("# nccl: gather and ring reduce on the host (each piece copied off the GPU and "
+                "back, in their times): compare their bytes, not their times, with the backend's\n");
   std::printf("# %3s %-8s %10s %10s %9s %9s %12s %12s %7s %11s %11s %6s\n", "n", "algo",
               "size", "time", "algbw", "busbw", "moved rank0", "moved other", "theory", "extra r0",
               "extra other", "#wrong");
@@ -476,8 +479,12 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
                 [opts](Job& job, reports::Report& report) { run(job, report, *opts); },
                 [opts](const Job& job) {
                   // Each rank's buffer and its host copy at the largest size
-                  // (Gloo; NCCL: the host copy). On Gloo the gather root (rank 0)
-                  // also holds every other rank's buffer at once.
+                  // (Gloo). On Gloo the gather root (rank 0) also holds every
+                  // other rank's buffer at once. NCCL's buffers are on the GPU;
+                  // on the host each rank has the copy and the staging through
+                  // which the algorithms reduce (comm/algorithms/traffic.cpp:
+                  // two ring chunks, at most the size), and the gather root
+                  // stages two whole buffers.
                   const auto dtype = parse_dtype(opts->dtype);
                   const std::size_t minb = parse_size(opts->min_bytes), maxb = parse_size(opts->max_bytes);
                   if (!dtype || maxb < minb || maxb < dtype_size(*dtype)) return;  // run() says why
@@ -496,17 +503,18 @@ Subcommand add_dp_vs_ring_command(CLI::App& parent) {
                   } catch (const UsageError&) {
                     return;
                   }
+                  const bool root = gather && job.rank() == 0;
                   const long double root_extra =
-                      gloo && gather && job.rank() == 0
-                          ? static_cast<long double>(largest) * (widest - 1)
-                          : 0.0L;
-                  check_host_memory(job, static_cast<long double>(largest) * (gloo ? 2 : 1),
+                      !root ? 0.0L
+                            : static_cast<long double>(largest) * (gloo ? widest - 1 : 1);
+                  check_host_memory(job, static_cast<long double>(largest) * 2,
                                     fmt::format("buffers of {} (the sweep's largest size)", format_size(largest)),
                                     "use a smaller -e, or fewer ranks on this host",
                                     root_extra,
-                                    widest == 2 ? std::string("the gather root holds the other rank's buffer")
-                                                : fmt::format("the gather root holds the {} other ranks' buffers",
-                                                              widest - 1));
+                                    !gloo ? std::string("the gather root reduces through two host buffers")
+                                    : widest == 2 ? std::string("the gather root holds the other rank's buffer")
+                                                  : fmt::format("the gather root holds the {} other ranks' buffers",
+                                                                widest - 1));
                 });
           }};
 }

@@ -553,7 +553,9 @@ class NcclCommunicator final : public Communicator {
     return stream_ops_.get();
   }
 
-  bool can_split() const override { return true; }
+  // Not once aborted (split() would refuse at once; bisect asks every rank
+  // before any of them enters ncclCommSplit).
+  bool can_split() const override { return !shared_->aborted.load(); }
   // ncclCommSplit, non-blocking like init: the parent's state and then the
   // child's are polled until they leave ncclInProgress or the deadline.
   std::unique_ptr<Communicator> split(int color, int key, Millis timeout) override {
