@@ -682,6 +682,27 @@ void check_host_memory(const Job& job, long double per_rank, const std::string& 
       {"flags", job.rank(), -1, hint});
 }
 
+void refuse_sparse_on_device(const Job& job, const std::string& model) {
+  if (job.backend == Backend::kGloo) return;
+  ddp_core::ModelLayout layout;
+  try {
+    layout = ddp_core::load_model(model);
+  } catch (const std::exception&) {
+    return;
+  }
+  for (std::size_t p = 0; p < layout.tensors.size(); ++p) {
+    const auto& t = layout.tensors[p];
+    if (!t.expects_sparse || !t.requires_grad) continue;
+    throw UsageError(
+        fmt::format("the model's parameter {} (index {}) has a sparse gradient, which ddpdiag's "
+                    "reducer does not reduce on device memory ({} backend); torch reduces sparse "
+                    "gradients with an allgather of indices and values, as the Gloo backend does",
+                    t.name, p, backend_name(job.backend)),
+        {"reducer.init", job.rank(), -1,
+         "use --backend gloo for layouts with sparse (nn.Embedding(sparse=True)) parameters"});
+  }
+}
+
 void check_layout_memory(const Job& job, const std::string& model, int grad_copies,
                          int param_copies, std::optional<std::int64_t> sparse_rows,
                          long double extra_bytes, const std::string& extra_what) {

@@ -355,6 +355,13 @@ std::vector<std::string> split_list(const std::string& s, const std::string& fla
 void check_host_memory(const Job& job, long double per_rank, const std::string& what,
                        const std::string& hint, long double this_rank_extra = 0,
                        const std::string& extra_what = {});
+// For the commands that reduce a model's gradients with the reducer
+// (ddp-step, bucket-sweep, memory), before the rendezvous: on NCCL a layout
+// with a sparse trainable parameter is refused (UsageError, exit 2) as the
+// reducer would refuse it after NCCL's init. A layout that cannot be read is
+// left to the command.
+void refuse_sparse_on_device(const Job& job, const std::string& model);
+
 // check_host_memory for a command that runs a model layout (ddp-step,
 // bucket-sweep, memory, broadcast-test), on Gloo: per rank, `grad_copies`
 // times the layout's trainable bytes plus `param_copies` times all its

@@ -422,6 +422,7 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
                 // The gradients and the buckets of a cap; then, on their
                 // own, the plain sweep's buffers (as allreduce-test's).
                 [opts](const Job& job) {
+                  refuse_sparse_on_device(job, opts->model);
                   check_layout_memory(job, opts->model, 2, 0);
                   if (opts->no_size_sweep) return;
                   // Send, receive and host copy on Gloo; the host copy on NCCL.

@@ -319,7 +319,10 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
                 [opts](Job& job, reports::Report& r) { run(job, r, *opts); },
                 // The buckets, and each gradient's own buffer unless they
                 // are views of the buckets.
-                [opts](const Job& job) { check_layout_memory(job, opts->model, opts->views ? 1 : 2, 0, opts->sparse_rows); });
+                [opts](const Job& job) {
+                  refuse_sparse_on_device(job, opts->model);
+                  check_layout_memory(job, opts->model, opts->views ? 1 : 2, 0, opts->sparse_rows);
+                });
           }};
 }
 

@@ -413,6 +413,7 @@ Subcommand add_memory_command(CLI::App& parent) {
                 [opts](const Job& job) {
                   // The workspace too, where its size is one run() takes.
                   const bool ws = opts->workspace_mb >= 0 && opts->workspace_mb <= kMaxWorkspaceMb;
+                  refuse_sparse_on_device(job, opts->model);
                   check_layout_memory(job, opts->model, opts->gradient_views ? 1 : 2, 1, std::nullopt,
                                       ws ? static_cast<long double>(opts->workspace_mb) * kMiB : 0,
                                       "the workspace of --workspace-mb");

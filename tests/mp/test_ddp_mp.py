@@ -250,6 +250,15 @@ class DdpStep(unittest.TestCase):
                 p = run(["ddp-step", "--nproc", "2", "--model", layout, "--hook", hook])
                 self.assertEqual(p.returncode, 2, p.stderr)
                 self.assertIn("--hook %s with sparse gradients is not modelled" % hook, p.stderr)
+            # On NCCL the reducer does not reduce sparse gradients: refused
+            # before the ranks meet (exit 2, not NCCL's init and then exit 2,
+            # nor "no GPU", exit 3, on a machine without one).
+            for cmd in ("ddp-step", "memory", "bucket-sweep"):
+                p = run([cmd, "--backend", "nccl", "--nproc", "2", "--model", layout])
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertIn("parameter emb.weight (index 1) has a sparse gradient", p.stderr)
+                self.assertIn("use --backend gloo", p.stderr)
+                self.assertNotIn("no GPU", p.stderr)
             # More rows than the host can hold: refused before the ranks meet,
             # with a report (was an internal error, std::bad_alloc, exit 70).
             path = tmp_json()
