@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include <fmt/core.h>
@@ -37,6 +38,7 @@
 #include "diag/cli_common.h"
 #include "diag/commands.h"
 #include "diag/launcher.h"
+#include "diag/tools_analysis.h"
 
 namespace ddpdiag::cli {
 
@@ -180,20 +182,14 @@ std::string resolve(const std::string& host, const std::string& what, Millis tim
   return fmt::format("{} '{}' -> {}", what, host, joined);
 }
 
-// NCCL's own log, when --nccl-debug asked for it: the lines of the init,
-// bootstrap and network subsystems, and warnings.
+// NCCL's own log, when --nccl-debug asked for it (INIT, BOOTSTRAP, NET and
+// ENV lines, and warnings): its key lines and its last 80
+// (tools::select_nccl_log_lines).
 nlohmann::json nccl_log_lines(const std::string& path) {
-  nlohmann::json out = nlohmann::json::array();
   std::ifstream in(path);
-  std::string line;
-  std::vector<std::string> keep;
-  while (std::getline(in, line))
-    if (line.find("INIT") != std::string::npos || line.find("BOOTSTRAP") != std::string::npos ||
-        line.find("NET") != std::string::npos || line.find("WARN") != std::string::npos)
-      keep.push_back(line);
-  const std::size_t from = keep.size() > 80 ? keep.size() - 80 : 0;
-  for (std::size_t i = from; i < keep.size(); ++i) out.push_back(keep[i]);
-  return out;
+  std::stringstream text;
+  text << in.rdbuf();
+  return nlohmann::json(tools::select_nccl_log_lines(text.str()));
 }
 
 std::string describe_env(const World& w) {
@@ -351,7 +347,9 @@ int run_init_check(const InitCheckOptions& io) {
         // placeholders, the rank makes the file ours.
         nccl_log_path = fmt::format("/tmp/ddpdiag-nccl-{}-rank{}.log", static_cast<long>(getpid()), me);
         setenv("NCCL_DEBUG", "INFO", 1);
-        setenv("NCCL_DEBUG_SUBSYS", "INIT,BOOTSTRAP,NET", 1);
+        // ENV too: the NCCL_* settings NCCL says it read (naming any
+        // subsystem drops NCCL's default INIT,BOOTSTRAP,ENV).
+        setenv("NCCL_DEBUG_SUBSYS", "INIT,BOOTSTRAP,NET,ENV", 1);
         setenv("NCCL_DEBUG_FILE", nccl_log_path.c_str(), 1);
       }
     }
@@ -477,7 +475,6 @@ int run_init_check(const InitCheckOptions& io) {
                     "the wrong interface (set NCCL_SOCKET_IFNAME; rerun with --nccl-debug)";
         throw;
       }
-      if (!nccl_log_path.empty()) nccl_log = nccl_log_lines(nccl_log_path);
       // Every rank's device and, on Gloo, where it listens: the report's
       // rank_network, for the "wrong interface" questions init-check is for.
       gather_rank_devices(job);
@@ -514,6 +511,10 @@ int run_init_check(const InitCheckOptions& io) {
       return fmt::format("barrier in {:.0f} us",
                          std::chrono::duration<double, std::micro>(Clock::now() - t).count());
     });
+    // NCCL's log after the first collectives: NCCL connects the ranks' rings
+    // and trees at the first collective (NCCL_RUNTIME_CONNECT, on by
+    // default), and logs their transports or a failure to connect then.
+    if (!nccl_log_path.empty()) nccl_log = nccl_log_lines(nccl_log_path);
   } catch (const Error& e) {
     print_error(e);
     if (e.exit_code() == ExitCode::kUsage && !job.store && job.world_known) refusal = e.what();
@@ -528,7 +529,8 @@ int run_init_check(const InitCheckOptions& io) {
       if (rec.status == "fail") after = true;
     }
     if (job.comm) job.comm->abort();
-    if (!nccl_log_path.empty() && nccl_log.is_null()) nccl_log = nccl_log_lines(nccl_log_path);
+    // Read again whatever phase failed: its warnings came last.
+    if (!nccl_log_path.empty()) nccl_log = nccl_log_lines(nccl_log_path);
   }
 
   // Whether this process knows its rank: not when the environment (or the

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -256,7 +257,26 @@ std::string prepare_nccl_log(const LinkHealthOptions& o) {
   const char* tmp = std::getenv("TMPDIR");
   const std::string dir = tmp && *tmp ? tmp : "/tmp";
   ::setenv("NCCL_DEBUG", "INFO", 0);
-  ::setenv("NCCL_DEBUG_SUBSYS", "INIT,P2P", 0);
+  // The transport ("Channel ... via ...") lines are logged under INIT: a
+  // subsystem list of the user's without it gets INIT added (a list that
+  // starts with ^ excludes what it names, and is left as it is).
+  const char* subsys = std::getenv("NCCL_DEBUG_SUBSYS");
+  if (!subsys || !*subsys) {
+    ::setenv("NCCL_DEBUG_SUBSYS", "INIT,P2P", 1);
+  } else if (subsys[0] != '^') {
+    std::string upper(subsys);
+    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    bool has_init = false, has_all = false;
+    std::size_t at = 0;
+    while (at <= upper.size()) {
+      const std::size_t comma = std::min(upper.find(',', at), upper.size());
+      const std::string word = upper.substr(at, comma - at);
+      has_init = has_init || word == "INIT";
+      has_all = has_all || word == "ALL";
+      at = comma + 1;
+    }
+    if (!has_init && !has_all) ::setenv("NCCL_DEBUG_SUBSYS", (std::string(subsys) + ",INIT").c_str(), 1);
+  }
   ::setenv("NCCL_DEBUG_FILE",
            fmt::format("{}/ddpdiag-nccl-{}.%h.%p", dir, ::getpid()).c_str(), 0);
   ::setenv("DDPDIAG_NCCL_LOG_BY_LINK_HEALTH", "1", 1);
@@ -289,7 +309,15 @@ json nccl_transports(const Job& job, std::string& why_unknown) {
     if (t.dst == job.rank()) seen[t.src].insert(t.transport);
   }
   for (const auto& [peer, ts] : seen) per_peer[std::to_string(peer)] = std::vector<std::string>(ts.begin(), ts.end());
-  if (seen.empty()) why_unknown = "no transport line in " + path;
+  if (seen.empty()) {
+    const char* level = std::getenv("NCCL_DEBUG");
+    const char* subsys = std::getenv("NCCL_DEBUG_SUBSYS");
+    why_unknown = fmt::format(
+        "no transport line in {} (NCCL logs them at NCCL_DEBUG=INFO with the INIT subsystem; here "
+        "NCCL_DEBUG={}, NCCL_DEBUG_SUBSYS={}; a NCCL_DEBUG_FILE without %p is rewritten by each "
+        "rank of a host)",
+        path, level ? level : "(unset)", subsys ? subsys : "(unset)");
+  }
   return per_peer;
 }
 

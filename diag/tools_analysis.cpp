@@ -182,6 +182,31 @@ std::string classify_transport(std::string_view via) {
   return std::string(via);
 }
 
+std::vector<std::string> select_nccl_log_lines(std::string_view log, std::size_t tail) {
+  static constexpr std::string_view kKey[] = {
+      " NCCL WARN ",     "NCCL version ",   "Bootstrap: Using", "Bootstrap : Using",
+      "NET/Socket : Using", "NET/IB : Using", "Using network ",   "NCCL_SOCKET_IFNAME",
+      "Init START",      "Init COMPLETE",   "set by environment to"};
+  std::vector<std::string_view> lines;
+  std::size_t pos = 0;
+  while (pos < log.size()) {
+    std::size_t eol = log.find('\n', pos);
+    if (eol == std::string_view::npos) eol = log.size();
+    std::string_view line = log.substr(pos, eol - pos);
+    pos = eol + 1;
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
+    if (!line.empty()) lines.push_back(line);  // a WARN starts with an empty line
+  }
+  const std::size_t from = lines.size() > tail ? lines.size() - tail : 0;
+  std::vector<std::string> out;
+  for (std::size_t i = 0; i < lines.size(); ++i) {
+    bool keep = i >= from;
+    for (std::string_view k : kKey) keep = keep || lines[i].find(k) != std::string_view::npos;
+    if (keep) out.emplace_back(lines[i]);
+  }
+  return out;
+}
+
 std::vector<TransportLine> parse_nccl_transports(std::string_view log) {
   std::vector<TransportLine> out;
   std::size_t pos = 0;

@@ -83,6 +83,14 @@ struct TransportLine {
   std::string transport;  // P2P, SHM, NET/IB, NET/Socket, ... (classify_transport)
 };
 std::vector<TransportLine> parse_nccl_transports(std::string_view log);
+// init-check --nccl-debug: the lines of NCCL's log (written with
+// NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,NET,ENV, so every line is of those or a
+// warning) worth a report: the key lines wherever they are (the version,
+// "Bootstrap: Using <if>", the network and NET/Socket or NET/IB interfaces,
+// NCCL_SOCKET_IFNAME as NCCL read it, Init START/COMPLETE, every WARN), then
+// the last `tail` lines of the rest, in the log's order. NCCL writes no
+// subsystem name into a line, so lines are not picked by subsystem words.
+std::vector<std::string> select_nccl_log_lines(std::string_view log, std::size_t tail = 80);
 // "P2P/CUMEM/read" -> "P2P", "SHM/direct/direct" -> "SHM", "NET/IB/0/GDRDMA"
 // -> "NET/IB", "NET/Socket/1" -> "NET/Socket"; anything else as it is.
 std::string classify_transport(std::string_view via);

@@ -687,3 +687,49 @@ TEST_CASE("in_place_no_work_warning: only NCCL at one rank, in place, an op that
   CHECK(in_place_no_work_warning(2, "nccl", true, sum, f32).empty());   // a real all_reduce
   CHECK(in_place_no_work_warning(1, "gloo", true, sum, f32).empty());
 }
+
+// Lines rendered from NCCL 2.28.9's own format strings (debug.cc: "host:pid:tid
+// [dev] NCCL INFO ", a WARN after an empty line with a timestamp): NCCL writes
+// no subsystem name into a line, so the key lines are found by their text.
+TEST_CASE("select_nccl_log_lines: NCCL 2.28.9's key lines, then the tail", "[tools]") {
+  std::string log =
+      "node1:123:456 [0] NCCL INFO NCCL_SOCKET_IFNAME set by environment to eth0\n"
+      "node1:123:456 [0] NCCL INFO Bootstrap: Using eth0:10.0.0.1<0>\n"
+      "node1:123:456 [0] NCCL INFO cudaDriverVersion 13000\n"
+      "node1:123:456 [0] NCCL INFO NCCL version 2.28.9+cuda13.0\n"
+      "node1:123:456 [0] NCCL INFO NET/Socket : Using [0]eth0:10.0.0.1<0>\n"
+      "node1:123:456 [0] NCCL INFO Using network Socket\n"
+      "node1:123:456 [0] NCCL INFO ncclCommInitRankConfig comm 0x55d0 rank 0 nranks 2 cudaDev 0 "
+      "nvmlDev 0 busId 1b000 commId 0x1234 - Init START\n";
+  for (int i = 0; i < 100; ++i)
+    log += "node1:123:456 [0] NCCL INFO filler line " + std::to_string(i) + "\n";
+  log += "node1:123:456 [0] NCCL INFO ncclCommInitRankConfig comm 0x55d0 rank 0 nranks 2 cudaDev 0 "
+         "nvmlDev 0 busId 1b000 commId 0x1234 - Init COMPLETE\n"
+         "\n[2026-12-07 11:00:00] node1:123:789 [0] misc/socket.cc:71 NCCL WARN socketProgress: "
+         "Connection closed by remote peer node2<41234>\n"
+         "node1:123:789 [0] NCCL INFO misc/socket.cc:830 -> 6\n";
+  const auto got = select_nccl_log_lines(log, 5);
+  REQUIRE(got.size() >= 8);
+  auto has = [&](std::string_view text) {
+    return std::any_of(got.begin(), got.end(),
+                       [&](const std::string& l) { return l.find(text) != std::string::npos; });
+  };
+  CHECK(has("Bootstrap: Using eth0:10.0.0.1<0>"));
+  CHECK(has("NCCL version 2.28.9"));
+  CHECK(has("NET/Socket : Using [0]eth0"));
+  CHECK(has("Using network Socket"));
+  CHECK(has("NCCL_SOCKET_IFNAME set by environment to eth0"));
+  CHECK(has("Init START"));
+  CHECK(has("Init COMPLETE"));
+  CHECK(has("NCCL WARN socketProgress: Connection closed by remote peer"));
+  CHECK(has("misc/socket.cc:830 -> 6"));  // in the tail
+  CHECK_FALSE(has("cudaDriverVersion"));  // neither key nor in the last 5
+  CHECK_FALSE(has("filler line 0"));
+  CHECK(has("filler line 99"));
+  for (const auto& l : got) CHECK_FALSE(l.empty());
+  // In the log's order.
+  CHECK(got.front().find("NCCL_SOCKET_IFNAME") != std::string::npos);
+  CHECK(got.back().find("-> 6") != std::string::npos);
+  // A short log is kept whole.
+  CHECK(select_nccl_log_lines("a\nb\n\nc", 80) == std::vector<std::string>{"a", "b", "c"});
+}

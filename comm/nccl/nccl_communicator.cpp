@@ -973,7 +973,7 @@ std::unique_ptr<Communicator> make_nccl_communicator(const CommOptions& opts) {
       throw TimeoutError("NCCL init did not finish within " + std::to_string(opts.timeout.count()) +
                              " ms on rank " + std::to_string(rank),
                          ctx("a rank did not reach init or the network between ranks is blocked; "
-                             "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,NET"));
+                             "rerun with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,BOOTSTRAP,NET,ENV"));
     if (msg.find("Duplicate GPU") != std::string::npos)
       throw UsageError("NCCL refused two ranks on one GPU: " + msg,
                        ctx("start at most one rank per GPU, or use --backend gloo"));
