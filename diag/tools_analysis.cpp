@@ -182,21 +182,30 @@ std::string classify_transport(std::string_view via) {
   return std::string(via);
 }
 
+namespace {
+// Calls f(line) for each line of text, without its '\n'.
+template <typename F>
+void for_each_line(std::string_view text, F&& f) {
+  std::size_t pos = 0;
+  while (pos < text.size()) {
+    std::size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    f(text.substr(pos, eol - pos));
+    pos = eol + 1;
+  }
+}
+}  // namespace
+
 std::vector<std::string> select_nccl_log_lines(std::string_view log, std::size_t tail) {
   static constexpr std::string_view kKey[] = {
       " NCCL WARN ",     "NCCL version ",   "Bootstrap: Using", "Bootstrap : Using",
       "NET/Socket : Using", "NET/IB : Using", "Using network ",   "NCCL_SOCKET_IFNAME",
       "Init START",      "Init COMPLETE",   "set by environment to"};
   std::vector<std::string_view> lines;
-  std::size_t pos = 0;
-  while (pos < log.size()) {
-    std::size_t eol = log.find('\n', pos);
-    if (eol == std::string_view::npos) eol = log.size();
-    std::string_view line = log.substr(pos, eol - pos);
-    pos = eol + 1;
+  for_each_line(log, [&](std::string_view line) {
     while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.remove_suffix(1);
     if (!line.empty()) lines.push_back(line);  // a WARN starts with an empty line
-  }
+  });
   const std::size_t from = lines.size() > tail ? lines.size() - tail : 0;
   std::vector<std::string> out;
   for (std::size_t i = 0; i < lines.size(); ++i) {
@@ -209,21 +218,16 @@ std::vector<std::string> select_nccl_log_lines(std::string_view log, std::size_t
 
 std::vector<TransportLine> parse_nccl_transports(std::string_view log) {
   std::vector<TransportLine> out;
-  std::size_t pos = 0;
-  while (pos < log.size()) {
-    std::size_t eol = log.find('\n', pos);
-    if (eol == std::string_view::npos) eol = log.size();
-    std::string_view line = log.substr(pos, eol - pos);
-    pos = eol + 1;
+  for_each_line(log, [&](std::string_view line) {
     const auto arrow = line.find(" -> ");
     const auto via = line.find(" via ");
-    if (arrow == std::string_view::npos || via == std::string_view::npos || via < arrow) continue;
-    if (line.find("Channel") == std::string_view::npos) continue;
+    if (arrow == std::string_view::npos || via == std::string_view::npos || via < arrow) return;
+    if (line.find("Channel") == std::string_view::npos) return;
     // "<src>[<dev>] -> <dst>[<dev>]": the number just before the bracket on
     // the left, the first number on the right.
     std::size_t lb = line.rfind('[', arrow);
     std::size_t colon = line.rfind(':', arrow);
-    if (lb == std::string_view::npos || colon == std::string_view::npos || lb < colon) continue;
+    if (lb == std::string_view::npos || colon == std::string_view::npos || lb < colon) return;
     std::string_view left = line.substr(colon + 1, lb - colon - 1);
     while (!left.empty() && left.front() == ' ') left.remove_prefix(1);
     std::string_view right = line.substr(arrow + 4);
@@ -234,14 +238,14 @@ std::vector<TransportLine> parse_nccl_transports(std::string_view log) {
       return i > 0;
     };
     TransportLine t;
-    if (!number(left, t.src) || !number(right, t.dst)) continue;
+    if (!number(left, t.src) || !number(right, t.dst)) return;
     std::string_view word = line.substr(via + 5);
     const auto end = word.find_first_of(" \t\r");
     t.via = std::string(word.substr(0, end));
-    if (t.via.empty()) continue;
+    if (t.via.empty()) return;
     t.transport = classify_transport(t.via);
     out.push_back(std::move(t));
-  }
+  });
   return out;
 }
 
