@@ -89,13 +89,12 @@ class MonitoredWork final : public Work {
       owner_->fail(seq_, e, &fp_);
     }
     if (seq_ > 0) owner_->mark_completed(seq_);
-    if (corrupt_target_ && !corrupted_) {
-      corrupted_ = true;
+    finished_ = true;
+    if (corrupt_target_) {
       // A point-to-point op has no sequence number; its count is in bytes.
       if (seq_ > 0) owner_->corrupt_result(corrupt_target_, dtype_, count_);
       else owner_->corrupt_received(corrupt_target_, count_);
     }
-    finished_ = true;
   }
 
   void abort() override {
@@ -117,7 +116,6 @@ class MonitoredWork final : public Work {
   void* corrupt_target_;
   DType dtype_;
   std::size_t count_;
-  bool corrupted_ = false;
   bool finished_ = false;  // waited for (and corrupted) once: later waits return
 };
 

@@ -107,6 +107,20 @@ double IterationTiming::comm_span_us() const {
 
 double IterationTiming::iteration_us() const { return us_between(backward_start, finalize_end); }
 
+void refuse_sparse_on_device(const ModelLayout& layout, std::string_view backend, int rank) {
+  for (std::size_t p = 0; p < layout.tensors.size(); ++p) {
+    const auto& t = layout.tensors[p];
+    if (!t.expects_sparse) continue;
+    throw UsageError(
+        fmt::format("parameter {} (index {}) has a sparse gradient, which the reducer does not "
+                    "reduce on device memory ({} communicator); torch reduces sparse gradients "
+                    "with an allgather of indices and values, as the Gloo backend does",
+                    t.name, p, backend),
+        {"reducer.init", rank, -1,
+         "use --backend gloo for layouts with sparse (nn.Embedding(sparse=True)) parameters"});
+  }
+}
+
 Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
     : comm_(comm), layout_(std::move(layout)), options_(options) {
   device_ = comm_.memory_kind() == MemoryKind::kDevice;
@@ -138,14 +152,7 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   for (std::size_t p = 0; p < layout_.tensors.size(); ++p) {
     const auto& t = layout_.tensors[p];
     if (!t.expects_sparse) continue;
-    if (device_)
-      throw UsageError(
-          fmt::format("parameter {} (index {}) has a sparse gradient, which the reducer does not "
-                      "reduce on device memory ({} communicator); torch reduces sparse gradients "
-                      "with an allgather of indices and values, as the Gloo backend does",
-                      t.name, p, backend_name(comm_.backend())),
-          {"reducer.init", comm_.rank(), -1,
-           "use --backend gloo for layouts with sparse (nn.Embedding(sparse=True)) parameters"});
+    if (device_) refuse_sparse_on_device(layout_, backend_name(comm_.backend()), comm_.rank());
     if (t.dtype != DType::kFloat32 && t.dtype != DType::kFloat64)
       throw UsageError(fmt::format("parameter {} (index {}) has a sparse gradient of dtype {}; "
                                    "sparse gradients are reduced in float32 or float64 only",

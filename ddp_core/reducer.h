@@ -146,6 +146,13 @@ struct ReducerBucket {
   std::uint64_t numel = 0;
 };
 
+// The reducer reduces sparse gradients only on host memory (torch's Gloo
+// way: an allgather of indices and values): a UsageError naming the first
+// sparse parameter of `layout` (its trainable parameters, indexed as the
+// reducer indexes them), for a communicator on device memory of `backend`.
+// Called by the Reducer, and by the commands before their ranks meet.
+void refuse_sparse_on_device(const ModelLayout& layout, std::string_view backend, int rank);
+
 class Reducer {
  public:
   // Builds DDP's buckets for the layout (its gradient ready order, limits

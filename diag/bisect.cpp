@@ -94,18 +94,23 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
   // communicator was aborted (a phase of init-check failed there only) cannot
   // split, and the others would wait in ncclCommSplit, a collective of the
   // whole world, for it until --timeout.
-  // all_agree: true when every rank said `mine` is true (store counters, one
-  // round; bounded like the groups' barrier).
-  auto all_agree = [&](const std::string& key, bool mine) {
-    if (mine) job.store->add(key + "/yes", 1);
-    job.store->add(key + "/votes", 1);
+  // store_barrier: every rank, members of a group or not, counts itself in at
+  // `key` and waits for the others (2 x --timeout + 5 s); `what` says what
+  // they did not all finish in time.
+  auto store_barrier = [&](const std::string& key, const std::string& what) {
+    job.store->add(key, 1);
     const auto deadline = Clock::now() + 2 * job.timeout + Millis(5000);
-    while (job.store->add(key + "/votes", 0) < job.size()) {
+    while (job.store->add(key, 0) < job.size()) {
       if (Clock::now() >= deadline)
-        throw TimeoutError(fmt::format("bisect: not every rank said in time whether it can split ({})", key),
+        throw TimeoutError(fmt::format("bisect: not every rank {} in time", what),
                            {"bisect", job.rank(), -1, "a rank is gone or stuck; see the other ranks' logs"});
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+  };
+  // all_agree: true when every rank said `mine` is true (one store round).
+  auto all_agree = [&](const std::string& key, bool mine) {
+    if (mine) job.store->add(key + "/yes", 1);
+    store_barrier(key + "/votes", fmt::format("said whether it can split ({})", key));
     return job.store->add(key + "/yes", 0) == job.size();
   };
   bool try_split = job.comm && job.comm->can_split();
@@ -155,15 +160,7 @@ nlohmann::json run_bisect(Job& job, const CommonOptions& o, const BisectOptions&
                                     .dump()));
       }
       // Barrier: every rank, members or not, before the next group forms.
-      job.store->add(key + "/done", 1);
-      const auto deadline = Clock::now() + 2 * job.timeout + Millis(5000);
-      while (job.store->add(key + "/done", 0) < job.size()) {
-        if (Clock::now() >= deadline)
-          throw TimeoutError(
-              fmt::format("bisect: not every rank finished sub-group {} ({}) in time", i, g.label),
-              {"bisect", job.rank(), -1, "a rank is gone or stuck; see the other ranks' logs"});
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-      }
+      store_barrier(key + "/done", fmt::format("finished sub-group {} ({})", i, g.label));
       if (job.rank() != 0) continue;
       GroupOutcome merged;
       merged.group = g;

@@ -43,6 +43,7 @@
 #include "comm/net_info.h"
 #include "ddp_core/model_layout.h"
 #include "ddp_core/param_broadcast.h"
+#include "ddp_core/reducer.h"
 #include "diag/launcher.h"
 #include "diag/placement.h"
 
@@ -686,21 +687,11 @@ void refuse_sparse_on_device(const Job& job, const std::string& model) {
   if (job.backend == Backend::kGloo) return;
   ddp_core::ModelLayout layout;
   try {
-    layout = ddp_core::load_model(model);
+    layout = ddp_core::trainable_parameters(ddp_core::load_model(model));
   } catch (const std::exception&) {
     return;
   }
-  for (std::size_t p = 0; p < layout.tensors.size(); ++p) {
-    const auto& t = layout.tensors[p];
-    if (!t.expects_sparse || !t.requires_grad) continue;
-    throw UsageError(
-        fmt::format("the model's parameter {} (index {}) has a sparse gradient, which ddpdiag's "
-                    "reducer does not reduce on device memory ({} backend); torch reduces sparse "
-                    "gradients with an allgather of indices and values, as the Gloo backend does",
-                    t.name, p, backend_name(job.backend)),
-        {"reducer.init", job.rank(), -1,
-         "use --backend gloo for layouts with sparse (nn.Embedding(sparse=True)) parameters"});
-  }
+  ddp_core::refuse_sparse_on_device(layout, backend_name(job.backend), job.rank());
 }
 
 void check_layout_memory(const Job& job, const std::string& model, int grad_copies,

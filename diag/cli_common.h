@@ -360,7 +360,7 @@ void check_host_memory(const Job& job, long double per_rank, const std::string& 
 // with a sparse trainable parameter is refused (UsageError, exit 2) as the
 // reducer would refuse it after NCCL's init. A layout that cannot be read is
 // left to the command.
-void refuse_sparse_on_device(const Job& job, const std::string& model);
+void refuse_sparse_on_device(const Job& job, const std::string& model);  // ddp_core::refuse_sparse_on_device
 
 // check_host_memory for a command that runs a model layout (ddp-step,
 // bucket-sweep, memory, broadcast-test), on Gloo: per rank, `grad_copies`

@@ -264,18 +264,13 @@ std::string prepare_nccl_log(const LinkHealthOptions& o) {
   if (!subsys || !*subsys) {
     ::setenv("NCCL_DEBUG_SUBSYS", "INIT,P2P", 1);
   } else if (subsys[0] != '^') {
-    std::string upper(subsys);
-    for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
-    bool has_init = false, has_all = false;
-    std::size_t at = 0;
-    while (at <= upper.size()) {
-      const std::size_t comma = std::min(upper.find(',', at), upper.size());
-      const std::string word = upper.substr(at, comma - at);
-      has_init = has_init || word == "INIT";
-      has_all = has_all || word == "ALL";
-      at = comma + 1;
+    std::istringstream words(subsys);
+    bool logs_init = false;
+    for (std::string w; std::getline(words, w, ',');) {
+      for (char& c : w) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+      logs_init = logs_init || w == "INIT" || w == "ALL";
     }
-    if (!has_init && !has_all) ::setenv("NCCL_DEBUG_SUBSYS", (std::string(subsys) + ",INIT").c_str(), 1);
+    if (!logs_init) ::setenv("NCCL_DEBUG_SUBSYS", (std::string(subsys) + ",INIT").c_str(), 1);
   }
   ::setenv("NCCL_DEBUG_FILE",
            fmt::format("{}/ddpdiag-nccl-{}.%h.%p", dir, ::getpid()).c_str(), 0);

@@ -289,15 +289,13 @@ class NcclStreamOps final : public StreamOps {
       if (e != cudaSuccess) {
         if (chunks_) cudaFree(chunks_);
         chunks_ = nullptr;
+        const std::string msg = "uploading a flatten plan of " + std::to_string(count_) +
+                                " chunks failed: " + cuda_message(e);
         if (e == cudaErrorMemoryAllocation)
-          throw UsageError("uploading a flatten plan of " + std::to_string(count_) +
-                               " chunks failed: " + cuda_message(e),
-                           ErrorContext{"stream_ops.plan", -1, -1,
-                                        "the GPU is full: use a smaller model or bucket cap, or free "
-                                        "GPU memory (nvidia-smi shows who holds it)"});
-        throw BackendError("uploading a flatten plan of " + std::to_string(count_) +
-                               " chunks failed: " + cuda_message(e),
-                           ErrorContext{"stream_ops.plan", -1, -1, "a CUDA error; check the GPU"});
+          throw UsageError(msg, ErrorContext{"stream_ops.plan", -1, -1,
+                                             "the GPU is full: use a smaller model or bucket cap, or "
+                                             "free GPU memory (nvidia-smi shows who holds it)"});
+        throw BackendError(msg, ErrorContext{"stream_ops.plan", -1, -1, "a CUDA error; check the GPU"});
       }
     }
     ~DevicePlan() override {
@@ -390,23 +388,22 @@ class NcclCommunicator final : public Communicator {
     // within the default timeout, a peer is gone: abort instead.
     {
       std::lock_guard<std::mutex> lock(shared_->mutex);
-      if (!shared_->aborted.load() && shared_->comm && shared_->gave_up) {
-        // A wait gave up on an op (a peer stuck or gone): finalize would
-        // only wait for it until the timeout again.
+      if (!shared_->aborted.load() && shared_->comm) {
         cudaSetDevice(shared_->device);
-        ncclCommAbort(shared_->comm);
-        shared_->comm = nullptr;
-        shared_->aborted = true;
-      } else if (!shared_->aborted.load() && shared_->comm) {
-        cudaSetDevice(shared_->device);
-        ncclResult_t st = ncclCommFinalize(shared_->comm);
-        if (st == ncclSuccess || st == ncclInProgress)
-          st = wait_comm_state(shared_->comm, deadline_after(timeout_));
+        // A wait gave up on an op (a peer stuck or gone): finalize would only
+        // wait for it until the timeout again, so abort at once.
+        ncclResult_t st = ncclInternalError;
+        if (!shared_->gave_up) {
+          st = ncclCommFinalize(shared_->comm);
+          if (st == ncclSuccess || st == ncclInProgress)
+            st = wait_comm_state(shared_->comm, deadline_after(timeout_));
+        }
         if (st == ncclSuccess)
           ncclCommDestroy(shared_->comm);
         else
           ncclCommAbort(shared_->comm);
         shared_->comm = nullptr;
+        if (shared_->gave_up) shared_->aborted = true;
       }
       shared_->destroyed = true;
     }
