@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -106,6 +107,10 @@ class Communicator {
   // TCP listener, whose interface carries the traffic to other hosts); ""
   // where the backend does not say (NCCL chooses its own transports).
   virtual std::string listen_address() const { return ""; }
+  // The IP address each peer's backend listens at, by rank (Gloo: the
+  // address its pairs were connected to); empty where the backend does not
+  // say (NCCL).
+  virtual std::map<int, std::string> peer_addresses() const { return {}; }
 
   // Whether peer `peer`'s host answers on the network now, asked by a TCP
   // connection to the address that peer's backend listened at: refused or

@@ -102,6 +102,7 @@ class AccountingCommunicator final : public Communicator {
   std::string library_version() const override { return inner_.library_version(); }
   std::string device_name() const override { return inner_.device_name(); }
   std::string listen_address() const override { return inner_.listen_address(); }
+  std::map<int, std::string> peer_addresses() const override { return inner_.peer_addresses(); }
   std::vector<StalledLink> stalled_links() const override { return inner_.stalled_links(); }
   std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
                                   ReduceOp op) override {

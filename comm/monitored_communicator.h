@@ -112,6 +112,7 @@ class MonitoredCommunicator final : public Communicator {
   std::string library_version() const override { return inner_->library_version(); }
   std::string device_name() const override { return inner_->device_name(); }
   std::string listen_address() const override { return inner_->listen_address(); }
+  std::map<int, std::string> peer_addresses() const override { return inner_->peer_addresses(); }
   std::vector<StalledLink> stalled_links() const override { return inner_->stalled_links(); }
   HostProbe probe_peer_host(int peer, Millis timeout) override {
     return inner_->probe_peer_host(peer, timeout);

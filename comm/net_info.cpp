@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -9,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include <algorithm>
@@ -116,6 +119,114 @@ std::string format_link_speed(int mbps) {
   if (mbps < 1000) return fmt::format("{} Mb/s", mbps);
   if (mbps % 1000 == 0) return fmt::format("{} Gb/s", mbps / 1000);
   return fmt::format("{:g} Gb/s", mbps / 1000.0);
+}
+
+namespace {
+
+// One RTM_GETROUTE request to the kernel for `ip` on netlink socket fd:
+// the route, or nullopt with the reason in why.
+std::optional<Route> ask_route(int fd, const std::string& ip, std::uint32_t seq, std::string& why) {
+  struct {
+    nlmsghdr header;
+    rtmsg route;
+    char attributes[64];
+  } request{};
+  in6_addr a6{};
+  in_addr a4{};
+  int family = AF_UNSPEC;
+  const void* bytes = nullptr;
+  std::size_t size = 0;
+  if (::inet_pton(AF_INET, ip.c_str(), &a4) == 1) {
+    family = AF_INET, bytes = &a4, size = sizeof a4;
+  } else if (::inet_pton(AF_INET6, ip.c_str(), &a6) == 1) {
+    family = AF_INET6, bytes = &a6, size = sizeof a6;
+  } else {
+    why = "'" + ip + "' is not an IP address";
+    return std::nullopt;
+  }
+  request.header.nlmsg_len = NLMSG_LENGTH(sizeof(rtmsg));
+  request.header.nlmsg_type = RTM_GETROUTE;
+  request.header.nlmsg_flags = NLM_F_REQUEST;
+  request.header.nlmsg_seq = seq;
+  request.route.rtm_family = static_cast<unsigned char>(family);
+  request.route.rtm_dst_len = static_cast<unsigned char>(size * 8);
+  auto* attr = reinterpret_cast<rtattr*>(reinterpret_cast<char*>(&request) +
+                                         NLMSG_ALIGN(request.header.nlmsg_len));
+  attr->rta_type = RTA_DST;
+  attr->rta_len = static_cast<unsigned short>(RTA_LENGTH(size));
+  std::memcpy(RTA_DATA(attr), bytes, size);
+  request.header.nlmsg_len = NLMSG_ALIGN(request.header.nlmsg_len) + RTA_ALIGN(attr->rta_len);
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  if (::sendto(fd, &request, request.header.nlmsg_len, 0, reinterpret_cast<sockaddr*>(&kernel),
+               sizeof kernel) < 0) {
+    why = std::string("cannot ask the kernel for a route: ") + std::strerror(errno);
+    return std::nullopt;
+  }
+  alignas(nlmsghdr) char reply[8192];
+  for (;;) {
+    const ssize_t n = ::recv(fd, reply, sizeof reply, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      why = std::string("no route answer from the kernel: ") + std::strerror(errno);
+      return std::nullopt;
+    }
+    int left = static_cast<int>(n);
+    for (auto* h = reinterpret_cast<nlmsghdr*>(reply); NLMSG_OK(h, left); h = NLMSG_NEXT(h, left)) {
+      if (h->nlmsg_seq != seq) continue;  // an answer to an earlier request that timed out
+      if (h->nlmsg_type == NLMSG_ERROR) {
+        const auto* e = static_cast<const nlmsgerr*>(NLMSG_DATA(h));
+        why = std::string("no route to ") + ip + ": " + std::strerror(-e->error);
+        return std::nullopt;
+      }
+      if (h->nlmsg_type != RTM_NEWROUTE) continue;
+      const auto* rt = static_cast<const rtmsg*>(NLMSG_DATA(h));
+      Route route;
+      route.local = rt->rtm_type == RTN_LOCAL;
+      int attr_left = static_cast<int>(RTM_PAYLOAD(h));
+      const auto address = [&](const rtattr* x) {
+        char text[INET6_ADDRSTRLEN] = {0};
+        if (RTA_PAYLOAD(x) == size) ::inet_ntop(family, RTA_DATA(x), text, sizeof text);
+        return std::string(text);
+      };
+      for (const rtattr* x = RTM_RTA(rt); RTA_OK(x, attr_left); x = RTA_NEXT(x, attr_left)) {
+        if (x->rta_type == RTA_OIF && RTA_PAYLOAD(x) >= sizeof(int)) {
+          int index = 0;
+          std::memcpy(&index, RTA_DATA(x), sizeof index);
+          char name[IF_NAMESIZE] = {0};
+          if (::if_indextoname(static_cast<unsigned>(index), name)) route.interface = name;
+        } else if (x->rta_type == RTA_GATEWAY) {
+          route.gateway = address(x);
+        } else if (x->rta_type == RTA_PREFSRC) {
+          route.source = address(x);
+        }
+      }
+      return route;
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::optional<Route>> routes_to(const std::vector<std::string>& ips, std::string* why) {
+  std::vector<std::optional<Route>> out(ips.size());
+  if (ips.empty()) return out;
+  std::string first_why;
+  const int fd = ::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+  if (fd < 0) {
+    if (why) *why = std::string("cannot open a netlink socket to ask for routes: ") + std::strerror(errno);
+    return out;
+  }
+  timeval limit{1, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof limit);
+  for (std::size_t i = 0; i < ips.size(); ++i) {
+    std::string reason;
+    out[i] = ask_route(fd, ips[i], static_cast<std::uint32_t>(i + 1), reason);
+    if (!out[i] && first_why.empty()) first_why = reason;
+  }
+  ::close(fd);
+  if (why) *why = first_why;
+  return out;
 }
 
 PortReach tcp_port_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout) {

@@ -44,6 +44,25 @@ bool in_network(const std::string& ip, const std::string& network);
 // Whether `ip` is an IPv6 link-local address (fe80::/10).
 bool is_link_local(const std::string& ip);
 
+// The route this host's kernel gives to an address, as `ip route get IP`
+// shows it: the interface the traffic leaves by, the gateway it is sent to
+// ("" when the address is on a network of that interface) and the source
+// address the kernel would pick ("" when it names none). local: the address
+// is one of this host's own (the traffic stays on the host).
+struct Route {
+  std::string interface;
+  std::string gateway;
+  std::string source;
+  bool local = false;
+};
+
+// The routes to each of `ips` (IPv4 or IPv6 address text), asked of the
+// kernel over one rtnetlink socket, in order; an entry is nullopt where the
+// address is not one, or the kernel has no route (its reason in *why, when
+// given, for the first such entry). Each answer within 1 s.
+std::vector<std::optional<Route>> routes_to(const std::vector<std::string>& ips,
+                                            std::string* why = nullptr);
+
 // A link's speed in Mb/s as the GB/s (1e9 bytes/s) that busbw is given in:
 // 25000 Mb/s is 3.125 GB/s each way.
 constexpr double link_gbytes_per_s(int mbps) { return mbps / 8000.0; }

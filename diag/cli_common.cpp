@@ -2307,15 +2307,54 @@ void discover_job(Job& job, const CommonOptions& o) {
   }
 }
 
+// The interfaces other than `used` by which this host's routes send the
+// traffic to peers on other hosts (peers: rank -> the address its backend
+// listens at), as egress entries of rank_network: a peer whose address is
+// this host's own is on this host.
+nlohmann::json egress_of(const std::string& used, const std::map<int, std::string>& peers) {
+  nlohmann::json out = nlohmann::json::array();
+  if (used.empty() || peers.empty()) return out;
+  std::map<std::string, std::vector<int>> by_address;
+  for (const auto& [peer, ip] : peers) by_address[ip].push_back(peer);
+  std::vector<std::string> ips;
+  for (const auto& [ip, ranks] : by_address) ips.push_back(ip);
+  const auto routes = routes_to(ips);
+  struct Way {
+    std::string gateway;
+    std::vector<int> peers;
+  };
+  std::map<std::string, Way> ways;
+  for (std::size_t i = 0; i < ips.size(); ++i) {
+    const auto& route = routes[i];
+    if (!route || route->local || route->interface.empty() || route->interface == used) continue;
+    auto& way = ways[route->interface];
+    if (way.gateway.empty()) way.gateway = route->gateway;
+    const auto& ranks = by_address[ips[i]];
+    way.peers.insert(way.peers.end(), ranks.begin(), ranks.end());
+  }
+  for (auto& [name, way] : ways) {
+    std::sort(way.peers.begin(), way.peers.end());
+    const auto speed = link_speed_mbps(name);
+    out.push_back({{"interface", name},
+                   {"speed_mbps", speed ? nlohmann::json(*speed) : nullptr},
+                   {"gateway", way.gateway.empty() ? nullptr : nlohmann::json(way.gateway)},
+                   {"ranks", format_cpu_list(way.peers)},
+                   {"rank_count", way.peers.size()}});
+  }
+  return out;
+}
+
 // What this rank tells rank 0 about its network: the interface holding
-// the address its backend listens on, that link's speed, and a faster
-// interface of this host if there is one. null when the backend does not
+// the address its backend listens on, that link's speed, a faster
+// interface of this host if there is one, and the interfaces other than
+// that one its routes to peers leave by. null when the backend does not
 // say where it listens (NCCL).
-nlohmann::json network_of(const std::string& listen_ip) {
+nlohmann::json network_of(const std::string& listen_ip, const std::map<int, std::string>& peers) {
   if (listen_ip.empty()) return nullptr;
   const auto interfaces = host_interfaces();
   const std::string used = interface_with_address(interfaces, listen_ip);
   nlohmann::json net = {{"interface", used}, {"address", listen_ip}, {"speed_mbps", nullptr}};
+  if (auto egress = egress_of(used, peers); !egress.empty()) net["egress"] = std::move(egress);
   const NetInterface* in_use = nullptr;
   for (const auto& i : interfaces)
     if (i.name == used) in_use = &i;
@@ -2349,7 +2388,7 @@ std::string network_text(const std::string& iface, const std::string& ip, int sp
 
 std::string listen_text(const std::string& listen_ip) {
   if (listen_ip.empty()) return "";
-  const auto net = network_of(listen_ip);
+  const auto net = network_of(listen_ip, {});
   return network_text(net.value("interface", std::string()), listen_ip,
                       net["speed_mbps"].is_number_integer() ? net["speed_mbps"].get<int>() : -1);
 }
@@ -2378,7 +2417,8 @@ void gather_rank_devices(Job& job) {
   // over (a key of its own, so that "device" keeps what every build writes
   // there; NCCL does not say where it listens, so it skips the round).
   if (job.backend != Backend::kGloo) return;
-  const auto nets = job.gather_to_root("network", network_of(job.comm->listen_address()));
+  const auto nets =
+      job.gather_to_root("network", network_of(job.comm->listen_address(), job.comm->peer_addresses()));
   const auto text = [](const nlohmann::json& j, const char* key) {
     return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
   };
@@ -2405,6 +2445,17 @@ void gather_rank_devices(Job& job) {
       info.faster_speed_mbps = mbps(net["faster"], "speed_mbps");
       info.faster_networks = texts(net["faster"], "networks");
     }
+    if (net.contains("egress") && net["egress"].is_array())
+      for (const auto& e : net["egress"]) {
+        if (!e.is_object()) continue;
+        reports::RankInfo::Egress way{text(e, "interface"), mbps(e, "speed_mbps"), text(e, "gateway"), {}};
+        try {
+          way.peers = parse_cpu_list(text(e, "ranks"));
+        } catch (const std::invalid_argument&) {
+          continue;  // a peer's odd value: left out, not a reason to fail the job
+        }
+        if (!way.interface.empty()) info.egress.push_back(std::move(way));
+      }
   }
   if (job.rank() == 0)
     for (auto& w : network_warnings(job.ranks, job.machines)) {
@@ -2769,6 +2820,12 @@ void record_warnings(const Job& job, reports::Report& report) {
           row["faster"] = {{"interface", r.faster_interface},
                            {"speed_mbps", r.faster_speed_mbps},
                            {"networks", r.faster_networks}};
+        for (const auto& e : r.egress)
+          row["egress"].push_back({{"interface", e.interface},
+                                   {"speed_mbps", e.speed_mbps > 0 ? nlohmann::json(e.speed_mbps) : nullptr},
+                                   {"gateway", e.gateway.empty() ? nullptr : nlohmann::json(e.gateway)},
+                                   {"ranks", format_cpu_list(e.peers)},
+                                   {"rank_count", e.peers.size()}});
         net.push_back(row);
       }
       report.results()["rank_network"] = net;

@@ -17,6 +17,7 @@
 
 #include "comm/measure.h"
 #include "comm/net_info.h"
+#include "diag/placement.h"
 #include "diag/bisect.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
@@ -124,9 +125,12 @@ std::optional<LinkShare> busbw_vs_link(const Job& job, const std::vector<SizeRes
   std::set<std::string> machines(job.machines.begin(), job.machines.end());
   if (machines.size() < 2 || job.machines.size() != job.ranks.size()) return std::nullopt;
   int slowest = 0;
+  // Each rank's listening interface's link and every other one its routes
+  // to peers leave by (egress).
   for (const auto& r : job.ranks) {
-    if (r.net_speed_mbps <= 0) return std::nullopt;
-    slowest = slowest ? std::min(slowest, r.net_speed_mbps) : r.net_speed_mbps;
+    const int mbps = reports::slowest_link_of(r);
+    if (mbps <= 0) return std::nullopt;
+    slowest = slowest ? std::min(slowest, mbps) : mbps;
   }
   // Every dtype/op at its largest size: the one that got the least of the
   // link is what the share (and --min-link-pct) is about.
@@ -158,8 +162,12 @@ void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOpt
                   "own, which small sizes' times include (NCCL_COMM_BLOCKING=1: as nccl-tests)\n");
   }
   for (const auto& r : job.ranks) {
-    const std::string net =
+    std::string net =
         r.net_address.empty() ? "" : " net " + network_text(r.net_interface, r.net_address, r.net_speed_mbps);
+    for (const auto& e : r.egress)
+      net += fmt::format(", to {} {} by {}{}", e.peers.size() == 1 ? "rank" : "ranks",
+                         format_cpu_list(e.peers), e.interface,
+                         e.speed_mbps > 0 ? " (" + format_link_speed(e.speed_mbps) + ")" : "");
     std::printf("#  Rank %3d Pid %7d on %12s device %s%s%s\n", r.rank, r.pid, r.host.c_str(),
                 r.device.c_str(), r.cpus.empty() ? "" : (" cpus " + r.cpus).c_str(), net.c_str());
   }

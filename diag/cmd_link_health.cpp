@@ -423,8 +423,10 @@ void run(Job& job, reports::Report& report, const LinkHealthOptions& o, const st
           m.host_a = job.ranks[a].host;
           m.host_b = job.ranks[b].host;
         }
-        if (!m.same_host && job.ranks[a].net_speed_mbps > 0 && job.ranks[b].net_speed_mbps > 0)
-          m.link_speed_mbps = std::min(job.ranks[a].net_speed_mbps, job.ranks[b].net_speed_mbps);
+        // The links each end's traffic to the other leaves by.
+        if (const int to_b = reports::link_speed_to(job.ranks[a], b), to_a = reports::link_speed_to(job.ranks[b], a);
+            !m.same_host && to_b > 0 && to_a > 0)
+          m.link_speed_mbps = std::min(to_b, to_a);
         const double t = best_time[a][b];
         m.bandwidth_gbps = t > 0 ? static_cast<double>(bw_bytes) / t / 1e3 : 0;
         m.latency_us = best_lat[a][b];

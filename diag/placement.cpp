@@ -232,6 +232,49 @@ std::vector<reports::Warning> network_warnings(const std::vector<reports::RankIn
                                where, slow.front().faster, slow.front().faster)});
   }
 
+  // egress_interface: per (machine, listening interface, egress interface),
+  // the ranks and the peers their traffic leaves for by it.
+  struct Out {
+    std::string machine, used, egress, gateway;
+    int used_mbps = -1, egress_mbps = -1;
+    std::vector<int> ranks;
+    std::set<int> peers;
+  };
+  std::vector<Out> outs;
+  for (std::size_t i = 0; i < ranks.size(); ++i)
+    for (const auto& e : ranks[i].egress) {
+      auto it = std::find_if(outs.begin(), outs.end(), [&](const Out& o) {
+        return o.machine == machine_of(i) && o.used == ranks[i].net_interface && o.egress == e.interface;
+      });
+      if (it == outs.end())
+        it = outs.insert(outs.end(), {machine_of(i), ranks[i].net_interface, e.interface, e.gateway,
+                                      ranks[i].net_speed_mbps, e.speed_mbps, {}, {}});
+      it->ranks.push_back(ranks[i].rank);
+      it->peers.insert(e.peers.begin(), e.peers.end());
+    }
+  if (!outs.empty()) {
+    const auto speed = [](int mbps) { return mbps > 0 ? " (" + format_link_speed(mbps) + ")" : std::string(); };
+    std::string where;
+    for (std::size_t k = 0; k < outs.size() && k < 4; ++k) {
+      const auto& o = outs[k];
+      where += fmt::format("{}{} on {} listen{} on {}{}, but this host routes {} traffic to {} out by {}{}{}",
+                           k ? "; " : "", rank_list(o.ranks), host_of(o.machine),
+                           o.ranks.size() == 1 ? "s" : "", o.used, speed(o.used_mbps),
+                           o.ranks.size() == 1 ? "its" : "their",
+                           rank_list(std::vector<int>(o.peers.begin(), o.peers.end())), o.egress,
+                           speed(o.egress_mbps), o.gateway.empty() ? "" : " via gateway " + o.gateway);
+    }
+    if (outs.size() > 4) where += fmt::format("; and {} more", outs.size() - 4);
+    out.push_back({"egress_interface",
+                   fmt::format("Gloo traffic leaves by another interface than the one Gloo listens "
+                               "on: {}. Gloo chooses only the address it listens at; the host's "
+                               "routes choose the way out to each peer's address. See them with "
+                               "`ip route get <peer's address>` on that host; give the hosts "
+                               "addresses on one network and name its interface in "
+                               "GLOO_SOCKET_IFNAME (or --gloo-interface), or fix the routes",
+                               where)});
+  }
+
   // mixed_link_speeds: the known speed of each machine's interface(s) in use.
   std::map<int, std::set<std::string>> hosts_by_speed;
   for (std::size_t i = 0; i < ranks.size(); ++i)

@@ -52,6 +52,10 @@ std::vector<reports::Warning> placement_warnings(const std::vector<reports::Rank
 //                      another host has an address too (Gloo bound to the
 //                      wrong NIC: the hostname's address, a management
 //                      network); names the faster one and GLOO_SOCKET_IFNAME;
+//   egress_interface   ranks whose host routes their traffic to some peers
+//                      out by another interface than the one Gloo listens
+//                      on (RankInfo::egress): names both, the gateway and
+//                      the peers;
 //   mixed_link_speeds  the machines' links run at different known speeds:
 //                      a ring all_reduce runs at the slowest.
 std::vector<reports::Warning> network_warnings(const std::vector<reports::RankInfo>& ranks,

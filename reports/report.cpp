@@ -35,6 +35,21 @@ std::string_view check_status_name(CheckStatus s) {
   return "unknown";
 }
 
+int link_speed_to(const RankInfo& r, int peer) {
+  for (const auto& e : r.egress)
+    if (std::find(e.peers.begin(), e.peers.end(), peer) != e.peers.end()) return e.speed_mbps > 0 ? e.speed_mbps : -1;
+  return r.net_speed_mbps > 0 ? r.net_speed_mbps : -1;
+}
+
+int slowest_link_of(const RankInfo& r) {
+  int slowest = r.net_speed_mbps > 0 ? r.net_speed_mbps : -1;
+  for (const auto& e : r.egress) {
+    if (slowest < 0) break;
+    slowest = e.speed_mbps > 0 ? std::min(slowest, e.speed_mbps) : -1;
+  }
+  return slowest;
+}
+
 std::string utc_timestamp(std::chrono::system_clock::time_point t) {
   auto secs = std::chrono::system_clock::to_time_t(t);
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()).count() %

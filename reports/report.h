@@ -57,7 +57,26 @@ struct RankInfo {
   int faster_speed_mbps = -1;
   std::vector<std::string> faster_networks{};  // "10.1.0.3/24": the faster interface's networks
   std::vector<std::string> host_addresses{};   // every non-loopback address of the rank's host
+  // Where the rank's host routes its traffic to some peers out by another
+  // interface than net_interface (`ip route get PEER`): per such
+  // interface, its speed (-1 unknown), the gateway ("" on-link) and the
+  // peers. Empty when every route to a peer on another host leaves by
+  // net_interface. Reported in results.rank_network (egress).
+  struct Egress {
+    std::string interface;
+    int speed_mbps = -1;
+    std::string gateway;
+    std::vector<int> peers;
+  };
+  std::vector<Egress> egress{};
 };
+
+// The speed (Mb/s) of the link rank r's traffic to `peer` leaves by: the
+// egress interface that carries it, else net_interface's; -1 when unknown.
+int link_speed_to(const RankInfo& r, int peer);
+// The slowest link rank r's traffic to other hosts leaves by (its
+// listener's and every egress interface's); -1 when any is unknown.
+int slowest_link_of(const RankInfo& r);
 
 // Something the user should know that is not a failed check (the verdict
 // does not change), e.g. ranks placed so that Gloo's threads lack a CPU.

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
@@ -234,6 +235,42 @@ TEST_CASE("network warnings: a slower interface than the host has, and links of 
   }
 }
 
+TEST_CASE("network warnings: routes that leave by another interface than Gloo's", "[placement]") {
+  using Egress = reports::RankInfo::Egress;
+  auto ranks = std::vector<reports::RankInfo>{on_net(0, "a", "ens5", 100000), on_net(1, "a", "ens5", 100000),
+                                              on_net(2, "b", "ens5", 100000), on_net(3, "c", "ens5", 100000)};
+  const std::vector<std::string> machines = {"a#1", "a#1", "b#2", "c#3"};
+  SECTION("no egress: nothing to say, and the links are the listeners'") {
+    CHECK(network_warnings(ranks, machines).empty());
+    CHECK(reports::slowest_link_of(ranks[0]) == 100000);
+    CHECK(reports::link_speed_to(ranks[0], 3) == 100000);
+  }
+  SECTION("two ranks of one host route to two peers out by a slower NIC, one more by an unknown one") {
+    ranks[0].egress = {Egress{"eno1", 1000, "10.0.0.254", {2, 3}}};
+    ranks[1].egress = {Egress{"eno1", 1000, "10.0.0.254", {3}}};
+    ranks[2].egress = {Egress{"tun0", -1, "", {0}}};
+    auto w = network_warnings(ranks, machines);
+    REQUIRE(w.size() == 1);
+    CHECK(w[0].name == "egress_interface");
+    CHECK_THAT(w[0].detail, Contains("ranks 0-1 on a listen on ens5 (100 Gb/s), but this host routes their "
+                                     "traffic to ranks 2-3 out by eno1 (1 Gb/s) via gateway 10.0.0.254; "
+                                     "rank 2 on b listens on ens5 (100 Gb/s), but this host routes its "
+                                     "traffic to rank 0 out by tun0."));
+    CHECK_THAT(w[0].detail, Contains("ip route get <peer's address>"));
+    CHECK(reports::slowest_link_of(ranks[0]) == 1000);
+    CHECK(reports::slowest_link_of(ranks[2]) == -1);  // a link of unknown speed
+    CHECK(reports::slowest_link_of(ranks[3]) == 100000);
+    CHECK(reports::link_speed_to(ranks[0], 1) == 100000);
+    CHECK(reports::link_speed_to(ranks[0], 2) == 1000);
+    CHECK(reports::link_speed_to(ranks[2], 0) == -1);
+    CHECK(reports::link_speed_to(ranks[2], 3) == 100000);
+  }
+  SECTION("on one machine the traffic never leaves it") {
+    ranks[0].egress = {Egress{"eno1", 1000, "", {1}}};
+    CHECK(network_warnings({ranks[0], ranks[1]}, {"a#1", "a#1"}).empty());
+  }
+}
+
 TEST_CASE("interfaces, their addresses and link speeds", "[placement]") {
   const std::string dir = "/tmp/ddpdiag-sysfs-" + std::to_string(::getpid());
   std::filesystem::create_directories(dir + "/eth9");
@@ -287,6 +324,52 @@ TEST_CASE("interfaces, their addresses and link speeds", "[placement]") {
   CHECK(format_link_speed(1000) == "1 Gb/s");
   CHECK(format_link_speed(2500) == "2.5 Gb/s");
   CHECK(format_link_speed(400000) == "400 Gb/s");
+}
+
+TEST_CASE("routes_to: the kernel's route to an address, as ip route get shows it", "[placement]") {
+  std::string why;
+  auto r = routes_to({"127.0.0.1", "not-an-ip", "::1"}, &why);
+  REQUIRE(r.size() == 3);
+  REQUIRE(r[0]);
+  CHECK(r[0]->local);
+  CHECK(r[0]->interface == "lo");
+  CHECK(r[0]->gateway.empty());
+  CHECK_FALSE(r[1]);
+  CHECK(why == "'not-an-ip' is not an IP address");
+  if (r[2]) CHECK(r[2]->local);  // where IPv6 is on
+  CHECK(routes_to({}).empty());
+  // An address of a network of each up IPv4 interface (the next one after
+  // the interface's own): the route leaves by that interface, with no
+  // gateway, from the interface's own address.
+  for (const auto& i : host_interfaces()) {
+    if (i.loopback) continue;
+    for (const auto& n : i.networks) {
+      const std::string own = n.substr(0, n.find('/'));
+      in_addr a{};
+      if (::inet_pton(AF_INET, own.c_str(), &a) != 1 || std::stoi(n.substr(n.find('/') + 1)) > 30 ||
+          std::stoi(n.substr(n.find('/') + 1)) < 1)
+        continue;
+      const int prefix = std::stoi(n.substr(n.find('/') + 1));
+      const std::uint32_t host = ntohl(a.s_addr), hostmask = (1u << (32 - prefix)) - 1;
+      // A neighbour: neither the network's address nor its broadcast one.
+      const std::uint32_t next = (host & hostmask) + 1 < hostmask ? host + 1 : host - 1;
+      if ((next & hostmask) == 0) continue;
+      in_addr b{};
+      b.s_addr = htonl(next);
+      char text[INET_ADDRSTRLEN];
+      ::inet_ntop(AF_INET, &b, text, sizeof text);
+      if (!in_network(text, n) || interface_with_address(host_interfaces(), text) != "") continue;
+      auto on_link = routes_to({text, own});
+      INFO(i.name << " " << n << " -> " << text);
+      REQUIRE(on_link[0]);
+      CHECK(on_link[0]->interface == i.name);
+      CHECK(on_link[0]->gateway.empty());
+      CHECK(on_link[0]->source == own);
+      CHECK_FALSE(on_link[0]->local);
+      REQUIRE(on_link[1]);
+      CHECK(on_link[1]->local);  // the host's own address
+    }
+  }
 }
 
 TEST_CASE("tcp_probe: a host that accepts or refuses answers; a name or bad text is unknown",

@@ -498,6 +498,13 @@ class Core : public std::enable_shared_from_this<Core> {
     }
   }
 
+  std::map<int, std::string> peer_addresses() const {
+    std::map<int, std::string> out;
+    for (const auto& [peer, address] : peer_sockaddrs_)
+      if (auto ip = ip_text(reinterpret_cast<const sockaddr*>(&address)); !ip.empty()) out[peer] = ip;
+    return out;
+  }
+
   // Communicator::stalled_links: this process's connections to the peers'
   // listeners, or to its own pairs' listeners from a peer's address.
   std::vector<StalledLink> stalled_links() const {
@@ -1128,6 +1135,7 @@ class GlooCommunicator final : public Communicator {
   std::string library_version() const override { return gloo_version(); }
   std::string device_name() const override { return device_; }
   std::string listen_address() const override { return listen_address_; }
+  std::map<int, std::string> peer_addresses() const override { return core_->peer_addresses(); }
   std::vector<StalledLink> stalled_links() const override { return core_->stalled_links(); }
   HostProbe probe_peer_host(int peer, Millis timeout) override {
     return core_->probe_peer_host(peer, timeout);

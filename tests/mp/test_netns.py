@@ -501,6 +501,74 @@ class NetworkInterfaces(unittest.TestCase):
         self.assertEqual(link["busbw_gbps"], min(lasts.values()))
         self.assertEqual(lasts[(link["dtype"], link["op"])], link["busbw_gbps"])
 
+    def test_routes_out_by_another_interface_are_named(self):
+        # Hosts 0 and 2 get a direct link of their own, alt0 (said to run at
+        # 1 Gb/s), and routes that send their traffic to each other's
+        # listening address (on the 100 Gb/s bridge) over it: Gloo listens
+        # on ddl0, but the pair (0, 2) crosses alt0.
+        alt_net = "10.234.%d" % (os.getpid() % 200)
+        ends = (TAG + "x0", TAG + "x2")
+        try:
+            sh("ip", "link", "add", ends[0], "type", "veth", "peer", "name", ends[1])
+            for end, h in zip(ends, (0, 2)):
+                sh("ip", "link", "set", end, "netns", HOSTS[h])
+                sh("ip", "-n", HOSTS[h], "link", "set", end, "name", "alt0")
+                sh("ip", "-n", HOSTS[h], "addr", "add", "%s.%d/24" % (alt_net, h + 1), "dev", "alt0")
+                sh("ip", "-n", HOSTS[h], "link", "set", "alt0", "up")
+            sh("ip", "-n", HOSTS[0], "route", "add", ADDR[2] + "/32", "via", alt_net + ".3", "dev", "alt0")
+            sh("ip", "-n", HOSTS[2], "route", "add", ADDR[0] + "/32", "via", alt_net + ".1", "dev", "alt0")
+        except Exception:
+            for end in ends:
+                sh("ip", "link", "del", end, check=False)
+            raise
+        self.every_link_at(100000)
+        for h in (0, 2):
+            os.makedirs(os.path.join(self.sysfs[h], "alt0"))
+            with open(os.path.join(self.sysfs[h], "alt0", "speed"), "w") as f:
+                f.write("1000\n")
+
+        def alt0_bytes(h, way):
+            p = sh("ip", "-n", HOSTS[h], "-s", "-j", "link", "show", "alt0")
+            import json
+            return json.loads(p.stdout)[0]["stats64"][way]["bytes"]
+
+        crossed = lambda: alt0_bytes(0, "tx") + alt0_bytes(2, "tx")  # noqa: E731
+        before = crossed()
+        res, rep = self.run_ranks(["allreduce-test", "-b", "64K", "-e", "64K", "-n", "4", "-w", "1"],
+                                  self.port + 1)
+        for rc, so, se in res:
+            self.assertEqual(rc, 0, se)
+        # The routes are real: the ring's traffic between ranks 0 and 2 (one
+        # is the other's next) went over alt0: 2 x 2/3 of 64 KiB an op, for
+        # the timed, warm-up and check ops, out of place and in place.
+        self.assertGreater(crossed() - before, 5 * 80000)
+        out, err = res[0][1], res[0][2]
+        self.assertIn("net %s %s (100 Gb/s), to rank 2 by alt0 (1 Gb/s)" % (IFACE, ADDR[0]), out)
+        self.assertIn("net %s %s (100 Gb/s)\n" % (IFACE, ADDR[1]), out)
+        self.assertIn("net %s %s (100 Gb/s), to rank 0 by alt0 (1 Gb/s)" % (IFACE, ADDR[2]), out)
+        self.assertIn("rank 0 on host0 listens on %s (100 Gb/s), but this host routes its traffic "
+                      "to rank 2 out by alt0 (1 Gb/s) via gateway %s.3; rank 2 on host2 listens on "
+                      "%s (100 Gb/s), but this host routes its traffic to rank 0 out by alt0 "
+                      "(1 Gb/s) via gateway %s.1" % (IFACE, alt_net, IFACE, alt_net), err)
+        r = rep["results"]
+        self.assertEqual([w["name"] for w in r["warnings"]], ["egress_interface"])
+        net = {row["rank"]: row for row in r["rank_network"]}
+        self.assertEqual(net[0]["egress"], [{"interface": "alt0", "speed_mbps": 1000,
+                                             "gateway": alt_net + ".3", "ranks": "2",
+                                             "rank_count": 1}])
+        self.assertEqual(net[2]["egress"][0]["ranks"], "0")
+        self.assertNotIn("egress", net[1])
+        self.assertEqual(r["busbw_vs_link"]["slowest_link_speed_mbps"], 1000)
+        # link-health sets each pair against the links its ends' traffic
+        # to each other leaves by.
+        res, rep = self.run_ranks(
+            ["link-health", "--bytes", "64K", "-n", "2", "-w", "1", "--latency-iters", "3",
+             "--allreduce-bytes", "4K", "--allreduce-iters", "1"], self.port + 2)
+        for rc, so, se in res:
+            self.assertIn(rc, (0, 1), se)
+        speeds = {(p["src"], p["dst"]): p["link_speed_mbps"] for p in rep["results"]["pairs"]}
+        self.assertEqual(speeds, {(0, 1): 100000, (0, 2): 1000, (1, 2): 100000})
+
     def test_links_all_slow_alike_are_found_against_their_speed(self):
         # Every host's link said to run at 400 Gb/s (50 GB/s each way): the
         # pairs, alike, are far below that, which no median can show.
