@@ -173,21 +173,16 @@ BucketTensor bucket_tensor(const TensorSpec& s) {
   return BucketTensor{s.bytes(), s.dtype, kTorchCpu, s.expects_sparse};
 }
 
-}  // namespace
-
-std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
-                                   std::uint64_t first_bucket_bytes) {
+// DDP's rebuilt buckets: the layout's tensors `order` (indices) passed
+// with their indices explicitly, as rebuild_buckets passes them.
+std::vector<DdpBucket> rebuilt_buckets(const ModelLayout& layout, const std::vector<std::size_t>& order,
+                                       std::uint64_t bucket_cap_bytes, std::uint64_t first_bucket_bytes) {
   const std::size_t n = layout.tensors.size();
   std::vector<BucketTensor> tensors;
   std::vector<std::int64_t> indices;
-  tensors.reserve(n);
-  indices.reserve(n);
-  // In the order backward makes the gradients ready (the layout's
-  // ready_order: by default from the last parameter back to the first), as
-  // DDP rebuilds its buckets after its first iteration. A frozen parameter
-  // has none: DDP leaves it out of its reducer, so out of every bucket (the
-  // indices stay those of the layout).
-  for (std::size_t k : layout.gradient_ready_order()) {
+  tensors.reserve(order.size());
+  indices.reserve(order.size());
+  for (std::size_t k : order) {
     tensors.push_back(bucket_tensor(layout.tensors[k]));
     indices.push_back(static_cast<std::int64_t>(k));
   }
@@ -196,6 +191,26 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t buck
   std::vector<std::size_t> identity(n);
   for (std::size_t k = 0; k < n; ++k) identity[k] = k;
   return to_ddp_buckets(layout, compute_bucket_assignment_by_size(tensors, limits, indices), identity);
+}
+
+}  // namespace
+
+std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
+                                   std::uint64_t first_bucket_bytes) {
+  // In the order backward makes the gradients ready (the layout's
+  // ready_order: by default from the last parameter back to the first), as
+  // DDP rebuilds its buckets after its first iteration. A frozen parameter
+  // has none: DDP leaves it out of its reducer, so out of every bucket (the
+  // indices stay those of the layout).
+  return rebuilt_buckets(layout, layout.gradient_ready_order(), bucket_cap_bytes, first_bucket_bytes);
+}
+
+std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
+                                                std::uint64_t first_bucket_bytes) {
+  std::vector<std::size_t> order = layout.gradient_ready_order();
+  const auto unused = layout.unused_in_backward();  // in registration order
+  order.insert(order.end(), unused.begin(), unused.end());
+  return rebuilt_buckets(layout, order, bucket_cap_bytes, first_bucket_bytes);
 }
 
 std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
@@ -218,7 +233,9 @@ std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
 }
 
 std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
-                                          std::uint64_t first_bucket_bytes, bool find_unused_parameters) {
+                                          std::uint64_t first_bucket_bytes, bool find_unused_parameters,
+                                          bool static_graph) {
+  if (static_graph) return ddp_buckets_static_graph(layout, bucket_cap_bytes, first_bucket_bytes);
   return find_unused_parameters ? ddp_buckets_unrebuilt(layout, bucket_cap_bytes, first_bucket_bytes)
                                 : ddp_buckets(layout, bucket_cap_bytes, first_bucket_bytes);
 }

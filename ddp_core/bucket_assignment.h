@@ -113,10 +113,24 @@ std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
                                              std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes,
                                              std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes);
 
-// The buckets DDP reduces for the whole run: ddp_buckets_unrebuilt() with
-// find_unused_parameters (DDP never rebuilds them then), else ddp_buckets().
+// The buckets DDP rebuilds with static_graph=True (find_unused_parameters
+// or not): from the order of its second iteration, the parameters whose
+// gradients backward made ready (the layout's ready order), then those it
+// never reached (unused_in_backward), in registration order, with their
+// indices passed explicitly as in ddp_buckets(). DDP runs its first two
+// iterations with one bucket per dtype and these from the third on. Checked
+// against torch 1.13's and 2.x's DDP.
+std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout,
+                                                std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes,
+                                                std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes);
+
+// The buckets DDP reduces for the whole run (once rebuilt):
+// ddp_buckets_static_graph() with static_graph, else ddp_buckets_unrebuilt()
+// with find_unused_parameters (DDP never rebuilds them then), else
+// ddp_buckets().
 std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
-                                          std::uint64_t first_bucket_bytes, bool find_unused_parameters);
+                                          std::uint64_t first_bucket_bytes, bool find_unused_parameters,
+                                          bool static_graph = false);
 
 // The bucket with the most bytes (the first of equals); `buckets` is not empty.
 const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets);

@@ -299,7 +299,7 @@ void check_unused_parameters(const ModelLayout& layout, bool find_unused_paramet
         throw UsageError(
             fmt::format("model {}: tensor {} ('{}') is sparse and unused in the recorded backward "
                         "(its 'ready_order' leaves it out); DDP with find_unused_parameters=True "
-                        "raises in backward for such a parameter (\"Expected sparse gradient to be "
+                        "or static_graph=True raises in backward for such a parameter (\"Expected sparse gradient to be "
                         "defined\")",
                         layout.name, k, layout.tensors[k].name),
             ErrorContext{command, -1, -1,
@@ -321,8 +321,8 @@ void check_unused_parameters(const ModelLayout& layout, bool find_unused_paramet
                   layout.name, unused.size(), list),
       ErrorContext{command, -1, -1,
                    has_flag ? "give --find-unused-parameters, as DDP(..., find_unused_parameters=True) "
-                              "needs for this model; or mark parameters that are frozen "
-                              "\"requires_grad\": false"
+                              "needs for this model (or --static-graph for static_graph=True); or "
+                              "mark parameters that are frozen \"requires_grad\": false"
                             : command + " models DDP without find_unused_parameters: mark parameters "
                                         "that are frozen \"requires_grad\": false, or record "
                                         "'ready_order' from a backward that reaches every parameter"});

@@ -84,7 +84,8 @@ void check_ready_order(const ModelLayout& layout, const std::string& source);
 // DDP with find_unused_parameters=False stops at its second iteration when a
 // parameter got no gradient ("Expected to have finished reduction in the
 // prior iteration ..."). Throws UsageError naming the layout's unused
-// parameters when it has some and find_unused_parameters is false;
+// parameters when it has some and find_unused_parameters is false (pass
+// true for static_graph=True too, which copes with them);
 // `command` names the subcommand and `has_flag` whether it takes
 // --find-unused-parameters, for the hint.
 void check_unused_parameters(const ModelLayout& layout, bool find_unused_parameters,

@@ -168,7 +168,7 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   // With find_unused_parameters DDP never rebuilds its buckets from the
   // ready order: it keeps the constructor's.
   const auto specs = ddp_buckets_as_run(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes,
-                                        options_.find_unused_parameters);
+                                        options_.find_unused_parameters, options_.static_graph);
   where_.resize(layout_.tensors.size());
   buckets_.reserve(specs.size());
   state_.resize(specs.size());
@@ -231,7 +231,7 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   }
   if (ops_) ops_->fence()->wait(timeout());
   marked_.assign(layout_.tensors.size(), 0);
-  if (options_.find_unused_parameters) {
+  if (allows_unused()) {
     used_map_.assign(layout_.tensors.size(), 0);
     used_map_buffer_ = CommBuffer(comm_, used_map_.size());
   }
@@ -310,10 +310,10 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
         {"reducer.prepare_for_backward", comm_.rank(), -1,
          "call finalize() after every backward pass"});
   }
-  if (!locally_unused.empty() && !options_.find_unused_parameters)
+  if (!locally_unused.empty() && !allows_unused())
     throw UsageError("parameters declared unused while find_unused_parameters is off",
                      {"reducer.prepare_for_backward", comm_.rank(), -1,
-                      "pass --find-unused-parameters"});
+                      "pass --find-unused-parameters (or --static-graph)"});
   // Collectives of the last iteration are all complete (finalize waited for
   // them), so the buffers are free to be written again.
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -332,7 +332,7 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
   std::fill(marked_.begin(), marked_.end(), 0);
   marked_count_ = 0;
   next_to_launch_ = 0;
-  globally_unused_.clear();
+  if (!static_fixed_) globally_unused_.clear();  // static_graph keeps the first iteration's
   timing_ = IterationTiming{};
   timing_.buckets.resize(buckets_.size());
   timing_.backward_start = ReducerClock::now();
@@ -788,6 +788,31 @@ void Reducer::drain_in_flight(ReducerClock::time_point since) noexcept {
   }
 }
 
+void Reducer::check_static_graph() const {
+  std::vector<std::size_t> now_used, now_unused;
+  for (std::size_t p = 0; p < marked_.size(); ++p) {
+    const bool used = marked_[p] == 1;
+    if (used && !static_used_[p]) now_used.push_back(p);
+    if (!used && static_used_[p]) now_unused.push_back(p);
+  }
+  if (now_used.empty() && now_unused.empty()) return;
+  std::string what;
+  if (!now_used.empty())
+    what = fmt::format("{} unused in the first iteration got a gradient: {}", now_used.size(),
+                       describe_params(now_used));
+  if (!now_unused.empty())
+    what += fmt::format("{}{} used in the first iteration got none: {}", what.empty() ? "" : "; ",
+                        now_unused.size(), describe_params(now_unused));
+  throw UsageError(
+      fmt::format("rank {}: the training graph changed in iteration {}, which static_graph=True "
+                  "does not allow (torch: \"Your training graph has changed in this iteration\"): "
+                  "parameter(s) {}",
+                  comm_.rank(), iteration_, what),
+      {"reducer.finalize", comm_.rank(), -1,
+       "use the same parameters in every iteration, or run without --static-graph "
+       "(--find-unused-parameters copes with a graph that changes)"});
+}
+
 void Reducer::finalize() {
   if (!in_iteration_)
     throw UsageError("finalize without prepare_for_backward",
@@ -804,7 +829,7 @@ void Reducer::finalize() {
   for (std::size_t p = 0; p < marked_.size(); ++p)
     if (!marked_[p]) missing.push_back(p);
 
-  if (!missing.empty() && !options_.find_unused_parameters) {
+  if (!missing.empty() && !allows_unused()) {
     // The buckets holding these parameters were never launched here; the
     // ones launched before them must finish before the buffers are reused.
     drain_in_flight(since);
@@ -825,7 +850,10 @@ void Reducer::finalize() {
     // contributions, so their buckets complete on every rank.
     for (std::size_t p : missing) mark_ready_impl(p, false);
     issue_sparse_second_stage(true);
-    if (options_.find_unused_parameters) {
+    if (static_fixed_) check_static_graph();
+    // Every iteration with find_unused_parameters; with static_graph the
+    // first only.
+    if (allows_unused() && !static_fixed_) {
       // After every bucket, so all ranks issue it at the same position.
       for (std::size_t p = 0; p < marked_.size(); ++p) used_map_[p] = marked_[p] == 1 ? 1 : 0;
       comm_.copy_from_host(used_map_buffer_.get(), used_map_.data(), used_map_.size());
@@ -847,6 +875,11 @@ void Reducer::finalize() {
       // are zero already; the list is for the caller.
       for (std::size_t p = 0; p < used_map_.size(); ++p)
         if (!used_map_[p]) globally_unused_.push_back(p);
+      if (options_.static_graph) {
+        static_used_.assign(marked_.begin(), marked_.end());
+        for (auto& u : static_used_) u = u == 1;
+        static_fixed_ = true;
+      }
     }
   } catch (...) {
     // After a collective that timed out, its deadline has passed: the drain

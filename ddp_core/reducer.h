@@ -92,6 +92,14 @@ struct ReducerOptions {
   std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes;
   bool gradient_as_bucket_view = true;
   bool find_unused_parameters = false;
+  // DDP's static_graph=True: the buckets it rebuilds
+  // (ddp_buckets_static_graph); parameters may go unused in backward, as
+  // with find_unused_parameters, but the ranks agree on which are used
+  // anywhere once, at the first finalize() (torch does so in its first
+  // iteration only), and every later iteration must use the same parameters
+  // as the first (torch: "Your training graph has changed in this
+  // iteration"), else finalize() throws UsageError.
+  bool static_graph = false;
   CompressionHook hook = CompressionHook::kNone;
   Averaging averaging = Averaging::kDivideThenSum;
   // Deadline of each collective finalize() waits for, counted from the later
@@ -157,7 +165,8 @@ class Reducer {
  public:
   // Builds DDP's buckets for the layout (its gradient ready order, limits
   // [first_bucket_bytes, bucket_cap_bytes]; with find_unused_parameters the
-  // ones DDP keeps unrebuilt, ddp_buckets_unrebuilt()) and allocates them
+  // ones DDP keeps unrebuilt, ddp_buckets_unrebuilt(); with static_graph
+  // ddp_buckets_static_graph()) and allocates them
   // through comm.
   // Throws UsageError for options this communicator cannot run.
   Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options = {});
@@ -170,7 +179,8 @@ class Reducer {
 
   // Starts an iteration. locally_unused: parameters this rank knows will get
   // no gradient (what DDP finds by walking the autograd graph); they are
-  // marked ready at once with zero gradients. Only with find_unused_parameters.
+  // marked ready at once with zero gradients. Only with find_unused_parameters
+  // or static_graph.
   // Throws UsageError when the previous iteration was not finalized.
   void prepare_for_backward(std::span<const std::size_t> locally_unused = {});
   // The sparse gradient of a parameter whose layout entry expects_sparse:
@@ -249,6 +259,11 @@ class Reducer {
   void check_index(std::size_t param_index, const char* what) const;
   void check_dense(std::size_t param_index, const char* what) const;
   Millis timeout() const;
+  // static_graph, after the first iteration: throws UsageError when this
+  // iteration used other parameters than the first.
+  void check_static_graph() const;
+  // Whether parameters may go without a gradient in an iteration.
+  bool allows_unused() const { return options_.find_unused_parameters || options_.static_graph; }
   std::string describe_params(const std::vector<std::size_t>& params) const;
   void copy_into_bucket(std::size_t param_index, bool zero);
   void copy_out_of_bucket(std::size_t param_index);
@@ -272,6 +287,10 @@ class Reducer {
   std::shared_ptr<Work> used_map_work_;
   ReduceOp sum_op_ = ReduceOp::kSum;    // the op of the buckets' all_reduce
   std::vector<std::size_t> globally_unused_;
+  // static_graph: whether the first iteration fixed the parameters used on
+  // this rank (static_used_, 1 = used) and everywhere (globally_unused_).
+  bool static_fixed_ = false;
+  std::vector<std::uint8_t> static_used_;
   std::size_t next_to_launch_ = 0;
   // A sparse bucket whose nnz allgather is out and whose index and value
   // allgathers are not yet issued.

@@ -54,6 +54,7 @@ struct BucketSweepOptions {
   std::string sweep_max = "64M";
   int sweep_iters = 5;
   bool find_unused = false;
+  bool static_graph = false;
 };
 
 struct CapRow {
@@ -85,16 +86,18 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   row.cap_mb = cap_mb;
   row.cap_bytes = static_cast<std::uint64_t>(cap_mb * kMiB);  // as DDP: int(cap * 1024 * 1024)
   const auto first_bytes = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
-  row.expected_buckets = ddp_buckets_as_run(layout, row.cap_bytes, first_bytes, o.find_unused).size();
+  row.expected_buckets =
+      ddp_buckets_as_run(layout, row.cap_bytes, first_bytes, o.find_unused, o.static_graph).size();
   ReducerOptions ro;
   ro.bucket_cap_bytes = row.cap_bytes;
   ro.first_bucket_bytes = first_bytes;
   ro.find_unused_parameters = o.find_unused;
+  ro.static_graph = o.static_graph;
   ro.timeout = job.timeout;
   Reducer red(comm, layout, ro);
   for (const auto& b : red.buckets()) row.bucket_bytes.push_back(b.spec.bytes);
   // Parameters unused in forward (checked in run(): only with
-  // find_unused_parameters): no rank gives them a gradient.
+  // find_unused_parameters or static_graph): no rank gives them a gradient.
   const std::vector<std::size_t> unused = layout.unused_in_backward();
   const UsedBy used_by = used_by_all_but(unused, layout.tensors.size());
 
@@ -180,7 +183,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                      {"flags", job.rank(), -1, "swap them"});
   // Frozen parameters have no gradient: DDP reduces the others only.
   const ModelLayout layout = trainable_parameters(load_model(o.model));
-  check_unused_parameters(layout, o.find_unused, "bucket-sweep", true);
+  check_unused_parameters(layout, o.find_unused || o.static_graph, "bucket-sweep", true);
   check_backward_rate(layout.gradient_bytes(), o.compute_gbps, job.rank());
   auto& res = report.results();
   res["model"] = layout.name;
@@ -189,6 +192,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
   res["first_bucket_bytes"] = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
   res["compute_gbps"] = o.compute_gbps;
   res["find_unused_parameters"] = o.find_unused;
+  res["static_graph"] = o.static_graph;
   res["iters"] = o.iters;
   res["warmup_iters"] = o.warmup;
   res["default_bucket_cap_mb"] = kDefaultCapMb;
@@ -395,6 +399,9 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
   app->add_flag("--find-unused-parameters", opts->find_unused,
                 "DDP's find_unused_parameters=True: the buckets DDP keeps unrebuilt, and the "
                 "used-parameter all_reduce each iteration");
+  app->add_flag("--static-graph", opts->static_graph,
+                "DDP's static_graph=True: the buckets DDP rebuilds from the gradients' order, "
+                "then the parameters unused in backward (see buckets --static-graph)");
   app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep")
       ->check(cli::size_value());
   app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep")

@@ -47,6 +47,7 @@ struct BucketsOptions {
   std::string assign_case;
   bool dump_layout = false;
   bool find_unused = false;
+  bool static_graph = false;
 };
 
 
@@ -152,11 +153,15 @@ int run_buckets(const BucketsOptions& o) {
     const std::uint64_t first = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", -1, true);
     // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
     (void)trainable_parameters(layout);
-    // Parameters the recorded backward never reached need find_unused_parameters.
-    check_unused_parameters(layout, o.find_unused, "buckets", true);
+    // Parameters the recorded backward never reached need find_unused_parameters
+    // (or static_graph).
+    check_unused_parameters(layout, o.find_unused || o.static_graph, "buckets", true);
     // Indices and names stay the layout's; frozen tensors are in no bucket.
-    // With find_unused_parameters DDP keeps the buckets of its constructor.
-    const std::vector<DdpBucket> buckets = ddp_buckets_as_run(layout, cap, first, o.find_unused);
+    // With find_unused_parameters DDP keeps the buckets of its constructor,
+    // unless static_graph rebuilds them.
+    const std::vector<DdpBucket> buckets = ddp_buckets_as_run(layout, cap, first, o.find_unused, o.static_graph);
+    const bool unrebuilt = o.find_unused && !o.static_graph;
+    const std::size_t unused_count = layout.unused_in_backward().size();
 
     // Results are data: the table and the JSON report are two views of it.
     json jbuckets = json::array();
@@ -186,9 +191,10 @@ int run_buckets(const BucketsOptions& o) {
                     {"bucket_count", buckets.size()},
                     {"largest_bucket_bytes", largest},
                     {"find_unused_parameters", o.find_unused},
+                    {"static_graph", o.static_graph},
                     // The order the buckets were filled in: the gradients'
                     // (rebuilt), or the parameters' (kept unrebuilt).
-                    {"order", o.find_unused ? "registration" : "gradient_ready"},
+                    {"order", unrebuilt ? "registration" : "gradient_ready"},
                     // Where the ready order comes from: the layout's recorded
                     // ready_order (presets, or a layout exported with it), or
                     // the reverse of the parameters.
@@ -202,7 +208,17 @@ int run_buckets(const BucketsOptions& o) {
                 layout.name.c_str(), thousands(layout.tensors.size()).c_str(), frozen.c_str(),
                 thousands(static_cast<std::uint64_t>(layout.total_numel())).c_str(),
                 mib(layout.gradient_bytes()).c_str());
-    if (o.find_unused)
+    if (o.static_graph)
+      std::printf("bucket_cap_mb %g, first bucket %g MiB; static_graph: rebuilt from the second "
+                  "iteration's order, gradients ready in %s%s (DDP's first two iterations use "
+                  "one bucket per dtype); bucket 0 is reduced first\n\n",
+                  o.bucket_cap_mb, o.first_bucket_mb,
+                  layout.ready_order.empty() ? "reverse parameter order"
+                                             : "backward's order (recorded for this model)",
+                  unused_count ? fmt::format(", then the {} unused in backward in parameter order",
+                                             unused_count).c_str()
+                               : "");
+    else if (o.find_unused)
       std::printf("bucket_cap_mb %g, first bucket %g MiB; find_unused_parameters: the buckets "
                   "DDP's constructor fills in parameter order, which it never rebuilds; bucket 0 "
                   "is reduced first\n\n",
@@ -267,8 +283,12 @@ Subcommand add_buckets_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_flag("--find-unused-parameters", opts->find_unused,
                 "DDP's find_unused_parameters=True: the buckets DDP builds in its constructor "
-                "and keeps (it never rebuilds them from the gradients' order; static_graph=True, "
-                "which does, is not modelled)");
+                "and keeps (it never rebuilds them from the gradients' order, unless with "
+                "--static-graph)");
+  app->add_flag("--static-graph", opts->static_graph,
+                "DDP's static_graph=True: the buckets DDP rebuilds after its second iteration, "
+                "from the gradients' order and then the parameters unused in backward (which "
+                "need no --find-unused-parameters then)");
   app->add_option("--json", opts->json_path, "write a JSON report to FILE")
       ->check(report_path_value());
   app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE")

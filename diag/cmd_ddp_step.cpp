@@ -35,6 +35,7 @@ struct DdpStepOptions {
   bool views = false;  // DDP's gradient_as_bucket_view, False by default as in torch
   std::string hook = "none";
   bool find_unused = false;
+  bool static_graph = false;
   bool avg_op = false;
   bool no_check = false;
   std::optional<std::int64_t> sparse_rows;  // unset: the simulator's default
@@ -43,10 +44,12 @@ struct DdpStepOptions {
 void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   // Frozen parameters have no gradient: DDP reduces the others only.
   const ModelLayout layout = trainable_parameters(load_model(o.model));
-  check_unused_parameters(layout, o.find_unused, "ddp-step", true);
+  check_unused_parameters(layout, o.find_unused || o.static_graph, "ddp-step", true);
   // Parameters unused in forward (left out of the layout's ready_order):
   // with find_unused_parameters DDP finds them before backward and reduces
-  // the rest; no rank gives them a gradient.
+  // the rest (with static_graph it knows them from its first iteration, and
+  // marks them ready at backward's first gradient); no rank gives them a
+  // gradient.
   const std::vector<std::size_t> unused = layout.unused_in_backward();
   const UsedBy used_by = used_by_all_but(unused, layout.tensors.size());
   ReducerOptions ro;
@@ -54,6 +57,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   ro.first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
   ro.gradient_as_bucket_view = o.views;
   ro.find_unused_parameters = o.find_unused;
+  ro.static_graph = o.static_graph;
   ro.averaging = o.avg_op ? Averaging::kAvgOp : Averaging::kDivideThenSum;
   ro.timeout = job.timeout;
   const auto hook = parse_compression_hook(o.hook);
@@ -104,6 +108,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["gradient_as_bucket_view"] = ro.gradient_as_bucket_view;
   res["hook"] = std::string(compression_hook_name(ro.hook));
   res["find_unused_parameters"] = ro.find_unused_parameters;
+  res["static_graph"] = ro.static_graph;
   res["averaging"] = o.avg_op ? "avg_op" : "divide_then_sum";
   res["compute_gbps"] = o.compute_gbps;
   res["iters"] = o.iters;
@@ -115,11 +120,11 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                 job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
                 layout.tensors.size(), static_cast<double>(layout.total_bytes()) / (1 << 20));
     std::printf("# %zu buckets, cap %.1f MiB, first %.1f MiB, views %s, hook %s, averaging %s, "
-                "find_unused_parameters %s, compute %.3g GB/s\n",
+                "find_unused_parameters %s%s, compute %.3g GB/s\n",
                 red.buckets().size(), o.bucket_cap_mb, o.first_bucket_mb,
                 ro.gradient_as_bucket_view ? "on" : "off", o.hook.c_str(),
                 o.avg_op ? "avg op" : ro.hook != CompressionHook::kNone ? "cast, divide, then sum" : "divide then sum",
-                o.find_unused ? "on" : "off",
+                o.find_unused ? "on" : "off", o.static_graph ? ", static_graph on" : "",
                 o.compute_gbps);
     std::fflush(stdout);
   }
@@ -307,6 +312,9 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
           },
           "HOOK", "HOOK"));
   app->add_flag("--find-unused-parameters", opts->find_unused, "DDP's find_unused_parameters=True");
+  app->add_flag("--static-graph", opts->static_graph,
+                "DDP's static_graph=True: the buckets it rebuilds (see buckets --static-graph), "
+                "parameters unused in backward allowed, used ones agreed once");
   app->add_flag("--avg-op", opts->avg_op, "Average with the AVG op instead of dividing first");
   app->add_flag("--no-check", opts->no_check, "Skip the gradient check");
   app->add_option(

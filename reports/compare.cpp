@@ -148,8 +148,8 @@ const std::vector<CommandSettings>& command_settings() {
        {"model", "bucket_cap_mb", "first_bucket_bytes", "gradient_as_bucket_view", "memory_kind", "workspace_mb"}},
       {"ddp-step",
        {"model", "bucket_cap_bytes", "first_bucket_bytes", "hook", "averaging", "gradient_as_bucket_view",
-        "find_unused_parameters", "compute_gbps", "sparse_rows"}},
-      {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps", "find_unused_parameters"}},
+        "find_unused_parameters", "static_graph", "compute_gbps", "sparse_rows"}},
+      {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps", "find_unused_parameters", "static_graph"}},
       {"broadcast-test", {"model", "bytes"}},
       {"dp-vs-ring", {"collective", "dtype", "op"}},
       // The link flags and the fit's range are null where not given (the

@@ -213,3 +213,42 @@ TEST_CASE("ddp_buckets: a recorded ready order is the order buckets fill in", "[
   layout.ready_order = {4, 3, 1, 2, 0};
   CHECK(indices() == Buckets{{4, 3, 1}, {2, 0}});
 }
+
+TEST_CASE("ddp_buckets_static_graph: the ready order, then the unused in registration order",
+          "[buckets]") {
+  // What torch 2.x's and 1.13's DDP(static_graph=True) reduce from their third
+  // iteration on: float32 tensors of 300000, 100000, 200000, 50000, 400000
+  // and 10 elements, caps of 1 MiB (and 2 MiB with a 1 MiB first bucket).
+  ModelLayout layout;
+  layout.name = "six";
+  for (std::int64_t numel : {300000, 100000, 200000, 50000, 400000, 10})
+    layout.tensors.push_back({"p" + std::to_string(layout.tensors.size()), {numel}, DType::kFloat32, false, true});
+  auto indices = [&](std::uint64_t cap, std::uint64_t first) {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : ddp_buckets_static_graph(layout, cap, first)) out.push_back(b.param_indices);
+    return out;
+  };
+  constexpr std::uint64_t kMiB = 1 << 20;
+  // Forward uses 2, 0, 1, 3, 4, 5: all used, as ddp_buckets.
+  layout.ready_order = {5, 4, 3, 1, 0, 2};
+  CHECK(indices(kMiB, kMiB) == Buckets{{5, 4}, {3, 1, 0}, {2}});
+  CHECK(indices(kMiB, kMiB) == [&] {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : ddp_buckets(layout, kMiB, kMiB)) out.push_back(b.param_indices);
+    return out;
+  }());
+  // Parameter 1 unused: after the used ones.
+  layout.ready_order = {5, 4, 3, 0, 2};
+  CHECK(indices(kMiB, kMiB) == Buckets{{5, 4}, {3, 0}, {2, 1}});
+  // 0, 3 and 4 unused, listed by index whatever the forward order.
+  layout.ready_order = {1, 5, 2};
+  CHECK(indices(kMiB, kMiB) == Buckets{{1, 5, 2}, {0}, {3, 4}});
+  // 4 and 0 unused, cap 2 MiB: torch 2.x (first bucket at the cap) and 1.13 (1 MiB).
+  layout.ready_order = {3, 2, 1, 5};
+  CHECK(indices(2 * kMiB, 2 * kMiB) == Buckets{{3, 2, 1, 5, 0}, {4}});
+  CHECK(indices(2 * kMiB, kMiB) == Buckets{{3, 2, 1}, {5, 0, 4}});
+  // ddp_buckets_as_run: static_graph wins over find_unused_parameters.
+  std::vector<std::vector<std::size_t>> as_run;
+  for (const auto& b : ddp_buckets_as_run(layout, 2 * kMiB, kMiB, true, true)) as_run.push_back(b.param_indices);
+  CHECK(as_run == Buckets{{3, 2, 1}, {5, 0, 4}});
+}

@@ -239,6 +239,23 @@ TEST_CASE("reducer: fp16 and bf16 compression hooks", "[reducer]") {
   CHECK(f.empty());
 }
 
+namespace {
+
+// One finalized iteration in which this rank gives no gradient to the
+// parameters p with unused_on(rank, p), declared to prepare_for_backward
+// when `declare` (else they are found missing at finalize).
+void iteration_without(Reducer& red, Communicator& c, int rank, std::uint64_t it, bool declare,
+                       const std::function<bool(int, std::size_t)>& unused_on) {
+  BackwardSimOptions so;
+  so.declare_unused = declare;
+  for (std::size_t p = 0; p < red.layout().tensors.size(); ++p)
+    if (unused_on(rank, p)) so.unused.push_back(p);
+  simulate_backward(red, c, it, so);
+  red.finalize();
+}
+
+}  // namespace
+
 TEST_CASE("reducer: find_unused_parameters, unused on some ranks and on all", "[reducer]") {
   const int n = GENERATE(2, 3, 4);
   CAPTURE(n);
@@ -261,12 +278,7 @@ TEST_CASE("reducer: find_unused_parameters, unused on some ranks and on all", "[
             return (p == 2 && it == 1) || (p == 3 && r == 1) ||
                    (p == 7 && r == n - 1 && it % 2 == 0);
           };
-          BackwardSimOptions so;
-          so.declare_unused = declare;
-          for (std::size_t p = 0; p < small_layout().tensors.size(); ++p)
-            if (unused_on(rank, p)) so.unused.push_back(p);
-          simulate_backward(red, c, it, so);
-          red.finalize();
+          iteration_without(red, c, rank, it, declare, unused_on);
           expect_exact(red, c, it, what, fail,
                        [&](int r, std::size_t p) { return !unused_on(r, p); });
           const std::vector<std::size_t> want_global =
@@ -276,6 +288,56 @@ TEST_CASE("reducer: find_unused_parameters, unused on some ranks and on all", "[
                                        red.globally_unused().size()));
         }
       }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: static_graph, the first iteration's unused parameters and a graph that changes",
+          "[reducer]") {
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    for (bool declare : {true, false}) {
+      auto o = small_options();
+      o.static_graph = true;
+      // The recorded backward (rank 0's, whose buckets DDP runs) never
+      // reaches big.bias.
+      auto layout = small_layout();
+      layout.ready_order = {7, 6, 5, 4, 3, 1, 0};
+      Reducer red(c, layout, o);
+      const std::string what = fmt::format("declared {}", declare);
+      // The buckets are static_graph's: the ready order, then the unused.
+      std::vector<std::size_t> order;
+      for (const auto& b : red.buckets())
+        order.insert(order.end(), b.spec.param_indices.begin(), b.spec.param_indices.end());
+      // Parameter 2 (big.bias) unused everywhere, l1.weight (3) on rank 1 only.
+      auto unused_on = [&](int r, std::size_t p) { return p == 2 || (p == 3 && r == 1); };
+      for (std::uint64_t it = 0; it < 3; ++it) {
+        iteration_without(red, c, rank, it, declare, unused_on);
+        expect_exact(red, c, it, what, fail, [&](int r, std::size_t p) { return !unused_on(r, p); });
+        if (red.globally_unused() != std::vector<std::size_t>{2})
+          fail.push_back(fmt::format("{} iteration {}: globally unused has {} entries", what, it,
+                                     red.globally_unused().size()));
+      }
+      if (order.back() != 2) fail.push_back(what + ": big.bias is not in the last bucket's end");
+      // Iteration 3 uses big.bias: torch refuses a graph that changes.
+      BackwardSimOptions so;
+      so.declare_unused = declare;
+      if (rank == 1) so.unused.push_back(3);
+      simulate_backward(red, c, 3, so);  // fires the layout's ready order, without big.bias
+      red.mark_ready(2);
+      try {
+        red.finalize();
+        fail.push_back(what + ": finalize did not throw for a changed graph");
+      } catch (const UsageError& e) {
+        const std::string m = e.what();
+        for (const char* want : {"the training graph changed in iteration 4", "static_graph=True",
+                                 "unused in the first iteration got a gradient: big.bias (index 2)"})
+          if (m.find(want) == std::string::npos)
+            fail.push_back(what + ": message lacks '" + std::string(want) + "': " + m);
+      }
+    }
   });
   INFO(describe(f));
   CHECK(f.empty());

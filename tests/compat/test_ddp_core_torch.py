@@ -407,22 +407,25 @@ class LayoutModule(nn.Module):
 
 
 def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False,
-                       forward_order=None):
+                       forward_order=None, static_graph=False):
     """The buckets real DDP reduces from its second iteration on (after it
     rebuilt them from the order gradients arrived in), recorded by a comm
     hook: layout indices per bucket, in bucket order. bucket_cap_mb None
     leaves DDP's default; first_bucket_bytes sets
     dist._DEFAULT_FIRST_BUCKET_BYTES, the knob DDP reads for the first
     bucket; find_unused sets find_unused_parameters; forward_order is
-    LayoutModule's."""
+    LayoutModule's (a trainable parameter it leaves out is unused);
+    static_graph sets static_graph."""
     return ddp_buckets_of(LayoutModule(layout, forward_order), lambda m: m(torch.zeros(1)),
-                          bucket_cap_mb, first_bucket_bytes, find_unused)
+                          bucket_cap_mb, first_bucket_bytes, find_unused, static_graph)
 
 
-def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False):
+def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False,
+                   static_graph=False):
     """ddp_buckets_as_run for any module: step(ddp_module) runs a forward and
     returns a tensor whose sum is the loss. Indices are positions in
-    module.named_parameters()."""
+    module.named_parameters(). With static_graph the buckets are those of the
+    third iteration on (DDP rebuilds them after its second)."""
     ensure_world_of_one()
     index_of = {id(p): i for i, (_, p) in enumerate(module.named_parameters())}
     ddp_module = sys.modules[nn.parallel.DistributedDataParallel.__module__]
@@ -435,6 +438,8 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, fi
             # broadcast bfloat16.
             ddp_module._sync_module_states = lambda *a, **k: None
         kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        if static_graph:
+            kwargs["static_graph"] = True
         ddp = nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused, **kwargs)
     finally:
         dist._DEFAULT_FIRST_BUCKET_BYTES = saved[0]
@@ -450,11 +455,15 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, fi
 
     ddp.register_comm_hook(None, record)
     per_iteration = []
-    for _ in range(3):
+    for _ in range(4):
         seen.clear()
         step(ddp).sum().backward()
         per_iteration.append([b for _, b in sorted(seen)])
-    assert per_iteration[1] == per_iteration[2], per_iteration  # rebuilt once, then fixed
+    if static_graph:  # the first two iterations alike (their order aside), rebuilt for the third
+        assert sorted(per_iteration[0]) == sorted(per_iteration[1]), per_iteration
+        assert per_iteration[2] == per_iteration[3], per_iteration
+        return per_iteration[2]
+    assert per_iteration[1] == per_iteration[2] == per_iteration[3], per_iteration  # rebuilt once
     if find_unused:  # never rebuilt: the constructor's buckets from the start
         assert per_iteration[0] == per_iteration[1], per_iteration
     return per_iteration[1]
@@ -483,7 +492,7 @@ def export_layout(model, step, path, name="my-model"):
                "ready_order": ready}, open(path, "w"))
 
 
-def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=None):
+def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=None, static_graph=False):
     """ddpdiag buckets' param_indices per bucket, for a layout in the object form."""
     with tempfile.TemporaryDirectory() as d:
         model, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
@@ -493,7 +502,8 @@ def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=Non
         with open(model, "w") as f:
             json.dump(doc, f)
         p = run_bin(["buckets", "--model", model, "--bucket-cap-mb", str(cap_mb), "--first-bucket-mb",
-                     str(first_mb), "--json", out] + (["--find-unused-parameters"] if find_unused else []))
+                     str(first_mb), "--json", out] + (["--find-unused-parameters"] if find_unused else []) +
+                    (["--static-graph"] if static_graph else []))
         if p.returncode != 0:
             raise AssertionError(f"ddpdiag buckets exited {p.returncode}: {p.stderr}")
         with open(out) as f:
@@ -503,6 +513,25 @@ def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=Non
 def float_layout(rng, dtypes):
     return [{"name": f"layer{i}.weight", "shape": rng.choice([[rng.randint(1, 300)], [rng.randint(1, 40), rng.randint(1, 40)]]),
              "dtype": "torch." + rng.choice(dtypes)} for i in range(rng.choice([1, 2, 5, 12, 30]))]
+
+
+def partly_frozen_case(rng, dtype_counts, frozen):
+    """A random layout of some of four dtypes (a count from dtype_counts),
+    each tensor frozen with probability `frozen` (never all), and a cap:
+    (dtypes, layout, cap_bytes, explicit, first_mb), explicit saying whether
+    bucket_cap_mb is passed, first_mb the first bucket that torch then uses
+    (2.x: the cap; 1.13: 1 MiB)."""
+    dtypes = rng.sample(["float32", "float16", "bfloat16", "float64"], rng.choice(dtype_counts))
+    layout = float_layout(rng, dtypes)
+    for t in layout:
+        if rng.random() < frozen:
+            t["requires_grad"] = False
+    if all(t.get("requires_grad") is False for t in layout):
+        layout[-1].pop("requires_grad")
+    cap_bytes = rng.choice([64, 1000, 4096, 65536])
+    explicit = rng.random() < 0.6
+    first_mb = cap_bytes / MIB if explicit and TORCH_MAJOR >= 2 else 1
+    return dtypes, layout, cap_bytes, explicit, first_mb
 
 
 class DdpAsRunTest(unittest.TestCase):
@@ -551,16 +580,7 @@ class DdpAsRunTest(unittest.TestCase):
         # showed (and ddp-step ran) the rebuilt ones.
         rng = random.Random(33)
         for k in range(30 * SCALE):
-            dtypes = rng.sample(["float32", "float16", "bfloat16", "float64"], rng.choice([1, 1, 2, 3]))
-            layout = float_layout(rng, dtypes)
-            for t in layout:
-                if rng.random() < 0.2:
-                    t["requires_grad"] = False
-            if all(t.get("requires_grad") is False for t in layout):
-                layout[-1].pop("requires_grad")
-            cap_bytes = rng.choice([64, 1000, 4096, 65536])
-            explicit = rng.random() < 0.6
-            first_mb = cap_bytes / MIB if explicit and TORCH_MAJOR >= 2 else 1
+            dtypes, layout, cap_bytes, explicit, first_mb = partly_frozen_case(rng, [1, 1, 2, 3], 0.2)
             # Half the cases run forward in a shuffled order, and the
             # layout says so (its ready_order): the buckets stay the same.
             forward = list(range(len(layout)))
@@ -585,6 +605,31 @@ class DdpAsRunTest(unittest.TestCase):
                 results = json.load(f)["results"]
         self.assertEqual([b["param_indices"] for b in results["buckets"]], [[1, 2, 3, 4, 5], [0]])
         self.assertEqual((results["order"], results["find_unused_parameters"]), ("registration", True))
+
+    def test_static_graph_rebuilds_with_the_unused_last(self):
+        # With static_graph=True DDP rebuilds its buckets, find_unused_parameters
+        # or not: from the order of its second iteration, the gradients that
+        # arrived, then the parameters forward never used, by index.
+        rng = random.Random(34)
+        for k in range(30 * SCALE):
+            dtypes, layout, cap_bytes, explicit, first_mb = partly_frozen_case(rng, [1, 1, 2], 0.15)
+            forward = list(range(len(layout)))
+            if rng.random() < 0.5:
+                rng.shuffle(forward)
+            trainable = [i for i in forward if layout[i].get("requires_grad", True)]
+            # Up to a third of the trainable ones unused; at least one used.
+            unused = set(rng.sample(trainable[1:], rng.randint(0, len(trainable[1:]) // 3)))
+            forward = [i for i in forward if i not in unused]
+            ready = [i for i in reversed(forward) if layout[i].get("requires_grad", True)]
+            find_unused = rng.random() < 0.5
+            theirs = ddp_buckets_as_run(layout, cap_bytes / MIB if explicit else None,
+                                        find_unused=find_unused, forward_order=forward, static_graph=True)
+            ours = our_ddp_buckets(layout, repr(cap_bytes / MIB) if explicit else "25", repr(first_mb),
+                                   find_unused=find_unused, ready_order=ready, static_graph=True)
+            with self.subTest(case=k, dtypes=dtypes, cap_bytes=cap_bytes, explicit=explicit,
+                              unused=sorted(unused), find_unused=find_unused):
+                self.assertEqual(ours, theirs)
+            bump("DDP runs with static_graph compared")
 
     def test_a_model_with_an_unused_branch_exported_as_the_readme_says(self):
         # The README's export of a model whose forward skips a layer leaves

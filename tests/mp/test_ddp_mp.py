@@ -201,17 +201,32 @@ class DdpStep(unittest.TestCase):
                     ' {"name": "head.weight", "shape": [10, 100]}, {"name": "head.bias", "shape": [10]}],'
                     ' "ready_order": [5, 4, 1, 0]}')
         try:
-            res = self.run_step(2, layout, ["--find-unused-parameters", "--bucket-cap-mb", "0.05",
-                                            "--first-bucket-mb", "0.05"])
-            self.assertEqual(res["params"], 6)
-            # aux has no gradient in torch (.grad None): not compared, and
-            # said so; 3 iterations (1 warm-up + 2) on 2 ranks of the others.
-            self.assertEqual(res["unused_parameters"], ["aux.weight", "aux.bias"])
-            self.assertEqual(res["checked_elements"], 2 * 3 * (100 * 100 + 100 + 10 * 100 + 10))
-            p = run(["bucket-sweep", "--nproc", "2", "--model", layout, "--find-unused-parameters",
-                     "--caps", "0.05,1", "-n", "1", "-w", "1", "--no-size-sweep"])
-            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-            self.assertIn("Check correctness               : pass", p.stdout)
+            for flags in (["--find-unused-parameters"], ["--static-graph"]):
+                with self.subTest(flags=flags):
+                    res = self.run_step(2, layout, flags + ["--bucket-cap-mb", "0.05",
+                                                            "--first-bucket-mb", "0.05"])
+                    self.assertEqual(res["params"], 6)
+                    # aux has no gradient in torch (.grad None): not compared, and
+                    # said so; 3 iterations (1 warm-up + 2) on 2 ranks of the others.
+                    self.assertEqual(res["unused_parameters"], ["aux.weight", "aux.bias"])
+                    self.assertEqual(res["checked_elements"], 2 * 3 * (100 * 100 + 100 + 10 * 100 + 10))
+                    self.assertEqual(res["static_graph"], flags == ["--static-graph"])
+                    # static_graph's buckets: the ready order, then aux (117 KiB
+                    # and 1.2 KiB) last; the unrebuilt ones are in parameter order.
+                    path = tmp_json()
+                    b = run(["buckets", "--model", layout, "--bucket-cap-mb", "0.05",
+                             "--first-bucket-mb", "0.05", "--json", path] + flags)
+                    self.assertEqual(b.returncode, 0, b.stderr)
+                    buckets = [x["param_indices"] for x in load(path)["results"]["buckets"]]
+                    os.unlink(path)
+                    self.assertEqual(res["buckets"], len(buckets))
+                    self.assertEqual(buckets, [[5, 4, 1, 0, 2], [3]] if flags == ["--static-graph"]
+                                     else [[3, 4, 5], [0, 1, 2]])
+            for flag in ("--find-unused-parameters", "--static-graph"):
+                p = run(["bucket-sweep", "--nproc", "2", "--model", layout, flag,
+                         "--caps", "0.05,1", "-n", "1", "-w", "1", "--no-size-sweep"])
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                self.assertIn("Check correctness               : pass", p.stdout)
             for cmd in (["ddp-step"], ["bucket-sweep", "--no-size-sweep"], ["memory"]):
                 with self.subTest(cmd=cmd[0]):
                     p = run(cmd + ["--nproc", "2", "--model", layout])
