@@ -359,7 +359,7 @@ def measure_reducer(a):
     os.close(fd)
     cmd = [a.python, os.path.join(HERE, "ddp_vs_torch.py"), "--bin", a.ddpdiag, "--model",
            a.model, "--caps", a.caps, "--iters", str(a.ddp_iters), "--warmup", str(a.ddp_warmup),
-           "--nproc", str(a.ddp_ranks), "--json", path]
+           "--nproc", str(a.ddp_ranks), "--repeats", str(a.ddp_repeats), "--json", path]
     log("reducer: %s" % " ".join(cmd[1:]))
     try:
         p = subprocess.run(cmd, env=clean_env(OMP_NUM_THREADS=1), capture_output=True, text=True,
@@ -380,7 +380,10 @@ def measure_reducer(a):
                      "ddpdiag_over_torch": r["ratio"],
                      "torch_views_us": r["torch_views_us"], "ddpdiag_views_us": r["ours_views_us"],
                      "ddpdiag_views_exposed_comm_us": r["ours_views_exposed_us"],
-                     "ddpdiag_views_over_torch_views": r["ratio_views"]})
+                     "ddpdiag_views_over_torch_views": r["ratio_views"],
+                     "repeats": r.get("repeats", 1),
+                     "repeat_ratios": r.get("repeat_ratios", [r["ratio"]]),
+                     "repeat_ratios_views": r.get("repeat_ratios_views", [r["ratio_views"]])})
     return rows
 
 
@@ -408,9 +411,9 @@ def like_for_like(row):
 def print_reducer(rows):
     if not rows:
         return
-    print("# DDP reducer vs PyTorch DDP: %s layout, %d ranks, time per iteration (us); "
-          "no views: DDP's default, views: gradient_as_bucket_view" %
-          (rows[0]["model"], rows[0]["world_size"]))
+    print("# DDP reducer vs PyTorch DDP: %s layout, %d ranks, time per iteration (us), median of "
+          "%d repeat(s); no views: DDP's default, views: gradient_as_bucket_view" %
+          (rows[0]["model"], rows[0]["world_size"], rows[0].get("repeats", 1)))
     print("# %8s %12s %12s %14s %14s %14s %14s" % ("cap(MiB)", "ddpdiag", "torch", "ddpdiag/torch",
                                                   "ddpdiag views", "torch views", "views d/t"))
     for r in rows:
@@ -929,6 +932,8 @@ def parse_args():
     ap.add_argument("--ddp-ranks", type=int, default=2)
     ap.add_argument("--ddp-iters", type=int, default=10)
     ap.add_argument("--ddp-warmup", type=int, default=3)
+    ap.add_argument("--ddp-repeats", type=int, default=3,
+                    help="measurements of each cap (interleaved); the median ratio is judged")
     ap.add_argument("--rdzv-clients", default="256,1024")
     ap.add_argument("--no-native", action="store_true",
                     help="skip torch's own client on torch's server")
@@ -952,7 +957,7 @@ def parse_args():
         a.factor, a.iters, a.warmup = 512, 5, 1
         a.small_iters, a.small_warmup = 5, 1
         # The mlp layout: the same reducer path, a fraction of resnet50's time.
-        a.caps, a.model, a.ddp_iters, a.ddp_warmup = "25", "mlp", 2, 1
+        a.caps, a.model, a.ddp_iters, a.ddp_warmup, a.ddp_repeats = "25", "mlp", 2, 1, 1
         a.rdzv_clients, a.store_min_time, a.timeout = "64", 0.05, 60
     try:
         a.ranks = [int(x) for x in a.ranks.split(",")]

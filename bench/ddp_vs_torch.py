@@ -9,6 +9,10 @@ its framework cost. Ours is `ddpdiag ddp-step --compute-gbps 0`: the same
 gradients written by the backward simulator and reduced by the reducer.
 Time per iteration = median over timed iterations (after warm-up) of the
 slowest rank, barrier before each iteration, outside the timing, on both sides.
+With --repeats R every cap is measured R times, the repeats interleaved (all
+caps, then all caps again), and each figure is the median of the repeats: the
+times, and each ratio the median of the repeats' own ratios (a run here moves
+by 10-15 % from one to the next).
 
 Like is compared with like: DDP's default (gradient_as_bucket_view=False)
 against ddp-step --no-views, the judged pair (ratio); and
@@ -16,7 +20,7 @@ gradient_as_bucket_view=True against ddp-step --gradient-as-bucket-view
 (ratio_views).
 
 Usage: /usr/bin/python3 bench/ddp_vs_torch.py [--bin build/diag/ddpdiag]
-       [--caps 1,5,10,25,50,100] [--iters 10] [--warmup 3] [--model resnet50]
+       [--caps 1,5,10,25,50,100] [--iters 10] [--warmup 3] [--model resnet50] [--repeats 1]
 Also runs with torch 2.x (.venv-torch2/bin/python). Goal: ours <= 0.8 x torch,
 each pair (views and no views) on its own.
 """
@@ -121,6 +125,7 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--json", help="write the figures to this file")
     a = ap.parse_args()
 
@@ -131,24 +136,40 @@ def main():
     shapes = [t["shape"] for t in layout["tensors"]]
     print("# %s (%d tensors), %d ranks, Gloo, torch %s, ddpdiag %s" %
           (a.model, len(shapes), a.nproc, torch.__version__, a.bin))
-    print("# time per iteration (us), median of %d after %d warm-up, slowest rank" %
-          (a.iters, a.warmup))
+    if a.repeats < 1:
+        ap.error("--repeats must be at least 1")
+    print("# time per iteration (us), median of %d after %d warm-up, slowest rank; median of %d "
+          "repeat(s)" % (a.iters, a.warmup, a.repeats))
     print("# %8s %14s %14s %14s %14s %10s %12s" %
           ("cap(MiB)", "torch", "ours", "torch views", "ours views", "ours/torch",
            "views o/t"))
+    caps = [float(c) for c in a.caps.split(",")]
+    runs = {cap: [] for cap in caps}
+    for rep in range(a.repeats):
+        for cap in caps:
+            t_default = run_torch(shapes, cap, False, a.iters, a.warmup, a.nproc)
+            t_views = run_torch(shapes, cap, True, a.iters, a.warmup, a.nproc)
+            ours, exposed = run_ours(a.bin, a.model, cap, False, a.iters, a.warmup, a.nproc)
+            ours_views, exposed_views = run_ours(a.bin, a.model, cap, True, a.iters, a.warmup, a.nproc)
+            runs[cap].append({"torch_us": t_default, "torch_views_us": t_views, "ours_us": ours,
+                              "ours_views_us": ours_views, "ours_exposed_us": exposed,
+                              "ours_views_exposed_us": exposed_views,
+                              "ratio": ours / t_default, "ratio_views": ours_views / t_views})
+            if a.repeats > 1:
+                print("  (repeat %d/%d, cap %g: ratio %.3f, views %.3f)" %
+                      (rep + 1, a.repeats, cap, runs[cap][-1]["ratio"], runs[cap][-1]["ratio_views"]),
+                      file=sys.stderr)
     rows = []
-    for cap in [float(c) for c in a.caps.split(",")]:
-        t_default = run_torch(shapes, cap, False, a.iters, a.warmup, a.nproc)
-        t_views = run_torch(shapes, cap, True, a.iters, a.warmup, a.nproc)
-        ours, exposed = run_ours(a.bin, a.model, cap, False, a.iters, a.warmup, a.nproc)
-        ours_views, exposed_views = run_ours(a.bin, a.model, cap, True, a.iters, a.warmup, a.nproc)
-        row = {"cap_mb": cap, "torch_us": t_default, "torch_views_us": t_views, "ours_us": ours,
-               "ours_views_us": ours_views, "ours_exposed_us": exposed,
-               "ours_views_exposed_us": exposed_views,
-               "ratio": ours / t_default, "ratio_views": ours_views / t_views}
+    for cap in caps:
+        row = {"cap_mb": cap, "repeats": len(runs[cap])}
+        for key in runs[cap][0]:
+            row[key] = statistics.median(r[key] for r in runs[cap])
+        row["repeat_ratios"] = [r["ratio"] for r in runs[cap]]
+        row["repeat_ratios_views"] = [r["ratio_views"] for r in runs[cap]]
         rows.append(row)
         print("  %8g %14.0f %14.0f %14.0f %14.0f %10.2f %12.2f" %
-              (cap, t_default, ours, t_views, ours_views, row["ratio"], row["ratio_views"]))
+              (cap, row["torch_us"], row["ours_us"], row["torch_views_us"], row["ours_views_us"],
+               row["ratio"], row["ratio_views"]))
         sys.stdout.flush()
     if a.json:
         with open(a.json, "w") as f:

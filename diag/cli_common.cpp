@@ -2315,7 +2315,10 @@ nlohmann::json egress_of(const std::string& used, const std::map<int, std::strin
   nlohmann::json out = nlohmann::json::array();
   if (used.empty() || peers.empty()) return out;
   std::map<std::string, std::vector<int>> by_address;
-  for (const auto& [peer, ip] : peers) by_address[ip].push_back(peer);
+  // A link-local IPv6 address has a route on every link: without its zone
+  // the kernel's answer would name any of them.
+  for (const auto& [peer, ip] : peers)
+    if (!is_link_local(ip)) by_address[ip].push_back(peer);
   std::vector<std::string> ips;
   for (const auto& [ip, ranks] : by_address) ips.push_back(ip);
   const auto routes = routes_to(ips);
