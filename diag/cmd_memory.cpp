@@ -63,6 +63,8 @@ struct MemoryOptions {
   double first_bucket_mb = 1;
   // DDP's gradient_as_bucket_view, False by default as in torch.
   bool gradient_views = false;
+  bool find_unused = false;
+  bool static_graph = false;
   int iters = 2;
   double workspace_mb = 1;
   double imbalance_pct = 10;
@@ -88,7 +90,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
     throw UsageError(fmt::format("--workspace-mb {} is not between 0 and {}", o.workspace_mb, kMaxWorkspaceMb),
                      {"flags", me, -1, "the default is 1"});
   const ModelLayout layout = load_model(o.model);
-  check_unused_parameters(layout, false, "memory", false);
+  check_unused_parameters(layout, o.find_unused || o.static_graph, "memory", true);
   const bool device = job.comm->memory_kind() == MemoryKind::kDevice;
   const int device_ordinal = job.world.local_rank;
   std::uint64_t inject_bytes = 0;
@@ -175,11 +177,18 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       ro.bucket_cap_bytes = cap_bytes;
       ro.first_bucket_bytes = first_bucket_bytes;
       ro.gradient_as_bucket_view = o.gradient_views;
+      ro.find_unused_parameters = o.find_unused;
+      ro.static_graph = o.static_graph;
       ro.timeout = job.timeout;
       // Every parameter is held and broadcast; only those that require grad
       // have gradients and buckets.
       const ModelLayout trainable = trainable_parameters(layout);
       Reducer red(ac, trainable, ro);
+      // Parameters forward leaves unused (find_unused_parameters or
+      // static_graph): no rank gives them a gradient.
+      BackwardSimOptions sim;
+      sim.unused = trainable.unused_in_backward();
+      const UsedBy used_by = used_by_all_but(sim.unused, trainable.tensors.size());
       bucket_count = red.buckets().size();
       // Views off: each dense parameter's own gradient buffer (a sparse one has
       // none; its gradient is rows and values, counted as communication).
@@ -214,9 +223,9 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       ac.set_category(MemoryCategory::kCommBuffers);
       for (int it = 0; it < o.iters; ++it) {
         ac.barrier()->wait(job.timeout);
-        simulate_backward(red, ac, static_cast<std::uint64_t>(it));
+        simulate_backward(red, ac, static_cast<std::uint64_t>(it), sim);
         red.finalize();
-        wrong += check_gradients(red, ac, static_cast<std::uint64_t>(it)).wrong;
+        wrong += check_gradients(red, ac, static_cast<std::uint64_t>(it), 1.0, 0, used_by).wrong;
         ac.allreduce(metrics.get(), metrics.get(), ws_bytes / 4, DType::kFloat32, ReduceOp::kSum)
             ->wait(job.timeout);
         ++steps_done;
@@ -282,6 +291,8 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   res["first_bucket_bytes"] = first_bucket_bytes;
   res["bucket_count"] = bucket_count;
   res["gradient_as_bucket_view"] = o.gradient_views;
+  res["find_unused_parameters"] = o.find_unused;
+  res["static_graph"] = o.static_graph;
   res["iters"] = o.iters;
   // The metrics buffer's size (--workspace-mb): the workspace category and
   // every total and peak grow with it, so compare treats it as a setting.
@@ -390,6 +401,11 @@ Subcommand add_memory_command(CLI::App& parent) {
                   "bucket_cap_mb X uses X)")
       ->check(cli::bucket_mb_value(false));
   cli::add_gradient_view_flags(app, opts->gradient_views);
+  app->add_flag("--find-unused-parameters", opts->find_unused,
+                "DDP's find_unused_parameters=True: the buckets it keeps unrebuilt (a model with "
+                "parameters forward never uses needs it, or --static-graph)");
+  app->add_flag("--static-graph", opts->static_graph,
+                "DDP's static_graph=True: the buckets it rebuilds (see buckets --static-graph)");
   app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(cli::positive_number());
   // Bounded as --caps: a value beyond it is a typo, not a buffer to allocate
   // (and a negative one would wrap around to 16 EiB).

@@ -227,6 +227,18 @@ class DdpStep(unittest.TestCase):
                          "--caps", "0.05,1", "-n", "1", "-w", "1", "--no-size-sweep"])
                 self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
                 self.assertIn("Check correctness               : pass", p.stdout)
+                # memory runs the same buckets (2 of each at a 0.05 MiB cap).
+                path = tmp_json()
+                p = run(["memory", "--nproc", "2", "--model", layout, flag, "--bucket-cap-mb", "0.05",
+                         "--first-bucket-mb", "0.05", "--json", path])
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                mem = load(path)
+                os.unlink(path)
+                self.assertEqual(mem["verdict"], "PASS")
+                r = mem["results"]
+                self.assertEqual((r["find_unused_parameters"], r["static_graph"]),
+                                 (flag == "--find-unused-parameters", flag == "--static-graph"))
+                self.assertEqual(r["bucket_count"], 2)
             for cmd in (["ddp-step"], ["bucket-sweep", "--no-size-sweep"], ["memory"]):
                 with self.subTest(cmd=cmd[0]):
                     p = run(cmd + ["--nproc", "2", "--model", layout])
