@@ -229,6 +229,15 @@ std::vector<std::optional<Route>> routes_to(const std::vector<std::string>& ips,
   return out;
 }
 
+std::string route_text(const std::string& ip) {
+  const auto routes = routes_to({ip});
+  const auto& r = routes.front();
+  if (!r || r->interface.empty()) return "";
+  if (r->local) return ip + " is this host's own address";
+  return "this host sends to " + ip + " out by " + r->interface +
+         (r->gateway.empty() ? " (on that interface's network)" : " via gateway " + r->gateway);
+}
+
 PortReach tcp_port_probe(const sockaddr_storage& addr, std::chrono::milliseconds timeout) {
   if (addr.ss_family != AF_INET && addr.ss_family != AF_INET6) return PortReach::kUnknown;
   const socklen_t len = addr.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);

@@ -63,6 +63,12 @@ struct Route {
 std::vector<std::optional<Route>> routes_to(const std::vector<std::string>& ips,
                                             std::string* why = nullptr);
 
+// "this host sends to 10.0.2.3 out by eth0 via gateway 10.0.0.254" (no
+// gateway: on eth0's network; one of its own: "10.0.2.3 is this host's own
+// address"): the kernel's route to ip, for an error message; "" when the
+// kernel gives none.
+std::string route_text(const std::string& ip);
+
 // A link's speed in Mb/s as the GB/s (1e9 bytes/s) that busbw is given in:
 // 25000 Mb/s is 3.125 GB/s each way.
 constexpr double link_gbytes_per_s(int mbps) { return mbps / 8000.0; }

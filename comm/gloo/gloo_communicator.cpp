@@ -1566,6 +1566,9 @@ RendezvousError connect_failed(const CommOptions& opts, const StoreAdapter::Peer
     unanswered = std::any_of(open.begin(), open.end(),
                              [&](const auto& a) { return same_endpoint(a, last.address); });
   }
+  // Where this host sends that traffic: a route out by the wrong interface
+  // (a default route over a management NIC) shows here.
+  const std::string route = route_text(ip_text(reinterpret_cast<const sockaddr*>(&last.address)));
   std::string what;
   if (no_route)
     what = me + "'s connection to " + peer + "'s Gloo listener at " + at +
@@ -1582,6 +1585,7 @@ RendezvousError connect_failed(const CommOptions& opts, const StoreAdapter::Peer
     what = peer + " did not open its connection to " + me + " within " + ms + " (" + peer +
            " listens at " + at + "; it may be stuck connecting to another rank first, as its "
            "own message says)";
+  if (!route.empty()) what += " (" + route + ")";
   return RendezvousError(
       "gloo: " + me + " could not connect to " + peer + ": " + what +
           ". The store is reachable (" + peer + " published its address there), but the ports "

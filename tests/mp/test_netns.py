@@ -269,6 +269,9 @@ class LinkHealthAcrossHosts(unittest.TestCase):
         self.assertEqual(rc, 3, se)
         self.assertIn("no route to that address", se)
         self.assertIn("ip route get " + ADDR[1], se)
+        # and the route that sent it there
+        self.assertIn("(this host sends to %s out by %s via gateway %s.99)" %
+                      (ADDR[1], IFACE, NET.addr[0].rsplit(".", 1)[0]), se)
         self.assertNotIn("within 20000 ms", se)
 
     def test_unreachable_peer_address_is_named_by_the_rank_that_cannot_reach_it(self):
