@@ -2389,11 +2389,20 @@ std::string network_text(const std::string& iface, const std::string& ip, int sp
                      speed_mbps > 0 ? " (" + format_link_speed(speed_mbps) + ")" : "");
 }
 
-std::string listen_text(const std::string& listen_ip) {
+std::string listen_text(const std::string& listen_ip, const std::map<int, std::string>& peers) {
   if (listen_ip.empty()) return "";
-  const auto net = network_of(listen_ip, {});
-  return network_text(net.value("interface", std::string()), listen_ip,
-                      net["speed_mbps"].is_number_integer() ? net["speed_mbps"].get<int>() : -1);
+  const auto net = network_of(listen_ip, peers);
+  std::string out = network_text(net.value("interface", std::string()), listen_ip,
+                                 net["speed_mbps"].is_number_integer() ? net["speed_mbps"].get<int>() : -1);
+  if (net.contains("egress"))
+    for (const auto& e : net["egress"]) {
+      const int mbps = e["speed_mbps"].is_number_integer() ? e["speed_mbps"].get<int>() : -1;
+      out += fmt::format(", to {} {} by {}{}{}", e["rank_count"].get<std::size_t>() == 1 ? "rank" : "ranks",
+                         e["ranks"].get<std::string>(), e["interface"].get<std::string>(),
+                         mbps > 0 ? " (" + format_link_speed(mbps) + ")" : "",
+                         e["gateway"].is_string() ? " via gateway " + e["gateway"].get<std::string>() : "");
+    }
+  return out;
 }
 
 namespace {

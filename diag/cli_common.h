@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <memory>
 #include <string>
@@ -282,8 +283,10 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
 // an interface not known.
 std::string network_text(const std::string& iface, const std::string& ip, int speed_mbps);
 // The same for where a backend listening on listen_ip takes its traffic to
-// other hosts, looked up on this host; "" for an empty address.
-std::string listen_text(const std::string& listen_ip);
+// other hosts, looked up on this host, and the interfaces other than that
+// one its routes to `peers` (rank -> address) leave by (", to rank 2 by eno1
+// (1 Gb/s) via gateway 10.0.0.254"); "" for an empty address.
+std::string listen_text(const std::string& listen_ip, const std::map<int, std::string>& peers = {});
 
 // Flag checks with plain messages ("--iters: must be a number > 0, not '0'"):
 // CLI11's own print the whole double range and call a non-number "out of

@@ -478,7 +478,7 @@ int run_init_check(const InitCheckOptions& io) {
       // Every rank's device and, on Gloo, where it listens: the report's
       // rank_network, for the "wrong interface" questions init-check is for.
       gather_rank_devices(job);
-      const std::string net = listen_text(job.comm->listen_address());
+      const std::string net = listen_text(job.comm->listen_address(), job.comm->peer_addresses());
       return fmt::format("{} ({}), device {}{}", backend_name(job.backend), job.comm->library_version(),
                          job.comm->device_name(), net.empty() ? "" : ", listening on " + net);
     });

@@ -562,6 +562,17 @@ class NetworkInterfaces(unittest.TestCase):
         self.assertEqual(net[2]["egress"][0]["ranks"], "0")
         self.assertNotIn("egress", net[1])
         self.assertEqual(r["busbw_vs_link"]["slowest_link_speed_mbps"], 1000)
+        # init-check's backend phase says where each rank's traffic leaves.
+        res, rep = self.run_ranks(["init-check"], self.port + 3)
+        for rc, so, se in res:
+            self.assertEqual(rc, 0, se)
+        init = {r["rank"]: [ph for ph in r["phases"] if ph["name"] == "backend_init"][0]["detail"]
+                for r in rep["results"]["ranks"]}
+        self.assertIn("listening on %s %s (100 Gb/s), to rank 2 by alt0 (1 Gb/s) via gateway %s.3" %
+                      (IFACE, ADDR[0], alt_net), init[0])
+        self.assertIn("listening on %s %s (100 Gb/s), to rank 0 by alt0 (1 Gb/s) via gateway %s.1" %
+                      (IFACE, ADDR[2], alt_net), init[2])
+        self.assertTrue(init[1].endswith("listening on %s %s (100 Gb/s)" % (IFACE, ADDR[1])), init[1])
         # link-health sets each pair against the links its ends' traffic
         # to each other leaves by.
         res, rep = self.run_ranks(
