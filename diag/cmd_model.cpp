@@ -72,6 +72,10 @@ struct ModelOptions {
   CLI::Option* caps_opt = nullptr;
   double first_bucket_mb = 1;
   CLI::Option* first_bucket_opt = nullptr;
+  bool find_unused = false;
+  CLI::Option* find_unused_opt = nullptr;
+  bool static_graph = false;
+  CLI::Option* static_graph_opt = nullptr;
   double compute_gbps = 1.0;
   CLI::Option* compute_gbps_opt = nullptr;
   double backward_ms = 0;
@@ -278,7 +282,8 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                                      opt->get_name()),
                          "e.g. --check-against sweep4.json " + opt->get_name() + " ...");
   if (o.model.empty())
-    for (const auto* opt : {o.first_bucket_opt, o.compute_gbps_opt, o.backward_ms_opt, o.bucket_algorithm_opt})
+    for (const auto* opt : {o.first_bucket_opt, o.compute_gbps_opt, o.backward_ms_opt, o.bucket_algorithm_opt,
+                            o.find_unused_opt, o.static_graph_opt})
       if (opt->count())
         throw flag_error(fmt::format("{} needs --model: it shapes the bucket-cap prediction of a model",
                                      opt->get_name()),
@@ -302,7 +307,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                        "give the backward's duration in milliseconds (at most 3,600,000)");
     // Frozen parameters have no gradient: DDP reduces the others only.
     model_layout = ddp_core::trainable_parameters(ddp_core::load_model(o.model));
-    ddp_core::check_unused_parameters(*model_layout, false, "model", false);
+    ddp_core::check_unused_parameters(*model_layout, o.find_unused || o.static_graph, "model", true);
     if (o.backward_ms_opt->count() == 0) cli::check_backward_rate(model_layout->gradient_bytes(), o.compute_gbps, -1);
   } else if (o.caps_opt && o.caps_opt->count()) {
     throw flag_error("--caps needs --model: the best cap is found for a model's buckets",
@@ -570,6 +575,8 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       res["first_bucket_bytes"] = first;
       res["compute_gbps"] = rate / 1e9;
       res["bucket_algorithm"] = o.bucket_algorithm;
+      res["find_unused_parameters"] = o.find_unused;
+      res["static_graph"] = o.static_graph;
       res["default_bucket_cap_mb"] = kDefaultCapMb;
       res["caps"] = json::array();
       // A rate of 0: every gradient at once (no backward to overlap).
@@ -583,7 +590,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "(MiB)", "", "(ms)", "(ms)", "(ms)", "(ms)");
       std::vector<tools::CapFigure> figs;
       for (double cap : caps) {
-        const auto plan = scale::plan_buckets(layout, cap, first, rate, allreduce_s);
+        const auto plan = scale::plan_buckets(layout, cap, first, rate, allreduce_s, o.find_unused, o.static_graph);
         figs.push_back({cap, plan.exposed_s * 1e6});
         res["caps"].push_back({{"bucket_cap_mb", cap},
                                {"bucket_cap_bytes", plan.bucket_cap_bytes},
@@ -750,6 +757,12 @@ Subcommand add_model_command(CLI::App& parent) {
   opts->first_bucket_opt = app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket (MiB)")
       ->capture_default_str()
       ->check(cli::bucket_mb_value(false));
+  opts->find_unused_opt = app->add_flag("--find-unused-parameters", opts->find_unused,
+                "DDP's find_unused_parameters=True: the buckets it keeps unrebuilt, and its used-parameter "
+                "all_reduce each iteration (with --model)");
+  opts->static_graph_opt = app->add_flag(
+      "--static-graph", opts->static_graph,
+      "DDP's static_graph=True: the buckets it rebuilds (see buckets --static-graph; with --model)");
   opts->compute_gbps_opt =
       app->add_option("--compute-gbps", opts->compute_gbps,
                       "Gradient bytes backward produces per second (GB/s), as bucket-sweep; 0: all "
@@ -791,7 +804,8 @@ Subcommand add_model_command(CLI::App& parent) {
       "(beta <= 0, or a byte term under a millionth of every measured time).\n"
       "Hosts: ranks host by host; a ring step costs its slowest link (each inter-host link is\n"
       "crossed once per step); a tree round its slowest pair; gather sums the root's exchanges.\n"
-      "Buckets: ddp_buckets() per cap, gradients ready in the layout's ready order at\n"
+      "Buckets: DDP's per cap (as buckets shows them, --find-unused-parameters and\n"
+      "--static-graph too), gradients ready in the layout's ready order at\n"
       "--compute-gbps, each bucket's all_reduce after its last gradient and the previous\n"
       "bucket's; exposed = comm left after backward. Exit 1 when a fit or a --check-against\n"
       "comparison is out of tolerance.");

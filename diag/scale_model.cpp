@@ -274,7 +274,8 @@ double predict_allreduce_s(Algorithm a, const Topology& t, double n) {
 
 BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_mb,
                         std::uint64_t first_bucket_bytes, double compute_bytes_per_s,
-                        const std::function<double(double bytes)>& allreduce_s) {
+                        const std::function<double(double bytes)>& allreduce_s, bool find_unused_parameters,
+                        bool static_graph) {
   BucketPlan plan;
   plan.bucket_cap_mb = bucket_cap_mb;
   plan.bucket_cap_bytes = static_cast<std::uint64_t>(bucket_cap_mb * kMiB);  // as DDP
@@ -289,7 +290,8 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
   }
   plan.backward_s = compute_bytes_per_s > 0 ? produced / compute_bytes_per_s : 0;
   double channel_free = 0;
-  for (const auto& b : ddp_core::ddp_buckets(layout, plan.bucket_cap_bytes, first_bucket_bytes)) {
+  for (const auto& b : ddp_core::ddp_buckets_as_run(layout, plan.bucket_cap_bytes, first_bucket_bytes,
+                                                    find_unused_parameters, static_graph)) {
     double ready = 0;
     for (std::size_t p : b.param_indices) ready = std::max(ready, ready_s[p]);
     const double t = allreduce_s(static_cast<double>(b.bytes));
@@ -297,6 +299,13 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
     channel_free = start + t;
     plan.comm_s += t;
     plan.bucket_bytes.push_back(b.bytes);
+  }
+  if (find_unused_parameters && !static_graph) {
+    std::size_t trainable = 0;
+    for (const auto& t : tensors) trainable += t.requires_grad;
+    const double t = allreduce_s(4.0 * static_cast<double>(trainable));
+    channel_free = std::max(channel_free, plan.backward_s) + t;
+    plan.comm_s += t;
   }
   plan.end_s = channel_free;
   plan.exposed_s = std::max(0.0, plan.end_s - plan.backward_s);

@@ -131,10 +131,15 @@ struct BucketPlan {
 // bucket's all_reduce starts when its last gradient is ready and the
 // previous bucket's has ended (buckets are launched in order and share one
 // communication channel), and lasts allreduce_s(bucket bytes). Buckets are
-// ddp_buckets(layout, cap, first_bucket_bytes).
+// ddp_buckets_as_run(layout, cap, first_bucket_bytes, find_unused_parameters,
+// static_graph); parameters forward never uses (left out of the ready
+// order) are ready at the start, as DDP marks them. With
+// find_unused_parameters (and no static_graph) DDP also all-reduces its map
+// of used parameters (an int32 each) every iteration, after the buckets.
 BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_mb,
                         std::uint64_t first_bucket_bytes, double compute_bytes_per_s,
-                        const std::function<double(double bytes)>& allreduce_s);
+                        const std::function<double(double bytes)>& allreduce_s,
+                        bool find_unused_parameters = false, bool static_graph = false);
 
 // ---- input reports ---------------------------------------------------------
 

@@ -157,7 +157,8 @@ const std::vector<CommandSettings>& command_settings() {
       // links then come from the fit, the fit from every size): a run that
       // gave one differs from a run that did not.
       {"model",
-       {"model", "first_bucket_bytes", "compute_gbps", "bucket_algorithm", "backend_as", "predicted_world_size",
+       {"model", "first_bucket_bytes", "compute_gbps", "bucket_algorithm", "find_unused_parameters", "static_graph",
+        "backend_as", "predicted_world_size",
         "predicted_ranks_per_host", "intra_gbps", "intra_latency_us", "inter_gbps", "inter_latency_us",
         "fit_min_bytes", "fit_max_bytes"}},
   };

@@ -267,6 +267,26 @@ TEST_CASE("scale model: the bucket schedule worked by hand", "[scale_model]") {
     CHECK(p.backward_s == Approx(40e-3));
     CHECK(p.exposed_s == Approx(1.5e-3));
   }
+  SECTION("w1 unused in forward: find_unused_parameters and static_graph") {
+    layout.ready_order = {3, 2, 0};  // backward never reaches w1
+    // find_unused_parameters: the constructor's buckets, reversed: w3, w2,
+    // w1, w0 of 1 MiB each; w1 is ready at the start, the others at 1, 2
+    // and 3 ms (3 MiB produced): 1-2.5, 2.5-4, 4-5.5 (w1), 5.5-7; then the
+    // used map, 4 bytes each of 4 parameters, after backward: 7-7.5.
+    auto p = plan_buckets(layout, 1, first, rate, allreduce, true, false);
+    CHECK(p.bucket_bytes == std::vector<std::uint64_t>(4, first));
+    CHECK(p.backward_s == Approx(3e-3));
+    CHECK(p.comm_s == Approx(6e-3 + 0.5e-3 + 16.0 / kMiB * 1e-3));
+    CHECK(p.end_s == Approx(7.5e-3 + 16.0 / kMiB * 1e-3));
+    // static_graph, cap 100 MiB: w3 (1 MiB first bucket), then w2, w0 and
+    // the unused w1 last in one bucket, ready at 3 ms: 1-2.5, 3-6.5; no map.
+    p = plan_buckets(layout, 100, first, rate, allreduce, false, true);
+    CHECK(p.bucket_bytes == std::vector<std::uint64_t>{first, 3 * first});
+    CHECK(p.comm_s == Approx(5e-3));
+    CHECK(p.end_s == Approx(6.5e-3));
+    // with find_unused_parameters too: the same (static_graph rebuilds).
+    CHECK(plan_buckets(layout, 100, first, rate, allreduce, true, true).end_s == Approx(6.5e-3));
+  }
 }
 
 TEST_CASE("scale model: rows of sweep reports", "[scale_model]") {

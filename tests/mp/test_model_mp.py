@@ -328,6 +328,46 @@ class ModelVsMeasured(unittest.TestCase):
             plans.append(rep["results"]["caps"])
         self.assertEqual(plans[0], plans[1])
 
+    def test_a_model_with_an_unused_layer_needs_its_ddp_setting(self):
+        # aux is never reached by backward: refused as DDP without
+        # find_unused_parameters would stop; with either setting, the plan
+        # has DDP's buckets for it, and the setting is recorded.
+        layout = tmp_json()
+        with open(layout, "w") as f:
+            f.write('{"tensors": [{"name": "a.weight", "shape": [100, 100]}, {"name": "a.bias", "shape": [100]},'
+                    ' {"name": "aux.weight", "shape": [300, 100]}, {"name": "aux.bias", "shape": [300]},'
+                    ' {"name": "head.weight", "shape": [10, 100]}, {"name": "head.bias", "shape": [10]}],'
+                    ' "ready_order": [5, 4, 1, 0]}')
+        try:
+            args = [self.sweeps[2], "--world-size", "8", "--model", layout, "--caps", "0.05",
+                    "--first-bucket-mb", "0.05", "--max-fit-error", "1000"]
+            p = run(["model"] + args)
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("2 ('aux.weight'), 3 ('aux.bias')", p.stderr)
+            self.assertIn("--static-graph", p.stderr)
+            comm = {}
+            for flag in ("--find-unused-parameters", "--static-graph"):
+                p, rep = self.model(args + [flag])
+                res = rep["results"]
+                self.assertEqual((res["find_unused_parameters"], res["static_graph"]),
+                                 (flag == "--find-unused-parameters", flag == "--static-graph"))
+                cap = res["caps"][0]
+                # the buckets `buckets` shows for the same flags
+                path = tmp_json()
+                b = run(["buckets", "--model", layout, "--bucket-cap-mb", "0.05", "--first-bucket-mb", "0.05",
+                         "--json", path, flag])
+                self.assertEqual(b.returncode, 0, b.stderr)
+                self.assertEqual(cap["bucket_bytes"], [x["bytes"] for x in load(path)["results"]["buckets"]])
+                os.unlink(path)
+                comm[flag] = cap["comm_time_us"]
+            # find_unused_parameters all-reduces its used map too.
+            self.assertGreater(comm["--find-unused-parameters"], comm["--static-graph"])
+            p = run(["model", self.sweeps[2], "--world-size", "8", "--static-graph"])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("--static-graph needs --model", p.stderr)
+        finally:
+            os.unlink(layout)
+
     def test_fits_float_sums_only(self):
         # allreduce-test -d all: the other dtypes move other element sizes at
         # other speeds; the fit keeps the float sums, and a report without
