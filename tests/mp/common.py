@@ -138,6 +138,19 @@ def tmp_json():
     return path
 
 
+def unused_layer_layout():
+    """A layout file (the caller deletes it) whose recorded backward never
+    reaches "aux" (tensors 2 and 3, left out of ready_order): a model that
+    needs find_unused_parameters or static_graph in DDP."""
+    path = tmp_json()
+    with open(path, "w") as f:
+        f.write('{"tensors": [{"name": "a.weight", "shape": [100, 100]}, {"name": "a.bias", "shape": [100]},'
+                ' {"name": "aux.weight", "shape": [300, 100]}, {"name": "aux.bias", "shape": [300]},'
+                ' {"name": "head.weight", "shape": [10, 100]}, {"name": "head.bias", "shape": [10]}],'
+                ' "ready_order": [5, 4, 1, 0]}')
+    return path
+
+
 def load(path):
     """Reads a report; every report a test reads is first checked against the
     schema."""

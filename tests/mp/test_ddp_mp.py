@@ -10,7 +10,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import BIN, clean_env, free_port, load, run, run_ranks, tmp_json, main  # noqa: E402
+from common import BIN, clean_env, free_port, load, run, run_ranks, tmp_json, unused_layer_layout, main  # noqa: E402
 
 
 def check(name, rep):
@@ -194,12 +194,7 @@ class DdpStep(unittest.TestCase):
         # it. With --find-unused-parameters no rank gives it a gradient and
         # the others are checked; without, DDP would stop at its second
         # iteration, and ddpdiag refuses the model on every rank.
-        layout = tmp_json()
-        with open(layout, "w") as f:
-            f.write('{"tensors": [{"name": "a.weight", "shape": [100, 100]}, {"name": "a.bias", "shape": [100]},'
-                    ' {"name": "aux.weight", "shape": [300, 100]}, {"name": "aux.bias", "shape": [300]},'
-                    ' {"name": "head.weight", "shape": [10, 100]}, {"name": "head.bias", "shape": [10]}],'
-                    ' "ready_order": [5, 4, 1, 0]}')
+        layout = unused_layer_layout()
         try:
             for flags in (["--find-unused-parameters"], ["--static-graph"]):
                 with self.subTest(flags=flags):

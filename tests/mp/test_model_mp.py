@@ -31,7 +31,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import load, main, run, tmp_json  # noqa: E402
+from common import load, main, run, tmp_json, unused_layer_layout  # noqa: E402
 
 TOLERANCE_FACTOR = 3.0
 CHECK_MIN_BYTES = 4 << 20
@@ -332,12 +332,7 @@ class ModelVsMeasured(unittest.TestCase):
         # aux is never reached by backward: refused as DDP without
         # find_unused_parameters would stop; with either setting, the plan
         # has DDP's buckets for it, and the setting is recorded.
-        layout = tmp_json()
-        with open(layout, "w") as f:
-            f.write('{"tensors": [{"name": "a.weight", "shape": [100, 100]}, {"name": "a.bias", "shape": [100]},'
-                    ' {"name": "aux.weight", "shape": [300, 100]}, {"name": "aux.bias", "shape": [300]},'
-                    ' {"name": "head.weight", "shape": [10, 100]}, {"name": "head.bias", "shape": [10]}],'
-                    ' "ready_order": [5, 4, 1, 0]}')
+        layout = unused_layer_layout()
         try:
             args = [self.sweeps[2], "--world-size", "8", "--model", layout, "--caps", "0.05",
                     "--first-bucket-mb", "0.05", "--max-fit-error", "1000"]
