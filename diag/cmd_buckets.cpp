@@ -210,8 +210,8 @@ int run_buckets(const BucketsOptions& o) {
                 mib(layout.gradient_bytes()).c_str());
     if (o.static_graph)
       std::printf("bucket_cap_mb %g, first bucket %g MiB; static_graph: rebuilt from the second "
-                  "iteration's order, gradients ready in %s%s (DDP's first two iterations use "
-                  "one bucket per dtype); bucket 0 is reduced first\n\n",
+                  "iteration's order, gradients ready in %s%s; DDP's first two iterations use "
+                  "one bucket per dtype; bucket 0 is reduced first\n\n",
                   o.bucket_cap_mb, o.first_bucket_mb,
                   layout.ready_order.empty() ? "reverse parameter order"
                                              : "backward's order (recorded for this model)",
