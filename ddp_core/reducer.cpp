@@ -332,7 +332,7 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
   std::fill(marked_.begin(), marked_.end(), 0);
   marked_count_ = 0;
   next_to_launch_ = 0;
-  if (!static_fixed_) globally_unused_.clear();  // static_graph keeps the first iteration's
+  if (!static_fixed()) globally_unused_.clear();  // static_graph keeps the first iteration's
   timing_ = IterationTiming{};
   timing_.buckets.resize(buckets_.size());
   timing_.backward_start = ReducerClock::now();
@@ -850,10 +850,10 @@ void Reducer::finalize() {
     // contributions, so their buckets complete on every rank.
     for (std::size_t p : missing) mark_ready_impl(p, false);
     issue_sparse_second_stage(true);
-    if (static_fixed_) check_static_graph();
+    if (static_fixed()) check_static_graph();
     // Every iteration with find_unused_parameters; with static_graph the
     // first only.
-    if (allows_unused() && !static_fixed_) {
+    if (allows_unused() && !static_fixed()) {
       // After every bucket, so all ranks issue it at the same position.
       for (std::size_t p = 0; p < marked_.size(); ++p) used_map_[p] = marked_[p] == 1 ? 1 : 0;
       comm_.copy_from_host(used_map_buffer_.get(), used_map_.data(), used_map_.size());
@@ -878,7 +878,6 @@ void Reducer::finalize() {
       if (options_.static_graph) {
         static_used_.assign(marked_.begin(), marked_.end());
         for (auto& u : static_used_) u = u == 1;
-        static_fixed_ = true;
       }
     }
   } catch (...) {

@@ -262,6 +262,9 @@ class Reducer {
   // static_graph, after the first iteration: throws UsageError when this
   // iteration used other parameters than the first.
   void check_static_graph() const;
+  // static_graph: whether the first iteration has fixed the used parameters
+  // (a layout has at least one).
+  bool static_fixed() const { return !static_used_.empty(); }
   // Whether parameters may go without a gradient in an iteration.
   bool allows_unused() const { return options_.find_unused_parameters || options_.static_graph; }
   std::string describe_params(const std::vector<std::size_t>& params) const;
@@ -287,9 +290,8 @@ class Reducer {
   std::shared_ptr<Work> used_map_work_;
   ReduceOp sum_op_ = ReduceOp::kSum;    // the op of the buckets' all_reduce
   std::vector<std::size_t> globally_unused_;
-  // static_graph: whether the first iteration fixed the parameters used on
-  // this rank (static_used_, 1 = used) and everywhere (globally_unused_).
-  bool static_fixed_ = false;
+  // static_graph: the parameters the first iteration used on this rank (1 =
+  // used); empty until then. Those used nowhere are globally_unused_.
   std::vector<std::uint8_t> static_used_;
   std::size_t next_to_launch_ = 0;
   // A sparse bucket whose nnz allgather is out and whose index and value

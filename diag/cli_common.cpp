@@ -2309,10 +2309,10 @@ void discover_job(Job& job, const CommonOptions& o) {
 
 // The interfaces other than `used` by which this host's routes send the
 // traffic to peers on other hosts (peers: rank -> the address its backend
-// listens at), as egress entries of rank_network: a peer whose address is
-// this host's own is on this host.
-nlohmann::json egress_of(const std::string& used, const std::map<int, std::string>& peers) {
-  nlohmann::json out = nlohmann::json::array();
+// listens at): a peer whose address is this host's own is on this host.
+std::vector<reports::RankInfo::Egress> egress_of(const std::string& used,
+                                                 const std::map<int, std::string>& peers) {
+  std::vector<reports::RankInfo::Egress> out;
   if (used.empty() || peers.empty()) return out;
   std::map<std::string, std::vector<int>> by_address;
   // A link-local IPv6 address has a route on every link: without its zone
@@ -2322,11 +2322,7 @@ nlohmann::json egress_of(const std::string& used, const std::map<int, std::strin
   std::vector<std::string> ips;
   for (const auto& [ip, ranks] : by_address) ips.push_back(ip);
   const auto routes = routes_to(ips);
-  struct Way {
-    std::string gateway;
-    std::vector<int> peers;
-  };
-  std::map<std::string, Way> ways;
+  std::map<std::string, reports::RankInfo::Egress> ways;  // by interface, so in name order
   for (std::size_t i = 0; i < ips.size(); ++i) {
     const auto& route = routes[i];
     if (!route || route->local || route->interface.empty() || route->interface == used) continue;
@@ -2336,15 +2332,21 @@ nlohmann::json egress_of(const std::string& used, const std::map<int, std::strin
     way.peers.insert(way.peers.end(), ranks.begin(), ranks.end());
   }
   for (auto& [name, way] : ways) {
+    way.interface = name;
+    way.speed_mbps = link_speed_mbps(name).value_or(-1);
     std::sort(way.peers.begin(), way.peers.end());
-    const auto speed = link_speed_mbps(name);
-    out.push_back({{"interface", name},
-                   {"speed_mbps", speed ? nlohmann::json(*speed) : nullptr},
-                   {"gateway", way.gateway.empty() ? nullptr : nlohmann::json(way.gateway)},
-                   {"ranks", format_cpu_list(way.peers)},
-                   {"rank_count", way.peers.size()}});
+    out.push_back(std::move(way));
   }
   return out;
+}
+
+// An egress entry of results.rank_network (and of the network round).
+nlohmann::json egress_json(const reports::RankInfo::Egress& e) {
+  return {{"interface", e.interface},
+          {"speed_mbps", e.speed_mbps > 0 ? nlohmann::json(e.speed_mbps) : nullptr},
+          {"gateway", e.gateway.empty() ? nullptr : nlohmann::json(e.gateway)},
+          {"ranks", format_cpu_list(e.peers)},
+          {"rank_count", e.peers.size()}};
 }
 
 // What this rank tells rank 0 about its network: the interface holding
@@ -2357,7 +2359,7 @@ nlohmann::json network_of(const std::string& listen_ip, const std::map<int, std:
   const auto interfaces = host_interfaces();
   const std::string used = interface_with_address(interfaces, listen_ip);
   nlohmann::json net = {{"interface", used}, {"address", listen_ip}, {"speed_mbps", nullptr}};
-  if (auto egress = egress_of(used, peers); !egress.empty()) net["egress"] = std::move(egress);
+  for (const auto& e : egress_of(used, peers)) net["egress"].push_back(egress_json(e));
   const NetInterface* in_use = nullptr;
   for (const auto& i : interfaces)
     if (i.name == used) in_use = &i;
@@ -2389,19 +2391,13 @@ std::string network_text(const std::string& iface, const std::string& ip, int sp
                      speed_mbps > 0 ? " (" + format_link_speed(speed_mbps) + ")" : "");
 }
 
-std::string listen_text(const std::string& listen_ip, const std::map<int, std::string>& peers) {
-  if (listen_ip.empty()) return "";
-  const auto net = network_of(listen_ip, peers);
-  std::string out = network_text(net.value("interface", std::string()), listen_ip,
-                                 net["speed_mbps"].is_number_integer() ? net["speed_mbps"].get<int>() : -1);
-  if (net.contains("egress"))
-    for (const auto& e : net["egress"]) {
-      const int mbps = e["speed_mbps"].is_number_integer() ? e["speed_mbps"].get<int>() : -1;
-      out += fmt::format(", to {} {} by {}{}{}", e["rank_count"].get<std::size_t>() == 1 ? "rank" : "ranks",
-                         e["ranks"].get<std::string>(), e["interface"].get<std::string>(),
-                         mbps > 0 ? " (" + format_link_speed(mbps) + ")" : "",
-                         e["gateway"].is_string() ? " via gateway " + e["gateway"].get<std::string>() : "");
-    }
+std::string rank_network_text(const reports::RankInfo& r, bool gateways) {
+  if (r.net_address.empty()) return "";
+  std::string out = network_text(r.net_interface, r.net_address, r.net_speed_mbps);
+  for (const auto& e : r.egress)
+    out += fmt::format(", to {} {} by {}{}{}", e.peers.size() == 1 ? "rank" : "ranks", format_cpu_list(e.peers),
+                       e.interface, e.speed_mbps > 0 ? " (" + format_link_speed(e.speed_mbps) + ")" : "",
+                       gateways && !e.gateway.empty() ? " via gateway " + e.gateway : "");
   return out;
 }
 
@@ -2429,8 +2425,13 @@ void gather_rank_devices(Job& job) {
   // over (a key of its own, so that "device" keeps what every build writes
   // there; NCCL does not say where it listens, so it skips the round).
   if (job.backend != Backend::kGloo) return;
-  const auto nets =
-      job.gather_to_root("network", network_of(job.comm->listen_address(), job.comm->peer_addresses()));
+  const auto mine = network_of(job.comm->listen_address(), job.comm->peer_addresses());
+  auto nets = job.gather_to_root("network", mine);
+  // Rank 0 learns every rank's; the others keep their own (init-check shows it).
+  if (job.rank() != 0 && job.rank() < static_cast<int>(job.ranks.size())) {
+    nets.assign(job.ranks.size(), nullptr);
+    nets[job.rank()] = mine;
+  }
   const auto text = [](const nlohmann::json& j, const char* key) {
     return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
   };
@@ -2832,12 +2833,7 @@ void record_warnings(const Job& job, reports::Report& report) {
           row["faster"] = {{"interface", r.faster_interface},
                            {"speed_mbps", r.faster_speed_mbps},
                            {"networks", r.faster_networks}};
-        for (const auto& e : r.egress)
-          row["egress"].push_back({{"interface", e.interface},
-                                   {"speed_mbps", e.speed_mbps > 0 ? nlohmann::json(e.speed_mbps) : nullptr},
-                                   {"gateway", e.gateway.empty() ? nullptr : nlohmann::json(e.gateway)},
-                                   {"ranks", format_cpu_list(e.peers)},
-                                   {"rank_count", e.peers.size()}});
+        for (const auto& e : r.egress) row["egress"].push_back(egress_json(e));
         net.push_back(row);
       }
       report.results()["rank_network"] = net;

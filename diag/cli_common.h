@@ -282,11 +282,11 @@ int run_distributed(const CommonOptions& o, const std::string& command, const Jo
 // "eth0 10.0.0.1 (25 Gb/s)", "lo 127.0.0.1" (speed unknown: <= 0), "?" for
 // an interface not known.
 std::string network_text(const std::string& iface, const std::string& ip, int speed_mbps);
-// The same for where a backend listening on listen_ip takes its traffic to
-// other hosts, looked up on this host, and the interfaces other than that
-// one its routes to `peers` (rank -> address) leave by (", to rank 2 by eno1
-// (1 Gb/s) via gateway 10.0.0.254"); "" for an empty address.
-std::string listen_text(const std::string& listen_ip, const std::map<int, std::string>& peers = {});
+// The same for where rank r's backend listens (its net_* fields), then the
+// interfaces other than that one its routes to peers leave by (", to rank 2
+// by eno1 (1 Gb/s)", with " via gateway 10.0.0.254" when `gateways`); ""
+// where the backend does not say (NCCL).
+std::string rank_network_text(const reports::RankInfo& r, bool gateways);
 
 // Flag checks with plain messages ("--iters: must be a number > 0, not '0'"):
 // CLI11's own print the whole double range and call a non-number "out of

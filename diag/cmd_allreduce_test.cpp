@@ -17,7 +17,6 @@
 
 #include "comm/measure.h"
 #include "comm/net_info.h"
-#include "diag/placement.h"
 #include "diag/bisect.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
@@ -162,12 +161,8 @@ void print_header(const Job& job, const SweepOptions& so, const AllreduceTestOpt
                   "own, which small sizes' times include (NCCL_COMM_BLOCKING=1: as nccl-tests)\n");
   }
   for (const auto& r : job.ranks) {
-    std::string net =
-        r.net_address.empty() ? "" : " net " + network_text(r.net_interface, r.net_address, r.net_speed_mbps);
-    for (const auto& e : r.egress)
-      net += fmt::format(", to {} {} by {}{}", e.peers.size() == 1 ? "rank" : "ranks",
-                         format_cpu_list(e.peers), e.interface,
-                         e.speed_mbps > 0 ? " (" + format_link_speed(e.speed_mbps) + ")" : "");
+    const std::string text = rank_network_text(r, false);
+    const std::string net = text.empty() ? "" : " net " + text;
     std::printf("#  Rank %3d Pid %7d on %12s device %s%s%s\n", r.rank, r.pid, r.host.c_str(),
                 r.device.c_str(), r.cpus.empty() ? "" : (" cpus " + r.cpus).c_str(), net.c_str());
   }

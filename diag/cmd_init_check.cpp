@@ -478,7 +478,8 @@ int run_init_check(const InitCheckOptions& io) {
       // Every rank's device and, on Gloo, where it listens: the report's
       // rank_network, for the "wrong interface" questions init-check is for.
       gather_rank_devices(job);
-      const std::string net = listen_text(job.comm->listen_address(), job.comm->peer_addresses());
+      const std::string net =
+          me < static_cast<int>(job.ranks.size()) ? rank_network_text(job.ranks[me], true) : std::string();
       return fmt::format("{} ({}), device {}{}", backend_name(job.backend), job.comm->library_version(),
                          job.comm->device_name(), net.empty() ? "" : ", listening on " + net);
     });
