@@ -176,7 +176,7 @@ BucketTensor bucket_tensor(const TensorSpec& s) {
 // DDP's rebuilt buckets: the layout's tensors `order` (indices) passed
 // with their indices explicitly, as rebuild_buckets passes them.
 std::vector<DdpBucket> rebuilt_buckets(const ModelLayout& layout, const std::vector<std::size_t>& order,
-                                       std::uint64_t bucket_cap_bytes, std::uint64_t first_bucket_bytes) {
+                                       std::span<const std::uint64_t> limits) {
   const std::size_t n = layout.tensors.size();
   std::vector<BucketTensor> tensors;
   std::vector<std::int64_t> indices;
@@ -186,7 +186,6 @@ std::vector<DdpBucket> rebuilt_buckets(const ModelLayout& layout, const std::vec
     tensors.push_back(bucket_tensor(layout.tensors[k]));
     indices.push_back(static_cast<std::int64_t>(k));
   }
-  const std::uint64_t limits[2] = {first_bucket_bytes, bucket_cap_bytes};
   // With explicit indices the assignment's entries are those indices.
   std::vector<std::size_t> identity(n);
   for (std::size_t k = 0; k < n; ++k) identity[k] = k;
@@ -195,27 +194,37 @@ std::vector<DdpBucket> rebuilt_buckets(const ModelLayout& layout, const std::vec
 
 }  // namespace
 
-std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
-                                   std::uint64_t first_bucket_bytes) {
+std::vector<std::uint64_t> ddp_bucket_limits(std::uint64_t bucket_cap_bytes, std::uint64_t first_bucket_bytes) {
+  return {first_bucket_bytes, bucket_cap_bytes};
+}
+
+std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::span<const std::uint64_t> limits) {
   // In the order backward makes the gradients ready (the layout's
   // ready_order: by default from the last parameter back to the first), as
   // DDP rebuilds its buckets after its first iteration. A frozen parameter
   // has none: DDP leaves it out of its reducer, so out of every bucket (the
   // indices stay those of the layout).
-  return rebuilt_buckets(layout, layout.gradient_ready_order(), bucket_cap_bytes, first_bucket_bytes);
+  return rebuilt_buckets(layout, layout.gradient_ready_order(), limits);
+}
+
+std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
+                                   std::uint64_t first_bucket_bytes) {
+  return ddp_buckets(layout, ddp_bucket_limits(bucket_cap_bytes, first_bucket_bytes));
+}
+
+std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::span<const std::uint64_t> limits) {
+  std::vector<std::size_t> order = layout.gradient_ready_order();
+  const auto unused = layout.unused_in_backward();  // in registration order
+  order.insert(order.end(), unused.begin(), unused.end());
+  return rebuilt_buckets(layout, order, limits);
 }
 
 std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
                                                 std::uint64_t first_bucket_bytes) {
-  std::vector<std::size_t> order = layout.gradient_ready_order();
-  const auto unused = layout.unused_in_backward();  // in registration order
-  order.insert(order.end(), unused.begin(), unused.end());
-  return rebuilt_buckets(layout, order, bucket_cap_bytes, first_bucket_bytes);
+  return ddp_buckets_static_graph(layout, ddp_bucket_limits(bucket_cap_bytes, first_bucket_bytes));
 }
 
-std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
-                                             std::uint64_t bucket_cap_bytes,
-                                             std::uint64_t first_bucket_bytes) {
+std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout, std::span<const std::uint64_t> limits) {
   // The trainable parameters in registration order, as DDP's parameter list
   // (a frozen one is not in it); the assignment's positions map back to the
   // layout's indices, in the same order, so its sort is the same.
@@ -226,18 +235,27 @@ std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout,
     tensors.push_back(bucket_tensor(layout.tensors[k]));
     layout_index.push_back(k);
   }
-  const std::uint64_t limits[2] = {first_bucket_bytes, bucket_cap_bytes};
   auto out = to_ddp_buckets(layout, compute_bucket_assignment_by_size(tensors, limits), layout_index);
   std::reverse(out.begin(), out.end());
   return out;
 }
 
+std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
+                                             std::uint64_t first_bucket_bytes) {
+  return ddp_buckets_unrebuilt(layout, ddp_bucket_limits(bucket_cap_bytes, first_bucket_bytes));
+}
+
+std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::span<const std::uint64_t> limits,
+                                          bool find_unused_parameters, bool static_graph) {
+  if (static_graph) return ddp_buckets_static_graph(layout, limits);
+  return find_unused_parameters ? ddp_buckets_unrebuilt(layout, limits) : ddp_buckets(layout, limits);
+}
+
 std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
                                           std::uint64_t first_bucket_bytes, bool find_unused_parameters,
                                           bool static_graph) {
-  if (static_graph) return ddp_buckets_static_graph(layout, bucket_cap_bytes, first_bucket_bytes);
-  return find_unused_parameters ? ddp_buckets_unrebuilt(layout, bucket_cap_bytes, first_bucket_bytes)
-                                : ddp_buckets(layout, bucket_cap_bytes, first_bucket_bytes);
+  return ddp_buckets_as_run(layout, ddp_bucket_limits(bucket_cap_bytes, first_bucket_bytes),
+                            find_unused_parameters, static_graph);
 }
 
 const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets) {

@@ -132,6 +132,22 @@ std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64
                                           std::uint64_t first_bucket_bytes, bool find_unused_parameters,
                                           bool static_graph = false);
 
+// DDP's bucket size limits, in bytes, for the variants below that take
+// them: compute_bucket_assignment_by_size walks them per dtype, staying on
+// the last. [first_bucket_bytes, bucket_cap_bytes] by default; torch 2.x's
+// DDP(bucket_cap_mb_list=[...]) gives its list (each int(mb * 1024 * 1024))
+// in their place, for its constructor's buckets and when it rebuilds them.
+std::vector<std::uint64_t> ddp_bucket_limits(std::uint64_t bucket_cap_bytes, std::uint64_t first_bucket_bytes);
+
+// The same buckets as above for any limits: ddp_buckets(layout, cap, first)
+// is ddp_buckets(layout, ddp_bucket_limits(cap, first)), and so on. Throws
+// UsageError for empty limits.
+std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::span<const std::uint64_t> limits);
+std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout, std::span<const std::uint64_t> limits);
+std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::span<const std::uint64_t> limits);
+std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::span<const std::uint64_t> limits,
+                                          bool find_unused_parameters, bool static_graph = false);
+
 // The bucket with the most bytes (the first of equals); `buckets` is not empty.
 const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets);
 

@@ -124,9 +124,15 @@ void refuse_sparse_on_device(const ModelLayout& layout, std::string_view backend
 Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
     : comm_(comm), layout_(std::move(layout)), options_(options) {
   device_ = comm_.memory_kind() == MemoryKind::kDevice;
-  if (options_.bucket_cap_bytes == 0 || options_.first_bucket_bytes == 0)
-    throw UsageError("the bucket cap and the first bucket size must be positive",
-                     {"reducer.init", comm_.rank(), -1, "pass --bucket-cap-mb > 0"});
+  if (options_.bucket_size_limits.empty()) {
+    if (options_.bucket_cap_bytes == 0 || options_.first_bucket_bytes == 0)
+      throw UsageError("the bucket cap and the first bucket size must be positive",
+                       {"reducer.init", comm_.rank(), -1, "pass --bucket-cap-mb > 0"});
+  } else if (std::find(options_.bucket_size_limits.begin(), options_.bucket_size_limits.end(), 0u) !=
+             options_.bucket_size_limits.end()) {
+    throw UsageError("every bucket size limit of the list must be positive",
+                     {"reducer.init", comm_.rank(), -1, "pass --bucket-cap-mb-list values > 0"});
+  }
   if (layout_.tensors.empty())
     throw UsageError("the model layout '" + layout_.name + "' has no parameters",
                      {"reducer.init", comm_.rank(), -1, "use a layout with at least one tensor"});
@@ -167,8 +173,11 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   }
   // With find_unused_parameters DDP never rebuilds its buckets from the
   // ready order: it keeps the constructor's.
-  const auto specs = ddp_buckets_as_run(layout_, options_.bucket_cap_bytes, options_.first_bucket_bytes,
-                                        options_.find_unused_parameters, options_.static_graph);
+  const std::vector<std::uint64_t> limits =
+      options_.bucket_size_limits.empty()
+          ? ddp_bucket_limits(options_.bucket_cap_bytes, options_.first_bucket_bytes)
+          : options_.bucket_size_limits;
+  const auto specs = ddp_buckets_as_run(layout_, limits, options_.find_unused_parameters, options_.static_graph);
   where_.resize(layout_.tensors.size());
   buckets_.reserve(specs.size());
   state_.resize(specs.size());

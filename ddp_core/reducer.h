@@ -90,6 +90,10 @@ enum class Averaging : std::uint8_t {
 struct ReducerOptions {
   std::uint64_t bucket_cap_bytes = kDefaultBucketCapBytes;
   std::uint64_t first_bucket_bytes = kDefaultFirstBucketBytes;
+  // torch 2.x's DDP(bucket_cap_mb_list=[...]) in bytes: when not empty, the
+  // size limits of the buckets in order (the last repeating), in place of
+  // [first_bucket_bytes, bucket_cap_bytes] (ddp_bucket_limits).
+  std::vector<std::uint64_t> bucket_size_limits;
   bool gradient_as_bucket_view = true;
   bool find_unused_parameters = false;
   // DDP's static_graph=True: the buckets it rebuilds

@@ -1018,6 +1018,61 @@ CLI::Validator bucket_mb_value(bool zero_ok) {
       zero_ok ? "MiB >= 0" : "MiB > 0", "BUCKET_MB");
 }
 
+std::uint64_t BucketCapList::max_bytes() const {
+  return bytes.empty() ? 0 : *std::max_element(bytes.begin(), bytes.end());
+}
+
+std::string BucketCapList::text() const {
+  std::string out = "[";
+  for (std::size_t i = 0; i < mb.size(); ++i) out += fmt::format("{}{:g}", i ? ", " : "", mb[i]);
+  return out + "]";
+}
+
+BucketCapList parse_cap_list(const std::string& s, int rank, bool zero_ok) {
+  constexpr const char* kFlag = "--bucket-cap-mb-list";
+  const std::string example = "--bucket-cap-mb-list 1,4,25 (MiB)";
+  BucketCapList out;
+  for (const auto& item : split_list(s, kFlag, "1,4,25", rank)) {
+    const auto v = as_number(item);
+    const std::string why = v ? bucket_mb_problem(*v, zero_ok) : std::string("must be a number");
+    if (!why.empty())
+      throw UsageError(fmt::format("{}: each value {} (MiB), got '{}'", kFlag, why, item),
+                       {"flags", rank, -1, "e.g. " + example});
+    out.mb.push_back(*v);
+    out.bytes.push_back(static_cast<std::uint64_t>(*v * kMiB));
+  }
+  if (!s.empty() && out.max_bytes() == 0)
+    throw UsageError(fmt::format("{}: '{}' has no value of a byte or more (torch refuses a list "
+                                 "whose largest cap is 0)",
+                                 kFlag, s),
+                     {"flags", rank, -1, "e.g. " + example});
+  return out;
+}
+
+CLI::Option* add_cap_list_option(CLI::App* app, std::string& value, bool zero_ok,
+                                 std::initializer_list<CLI::Option*> replaces) {
+  auto* opt = app->add_option("--bucket-cap-mb-list", value,
+                              "torch 2.x's DDP(bucket_cap_mb_list=[...]): the size limit of each "
+                              "bucket in order, the last repeating (MiB, e.g. 1,4,25), in place of "
+                              "--bucket-cap-mb and --first-bucket-mb")
+                  ->check(CLI::Validator(
+                      [zero_ok](std::string& v) -> std::string {
+                        try {
+                          parse_cap_list(v, -1, zero_ok);
+                          return "";
+                        } catch (const UsageError& e) {
+                          // CLI11 names the flag itself.
+                          std::string what = e.what();
+                          if (const auto colon = what.find(": "); colon != std::string::npos)
+                            what.erase(0, colon + 2);
+                          return what + " (" + e.context().hint + ")";
+                        }
+                      },
+                      "MIB,MIB,...", "CAP_LIST"));
+  for (CLI::Option* r : replaces) opt->excludes(r);
+  return opt;
+}
+
 CLI::Validator timeout_value() { return number_in_range(kMinTimeoutS, kMaxTimeoutS); }
 
 void add_gradient_view_flags(CLI::App* app, bool& views) {

@@ -328,6 +328,28 @@ std::uint64_t bucket_cap_bytes(double mb, const char* flag, int rank, bool zero_
 // (a cap under one byte, unless zero_ok and 0), before any rank starts.
 CLI::Validator bucket_mb_value(bool zero_ok);
 
+// torch 2.x's DDP(bucket_cap_mb_list=[...]): the size limits of the buckets
+// in order, the last repeating, in place of bucket_cap_mb and the first
+// bucket's 1 MiB. --bucket-cap-mb-list takes them as "1,4,25" (MiB, kept in
+// the order given, repeats allowed).
+struct BucketCapList {
+  std::vector<double> mb;              // as given
+  std::vector<std::uint64_t> bytes;    // each int(mb * 1024 * 1024), as DDP
+  bool empty() const { return mb.empty(); }
+  std::uint64_t max_bytes() const;     // DDP's bucket_bytes_cap with a list
+  std::string text() const;            // "[1, 4, 25]"
+};
+// Parses --bucket-cap-mb-list: each value a number of MiB as
+// bucket_cap_bytes takes it (0 only with `zero_ok`, and never all of them:
+// torch refuses a list whose largest value is 0). "" gives an empty list.
+// Throws UsageError naming the flag and `rank`.
+BucketCapList parse_cap_list(const std::string& s, int rank, bool zero_ok);
+// Adds --bucket-cap-mb-list to `app`, checked as parse_cap_list checks it
+// before any rank starts, and excluding the options it replaces (the
+// command's --bucket-cap-mb and --first-bucket-mb).
+CLI::Option* add_cap_list_option(CLI::App* app, std::string& value, bool zero_ok,
+                                 std::initializer_list<CLI::Option*> replaces);
+
 // --timeout: seconds from kMinTimeoutS to kMaxTimeoutS (about 115 days,
 // far inside what the clocks' deadlines hold; a larger one overflowed them).
 inline constexpr double kMinTimeoutS = 0.001;

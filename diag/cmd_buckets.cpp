@@ -42,6 +42,7 @@ struct BucketsOptions {
   std::string model;
   double bucket_cap_mb = 25;
   double first_bucket_mb = 1;
+  std::string bucket_cap_mb_list;  // torch 2.x's bucket_cap_mb_list, "" when not given
   std::string json_path;
   std::string markdown_path;
   std::string assign_case;
@@ -149,8 +150,15 @@ int run_buckets(const BucketsOptions& o) {
     // after the first at its first tensor (2.x raises there), and
     // dist._DEFAULT_FIRST_BUCKET_BYTES = 0 makes the first bucket one tensor in
     // both.
-    const std::uint64_t cap = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", -1, true);
-    const std::uint64_t first = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", -1, true);
+    // torch 2.x's bucket_cap_mb_list replaces both: its largest value is
+    // DDP's bucket_cap then, and its first the first bucket's limit.
+    const BucketCapList list = parse_cap_list(o.bucket_cap_mb_list, -1, true);
+    const std::uint64_t cap = list.empty() ? bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", -1, true)
+                                           : list.max_bytes();
+    const std::uint64_t first = list.empty()
+                                    ? bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", -1, true)
+                                    : list.bytes.front();
+    const std::vector<std::uint64_t> limits = list.empty() ? ddp_bucket_limits(cap, first) : list.bytes;
     // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
     (void)trainable_parameters(layout);
     // Parameters the recorded backward never reached need find_unused_parameters
@@ -159,7 +167,7 @@ int run_buckets(const BucketsOptions& o) {
     // Indices and names stay the layout's; frozen tensors are in no bucket.
     // With find_unused_parameters DDP keeps the buckets of its constructor,
     // unless static_graph rebuilds them.
-    const std::vector<DdpBucket> buckets = ddp_buckets_as_run(layout, cap, first, o.find_unused, o.static_graph);
+    const std::vector<DdpBucket> buckets = ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph);
     const bool unrebuilt = o.find_unused && !o.static_graph;
     const std::size_t unused_count = layout.unused_in_backward().size();
 
@@ -188,6 +196,7 @@ int run_buckets(const BucketsOptions& o) {
                     {"gradient_bytes", layout.gradient_bytes()},
                     {"bucket_cap_bytes", cap},
                     {"first_bucket_bytes", first},
+                    {"bucket_size_limits_bytes", limits},
                     {"bucket_count", buckets.size()},
                     {"largest_bucket_bytes", largest},
                     {"find_unused_parameters", o.find_unused},
@@ -200,6 +209,7 @@ int run_buckets(const BucketsOptions& o) {
                     // the reverse of the parameters.
                     {"ready_order", layout.ready_order.empty() ? "reverse" : "recorded"},
                     {"buckets", std::move(jbuckets)}};
+    if (!list.empty()) results["bucket_cap_mb_list"] = list.mb;
 
     const std::string frozen =
         layout.frozen_count() ? fmt::format(" ({} frozen: no gradient, in no bucket)", thousands(layout.frozen_count()))
@@ -208,27 +218,27 @@ int run_buckets(const BucketsOptions& o) {
                 layout.name.c_str(), thousands(layout.tensors.size()).c_str(), frozen.c_str(),
                 thousands(static_cast<std::uint64_t>(layout.total_numel())).c_str(),
                 mib(layout.gradient_bytes()).c_str());
+    const std::string limits_text =
+        list.empty() ? fmt::format("bucket_cap_mb {:g}, first bucket {:g} MiB", o.bucket_cap_mb, o.first_bucket_mb)
+                     : fmt::format("bucket_cap_mb_list {} MiB, a limit a bucket, the last repeating", list.text());
+    const char* ready_text = layout.ready_order.empty() ? "reverse parameter order"
+                                                        : "backward's order (recorded for this model)";
     if (o.static_graph)
-      std::printf("bucket_cap_mb %g, first bucket %g MiB; static_graph: rebuilt from the second "
-                  "iteration's order, gradients ready in %s%s; DDP's first two iterations use "
-                  "one bucket per dtype; bucket 0 is reduced first\n\n",
-                  o.bucket_cap_mb, o.first_bucket_mb,
-                  layout.ready_order.empty() ? "reverse parameter order"
-                                             : "backward's order (recorded for this model)",
+      // With a list DDP's constructor buckets with it too, instead of one
+      // bucket per dtype.
+      std::printf("%s; static_graph: rebuilt from the second iteration's order, gradients ready "
+                  "in %s%s; DDP's first two iterations use %s; bucket 0 is reduced first\n\n",
+                  limits_text.c_str(), ready_text,
                   unused_count ? fmt::format(", then the {} unused in backward in parameter order",
                                              unused_count).c_str()
-                               : "");
+                               : "",
+                  list.empty() ? "one bucket per dtype" : "the list's buckets in parameter order");
     else if (o.find_unused)
-      std::printf("bucket_cap_mb %g, first bucket %g MiB; find_unused_parameters: the buckets "
-                  "DDP's constructor fills in parameter order, which it never rebuilds; bucket 0 "
-                  "is reduced first\n\n",
-                  o.bucket_cap_mb, o.first_bucket_mb);
+      std::printf("%s; find_unused_parameters: the buckets DDP's constructor fills in parameter "
+                  "order, which it never rebuilds; bucket 0 is reduced first\n\n",
+                  limits_text.c_str());
     else
-      std::printf("bucket_cap_mb %g, first bucket %g MiB; gradients ready in %s; bucket 0 is "
-                  "reduced first\n\n",
-                  o.bucket_cap_mb, o.first_bucket_mb,
-                  layout.ready_order.empty() ? "reverse parameter order"
-                                             : "backward's order (recorded for this model)");
+      std::printf("%s; gradients ready in %s; bucket 0 is reduced first\n\n", limits_text.c_str(), ready_text);
     std::printf("%6s %10s %10s %8s  %-15s %s\n", "bucket", "size(MiB)", "limit(MiB)", "tensors",
                 "dtype", "parameters (model order: first .. last)");
     for (const auto& jb : results["buckets"]) {
@@ -274,13 +284,14 @@ Subcommand add_buckets_command(CLI::App& parent) {
                   "resnet50, bert-large, gpt2, mlp, or a JSON layout file: json.dump([(n, "
                   "list(p.shape), str(p.dtype), p.requires_grad) for n, p in "
                   "model.named_parameters()], f)");
-  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
-      ->capture_default_str()
-      ->check(cli::bucket_mb_value(true));
-  app->add_option("--first-bucket-mb", opts->first_bucket_mb,
-                  "size of the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES; torch 2.x uses the "
-                  "cap when bucket_cap_mb is given explicitly)")
-      ->capture_default_str();
+  auto* cap = app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
+                   ->capture_default_str()
+                   ->check(cli::bucket_mb_value(true));
+  auto* first = app->add_option("--first-bucket-mb", opts->first_bucket_mb,
+                                "size of the first bucket (dist._DEFAULT_FIRST_BUCKET_BYTES; torch 2.x "
+                                "uses the cap when bucket_cap_mb is given explicitly)")
+                    ->capture_default_str();
+  add_cap_list_option(app, opts->bucket_cap_mb_list, true, {cap, first});
   app->add_flag("--find-unused-parameters", opts->find_unused,
                 "DDP's find_unused_parameters=True: the buckets DDP builds in its constructor "
                 "and keeps (it never rebuilds them from the gradients' order, unless with "

@@ -252,3 +252,35 @@ TEST_CASE("ddp_buckets_static_graph: the ready order, then the unused in registr
   for (const auto& b : ddp_buckets_as_run(layout, 2 * kMiB, kMiB, true, true)) as_run.push_back(b.param_indices);
   CHECK(as_run == Buckets{{3, 2, 1}, {5, 0, 4}});
 }
+
+TEST_CASE("torch 2.x's bucket_cap_mb_list: a limit a bucket in order, the last repeating", "[buckets]") {
+  // What torch 2.11's DDP(bucket_cap_mb_list=[...]) reduces: ten float32
+  // tensors of 400 bytes, forward using 0, 2, 1, 3 .. 9 (so gradients ready
+  // 9 .. 3, 1, 2, 0); lists in bytes.
+  ModelLayout layout;
+  layout.name = "ten";
+  for (int i = 0; i < 10; ++i)
+    layout.tensors.push_back({"p" + std::to_string(i), {100}, DType::kFloat32, false, true});
+  layout.ready_order = {9, 8, 7, 6, 5, 4, 3, 1, 2, 0};
+  auto indices = [](const std::vector<DdpBucket>& buckets) {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : buckets) out.push_back(b.param_indices);
+    return out;
+  };
+  const std::vector<std::uint64_t> two{800, 1200}, three{1200, 400, 2000};
+  // Rebuilt from the ready order (the default, and after static_graph's second iteration).
+  CHECK(indices(ddp_buckets(layout, two)) == Buckets{{9, 8}, {7, 6, 5}, {4, 3, 1}, {2, 0}});
+  CHECK(indices(ddp_buckets(layout, three)) == Buckets{{9, 8, 7}, {6}, {5, 4, 3, 1, 2}, {0}});
+  // A list of two is [first, cap]: the same buckets as the two numbers.
+  CHECK(indices(ddp_buckets(layout, two)) == indices(ddp_buckets(layout, 1200, 800)));
+  // The constructor's (find_unused_parameters, and every first iteration
+  // with a list): parameter order, reversed.
+  CHECK(indices(ddp_buckets_unrebuilt(layout, three)) == Buckets{{9}, {4, 5, 6, 7, 8}, {3}, {0, 1, 2}});
+  CHECK(indices(ddp_buckets_as_run(layout, three, true, false)) == indices(ddp_buckets_unrebuilt(layout, three)));
+  CHECK(indices(ddp_buckets_as_run(layout, three, false, true)) == indices(ddp_buckets(layout, three)));
+  // Each bucket keeps the limit it was filled against.
+  std::vector<std::uint64_t> limits;
+  for (const auto& b : ddp_buckets(layout, three)) limits.push_back(b.size_limit_bytes);
+  CHECK(limits == std::vector<std::uint64_t>{1200, 400, 2000, 2000});
+  CHECK_THROWS_AS(ddp_buckets(layout, std::vector<std::uint64_t>{}), UsageError);
+}

@@ -26,6 +26,7 @@ the number of random cases (default 1).
 torch 2.x's randperm for n >= 214,748,364 (its other algorithm) runs only with
 DDPDIAG_COMPAT_LARGE=1: torch needs 1.7 GB and ~35 s per case there.
 """
+import inspect
 import json
 import os
 import random
@@ -407,7 +408,7 @@ class LayoutModule(nn.Module):
 
 
 def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False,
-                       forward_order=None, static_graph=False):
+                       forward_order=None, static_graph=False, cap_list=None, iterations=None):
     """The buckets real DDP reduces from its second iteration on (after it
     rebuilt them from the order gradients arrived in), recorded by a comm
     hook: layout indices per bucket, in bucket order. bucket_cap_mb None
@@ -415,13 +416,15 @@ def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None, find
     dist._DEFAULT_FIRST_BUCKET_BYTES, the knob DDP reads for the first
     bucket; find_unused sets find_unused_parameters; forward_order is
     LayoutModule's (a trainable parameter it leaves out is unused);
-    static_graph sets static_graph."""
+    static_graph sets static_graph; cap_list torch 2.x's bucket_cap_mb_list;
+    iterations, a list, receives the buckets of each of the four iterations
+    run."""
     return ddp_buckets_of(LayoutModule(layout, forward_order), lambda m: m(torch.zeros(1)),
-                          bucket_cap_mb, first_bucket_bytes, find_unused, static_graph)
+                          bucket_cap_mb, first_bucket_bytes, find_unused, static_graph, cap_list, iterations)
 
 
 def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False,
-                   static_graph=False):
+                   static_graph=False, cap_list=None, iterations=None):
     """ddp_buckets_as_run for any module: step(ddp_module) runs a forward and
     returns a tensor whose sum is the loss. Indices are positions in
     module.named_parameters(). With static_graph the buckets are those of the
@@ -440,6 +443,8 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, fi
         kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
         if static_graph:
             kwargs["static_graph"] = True
+        if cap_list is not None:
+            kwargs["bucket_cap_mb_list"] = cap_list
         ddp = nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused, **kwargs)
     finally:
         dist._DEFAULT_FIRST_BUCKET_BYTES = saved[0]
@@ -459,6 +464,8 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, fi
         seen.clear()
         step(ddp).sum().backward()
         per_iteration.append([b for _, b in sorted(seen)])
+    if iterations is not None:
+        iterations.extend(per_iteration)
     if static_graph:  # the first two iterations alike (their order aside), rebuilt for the third
         assert sorted(per_iteration[0]) == sorted(per_iteration[1]), per_iteration
         assert per_iteration[2] == per_iteration[3], per_iteration
@@ -492,7 +499,8 @@ def export_layout(model, step, path, name="my-model"):
                "ready_order": ready}, open(path, "w"))
 
 
-def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=None, static_graph=False):
+def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=None, static_graph=False,
+                    cap_list=None):
     """ddpdiag buckets' param_indices per bucket, for a layout in the object form."""
     with tempfile.TemporaryDirectory() as d:
         model, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
@@ -501,8 +509,10 @@ def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=Non
             doc["ready_order"] = ready_order
         with open(model, "w") as f:
             json.dump(doc, f)
-        p = run_bin(["buckets", "--model", model, "--bucket-cap-mb", str(cap_mb), "--first-bucket-mb",
-                     str(first_mb), "--json", out] + (["--find-unused-parameters"] if find_unused else []) +
+        caps = (["--bucket-cap-mb", str(cap_mb), "--first-bucket-mb", str(first_mb)] if cap_list is None
+                else ["--bucket-cap-mb-list", ",".join(repr(c) for c in cap_list)])
+        p = run_bin(["buckets", "--model", model, "--json", out] + caps +
+                    (["--find-unused-parameters"] if find_unused else []) +
                     (["--static-graph"] if static_graph else []))
         if p.returncode != 0:
             raise AssertionError(f"ddpdiag buckets exited {p.returncode}: {p.stderr}")
@@ -630,6 +640,44 @@ class DdpAsRunTest(unittest.TestCase):
                               unused=sorted(unused), find_unused=find_unused):
                 self.assertEqual(ours, theirs)
             bump("DDP runs with static_graph compared")
+
+    @unittest.skipUnless("bucket_cap_mb_list" in inspect.signature(nn.parallel.DistributedDataParallel).parameters,
+                         "this torch's DDP has no bucket_cap_mb_list")
+    def test_bucket_cap_mb_list(self):
+        # torch 2.x's bucket_cap_mb_list: a limit a bucket, in order, the
+        # last repeating, for the constructor's buckets and the rebuilt ones,
+        # in place of bucket_cap_mb and the first bucket's 1 MiB. The first
+        # iteration then reduces the constructor's buckets (not one bucket
+        # per dtype), and the rebuilt ones hold the list as well.
+        rng = random.Random(35)
+        for k in range(30 * SCALE):
+            dtypes, layout, _, _, _ = partly_frozen_case(rng, [1, 1, 2, 3], 0.15)
+            # 1 to 4 caps around the tensors' sizes, a 0 now and then (torch
+            # takes one, not all); as MiB the way a user writes them.
+            caps = [rng.choice([0, 64, 300, 1000, 4096, 65536]) / MIB for _ in range(rng.randint(1, 4))]
+            if max(caps) == 0:
+                caps[-1] = 1000 / MIB
+            mode = rng.choice(["rebuilt", "find_unused", "static_graph"])
+            forward = list(range(len(layout)))
+            if rng.random() < 0.5:
+                rng.shuffle(forward)
+            trainable = [i for i in forward if layout[i].get("requires_grad", True)]
+            unused = set()
+            if mode != "rebuilt":
+                unused = set(rng.sample(trainable[1:], rng.randint(0, len(trainable[1:]) // 3)))
+            forward = [i for i in forward if i not in unused]
+            ready = [i for i in reversed(forward) if layout[i].get("requires_grad", True)]
+            iterations = []
+            theirs = ddp_buckets_as_run(layout, find_unused=mode == "find_unused", forward_order=forward,
+                                        static_graph=mode == "static_graph", cap_list=caps, iterations=iterations)
+            ours = our_ddp_buckets(layout, None, None, find_unused=mode == "find_unused", ready_order=ready,
+                                   static_graph=mode == "static_graph", cap_list=caps)
+            # The first iteration's buckets: the constructor's, with the list.
+            constructor = our_ddp_buckets(layout, None, None, find_unused=True, ready_order=ready, cap_list=caps)
+            with self.subTest(case=k, dtypes=dtypes, caps=caps, mode=mode, unused=sorted(unused)):
+                self.assertEqual(ours, theirs)
+                self.assertEqual(sorted(iterations[0]), sorted(constructor))
+            bump(f"DDP runs with bucket_cap_mb_list compared ({mode})")
 
     def test_a_model_with_an_unused_branch_exported_as_the_readme_says(self):
         # The README's export of a model whose forward skips a layer leaves
