@@ -29,6 +29,7 @@ struct DdpStepOptions {
   std::string model = "resnet50";
   double bucket_cap_mb = 25;
   double first_bucket_mb = 1;
+  std::string bucket_cap_mb_list;  // torch 2.x's bucket_cap_mb_list, "" when not given
   int iters = 10;
   int warmup = 2;
   double compute_gbps = 0;
@@ -53,8 +54,16 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   const std::vector<std::size_t> unused = layout.unused_in_backward();
   const UsedBy used_by = used_by_all_but(unused, layout.tensors.size());
   ReducerOptions ro;
-  ro.bucket_cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
-  ro.first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
+  const BucketCapList cap_list = parse_cap_list(o.bucket_cap_mb_list, job.rank(), false);
+  if (cap_list.empty()) {
+    ro.bucket_cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
+    ro.first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
+  } else {
+    // torch's bucket_bytes_cap is the list's largest then.
+    ro.bucket_size_limits = cap_list.bytes;
+    ro.bucket_cap_bytes = cap_list.max_bytes();
+    ro.first_bucket_bytes = cap_list.bytes.front();
+  }
   ro.gradient_as_bucket_view = o.views;
   ro.find_unused_parameters = o.find_unused;
   ro.static_graph = o.static_graph;
@@ -104,6 +113,8 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["param_bytes"] = layout.total_bytes();
   res["bucket_cap_bytes"] = ro.bucket_cap_bytes;
   res["first_bucket_bytes"] = ro.first_bucket_bytes;
+  // null when not given: report compare tells a run with a list from one without.
+  res["bucket_cap_mb_list"] = cap_list.empty() ? nlohmann::json(nullptr) : nlohmann::json(cap_list.mb);
   res["buckets"] = red.buckets().size();
   res["gradient_as_bucket_view"] = ro.gradient_as_bucket_view;
   res["hook"] = std::string(compression_hook_name(ro.hook));
@@ -119,9 +130,12 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
     std::printf("# ddpdiag ddp-step: %d rank(s), backend %s, model %s (%zu tensors, %.1f MiB)\n",
                 job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
                 layout.tensors.size(), static_cast<double>(layout.total_bytes()) / (1 << 20));
-    std::printf("# %zu buckets, cap %.1f MiB, first %.1f MiB, views %s, hook %s, averaging %s, "
+    const std::string caps = cap_list.empty()
+                                 ? fmt::format("cap {:.1f} MiB, first {:.1f} MiB", o.bucket_cap_mb, o.first_bucket_mb)
+                                 : fmt::format("bucket_cap_mb_list {} MiB", cap_list.text());
+    std::printf("# %zu buckets, %s, views %s, hook %s, averaging %s, "
                 "find_unused_parameters %s%s, compute %.3g GB/s\n",
-                red.buckets().size(), o.bucket_cap_mb, o.first_bucket_mb,
+                red.buckets().size(), caps.c_str(),
                 ro.gradient_as_bucket_view ? "on" : "off", o.hook.c_str(),
                 o.avg_op ? "avg op" : ro.hook != CompressionHook::kNone ? "cast, divide, then sum" : "divide then sum",
                 o.find_unused ? "on" : "off", o.static_graph ? ", static_graph on" : "",
@@ -290,12 +304,13 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file")
       ->capture_default_str();
-  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
-      ->capture_default_str()
-      ->check(cli::bucket_mb_value(false));
-  app->add_option("--first-bucket-mb", opts->first_bucket_mb, "Size limit of the first bucket")
-      ->capture_default_str()
-      ->check(cli::bucket_mb_value(false));
+  auto* cap = app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
+                   ->capture_default_str()
+                   ->check(cli::bucket_mb_value(false));
+  auto* first = app->add_option("--first-bucket-mb", opts->first_bucket_mb, "Size limit of the first bucket")
+                    ->capture_default_str()
+                    ->check(cli::bucket_mb_value(false));
+  add_cap_list_option(app, opts->bucket_cap_mb_list, false, {cap, first});
   app->add_option("-n,--iters", opts->iters, "Timed iterations")->check(cli::positive_number());
   app->add_option("-w,--warmup-iters", opts->warmup, "Warm-up iterations")
       ->check(cli::non_negative_number());

@@ -61,6 +61,7 @@ struct MemoryOptions {
   std::string model = "resnet50";
   double bucket_cap_mb = 25;
   double first_bucket_mb = 1;
+  std::string bucket_cap_mb_list;  // torch 2.x's bucket_cap_mb_list, "" when not given
   // DDP's gradient_as_bucket_view, False by default as in torch.
   bool gradient_views = false;
   bool find_unused = false;
@@ -84,8 +85,14 @@ json device_json(const DeviceMemoryInfo& d) {
 
 void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   const int me = job.rank(), n = job.size();
-  const std::uint64_t cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", me);
-  const std::uint64_t first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", me);
+  // With torch 2.x's bucket_cap_mb_list its largest value is DDP's cap, and
+  // its first the first bucket's limit.
+  const BucketCapList cap_list = parse_cap_list(o.bucket_cap_mb_list, me, false);
+  const std::uint64_t cap_bytes =
+      cap_list.empty() ? bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", me) : cap_list.max_bytes();
+  const std::uint64_t first_bucket_bytes = cap_list.empty()
+                                               ? bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", me)
+                                               : cap_list.bytes.front();
   if (!(o.workspace_mb >= 0 && o.workspace_mb <= kMaxWorkspaceMb))
     throw UsageError(fmt::format("--workspace-mb {} is not between 0 and {}", o.workspace_mb, kMaxWorkspaceMb),
                      {"flags", me, -1, "the default is 1"});
@@ -176,6 +183,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       ReducerOptions ro;
       ro.bucket_cap_bytes = cap_bytes;
       ro.first_bucket_bytes = first_bucket_bytes;
+      ro.bucket_size_limits = cap_list.bytes;
       ro.gradient_as_bucket_view = o.gradient_views;
       ro.find_unused_parameters = o.find_unused;
       ro.static_graph = o.static_graph;
@@ -286,7 +294,9 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   auto& res = report.results();
   res["model"] = layout.name;
   res["model_bytes"] = layout.total_bytes();
-  res["bucket_cap_mb"] = o.bucket_cap_mb;
+  res["bucket_cap_mb"] = cap_list.empty() ? o.bucket_cap_mb : static_cast<double>(cap_bytes) / kMiB;
+  // null when not given: report compare tells a run with a list from one without.
+  res["bucket_cap_mb_list"] = cap_list.empty() ? json(nullptr) : json(cap_list.mb);
   res["bucket_cap_bytes"] = cap_bytes;
   res["first_bucket_bytes"] = first_bucket_bytes;
   res["bucket_count"] = bucket_count;
@@ -350,10 +360,12 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
                                       wrong_total, o.iters, n, wrong_ranks)});
 
   std::printf("# ddpdiag memory: %d rank(s), backend %s (%s memory), model %s (%.1f MiB), %zu "
-              "bucket(s) of cap %g MiB, gradient views %s, %d DDP step(s)\n",
+              "bucket(s) of %s MiB, gradient views %s, %d DDP step(s)\n",
               n, std::string(backend_name(job.backend)).c_str(), device ? "device" : "host",
               layout.name.c_str(), static_cast<double>(layout.total_bytes()) / kMiB, bucket_count,
-              o.bucket_cap_mb, o.gradient_views ? "on" : "off", o.iters);
+              cap_list.empty() ? fmt::format("cap {:g}", o.bucket_cap_mb).c_str()
+                               : fmt::format("caps {}", cap_list.text()).c_str(),
+              o.gradient_views ? "on" : "off", o.iters);
   std::printf("# %4s %10s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "rank", "params",
               "grads", "buckets", "comm", "workspace", "total", "peak", "rss", "peak rss",
               device ? "dev used" : "comm init");
@@ -392,14 +404,15 @@ Subcommand add_memory_command(CLI::App& parent) {
   add_common_options(app, opts->common);
   app->add_option("--model", opts->model, "Preset (resnet50, bert-large, gpt2, mlp) or JSON layout file")
       ->capture_default_str();
-  app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
-      ->check(cli::bucket_mb_value(false));
+  auto* cap = app->add_option("--bucket-cap-mb", opts->bucket_cap_mb, "DDP's bucket_cap_mb")
+                   ->check(cli::bucket_mb_value(false));
   // torch 2.x caps the first bucket with an explicit bucket_cap_mb too
   // (DDP(..., bucket_cap_mb=X): pass --first-bucket-mb X); 1.13 always 1 MiB.
-  app->add_option("--first-bucket-mb", opts->first_bucket_mb,
-                  "Size limit of DDP's first bucket (MiB; 1; torch 2.x with an explicit "
-                  "bucket_cap_mb X uses X)")
-      ->check(cli::bucket_mb_value(false));
+  auto* first = app->add_option("--first-bucket-mb", opts->first_bucket_mb,
+                                "Size limit of DDP's first bucket (MiB; 1; torch 2.x with an explicit "
+                                "bucket_cap_mb X uses X)")
+                    ->check(cli::bucket_mb_value(false));
+  cli::add_cap_list_option(app, opts->bucket_cap_mb_list, false, {cap, first});
   cli::add_gradient_view_flags(app, opts->gradient_views);
   app->add_flag("--find-unused-parameters", opts->find_unused,
                 "DDP's find_unused_parameters=True: the buckets it keeps unrebuilt (a model with "

@@ -145,10 +145,10 @@ const std::vector<CommandSettings>& command_settings() {
       {"allreduce-test", {"collective"}},
       {"link-health", {"bandwidth_bytes", "allreduce_bytes"}},
       {"memory",
-       {"model", "bucket_cap_mb", "first_bucket_bytes", "gradient_as_bucket_view", "find_unused_parameters",
-        "static_graph", "memory_kind", "workspace_mb"}},
+       {"model", "bucket_cap_mb", "first_bucket_bytes", "bucket_cap_mb_list", "gradient_as_bucket_view",
+        "find_unused_parameters", "static_graph", "memory_kind", "workspace_mb"}},
       {"ddp-step",
-       {"model", "bucket_cap_bytes", "first_bucket_bytes", "hook", "averaging", "gradient_as_bucket_view",
+       {"model", "bucket_cap_bytes", "first_bucket_bytes", "bucket_cap_mb_list", "hook", "averaging", "gradient_as_bucket_view",
         "find_unused_parameters", "static_graph", "compute_gbps", "sparse_rows"}},
       {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps", "find_unused_parameters", "static_graph"}},
       {"broadcast-test", {"model", "bytes"}},
@@ -169,6 +169,7 @@ std::string setting_text(const std::string& name, const json& v) {
   const bool bytes = name.size() > 6 && name.compare(name.size() - 6, 6, "_bytes") == 0;
   if (bytes && v.is_number()) return human_bytes(v.get<double>());
   if (v.is_null()) return "not given";
+  if (v.is_array()) return v.dump();  // a list of caps: [1,4,25]
   return v.is_string() ? v.get<std::string>() : format_cell(v);
 }
 
@@ -195,7 +196,8 @@ std::vector<std::pair<std::string, json>> settings_of(const json& report) {
     // report lacks (a run that failed first, or an older ddpdiag).
     for (const char* f : cs.fields)
       if (auto it = res->find(f);
-          it != res->end() && (it->is_string() || it->is_number() || it->is_boolean() || it->is_null()))
+          it != res->end() &&
+          (it->is_string() || it->is_number() || it->is_boolean() || it->is_null() || it->is_array()))
         out.push_back({f, *it});
   }
   return out;

@@ -586,6 +586,21 @@ TEST_CASE("compare: rows measured under different settings never match", "[repor
     CHECK(c.settings_changed[0].name == "model");
     CHECK(settings_note(c).find("model mlp (base) vs gpt2 (new)") != std::string::npos);
   }
+  SECTION("memory with another bucket_cap_mb_list, or none") {
+    auto with_list = [](const json& list) {
+      json r = memory_report("mlp", 1.6e7);
+      r["results"]["bucket_cap_mb_list"] = list;
+      return r;
+    };
+    auto c = compare_reports(with_list(nullptr), with_list(json::array({1, 4, 25})));
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "bucket_cap_mb_list");
+    CHECK(settings_note(c).find("bucket_cap_mb_list not given (base) vs [1,4,25] (new)") != std::string::npos);
+    CHECK(c.rows(ChangeKind::kMissing) == 2);
+    auto same = compare_reports(with_list(json::array({1, 4})), with_list(json::array({1, 4})));
+    CHECK(same.settings_changed.empty());
+    CHECK(same.rows(ChangeKind::kUnchanged) == 2);
+  }
   SECTION("world size is named as a differing setting too") {
     auto c = compare_reports(allreduce_report(baseline_points()),
                              allreduce_report(baseline_points(), CheckStatus::kPass, 4));

@@ -243,6 +243,51 @@ class DdpStep(unittest.TestCase):
         finally:
             os.unlink(layout)
 
+    def test_bucket_cap_mb_list_runs_the_lists_buckets(self):
+        # torch 2.x's bucket_cap_mb_list: ddp-step and memory reduce the
+        # buckets `buckets --bucket-cap-mb-list` shows (compared with torch's
+        # own in tests/compat), bucket for bucket, with every option that
+        # changes which buckets those are.
+        caps = "0.01,4,0.5"
+        for n in (2, 3):
+            for extra in ([], ["--find-unused-parameters"], ["--static-graph"], ["--gradient-as-bucket-view"]):
+                with self.subTest(ranks=n, extra=extra):
+                    res = self.run_step(n, "mlp", ["--bucket-cap-mb-list", caps] + extra)
+                    path = tmp_json()
+                    b = run(["buckets", "--model", "mlp", "--bucket-cap-mb-list", caps, "--json", path] +
+                            [f for f in extra if f != "--gradient-as-bucket-view"])
+                    self.assertEqual(b.returncode, 0, b.stderr)
+                    buckets = load(path)["results"]["buckets"]
+                    os.unlink(path)
+                    self.assertEqual([(t["bytes"], t["tensors"]) for t in res["timeline_rank0"] if "bucket" in t],
+                                     [(x["bytes"], x["tensor_count"]) for x in buckets])
+                    self.assertEqual(res["bucket_cap_mb_list"], [0.01, 4, 0.5])
+                    self.assertEqual((res["bucket_cap_bytes"], res["first_bucket_bytes"]), (4 << 20, 10485))
+        path = tmp_json()
+        p = run(["memory", "--nproc", "2", "--model", "mlp", "--bucket-cap-mb-list", caps, "--json", path])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        mem = load(path)["results"]
+        os.unlink(path)
+        self.assertEqual((mem["bucket_count"], mem["bucket_cap_mb_list"]), (3, [0.01, 4, 0.5]))
+        self.assertIn("3 bucket(s) of caps [0.01, 4, 0.5] MiB", p.stdout)
+        # The list replaces the two numbers; a list of zeros is torch's
+        # AssertionError; the reducer needs every limit above 0.
+        for cmd in ("ddp-step", "memory", "buckets"):
+            for bad, says in ((["--bucket-cap-mb-list", "1,4", "--bucket-cap-mb", "5"], "excludes"),
+                              (["--bucket-cap-mb-list", "1,,4"], "'1,,4' has an empty entry"),
+                              (["--bucket-cap-mb-list", "1,-4"], "got '-4'")):
+                with self.subTest(cmd=cmd, bad=bad):
+                    p = run([cmd, "--model", "mlp"] + bad + (["--nproc", "2"] if cmd != "buckets" else []))
+                    self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                    self.assertIn(says, p.stderr)
+                    self.assertIn("--bucket-cap-mb-list", p.stderr)
+        p = run(["ddp-step", "--nproc", "2", "--model", "mlp", "--bucket-cap-mb-list", "0,4"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("must be a number > 0", p.stderr)
+        p = run(["buckets", "--model", "mlp", "--bucket-cap-mb-list", "0,0"])
+        self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+        self.assertIn("torch refuses a list whose largest cap is 0", p.stderr)
+
     def test_sparse_embedding_2_3_4_ranks(self):
         # A layout with an nn.Embedding(sparse=True) between dense tensors:
         # the sparse gradient is checked exactly on every rank, and its
