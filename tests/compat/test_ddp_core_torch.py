@@ -52,6 +52,8 @@ if not BIN or not os.access(BIN, os.X_OK):
 TORCH_MAJOR = int(torch.__version__.split(".")[0])
 TORCH_VERSION_FLAG = "2.x" if TORCH_MAJOR >= 2 else "1.13"
 SCALE = int(os.environ.get("DDPDIAG_COMPAT_CASES", "1"))
+# torch 2.11's DDP(bucket_cap_mb_list=[...]); older releases have no such argument.
+HAS_CAP_LIST = "bucket_cap_mb_list" in inspect.signature(nn.parallel.DistributedDataParallel).parameters
 
 DTYPES = {
     "float32": torch.float32,
@@ -641,8 +643,7 @@ class DdpAsRunTest(unittest.TestCase):
                 self.assertEqual(ours, theirs)
             bump("DDP runs with static_graph compared")
 
-    @unittest.skipUnless("bucket_cap_mb_list" in inspect.signature(nn.parallel.DistributedDataParallel).parameters,
-                         "this torch's DDP has no bucket_cap_mb_list")
+    @unittest.skipUnless(HAS_CAP_LIST, "this torch's DDP has no bucket_cap_mb_list")
     def test_bucket_cap_mb_list(self):
         # torch 2.x's bucket_cap_mb_list: a limit a bucket, in order, the
         # last repeating, for the constructor's buckets and the rebuilt ones,
@@ -894,7 +895,10 @@ def torch_ddp_memory(module, inputs, bucket_cap_mb, views):
     try:
         if saved is not None:
             ddp_module._sync_module_states = lambda *a, **k: None  # world of one; 1.13 Gloo has no bf16 broadcast
-        kwargs = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+        # A list is torch 2.x's bucket_cap_mb_list.
+        kwargs = ({} if bucket_cap_mb is None else
+                  {"bucket_cap_mb_list": bucket_cap_mb} if isinstance(bucket_cap_mb, list) else
+                  {"bucket_cap_mb": bucket_cap_mb})
         ddp = nn.parallel.DistributedDataParallel(module, gradient_as_bucket_view=views, **kwargs)
     finally:
         if saved is not None:
@@ -935,7 +939,9 @@ def our_memory(model, bucket_cap_mb, views, nproc=1):
                 json.dump({"name": "case", "tensors": model}, f)
             model = path
         args = ["memory", "--model", model, "--nproc", str(nproc), "--no-comm-probe", "--json", out]
-        if bucket_cap_mb is not None:
+        if isinstance(bucket_cap_mb, list):
+            args += ["--bucket-cap-mb-list", ",".join(repr(c) for c in bucket_cap_mb)]
+        elif bucket_cap_mb is not None:
             args += ["--bucket-cap-mb", repr(bucket_cap_mb),
                      "--first-bucket-mb", repr(bucket_cap_mb if TORCH_MAJOR >= 2 else 1.0)]
         # DDP's default is gradient_as_bucket_view=False, as ddpdiag's.
@@ -974,8 +980,10 @@ class MemoryTest(unittest.TestCase):
                        "requires_grad": rng.random() > 0.2} for i in range(rng.randint(2, 12))]
             layout[0]["requires_grad"] = True
             layouts.append(layout)
+        # torch 2.x's bucket_cap_mb_list too, where DDP has it.
+        lists = [[0.01, 0.3, 0.05]] if HAS_CAP_LIST else []
         for k, layout in enumerate(layouts):
-            for cap in [None, 0.05, 1.0]:
+            for cap in [None, 0.05, 1.0] + lists:
                 for views in [True, False]:
                     theirs = torch_ddp_memory(LayoutModule(layout), torch.zeros(1), cap, views)
                     ours, _ = our_memory(layout, cap, views)
