@@ -258,6 +258,17 @@ std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64
                             find_unused_parameters, static_graph);
 }
 
+std::vector<bool> buckets_all_unused(const ModelLayout& layout, const std::vector<DdpBucket>& buckets) {
+  std::vector<bool> unused(layout.tensors.size(), false);
+  for (std::size_t p : layout.unused_in_backward()) unused[p] = true;
+  std::vector<bool> out;
+  out.reserve(buckets.size());
+  for (const auto& b : buckets)
+    out.push_back(std::all_of(b.param_indices.begin(), b.param_indices.end(),
+                              [&](std::size_t p) { return unused[p]; }));
+  return out;
+}
+
 const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets) {
   DDPDIAG_ASSERT(!buckets.empty());
   return *std::max_element(buckets.begin(), buckets.end(),

@@ -148,6 +148,11 @@ std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::
 std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::span<const std::uint64_t> limits,
                                           bool find_unused_parameters, bool static_graph = false);
 
+// torch 2.x's DDP(skip_all_reduce_unused_params=True): for each bucket,
+// whether every parameter in it is one backward never reaches
+// (layout.unused_in_backward()), so that DDP issues no all_reduce for it.
+std::vector<bool> buckets_all_unused(const ModelLayout& layout, const std::vector<DdpBucket>& buckets);
+
 // The bucket with the most bytes (the first of equals); `buckets` is not empty.
 const DdpBucket& largest_bucket(const std::vector<DdpBucket>& buckets);
 

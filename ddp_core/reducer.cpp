@@ -99,6 +99,7 @@ double IterationTiming::exposed_comm_us() const {
 double IterationTiming::comm_span_us() const {
   ReducerClock::time_point first{}, last{};
   for (const auto& b : buckets) {
+    if (b.skipped) continue;  // no collective
     if (happened(b.launched) && (!happened(first) || b.launched < first)) first = b.launched;
     if (happened(b.completed) && b.completed > last) last = b.completed;
   }
@@ -330,6 +331,7 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
     s.pending = buckets_[b].spec.param_indices.size();
     s.launched = false;
     s.done = false;
+    s.skipped = false;
     s.work.reset();
     s.post.reset();
     s.reissued = {};
@@ -507,9 +509,21 @@ void Reducer::launch_stream(std::size_t b) {
 }
 
 void Reducer::launch(std::size_t b) {
-  issue_sparse_second_stage(true);  // before any other collective of ours
   auto& s = state_[b];
   const auto& rb = buckets_[b];
+  if (options_.skip_all_reduce_unused_params &&
+      std::all_of(rb.spec.param_indices.begin(), rb.spec.param_indices.end(),
+                  [&](std::size_t p) { return marked_[p] == 2; })) {
+    // As torch: no collective for a bucket of unused parameters.
+    s.launched = true;
+    s.skipped = true;
+    auto& t = timing_.buckets[b];
+    t.skipped = true;
+    t.sparse = s.sparse != nullptr;
+    t.launched = t.completed = ReducerClock::now();
+    return;
+  }
+  issue_sparse_second_stage(true);  // before any other collective of ours
   const auto n = static_cast<std::size_t>(rb.numel);
   if (s.sparse) {
     launch_sparse(b);
@@ -723,6 +737,7 @@ void Reducer::poll() {
 // completion.
 void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point since) {
   auto& s = state_[b];
+  if (s.skipped) return;
   const auto started = std::max({since, timing_.buckets[b].launched, s.reissued});
   try {
     s.work->wait(left_until(started + timeout()));
@@ -747,7 +762,9 @@ void Reducer::wait_bucket(std::size_t b, ReducerClock::time_point since) {
 
 void Reducer::finish_bucket(std::size_t b) {
   auto& s = state_[b];
-  if (s.sparse) {
+  if (s.skipped) {
+    // Nothing was reduced: the gradients of its (unused) parameters stay.
+  } else if (s.sparse) {
     finish_sparse(b);
   } else if (!ops_) {
     const auto& rb = buckets_[b];

@@ -104,6 +104,14 @@ struct ReducerOptions {
   // as the first (torch: "Your training graph has changed in this
   // iteration"), else finalize() throws UsageError.
   bool static_graph = false;
+  // torch 2.x's DDP(skip_all_reduce_unused_params=True): a bucket whose
+  // parameters are all unused on this rank in this iteration (declared to
+  // prepare_for_backward or missing at finalize) is not all-reduced; its
+  // gradients stay as they were (torch leaves such a .grad None). Every rank
+  // must leave the same parameters unused, or the ranks issue different
+  // collectives: torch desyncs or hangs then, and so does this reducer.
+  // Matters only with find_unused_parameters or static_graph.
+  bool skip_all_reduce_unused_params = false;
   CompressionHook hook = CompressionHook::kNone;
   Averaging averaging = Averaging::kDivideThenSum;
   // Deadline of each collective finalize() waits for, counted from the later
@@ -125,6 +133,9 @@ struct BucketTiming {
   // their gathered size, world * (8 + max_nnz * (8 + row bytes)).
   std::uint64_t payload_bytes = 0;
   bool sparse = false;
+  // skip_all_reduce_unused_params: every parameter of the bucket was unused
+  // on this rank, and its all_reduce was not issued (payload 0).
+  bool skipped = false;
 };
 
 // A sparse parameter's reduced gradient (valid until the next
@@ -239,6 +250,7 @@ class Reducer {
     std::size_t pending = 0;
     bool launched = false;
     bool done = false;
+    bool skipped = false;  // skip_all_reduce_unused_params: nothing issued
     std::shared_ptr<Work> work;
     std::shared_ptr<Work> post;  // stream path: the fence after the bucket's post-processing
     // A sparse bucket: when its second stage (work and post) was issued.

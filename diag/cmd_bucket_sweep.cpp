@@ -55,6 +55,7 @@ struct BucketSweepOptions {
   int sweep_iters = 5;
   bool find_unused = false;
   bool static_graph = false;
+  bool skip_unused = false;  // torch 2.x's skip_all_reduce_unused_params
 };
 
 struct CapRow {
@@ -93,9 +94,21 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   ro.first_bucket_bytes = first_bytes;
   ro.find_unused_parameters = o.find_unused;
   ro.static_graph = o.static_graph;
+  ro.skip_all_reduce_unused_params = o.skip_unused;
   ro.timeout = job.timeout;
   Reducer red(comm, layout, ro);
-  for (const auto& b : red.buckets()) row.bucket_bytes.push_back(b.spec.bytes);
+  std::vector<DdpBucket> specs;
+  for (const auto& b : red.buckets()) {
+    row.bucket_bytes.push_back(b.spec.bytes);
+    specs.push_back(b.spec);
+  }
+  // The bytes all-reduced a step: every bucket's, but those of unused
+  // parameters that skip_all_reduce_unused_params leaves out.
+  const std::vector<bool> skipped =
+      o.skip_unused ? buckets_all_unused(layout, specs) : std::vector<bool>(specs.size(), false);
+  std::uint64_t reduced_bytes = 0;
+  for (std::size_t b = 0; b < specs.size(); ++b)
+    if (!skipped[b]) reduced_bytes += specs[b].bytes;
   // Parameters unused in forward (checked in run(): only with
   // find_unused_parameters or static_graph): no rank gives them a gradient.
   const std::vector<std::size_t> unused = layout.unused_in_backward();
@@ -135,7 +148,7 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   const auto wrong = allgather_doubles(comm, {static_cast<double>(row.wrong)}, job.timeout);
   row.wrong = 0;
   for (double w : wrong) row.wrong += static_cast<std::int64_t>(w);
-  const double total = static_cast<double>(layout.total_bytes());
+  const double total = static_cast<double>(reduced_bytes);
   row.algbw_gbps = row.comm_time_us > 0 ? total / row.comm_time_us / 1e3 : 0;
   row.busbw_gbps = row.algbw_gbps * busbw_factor(Collective::kAllReduce, comm.size());
   return row;
@@ -193,6 +206,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
   res["compute_gbps"] = o.compute_gbps;
   res["find_unused_parameters"] = o.find_unused;
   res["static_graph"] = o.static_graph;
+  res["skip_all_reduce_unused_params"] = o.skip_unused;
   res["iters"] = o.iters;
   res["warmup_iters"] = o.warmup;
   res["default_bucket_cap_mb"] = kDefaultCapMb;
@@ -402,6 +416,9 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
   app->add_flag("--static-graph", opts->static_graph,
                 "DDP's static_graph=True: the buckets DDP rebuilds from the gradients' order, "
                 "then the parameters unused in backward (see buckets --static-graph)");
+  app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
+                "torch 2.x's DDP(skip_all_reduce_unused_params=True): no all_reduce for a bucket "
+                "whose parameters are all unused");
   app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep")
       ->check(cli::size_value());
   app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep")

@@ -49,6 +49,7 @@ struct BucketsOptions {
   bool dump_layout = false;
   bool find_unused = false;
   bool static_graph = false;
+  bool skip_unused = false;  // torch 2.x's skip_all_reduce_unused_params
 };
 
 
@@ -172,9 +173,15 @@ int run_buckets(const BucketsOptions& o) {
     const std::size_t unused_count = layout.unused_in_backward().size();
 
     // Results are data: the table and the JSON report are two views of it.
+    // torch 2.x's skip_all_reduce_unused_params: no all_reduce for a bucket
+    // of parameters backward never reaches.
+    std::vector<bool> skipped(buckets.size(), false);
+    if (o.skip_unused) skipped = buckets_all_unused(layout, buckets);
+    std::uint64_t reduced_bytes = 0;
     json jbuckets = json::array();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
       const DdpBucket& d = buckets[b];
+      if (!skipped[b]) reduced_bytes += d.bytes;
       const auto [lo, hi] = std::minmax_element(d.param_indices.begin(), d.param_indices.end());
       jbuckets.push_back({{"index", b},
                           {"bytes", d.bytes},
@@ -184,7 +191,8 @@ int run_buckets(const BucketsOptions& o) {
                           {"sparse", d.sparse},
                           {"param_indices", d.param_indices},
                           {"first_param", layout.tensors[*lo].name},
-                          {"last_param", layout.tensors[*hi].name}});
+                          {"last_param", layout.tensors[*hi].name},
+                          {"all_reduce_skipped", static_cast<bool>(skipped[b])}});
     }
     std::uint64_t largest = 0;
     for (const auto& d : buckets) largest = std::max(largest, d.bytes);
@@ -201,6 +209,9 @@ int run_buckets(const BucketsOptions& o) {
                     {"largest_bucket_bytes", largest},
                     {"find_unused_parameters", o.find_unused},
                     {"static_graph", o.static_graph},
+                    {"skip_all_reduce_unused_params", o.skip_unused},
+                    {"skipped_bucket_count", std::count(skipped.begin(), skipped.end(), true)},
+                    {"all_reduced_bytes", reduced_bytes},
                     // The order the buckets were filled in: the gradients'
                     // (rebuilt), or the parameters' (kept unrebuilt).
                     {"order", unrebuilt ? "registration" : "gradient_ready"},
@@ -248,6 +259,7 @@ int run_buckets(const BucketsOptions& o) {
                                                                      : first_name + " .. " + last_name;
       std::string dtype = jb["dtype"].get<std::string>();
       if (jb["sparse"].get<bool>()) dtype += " sparse";
+      if (jb["all_reduce_skipped"].get<bool>()) span += "  (all unused: no all_reduce)";
       std::printf("%6zu %10s %10s %8zu  %-15s %s\n", jb["index"].get<std::size_t>(),
                   mib(jb["bytes"].get<std::uint64_t>()).c_str(),
                   mib(jb["size_limit_bytes"].get<std::uint64_t>()).c_str(),
@@ -255,6 +267,10 @@ int run_buckets(const BucketsOptions& o) {
     }
     std::printf("\nsummary: %zu buckets, largest %s MiB, %s MiB total, cap %s MiB\n", buckets.size(),
                 mib(largest).c_str(), mib(layout.gradient_bytes()).c_str(), mib(cap).c_str());
+    if (o.skip_unused)
+      std::printf("skip_all_reduce_unused_params: %td bucket(s) of unused parameters not all-reduced; "
+                  "%s MiB all-reduced a step (every rank must leave the same parameters unused)\n",
+                  std::count(skipped.begin(), skipped.end(), true), mib(reduced_bytes).c_str());
 
     if (!o.json_path.empty() || !o.markdown_path.empty()) {
       report.results() = std::move(results);
@@ -300,6 +316,9 @@ Subcommand add_buckets_command(CLI::App& parent) {
                 "DDP's static_graph=True: the buckets DDP rebuilds after its second iteration, "
                 "from the gradients' order and then the parameters unused in backward (which "
                 "need no --find-unused-parameters then)");
+  app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
+                "torch 2.x's DDP(skip_all_reduce_unused_params=True): mark the buckets whose "
+                "parameters are all unused in backward, which DDP does not all-reduce");
   app->add_option("--json", opts->json_path, "write a JSON report to FILE")
       ->check(report_path_value());
   app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE")

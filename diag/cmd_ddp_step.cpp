@@ -37,6 +37,7 @@ struct DdpStepOptions {
   std::string hook = "none";
   bool find_unused = false;
   bool static_graph = false;
+  bool skip_unused = false;  // torch 2.x's skip_all_reduce_unused_params
   bool avg_op = false;
   bool no_check = false;
   std::optional<std::int64_t> sparse_rows;  // unset: the simulator's default
@@ -67,6 +68,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   ro.gradient_as_bucket_view = o.views;
   ro.find_unused_parameters = o.find_unused;
   ro.static_graph = o.static_graph;
+  ro.skip_all_reduce_unused_params = o.skip_unused;
   ro.averaging = o.avg_op ? Averaging::kAvgOp : Averaging::kDivideThenSum;
   ro.timeout = job.timeout;
   const auto hook = parse_compression_hook(o.hook);
@@ -120,6 +122,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["hook"] = std::string(compression_hook_name(ro.hook));
   res["find_unused_parameters"] = ro.find_unused_parameters;
   res["static_graph"] = ro.static_graph;
+  res["skip_all_reduce_unused_params"] = o.skip_unused;
   res["averaging"] = o.avg_op ? "avg_op" : "divide_then_sum";
   res["compute_gbps"] = o.compute_gbps;
   res["iters"] = o.iters;
@@ -138,7 +141,10 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                 red.buckets().size(), caps.c_str(),
                 ro.gradient_as_bucket_view ? "on" : "off", o.hook.c_str(),
                 o.avg_op ? "avg op" : ro.hook != CompressionHook::kNone ? "cast, divide, then sum" : "divide then sum",
-                o.find_unused ? "on" : "off", o.static_graph ? ", static_graph on" : "",
+                o.find_unused ? "on" : "off",
+                (std::string(o.static_graph ? ", static_graph on" : "") +
+                 (o.skip_unused ? ", skip_all_reduce_unused_params on" : ""))
+                    .c_str(),
                 o.compute_gbps);
     std::fflush(stdout);
   }
@@ -188,6 +194,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                               {"tensors", red.buckets()[b].spec.tensor_count()},
                               {"sparse", tm.buckets[b].sparse},
                               {"payload_bytes", tm.buckets[b].payload_bytes},
+                              {"all_reduce_skipped", tm.buckets[b].skipped},
                               {"ready_us", rel(tm.buckets[b].ready)},
                               {"launched_us", rel(tm.buckets[b].launched)},
                               {"completed_us", rel(tm.buckets[b].completed)}});
@@ -330,6 +337,9 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   app->add_flag("--static-graph", opts->static_graph,
                 "DDP's static_graph=True: the buckets it rebuilds (see buckets --static-graph), "
                 "parameters unused in backward allowed, used ones agreed once");
+  app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
+                "torch 2.x's DDP(skip_all_reduce_unused_params=True): no all_reduce for a bucket "
+                "whose parameters are all unused (with --find-unused-parameters or --static-graph)");
   app->add_flag("--avg-op", opts->avg_op, "Average with the AVG op instead of dividing first");
   app->add_flag("--no-check", opts->no_check, "Skip the gradient check");
   app->add_option(

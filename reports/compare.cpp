@@ -149,8 +149,10 @@ const std::vector<CommandSettings>& command_settings() {
         "find_unused_parameters", "static_graph", "memory_kind", "workspace_mb"}},
       {"ddp-step",
        {"model", "bucket_cap_bytes", "first_bucket_bytes", "bucket_cap_mb_list", "hook", "averaging", "gradient_as_bucket_view",
-        "find_unused_parameters", "static_graph", "compute_gbps", "sparse_rows"}},
-      {"bucket-sweep", {"model", "first_bucket_bytes", "compute_gbps", "find_unused_parameters", "static_graph"}},
+        "find_unused_parameters", "static_graph", "skip_all_reduce_unused_params", "compute_gbps", "sparse_rows"}},
+      {"bucket-sweep",
+       {"model", "first_bucket_bytes", "compute_gbps", "find_unused_parameters", "static_graph",
+        "skip_all_reduce_unused_params"}},
       {"broadcast-test", {"model", "bytes"}},
       {"dp-vs-ring", {"collective", "dtype", "op"}},
       // The link flags and the fit's range are null where not given (the

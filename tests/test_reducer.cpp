@@ -343,6 +343,79 @@ TEST_CASE("reducer: static_graph, the first iteration's unused parameters and a 
   CHECK(f.empty());
 }
 
+TEST_CASE("reducer: skip_all_reduce_unused_params issues no all_reduce for a bucket of unused "
+          "parameters",
+          "[reducer]") {
+  // torch 2.x's skip_all_reduce_unused_params: the first bucket's
+  // parameters unused on every rank; its all_reduce is left out, the other
+  // gradients are still the true mean.
+  struct Counting : test::ForwardingCommunicator {
+    using ForwardingCommunicator::ForwardingCommunicator;
+    std::vector<std::size_t> counts;  // elements of each all_reduce issued
+    StreamOps* stream_ops() override { return inner().stream_ops(); }
+    std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                    ReduceOp op) override {
+      counts.push_back(count);
+      return ForwardingCommunicator::allreduce(send, recv, count, dtype, op);
+    }
+  };
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& inner, int rank, Failures& fail) {
+    for (bool static_graph : {false, true})
+      for (bool stream : {false, true})
+        for (bool views : {true, false}) {
+          Counting c(inner);
+          auto o = small_options();
+          o.find_unused_parameters = !static_graph;
+          o.static_graph = static_graph;
+          o.gradient_as_bucket_view = views;
+          o.stream_path = stream;
+          o.skip_all_reduce_unused_params = true;
+          const std::string what = fmt::format("static_graph {} views {} stream {}", static_graph, views, stream);
+          // Which parameters fill bucket 0 (find_unused_parameters: the
+          // constructor's buckets) when none is unused yet.
+          auto layout = small_layout();
+          const auto first = Reducer(c, layout, o).buckets().front().spec.param_indices;
+          // static_graph's buckets put the unused last: bucket 0's
+          // parameters, unused, fill the last ones instead.
+          if (static_graph) {
+            layout.ready_order.clear();
+            for (std::size_t p = layout.tensors.size(); p-- > 0;)
+              if (std::find(first.begin(), first.end(), p) == first.end()) layout.ready_order.push_back(p);
+          }
+          Reducer red(c, layout, o);
+          auto unused_on = [&](int, std::size_t p) { return std::find(first.begin(), first.end(), p) != first.end(); };
+          for (std::uint64_t it = 0; it < 3; ++it) {
+            c.counts.clear();
+            iteration_without(red, c, rank, it, true, unused_on);
+            expect_exact(red, c, it, what, fail, [&](int r, std::size_t p) { return !unused_on(r, p); });
+            const auto& tm = red.last_timing();
+            std::size_t skipped = 0;
+            for (std::size_t b = 0; b < red.buckets().size(); ++b) {
+              const bool all_unused = std::all_of(red.buckets()[b].spec.param_indices.begin(),
+                                                  red.buckets()[b].spec.param_indices.end(),
+                                                  [&](std::size_t p) { return unused_on(rank, p); });
+              if (tm.buckets[b].skipped != all_unused)
+                fail.push_back(fmt::format("{} iteration {}: bucket {} skipped {}", what, it, b, tm.buckets[b].skipped));
+              if (tm.buckets[b].skipped && tm.buckets[b].payload_bytes != 0)
+                fail.push_back(fmt::format("{} iteration {}: skipped bucket {} has a payload", what, it, b));
+              skipped += tm.buckets[b].skipped;
+            }
+            if (skipped == 0) fail.push_back(fmt::format("{} iteration {}: no bucket skipped", what, it));
+            // One all_reduce a bucket not skipped, and the used map's (with
+            // static_graph in the first iteration only).
+            const std::size_t used_map = !static_graph || it == 0;
+            if (c.counts.size() != red.buckets().size() - skipped + used_map)
+              fail.push_back(fmt::format("{} iteration {}: {} all_reduces for {} buckets, {} skipped", what, it,
+                                         c.counts.size(), red.buckets().size(), skipped));
+          }
+        }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
 TEST_CASE("reducer: without find_unused_parameters a missing gradient names the parameter",
           "[reducer]") {
   const int n = GENERATE(2, 3);

@@ -54,6 +54,8 @@ TORCH_VERSION_FLAG = "2.x" if TORCH_MAJOR >= 2 else "1.13"
 SCALE = int(os.environ.get("DDPDIAG_COMPAT_CASES", "1"))
 # torch 2.11's DDP(bucket_cap_mb_list=[...]); older releases have no such argument.
 HAS_CAP_LIST = "bucket_cap_mb_list" in inspect.signature(nn.parallel.DistributedDataParallel).parameters
+# and its skip_all_reduce_unused_params.
+HAS_SKIP_UNUSED = "skip_all_reduce_unused_params" in inspect.signature(nn.parallel.DistributedDataParallel).parameters
 
 DTYPES = {
     "float32": torch.float32,
@@ -410,7 +412,7 @@ class LayoutModule(nn.Module):
 
 
 def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False,
-                       forward_order=None, static_graph=False, cap_list=None, iterations=None):
+                       forward_order=None, static_graph=False, cap_list=None, iterations=None, skip_unused=False):
     """The buckets real DDP reduces from its second iteration on (after it
     rebuilt them from the order gradients arrived in), recorded by a comm
     hook: layout indices per bucket, in bucket order. bucket_cap_mb None
@@ -420,13 +422,15 @@ def ddp_buckets_as_run(layout, bucket_cap_mb=None, first_bucket_bytes=None, find
     LayoutModule's (a trainable parameter it leaves out is unused);
     static_graph sets static_graph; cap_list torch 2.x's bucket_cap_mb_list;
     iterations, a list, receives the buckets of each of the four iterations
-    run."""
+    run; skip_unused sets torch 2.x's skip_all_reduce_unused_params (the
+    buckets DDP skips never reach the hook)."""
     return ddp_buckets_of(LayoutModule(layout, forward_order), lambda m: m(torch.zeros(1)),
-                          bucket_cap_mb, first_bucket_bytes, find_unused, static_graph, cap_list, iterations)
+                          bucket_cap_mb, first_bucket_bytes, find_unused, static_graph, cap_list, iterations,
+                          skip_unused)
 
 
 def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, find_unused=False,
-                   static_graph=False, cap_list=None, iterations=None):
+                   static_graph=False, cap_list=None, iterations=None, skip_unused=False):
     """ddp_buckets_as_run for any module: step(ddp_module) runs a forward and
     returns a tensor whose sum is the loss. Indices are positions in
     module.named_parameters(). With static_graph the buckets are those of the
@@ -447,6 +451,8 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, fi
             kwargs["static_graph"] = True
         if cap_list is not None:
             kwargs["bucket_cap_mb_list"] = cap_list
+        if skip_unused:
+            kwargs["skip_all_reduce_unused_params"] = True
         ddp = nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused, **kwargs)
     finally:
         dist._DEFAULT_FIRST_BUCKET_BYTES = saved[0]
@@ -469,7 +475,9 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, fi
     if iterations is not None:
         iterations.extend(per_iteration)
     if static_graph:  # the first two iterations alike (their order aside), rebuilt for the third
-        assert sorted(per_iteration[0]) == sorted(per_iteration[1]), per_iteration
+        # (with skip_unused the first one reduces every bucket: which
+        # parameters go unused is known from the first on)
+        assert skip_unused or sorted(per_iteration[0]) == sorted(per_iteration[1]), per_iteration
         assert per_iteration[2] == per_iteration[3], per_iteration
         return per_iteration[2]
     assert per_iteration[1] == per_iteration[2] == per_iteration[3], per_iteration  # rebuilt once
@@ -502,7 +510,7 @@ def export_layout(model, step, path, name="my-model"):
 
 
 def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=None, static_graph=False,
-                    cap_list=None):
+                    cap_list=None, skip_unused=False):
     """ddpdiag buckets' param_indices per bucket, for a layout in the object form."""
     with tempfile.TemporaryDirectory() as d:
         model, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
@@ -515,11 +523,13 @@ def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=Non
                 else ["--bucket-cap-mb-list", ",".join(repr(c) for c in cap_list)])
         p = run_bin(["buckets", "--model", model, "--json", out] + caps +
                     (["--find-unused-parameters"] if find_unused else []) +
-                    (["--static-graph"] if static_graph else []))
+                    (["--static-graph"] if static_graph else []) +
+                    (["--skip-all-reduce-unused-params"] if skip_unused else []))
         if p.returncode != 0:
             raise AssertionError(f"ddpdiag buckets exited {p.returncode}: {p.stderr}")
         with open(out) as f:
-            return [b["param_indices"] for b in json.load(f)["results"]["buckets"]]
+            # The buckets DDP all-reduces (with skip_unused not those marked skipped).
+            return [b["param_indices"] for b in json.load(f)["results"]["buckets"] if not b["all_reduce_skipped"]]
 
 
 def float_layout(rng, dtypes):
@@ -544,6 +554,23 @@ def partly_frozen_case(rng, dtype_counts, frozen):
     explicit = rng.random() < 0.6
     first_mb = cap_bytes / MIB if explicit and TORCH_MAJOR >= 2 else 1
     return dtypes, layout, cap_bytes, explicit, first_mb
+
+
+def random_forward(rng, layout, unused_share=(1, 3)):
+    """A forward over a layout: in parameter order or (half the time)
+    shuffled, leaving out up to unused_share (a fraction, as (num, den)) of
+    the trainable parameters, never the first of them. Returns (forward,
+    unused, ready): the order forward uses them, the set left out, and the
+    order backward then makes the gradients ready (forward's reverse)."""
+    forward = list(range(len(layout)))
+    if rng.random() < 0.5:
+        rng.shuffle(forward)
+    trainable = [i for i in forward if layout[i].get("requires_grad", True)]
+    num, den = unused_share
+    unused = set(rng.sample(trainable[1:], rng.randint(0, num * len(trainable[1:]) // den))) if num else set()
+    forward = [i for i in forward if i not in unused]
+    ready = [i for i in reversed(forward) if layout[i].get("requires_grad", True)]
+    return forward, unused, ready
 
 
 class DdpAsRunTest(unittest.TestCase):
@@ -625,14 +652,8 @@ class DdpAsRunTest(unittest.TestCase):
         rng = random.Random(34)
         for k in range(30 * SCALE):
             dtypes, layout, cap_bytes, explicit, first_mb = partly_frozen_case(rng, [1, 1, 2], 0.15)
-            forward = list(range(len(layout)))
-            if rng.random() < 0.5:
-                rng.shuffle(forward)
-            trainable = [i for i in forward if layout[i].get("requires_grad", True)]
             # Up to a third of the trainable ones unused; at least one used.
-            unused = set(rng.sample(trainable[1:], rng.randint(0, len(trainable[1:]) // 3)))
-            forward = [i for i in forward if i not in unused]
-            ready = [i for i in reversed(forward) if layout[i].get("requires_grad", True)]
+            forward, unused, ready = random_forward(rng, layout)
             find_unused = rng.random() < 0.5
             theirs = ddp_buckets_as_run(layout, cap_bytes / MIB if explicit else None,
                                         find_unused=find_unused, forward_order=forward, static_graph=True)
@@ -659,15 +680,7 @@ class DdpAsRunTest(unittest.TestCase):
             if max(caps) == 0:
                 caps[-1] = 1000 / MIB
             mode = rng.choice(["rebuilt", "find_unused", "static_graph"])
-            forward = list(range(len(layout)))
-            if rng.random() < 0.5:
-                rng.shuffle(forward)
-            trainable = [i for i in forward if layout[i].get("requires_grad", True)]
-            unused = set()
-            if mode != "rebuilt":
-                unused = set(rng.sample(trainable[1:], rng.randint(0, len(trainable[1:]) // 3)))
-            forward = [i for i in forward if i not in unused]
-            ready = [i for i in reversed(forward) if layout[i].get("requires_grad", True)]
+            forward, unused, ready = random_forward(rng, layout, (0, 1) if mode == "rebuilt" else (1, 3))
             iterations = []
             theirs = ddp_buckets_as_run(layout, find_unused=mode == "find_unused", forward_order=forward,
                                         static_graph=mode == "static_graph", cap_list=caps, iterations=iterations)
@@ -679,6 +692,37 @@ class DdpAsRunTest(unittest.TestCase):
                 self.assertEqual(ours, theirs)
                 self.assertEqual(sorted(iterations[0]), sorted(constructor))
             bump(f"DDP runs with bucket_cap_mb_list compared ({mode})")
+
+    @unittest.skipUnless(HAS_SKIP_UNUSED, "this torch's DDP has no skip_all_reduce_unused_params")
+    def test_skip_all_reduce_unused_params(self):
+        # torch 2.x's skip_all_reduce_unused_params: DDP issues no all_reduce
+        # (calls no hook) for a bucket whose parameters are all unused;
+        # `buckets --skip-all-reduce-unused-params` marks those.
+        rng = random.Random(36)
+        skipped_seen = 0
+        for k in range(30 * SCALE):
+            dtypes, layout, cap_bytes, explicit, first_mb = partly_frozen_case(rng, [1, 1, 2], 0.1)
+            # Up to two thirds unused, at least one used: buckets of unused ones form.
+            forward, unused, ready = random_forward(rng, layout, (2, 3))
+            static = rng.random() < 0.5
+            caps = None
+            if HAS_CAP_LIST and rng.random() < 0.3:
+                caps = [rng.choice([64, 300, 1000, 4096]) / MIB for _ in range(rng.randint(1, 3))]
+            theirs = ddp_buckets_as_run(layout, cap_bytes / MIB if explicit and caps is None else None,
+                                        find_unused=not static, forward_order=forward, static_graph=static,
+                                        cap_list=caps, skip_unused=True)
+            ours = our_ddp_buckets(layout, repr(cap_bytes / MIB) if explicit else "25", repr(first_mb),
+                                   find_unused=not static, ready_order=ready, static_graph=static,
+                                   cap_list=caps, skip_unused=True)
+            every = our_ddp_buckets(layout, repr(cap_bytes / MIB) if explicit else "25", repr(first_mb),
+                                    find_unused=not static, ready_order=ready, static_graph=static, cap_list=caps)
+            skipped_seen += len(every) - len(ours)
+            with self.subTest(case=k, dtypes=dtypes, cap_bytes=cap_bytes, explicit=explicit, caps=caps,
+                              unused=sorted(unused), static=static):
+                self.assertEqual(ours, theirs)
+            bump("DDP runs with skip_all_reduce_unused_params compared")
+        self.assertGreater(skipped_seen, 0)  # the cases do skip buckets
+        bump("buckets skipped in those runs", skipped_seen)
 
     def test_a_model_with_an_unused_branch_exported_as_the_readme_says(self):
         # The README's export of a model whose forward skips a layer leaves

@@ -288,6 +288,43 @@ class DdpStep(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertIn("torch refuses a list whose largest cap is 0", p.stderr)
 
+    def test_skip_all_reduce_unused_params_leaves_out_the_unused_buckets(self):
+        # torch 2.x's skip_all_reduce_unused_params: no all_reduce for the
+        # buckets of aux (unused in forward), each alone at a 104-byte cap;
+        # the used parameters' gradients are still the true mean everywhere.
+        layout = unused_layer_layout()
+        caps = ["--bucket-cap-mb", "0.0001", "--first-bucket-mb", "0.0001"]
+        try:
+            for flags in (["--find-unused-parameters"], ["--static-graph"]):
+                for n in (2, 3):
+                    with self.subTest(flags=flags, ranks=n):
+                        res = self.run_step(n, layout, flags + caps + ["--skip-all-reduce-unused-params"])
+                        self.assertTrue(res["skip_all_reduce_unused_params"])
+                        self.assertEqual(res["checked_elements"], n * 3 * (100 * 100 + 100 + 10 * 100 + 10))
+                        path = tmp_json()
+                        b = run(["buckets", "--model", layout, "--json", path, "--skip-all-reduce-unused-params"] +
+                                caps + flags)
+                        self.assertEqual(b.returncode, 0, b.stderr)
+                        self.assertIn("2 bucket(s) of unused parameters not all-reduced", b.stdout)
+                        buckets = load(path)["results"]["buckets"]
+                        os.unlink(path)
+                        timeline = [t for t in res["timeline_rank0"] if "bucket" in t]
+                        self.assertEqual([t["all_reduce_skipped"] for t in timeline],
+                                         [x["all_reduce_skipped"] for x in buckets])
+                        # aux.weight (2) and aux.bias (3): last with static_graph,
+                        # in the constructor's reversed order without.
+                        self.assertEqual([x["param_indices"] for x in buckets if x["all_reduce_skipped"]],
+                                         [[2], [3]] if flags == ["--static-graph"] else [[3], [2]])
+                        for t in timeline:
+                            self.assertEqual(t["payload_bytes"] == 0, t["all_reduce_skipped"], t)
+            p = run(["bucket-sweep", "--nproc", "2", "--model", layout, "--static-graph",
+                     "--skip-all-reduce-unused-params", "--caps", "0.0001,1", "-n", "1", "-w", "1",
+                     "--no-size-sweep"])
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("Check correctness               : pass", p.stdout)
+        finally:
+            os.unlink(layout)
+
     def test_sparse_embedding_2_3_4_ranks(self):
         # A layout with an nn.Embedding(sparse=True) between dense tensors:
         # the sparse gradient is checked exactly on every rank, and its
