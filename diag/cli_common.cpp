@@ -1049,26 +1049,29 @@ BucketCapList parse_cap_list(const std::string& s, int rank, bool zero_ok) {
   return out;
 }
 
+CLI::Validator cap_list_value(bool zero_ok) {
+  return CLI::Validator(
+      [zero_ok](std::string& v) -> std::string {
+        try {
+          parse_cap_list(v, -1, zero_ok);
+          return "";
+        } catch (const UsageError& e) {
+          // CLI11 names the flag itself.
+          std::string what = e.what();
+          if (const auto colon = what.find(": "); colon != std::string::npos) what.erase(0, colon + 2);
+          return what + " (" + e.context().hint + ")";
+        }
+      },
+      "MIB,MIB,...", "CAP_LIST");
+}
+
 CLI::Option* add_cap_list_option(CLI::App* app, std::string& value, bool zero_ok,
                                  std::initializer_list<CLI::Option*> replaces) {
   auto* opt = app->add_option("--bucket-cap-mb-list", value,
                               "torch 2.x's DDP(bucket_cap_mb_list=[...]): the size limit of each "
                               "bucket in order, the last repeating (MiB, e.g. 1,4,25), in place of "
                               "--bucket-cap-mb and --first-bucket-mb")
-                  ->check(CLI::Validator(
-                      [zero_ok](std::string& v) -> std::string {
-                        try {
-                          parse_cap_list(v, -1, zero_ok);
-                          return "";
-                        } catch (const UsageError& e) {
-                          // CLI11 names the flag itself.
-                          std::string what = e.what();
-                          if (const auto colon = what.find(": "); colon != std::string::npos)
-                            what.erase(0, colon + 2);
-                          return what + " (" + e.context().hint + ")";
-                        }
-                      },
-                      "MIB,MIB,...", "CAP_LIST"));
+                  ->check(cap_list_value(zero_ok));
   for (CLI::Option* r : replaces) opt->excludes(r);
   return opt;
 }

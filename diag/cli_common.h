@@ -344,6 +344,8 @@ struct BucketCapList {
 // torch refuses a list whose largest value is 0). "" gives an empty list.
 // Throws UsageError naming the flag and `rank`.
 BucketCapList parse_cap_list(const std::string& s, int rank, bool zero_ok);
+// The flag check of a --bucket-cap-mb-list value: parse_cap_list's.
+CLI::Validator cap_list_value(bool zero_ok);
 // Adds --bucket-cap-mb-list to `app`, checked as parse_cap_list checks it
 // before any rank starts, and excluding the options it replaces (the
 // command's --bucket-cap-mb and --first-bucket-mb).

@@ -45,6 +45,8 @@ struct BucketSweepOptions {
   CommonOptions common;
   std::string model = "resnet50";
   std::string caps = "1,5,10,25,50,100,200";
+  // torch 2.x's bucket_cap_mb_list candidates, one a flag: "1,4,25".
+  std::vector<std::string> cap_lists;
   double first_bucket_mb = 1;
   int iters = 3;
   int warmup = 1;
@@ -59,8 +61,9 @@ struct BucketSweepOptions {
 };
 
 struct CapRow {
-  double cap_mb = 0;
+  double cap_mb = 0;  // a list's largest, as DDP sets bucket_cap_mb from it
   std::uint64_t cap_bytes = 0;
+  std::vector<double> cap_list;  // torch 2.x's bucket_cap_mb_list; empty for a plain cap
   std::vector<std::uint64_t> bucket_bytes;
   std::size_t expected_buckets = 0;  // ddp_buckets() for the same layout and cap
   double comm_time_us = 0;          // communication alone, slowest rank
@@ -81,17 +84,22 @@ std::pair<double, double> slowest_and_spread(Communicator& comm, double mine, Mi
   return {*hi, *hi - *lo};
 }
 
-CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const BucketSweepOptions& o) {
+// A plain cap (cap_mb), or a bucket_cap_mb_list (list, not empty).
+CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const BucketCapList& list,
+                   const BucketSweepOptions& o) {
   Communicator& comm = *job.comm;
   CapRow row;
-  row.cap_mb = cap_mb;
-  row.cap_bytes = static_cast<std::uint64_t>(cap_mb * kMiB);  // as DDP: int(cap * 1024 * 1024)
+  row.cap_mb = list.empty() ? cap_mb : *std::max_element(list.mb.begin(), list.mb.end());
+  row.cap_bytes = list.empty() ? static_cast<std::uint64_t>(cap_mb * kMiB)  // as DDP: int(cap * 1024 * 1024)
+                               : list.max_bytes();
+  row.cap_list = list.mb;
   const auto first_bytes = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
-  row.expected_buckets =
-      ddp_buckets_as_run(layout, row.cap_bytes, first_bytes, o.find_unused, o.static_graph).size();
+  const std::vector<std::uint64_t> limits = list.empty() ? ddp_bucket_limits(row.cap_bytes, first_bytes) : list.bytes;
+  row.expected_buckets = ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph).size();
   ReducerOptions ro;
   ro.bucket_cap_bytes = row.cap_bytes;
   ro.first_bucket_bytes = first_bytes;
+  ro.bucket_size_limits = list.bytes;
   ro.find_unused_parameters = o.find_unused;
   ro.static_graph = o.static_graph;
   ro.skip_all_reduce_unused_params = o.skip_unused;
@@ -164,7 +172,7 @@ json cap_json(const CapRow& r) {
   auto sorted = r.bucket_bytes;
   std::sort(sorted.begin(), sorted.end());
   const double med = median_bucket_bytes(r);
-  return {{"bucket_cap_mb", r.cap_mb},
+  json row = {{"bucket_cap_mb", r.cap_mb},
           {"bucket_cap_bytes", r.cap_bytes},
           {"bucket_count", r.bucket_bytes.size()},
           {"expected_bucket_count", r.expected_buckets},
@@ -182,10 +190,23 @@ json cap_json(const CapRow& r) {
           {"step_time_us", r.step_us},
           {"backward_time_us", r.backward_us},
           {"wrong", r.wrong}};
+  if (!r.cap_list.empty()) row["bucket_cap_mb_list"] = r.cap_list;
+  return row;
+}
+
+// "[1, 4, 25]"
+std::string list_text(const std::vector<double>& mb) {
+  std::string s;
+  for (double c : mb) s += fmt::format("{}{:g}", s.empty() ? "" : ", ", c);
+  return "[" + s + "]";
 }
 
 void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
   const auto caps = cli::parse_caps(o.caps, job.rank());
+  // The candidates: each plain cap, then each bucket_cap_mb_list.
+  std::vector<BucketCapList> lists;
+  for (const auto& l : o.cap_lists) lists.push_back(parse_cap_list(l, job.rank(), false));
+  const std::size_t candidates = caps.size() + lists.size();
   if (!(o.first_bucket_mb > 0))
     throw UsageError("--first-bucket-mb must be positive", {"flags", job.rank(), -1, "DDP's is 1"});
   if (o.compute_gbps < 0)
@@ -250,11 +271,16 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
     for (std::size_t i = 0; i < rows.size(); ++i) {
       wrong += rows[i].wrong;
       counts_ok = counts_ok && rows[i].bucket_bytes.size() == rows[i].expected_buckets;
+      if (!rows[i].cap_list.empty()) {
+        // A list is a candidate of its own.
+        figs.push_back({rows[i].cap_mb, rows[i].exposed_us, rows[i].cap_list});
+        continue;
+      }
       if (taken[i]) continue;
       tools::CapFigure f{rows[i].cap_mb, rows[i].exposed_us};
       std::vector<double> group{rows[i].cap_mb};
       for (std::size_t j = i + 1; j < rows.size(); ++j) {
-        if (taken[j] || rows[j].bucket_bytes != rows[i].bucket_bytes) continue;
+        if (taken[j] || !rows[j].cap_list.empty() || rows[j].bucket_bytes != rows[i].bucket_bytes) continue;
         taken[j] = true;
         group.push_back(rows[j].cap_mb);
         f.exposed_comm_time_us = std::min(f.exposed_comm_time_us, rows[j].exposed_us);
@@ -267,7 +293,9 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
     }
     res["equivalent_caps"] = equivalent;
     const auto rec = complete ? tools::recommend_cap(figs, kDefaultCapMb) : std::nullopt;
-    res["recommended_cap_mb"] = rec ? json(rec->bucket_cap_mb) : json();
+    // A list recommended: recommended_cap_mb_list, and no plain cap.
+    res["recommended_cap_mb"] = rec && rec->cap_list.empty() ? json(rec->bucket_cap_mb) : json();
+    res["recommended_cap_mb_list"] = rec && !rec->cap_list.empty() ? json(rec->cap_list) : json();
     if (rec) {
       res["recommendation"] = tools::recommendation_json(*rec, kDefaultCapMb);
     } else {
@@ -281,7 +309,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       return rec;
     }
     const std::string partial =
-        complete ? "" : fmt::format(" (the run ended with an error after {} of {} cap(s))", rows.size(), caps.size());
+        complete ? "" : fmt::format(" (the run ended with an error after {} of {} cap(s))", rows.size(), candidates);
     report.add_check({"correctness", tools::pass_if(wrong == 0 && !rows.empty()),
                       fmt::format("{} wrong gradient element(s) over {} cap(s), every rank checked{}",
                                   wrong, rows.size(), partial)});
@@ -295,36 +323,40 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
   std::optional<tools::CapRecommendation> rec;
   bool judged = false;
   try {
-    for (std::size_t i = 0; i < caps.size(); ++i) {
-      CapRow row = measure_cap(job, layout, caps[i], o);
+    for (std::size_t i = 0; i < candidates; ++i) {
+      static const BucketCapList kNoList;
+      const bool is_list = i >= caps.size();
+      CapRow row = measure_cap(job, layout, is_list ? 0 : caps[i], is_list ? lists[i - caps.size()] : kNoList, o);
       if (job.rank() == 0) {
         auto mib = [](double b) { return b / kMiB; };
         auto sorted = row.bucket_bytes;
         std::sort(sorted.begin(), sorted.end());
-        std::printf("  %8.4g %8zu %10.3f %10.3f %10.3f %10.2f %9.3f %12.2f %12.2f %12.2f %6lld\n",
-                    row.cap_mb, row.bucket_bytes.size(), mib(static_cast<double>(sorted.front())),
-                    mib(median_bucket_bytes(row)),
+        // A list: "list" in the cap column, the list at the end of the line.
+        std::printf("  %8s %8zu %10.3f %10.3f %10.3f %10.2f %9.3f %12.2f %12.2f %12.2f %6lld%s\n",
+                    is_list ? "list" : fmt::format("{:.4g}", row.cap_mb).c_str(), row.bucket_bytes.size(),
+                    mib(static_cast<double>(sorted.front())), mib(median_bucket_bytes(row)),
                     mib(static_cast<double>(sorted.back())), row.comm_time_us / 1e3,
                     row.busbw_gbps, row.exposed_us / 1e3, row.step_us / 1e3, row.backward_us / 1e3,
-                    static_cast<long long>(row.wrong));
+                    static_cast<long long>(row.wrong),
+                    is_list ? ("  bucket_cap_mb_list " + list_text(row.cap_list)).c_str() : "");
         std::fflush(stdout);
       }
       res["caps"].push_back(cap_json(row));
       rows.push_back(std::move(row));
-      job.progress_line(fmt::format("[progress] cap {} of {} done", i + 1, caps.size()));
+      job.progress_line(fmt::format("[progress] cap {} of {} done", i + 1, candidates));
     }
     rec = judge(true);
     judged = true;
     if (job.rank() == 0 && rec) {
       if (rec->saving_us)
-        std::printf("# Recommendation: bucket_cap_mb=%g (exposed %.2f ms; default 25: %.2f ms, saves "
+        std::printf("# Recommendation: %s (exposed %.2f ms; default 25: %.2f ms, saves "
                     "%.2f ms = %.1f%%)\n",
-                    rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3,
+                    tools::recommended_setting(*rec).c_str(), rec->exposed_comm_time_us / 1e3,
                     *rec->default_exposed_comm_time_us / 1e3, *rec->saving_us / 1e3, *rec->saving_pct);
       else
-        std::printf("# Recommendation: bucket_cap_mb=%g (exposed %.2f ms; the default 25 was not in "
+        std::printf("# Recommendation: %s (exposed %.2f ms; the default 25 was not in "
                     "--caps)\n",
-                    rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3);
+                    tools::recommended_setting(*rec).c_str(), rec->exposed_comm_time_us / 1e3);
       for (const auto& g : res["equivalent_caps"]) {
         std::string caps_text;
         for (const auto& c : g) caps_text += (caps_text.empty() ? "" : ", ") + fmt::format("{:g}", c.get<double>());
@@ -400,6 +432,10 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
       ->capture_default_str();
   app->add_option("--caps", opts->caps, "Comma-separated bucket_cap_mb values")
       ->check(cli::caps_value());
+  app->add_option("--bucket-cap-mb-list", opts->cap_lists,
+                  "torch 2.x's DDP(bucket_cap_mb_list=[...]) as one more candidate: a limit a bucket in "
+                  "order, the last repeating (MiB, e.g. 1,4,25); give the flag again for another")
+      ->check(cap_list_value(false));
   app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket size (MiB)")
       ->check(cli::bucket_mb_value(false));
   app->add_option("-n,--iters", opts->iters, "Timed iterations per cap and phase")

@@ -23,6 +23,7 @@
 #include "comm/errors.h"
 #include "comm/measure.h"
 #include "comm/types.h"
+#include "ddp_core/bucket_assignment.h"
 #include "ddp_core/model_layout.h"
 #include "diag/cli_common.h"
 #include "diag/commands.h"
@@ -76,6 +77,12 @@ struct ModelOptions {
   CLI::Option* find_unused_opt = nullptr;
   bool static_graph = false;
   CLI::Option* static_graph_opt = nullptr;
+  // torch 2.x's bucket_cap_mb_list candidates, one a flag; and its
+  // skip_all_reduce_unused_params.
+  std::vector<std::string> cap_lists;
+  CLI::Option* cap_lists_opt = nullptr;
+  bool skip_unused = false;
+  CLI::Option* skip_unused_opt = nullptr;
   double compute_gbps = 1.0;
   CLI::Option* compute_gbps_opt = nullptr;
   double backward_ms = 0;
@@ -283,16 +290,18 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                          "e.g. --check-against sweep4.json " + opt->get_name() + " ...");
   if (o.model.empty())
     for (const auto* opt : {o.first_bucket_opt, o.compute_gbps_opt, o.backward_ms_opt, o.bucket_algorithm_opt,
-                            o.find_unused_opt, o.static_graph_opt})
+                            o.find_unused_opt, o.static_graph_opt, o.cap_lists_opt, o.skip_unused_opt})
       if (opt->count())
         throw flag_error(fmt::format("{} needs --model: it shapes the bucket-cap prediction of a model",
                                      opt->get_name()),
                          "e.g. --model resnet50 --world-size 64 " + opt->get_name() + " ...");
   // The bucket-cap part's flags and model, before anything is printed.
   std::vector<double> caps;
+  std::vector<BucketCapList> cap_lists;
   std::optional<ddp_core::ModelLayout> model_layout;
   if (!o.model.empty()) {
     caps = cli::parse_caps(o.caps);
+    for (const auto& l : o.cap_lists) cap_lists.push_back(parse_cap_list(l, -1, false));
     if (!(o.first_bucket_mb > 0))
       throw flag_error("--first-bucket-mb must be positive", "DDP's is 1");
     if (o.compute_gbps < 0 || o.backward_ms < 0)
@@ -577,6 +586,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       res["bucket_algorithm"] = o.bucket_algorithm;
       res["find_unused_parameters"] = o.find_unused;
       res["static_graph"] = o.static_graph;
+      res["skip_all_reduce_unused_params"] = o.skip_unused;
       res["default_bucket_cap_mb"] = kDefaultCapMb;
       res["caps"] = json::array();
       // A rate of 0: every gradient at once (no backward to overlap).
@@ -589,31 +599,43 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "cap", "buckets", "comm", "exposed", "step", "backward");
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "(MiB)", "", "(ms)", "(ms)", "(ms)", "(ms)");
       std::vector<tools::CapFigure> figs;
-      for (double cap : caps) {
-        const auto plan = scale::plan_buckets(layout, cap, first, rate, allreduce_s, o.find_unused, o.static_graph);
-        figs.push_back({cap, plan.exposed_s * 1e6});
-        res["caps"].push_back({{"bucket_cap_mb", cap},
-                               {"bucket_cap_bytes", plan.bucket_cap_bytes},
-                               {"bucket_count", plan.bucket_bytes.size()},
-                               {"bucket_bytes", plan.bucket_bytes},
-                               {"comm_time_us", plan.comm_s * 1e6},
-                               {"exposed_comm_time_us", plan.exposed_s * 1e6},
-                               {"step_time_us", plan.step_s() * 1e6},
-                               {"backward_time_us", plan.backward_s * 1e6}});
-        std::printf("  %8.4g %8zu %12.3f %12.3f %12.3f %12.3f\n", cap, plan.bucket_bytes.size(),
-                    plan.comm_s * 1e3, plan.exposed_s * 1e3, plan.step_s() * 1e3, plan.backward_s * 1e3);
+      // Each plain cap, then each bucket_cap_mb_list (its largest standing
+      // for it as bucket_cap_mb, as DDP sets it).
+      for (std::size_t i = 0; i < caps.size() + cap_lists.size(); ++i) {
+        const BucketCapList* list = i < caps.size() ? nullptr : &cap_lists[i - caps.size()];
+        const double cap = list ? *std::max_element(list->mb.begin(), list->mb.end()) : caps[i];
+        const std::vector<std::uint64_t> limits =
+            list ? list->bytes : ddp_core::ddp_bucket_limits(static_cast<std::uint64_t>(cap * kMiB), first);
+        const auto plan = scale::plan_buckets(layout, cap, limits, rate, allreduce_s, o.find_unused,
+                                              o.static_graph, o.skip_unused);
+        figs.push_back({cap, plan.exposed_s * 1e6, list ? list->mb : std::vector<double>{}});
+        json row = {{"bucket_cap_mb", cap},
+                    {"bucket_cap_bytes", plan.bucket_cap_bytes},
+                    {"bucket_count", plan.bucket_bytes.size()},
+                    {"bucket_bytes", plan.bucket_bytes},
+                    {"comm_time_us", plan.comm_s * 1e6},
+                    {"exposed_comm_time_us", plan.exposed_s * 1e6},
+                    {"step_time_us", plan.step_s() * 1e6},
+                    {"backward_time_us", plan.backward_s * 1e6}};
+        if (list) row["bucket_cap_mb_list"] = list->mb;
+        res["caps"].push_back(std::move(row));
+        std::printf("  %8s %8zu %12.3f %12.3f %12.3f %12.3f%s\n",
+                    list ? "list" : fmt::format("{:.4g}", cap).c_str(), plan.bucket_bytes.size(),
+                    plan.comm_s * 1e3, plan.exposed_s * 1e3, plan.step_s() * 1e3, plan.backward_s * 1e3,
+                    list ? ("  bucket_cap_mb_list " + list->text()).c_str() : "");
       }
       const auto rec = tools::recommend_cap(figs, kDefaultCapMb);
-      res["recommended_cap_mb"] = rec->bucket_cap_mb;
+      res["recommended_cap_mb"] = rec->cap_list.empty() ? json(rec->bucket_cap_mb) : json();
+      res["recommended_cap_mb_list"] = rec->cap_list.empty() ? json() : json(rec->cap_list);
       res["recommendation"] = tools::recommendation_json(*rec, kDefaultCapMb);
       if (rec->saving_us)
-        std::printf("# Recommendation: bucket_cap_mb=%g (predicted exposed %.3f ms; default 25: %.3f ms, "
+        std::printf("# Recommendation: %s (predicted exposed %.3f ms; default 25: %.3f ms, "
                     "saves %.3f ms = %.1f%%)\n",
-                    rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3,
+                    tools::recommended_setting(*rec).c_str(), rec->exposed_comm_time_us / 1e3,
                     *rec->default_exposed_comm_time_us / 1e3, *rec->saving_us / 1e3, *rec->saving_pct);
       else
-        std::printf("# Recommendation: bucket_cap_mb=%g (predicted exposed %.3f ms; 25 was not in --caps)\n",
-                    rec->bucket_cap_mb, rec->exposed_comm_time_us / 1e3);
+        std::printf("# Recommendation: %s (predicted exposed %.3f ms; 25 was not in --caps)\n",
+                    tools::recommended_setting(*rec).c_str(), rec->exposed_comm_time_us / 1e3);
       std::fflush(stdout);
     }
   }
@@ -757,6 +779,13 @@ Subcommand add_model_command(CLI::App& parent) {
   opts->first_bucket_opt = app->add_option("--first-bucket-mb", opts->first_bucket_mb, "DDP's first bucket (MiB)")
       ->capture_default_str()
       ->check(cli::bucket_mb_value(false));
+  opts->cap_lists_opt = app->add_option("--bucket-cap-mb-list", opts->cap_lists,
+                                        "torch 2.x's DDP(bucket_cap_mb_list=[...]) as one more candidate "
+                                        "(MiB, e.g. 1,4,25; give the flag again for another; with --model)")
+                            ->check(cli::cap_list_value(false));
+  opts->skip_unused_opt = app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
+                                        "torch 2.x's DDP(skip_all_reduce_unused_params=True): no all_reduce "
+                                        "for a bucket of unused parameters (with --model)");
   opts->find_unused_opt = app->add_flag("--find-unused-parameters", opts->find_unused,
                 "DDP's find_unused_parameters=True: the buckets it keeps unrebuilt, and its used-parameter "
                 "all_reduce each iteration (with --model)");

@@ -276,6 +276,15 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
                         std::uint64_t first_bucket_bytes, double compute_bytes_per_s,
                         const std::function<double(double bytes)>& allreduce_s, bool find_unused_parameters,
                         bool static_graph) {
+  const auto cap_bytes = static_cast<std::uint64_t>(bucket_cap_mb * kMiB);  // as DDP
+  return plan_buckets(layout, bucket_cap_mb, ddp_core::ddp_bucket_limits(cap_bytes, first_bucket_bytes),
+                      compute_bytes_per_s, allreduce_s, find_unused_parameters, static_graph, false);
+}
+
+BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_mb,
+                        std::span<const std::uint64_t> limits, double compute_bytes_per_s,
+                        const std::function<double(double bytes)>& allreduce_s, bool find_unused_parameters,
+                        bool static_graph, bool skip_all_reduce_unused_params) {
   BucketPlan plan;
   plan.bucket_cap_mb = bucket_cap_mb;
   plan.bucket_cap_bytes = static_cast<std::uint64_t>(bucket_cap_mb * kMiB);  // as DDP
@@ -290,15 +299,18 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
   }
   plan.backward_s = compute_bytes_per_s > 0 ? produced / compute_bytes_per_s : 0;
   double channel_free = 0;
-  for (const auto& b : ddp_core::ddp_buckets_as_run(layout, plan.bucket_cap_bytes, first_bucket_bytes,
-                                                    find_unused_parameters, static_graph)) {
+  const auto buckets = ddp_core::ddp_buckets_as_run(layout, limits, find_unused_parameters, static_graph);
+  const auto all_unused = ddp_core::buckets_all_unused(layout, buckets);
+  for (std::size_t k = 0; k < buckets.size(); ++k) {
+    const auto& b = buckets[k];
+    plan.bucket_bytes.push_back(b.bytes);
+    if (skip_all_reduce_unused_params && all_unused[k]) continue;  // no all_reduce
     double ready = 0;
     for (std::size_t p : b.param_indices) ready = std::max(ready, ready_s[p]);
     const double t = allreduce_s(static_cast<double>(b.bytes));
     const double start = std::max(ready, channel_free);
     channel_free = start + t;
     plan.comm_s += t;
-    plan.bucket_bytes.push_back(b.bytes);
   }
   if (find_unused_parameters && !static_graph) {
     std::size_t trainable = 0;

@@ -140,6 +140,14 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
                         std::uint64_t first_bucket_bytes, double compute_bytes_per_s,
                         const std::function<double(double bytes)>& allreduce_s,
                         bool find_unused_parameters = false, bool static_graph = false);
+// The same for any bucket size limits (ddp_core::ddp_bucket_limits, or torch
+// 2.x's bucket_cap_mb_list in bytes), bucket_cap_mb standing for them in the
+// plan. With skip_all_reduce_unused_params (torch 2.x) a bucket whose
+// parameters are all unused in backward takes no all_reduce.
+BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_mb,
+                        std::span<const std::uint64_t> limits, double compute_bytes_per_s,
+                        const std::function<double(double bytes)>& allreduce_s, bool find_unused_parameters,
+                        bool static_graph, bool skip_all_reduce_unused_params);
 
 // ---- input reports ---------------------------------------------------------
 

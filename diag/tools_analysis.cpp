@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cmath>
 #include <map>
+#include <tuple>
 
 #include <fmt/core.h>
 #include <fmt/format.h>
@@ -254,16 +255,18 @@ std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& cap
   if (caps.empty()) return std::nullopt;
   const CapFigure* best = &caps.front();
   const CapFigure* dflt = nullptr;
+  auto is_default = [&](const CapFigure& c) { return c.cap_list.empty() && c.bucket_cap_mb == default_cap_mb; };
+  // Least exposed time, then the default, then plain caps, then the smaller.
+  auto order = [&](const CapFigure& c) {
+    return std::make_tuple(c.exposed_comm_time_us, !is_default(c), !c.cap_list.empty(), c.bucket_cap_mb);
+  };
   for (const auto& c : caps) {
-    if (c.bucket_cap_mb == default_cap_mb) dflt = &c;
-    if (c.exposed_comm_time_us < best->exposed_comm_time_us ||
-        (c.exposed_comm_time_us == best->exposed_comm_time_us &&
-         best->bucket_cap_mb != default_cap_mb &&
-         (c.bucket_cap_mb == default_cap_mb || c.bucket_cap_mb < best->bucket_cap_mb)))
-      best = &c;
+    if (is_default(c)) dflt = &c;
+    if (order(c) < order(*best)) best = &c;
   }
   CapRecommendation r;
   r.bucket_cap_mb = best->bucket_cap_mb;
+  r.cap_list = best->cap_list;
   r.exposed_comm_time_us = best->exposed_comm_time_us;
   if (dflt) {
     r.default_exposed_comm_time_us = dflt->exposed_comm_time_us;
@@ -273,6 +276,26 @@ std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& cap
                        : 0.0;
   }
   return r;
+}
+
+nlohmann::json recommendation_json(const CapRecommendation& rec, double default_cap_mb) {
+  auto opt = [](const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); };
+  nlohmann::json out = {{"bucket_cap_mb", rec.bucket_cap_mb},
+          {"exposed_comm_time_us", rec.exposed_comm_time_us},
+          {"default_bucket_cap_mb", default_cap_mb},
+          {"default_exposed_comm_time_us", opt(rec.default_exposed_comm_time_us)},
+          {"saving_us", opt(rec.saving_us)},
+          {"saving_pct", opt(rec.saving_pct)}};
+  // A list: bucket_cap_mb is its largest, as DDP sets it.
+  if (!rec.cap_list.empty()) out["bucket_cap_mb_list"] = rec.cap_list;
+  return out;
+}
+
+std::string recommended_setting(const CapRecommendation& rec) {
+  if (rec.cap_list.empty()) return fmt::format("bucket_cap_mb={:g}", rec.bucket_cap_mb);
+  std::string s;
+  for (double c : rec.cap_list) s += fmt::format("{}{:g}", s.empty() ? "" : ", ", c);
+  return "bucket_cap_mb_list=[" + s + "]";
 }
 
 std::string in_place_no_work_warning(int world_size, std::string_view backend, bool in_place,

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 namespace ddpdiag::cli::tools {
 
 // ---- the launcher ----------------------------------------------------------
@@ -100,10 +102,14 @@ std::string classify_transport(std::string_view via);
 struct CapFigure {
   double bucket_cap_mb = 0;
   double exposed_comm_time_us = 0;
+  // torch 2.x's bucket_cap_mb_list (MiB) when the candidate is one, with
+  // bucket_cap_mb its largest (as DDP sets it); empty for a plain cap.
+  std::vector<double> cap_list = {};
 };
 
 struct CapRecommendation {
   double bucket_cap_mb = 0;
+  std::vector<double> cap_list;  // as CapFigure's
   double exposed_comm_time_us = 0;
   // Against the default cap when it was measured.
   std::optional<double> default_exposed_comm_time_us;
@@ -112,9 +118,19 @@ struct CapRecommendation {
 };
 
 // The cap with the least exposed communication time; on a tie the default
-// cap if it is among the tied, else the smaller cap. Nullopt when empty.
+// cap if it is among the tied, else a plain cap before a list, else the
+// smaller cap. The default is a plain cap, never a list. Nullopt when empty.
 std::optional<CapRecommendation> recommend_cap(const std::vector<CapFigure>& caps,
                                                double default_cap_mb = 25);
+
+// A cap recommendation as bucket-sweep and model write it in their reports
+// ("recommendation": the cap, its exposed time, the default's and the
+// saving, null where the default cap was not among those compared).
+// A list recommended adds bucket_cap_mb_list.
+nlohmann::json recommendation_json(const CapRecommendation& rec, double default_cap_mb);
+// The recommended DDP argument as a user writes it: "bucket_cap_mb=50", or
+// "bucket_cap_mb_list=[1, 4, 25]".
+std::string recommended_setting(const CapRecommendation& rec);
 
 // ---- allreduce-test --------------------------------------------------------
 

@@ -63,14 +63,4 @@ std::unique_ptr<Communicator> make_extra_communicator(Job& job, const CommonOpti
   return comm;
 }
 
-nlohmann::json recommendation_json(const CapRecommendation& rec, double default_cap_mb) {
-  auto opt = [](const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(); };
-  return {{"bucket_cap_mb", rec.bucket_cap_mb},
-          {"exposed_comm_time_us", rec.exposed_comm_time_us},
-          {"default_bucket_cap_mb", default_cap_mb},
-          {"default_exposed_comm_time_us", opt(rec.default_exposed_comm_time_us)},
-          {"saving_us", opt(rec.saving_us)},
-          {"saving_pct", opt(rec.saving_pct)}};
-}
-
 }  // namespace ddpdiag::cli::tools

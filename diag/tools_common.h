@@ -60,10 +60,6 @@ TimingBlock time_on_every_rank(Communicator& comm, int iters, int warmup, std::s
 std::unique_ptr<Communicator> make_extra_communicator(Job& job, const CommonOptions& common,
                                                       const std::string& name, int world_size);
 
-// A cap recommendation as bucket-sweep and model write it in their reports
-// ("recommendation": the cap, its exposed time, the default's and the
-// saving; null where the default cap was not among those compared).
-nlohmann::json recommendation_json(const CapRecommendation& rec, double default_cap_mb);
 
 // The report's check statuses, shortened.
 inline reports::CheckStatus pass_if(bool ok) {

@@ -160,7 +160,7 @@ const std::vector<CommandSettings>& command_settings() {
       // gave one differs from a run that did not.
       {"model",
        {"model", "first_bucket_bytes", "compute_gbps", "bucket_algorithm", "find_unused_parameters", "static_graph",
-        "backend_as", "predicted_world_size",
+        "skip_all_reduce_unused_params", "backend_as", "predicted_world_size",
         "predicted_ranks_per_host", "intra_gbps", "intra_latency_us", "inter_gbps", "inter_latency_us",
         "fit_min_bytes", "fit_max_bytes"}},
   };
@@ -258,9 +258,15 @@ void add_row(std::vector<Row>& rows, KeyCounts& seen, const RowContext& ctx, con
   bool have_collective = false, identified = false;
   for (const char* id : kRowIdentity) {
     auto it = row.find(id);
-    if (it == row.end() || !(it->is_string() || it->is_number())) continue;
+    // A list of caps is one identity: "[1,4,25]".
+    const bool cap_list = std::string_view(id) == "bucket_cap_mb_list" && it != row.end() && it->is_array();
+    if (it == row.end() || !(it->is_string() || it->is_number() || cap_list)) continue;
     identified = true;
-    std::string v = it->is_string() ? it->get<std::string>() : format_cell(*it);
+    std::string v = it->is_string() ? it->get<std::string>() : cap_list ? std::string() : format_cell(*it);
+    if (cap_list) {
+      for (const auto& c : *it) v += (v.empty() ? "[" : ",") + format_cell(c);
+      v += "]";
+    }
     key += fmt::format("|{}={}", id, v);
     if (std::string(id) == "collective") have_collective = true;
     if (std::string(id) == "bytes" || std::string(id) == "size")

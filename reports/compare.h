@@ -52,7 +52,9 @@ namespace ddpdiag::reports {
 // that tells its rows apart.
 inline constexpr const char* kRowIdentity[] = {"collective", "algorithm",  "model",         "bytes",
                                                "size",       "chunk_bytes", "dtype",        "op",
-                                               "world_size", "bucket_cap_mb", "bucket_cap_bytes", "src",
+                                               "world_size", "bucket_cap_mb", "bucket_cap_bytes",
+                                               // torch 2.x's caps as a list (bucket-sweep's, model's)
+                                               "bucket_cap_mb_list", "src",
                                                "dst",        "rank",        "peer",          "phase",
                                                "name"};
 

@@ -156,6 +156,9 @@ std::string bucket_sweep_chart(const json& res) {
   svg::Series exposed{"exposed comm time", {}, false}, step{"step time", {}, true};
   double ymax = 0;
   for (const auto& r : rows) {
+    // A bucket_cap_mb_list candidate has no place on the cap axis (its
+    // bucket_cap_mb is the list's largest): it is in the table only.
+    if (r.is_object() && r.contains("bucket_cap_mb_list")) continue;
     auto cap = number(first_of(r, {"bucket_cap_mb", "cap_mb"}));
     auto e = number(first_of(r, {"exposed_comm_time_us", "exposed_time_us"}));
     if (!cap || !e) continue;
@@ -183,7 +186,9 @@ std::string bucket_sweep_chart(const json& res) {
   c.series.push_back(exposed);
   if (!step.points.empty()) c.series.push_back(step);
   auto rec = number(first_of(res, {"recommended_cap_mb", "recommended_bucket_cap_mb"}));
-  if (!rec) rec = number(at(at(res, "recommendation"), "bucket_cap_mb"));
+  // A recommended list has no place on the cap axis either.
+  if (!rec && !at(at(res, "recommendation"), "bucket_cap_mb_list").is_array())
+    rec = number(at(at(res, "recommendation"), "bucket_cap_mb"));
   if (rec) c.markers.push_back({*rec, fmt::format("recommended: {} MiB", format_figure(*rec, 3))});
   return svg::line_chart(c);
 }

@@ -554,6 +554,28 @@ json memory_report(const std::string& model, double peak_bytes) {
 
 }  // namespace
 
+TEST_CASE("compare: a bucket_cap_mb_list candidate is a row of its own", "[reports][compare]") {
+  // bucket-sweep's list candidate has bucket_cap_mb 25 (its largest) as the
+  // plain 25 has: the list tells them apart.
+  auto sweep = [](double plain_us, double list_us) {
+    Report r("bucket-sweep", {"ddpdiag", "bucket-sweep"});
+    r.set_world(2, "gloo", "ddpdiag", {{0, 0, "h", 1, "cpu", ""}, {1, 1, "h", 2, "cpu", ""}}, {});
+    r.results()["model"] = "resnet50";
+    r.results()["caps"] = json::array({{{"bucket_cap_mb", 25.0}, {"exposed_comm_time_us", plain_us}},
+                                       {{"bucket_cap_mb", 25.0},
+                                        {"bucket_cap_mb_list", {1.0, 4.0, 25.0}},
+                                        {"exposed_comm_time_us", list_us}}});
+    return r.finish();
+  };
+  auto c = compare_reports(sweep(1000, 800), sweep(1000, 1200));
+  CHECK(c.regressed());
+  CHECK(c.rows(ChangeKind::kRegressed) == 1);
+  CHECK(c.rows(ChangeKind::kUnchanged) == 1);
+  const auto text = render_comparison_text(c);
+  CHECK(text.find("bucket_cap_mb_list=[1,4,25]") != std::string::npos);
+  CHECK(text.find("#2") == std::string::npos);  // not a repeat of the plain 25's row
+}
+
 TEST_CASE("compare: rows measured under different settings never match", "[reports][compare]") {
   SECTION("link-health pairs at another transfer size") {
     auto c = compare_reports(link_health_report(256 << 10, 1.5, 41), link_health_report(64 << 10, 20.9, 24));

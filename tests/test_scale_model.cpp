@@ -287,6 +287,26 @@ TEST_CASE("scale model: the bucket schedule worked by hand", "[scale_model]") {
     // with find_unused_parameters too: the same (static_graph rebuilds).
     CHECK(plan_buckets(layout, 100, first, rate, allreduce, true, true).end_s == Approx(6.5e-3));
   }
+  SECTION("torch 2.x: skip_all_reduce_unused_params and bucket_cap_mb_list") {
+    layout.ready_order = {3, 2, 0};  // backward never reaches w1
+    const std::vector<std::uint64_t> one_each{first};
+    // static_graph, a bucket a tensor: w3, w2, w0, then the unused w1 last,
+    // ready at 1, 2, 3 and 0 ms: 1-2.5, 2.5-4, 4-5.5, and w1's 5.5-7, which
+    // the skip leaves out: it ends at 5.5 ms, its bucket still listed.
+    auto p = plan_buckets(layout, 1, one_each, rate, allreduce, false, true, false);
+    CHECK(p.end_s == Approx(7e-3));
+    p = plan_buckets(layout, 1, one_each, rate, allreduce, false, true, true);
+    CHECK(p.bucket_bytes == std::vector<std::uint64_t>(4, first));
+    CHECK(p.comm_s == Approx(4.5e-3));
+    CHECK(p.end_s == Approx(5.5e-3));
+    // A list: 1 MiB, then 2 MiB buckets: w3 alone, then w2 + w0 (ready at
+    // 3 ms), then w1, skipped: 1-2.5, 3-5.5.
+    const std::vector<std::uint64_t> list{first, 2 * first};
+    p = plan_buckets(layout, 2, list, rate, allreduce, false, true, true);
+    CHECK(p.bucket_bytes == std::vector<std::uint64_t>{first, 2 * first, first});
+    CHECK(p.comm_s == Approx(4e-3));
+    CHECK(p.end_s == Approx(5.5e-3));
+  }
 }
 
 TEST_CASE("scale model: rows of sweep reports", "[scale_model]") {

@@ -28,6 +28,7 @@
 #include "comm/memory.h"
 #include "comm/store/store.h"
 #include "diag/tools_analysis.h"
+#include "diag/tools_common.h"
 #include "tests/forwarding_communicator.h"
 #include "tests/rank_threads.h"
 
@@ -214,6 +215,27 @@ TEST_CASE("recommend_cap: least exposed time, ties to the default then the small
   CHECK(tie2->bucket_cap_mb == 10);
   CHECK_FALSE(tie2->saving_us);
   CHECK_FALSE(recommend_cap({}));
+}
+
+TEST_CASE("recommend_cap: torch 2.x's bucket_cap_mb_list candidates", "[tools]") {
+  // A list whose largest is 25 is no default: the plain 25 is.
+  auto r = recommend_cap({{5, 200}, {25, 250}, {25, 150, {1, 4, 25}}});
+  REQUIRE(r);
+  CHECK(r->cap_list == std::vector<double>{1, 4, 25});
+  CHECK(r->bucket_cap_mb == 25);
+  REQUIRE(r->saving_us);
+  CHECK(*r->saving_us == 100);  // against the plain 25
+  CHECK(recommended_setting(*r) == "bucket_cap_mb_list=[1, 4, 25]");
+  CHECK(recommendation_json(*r, 25)["bucket_cap_mb_list"] == nlohmann::json({1, 4, 25}));
+  // Ties: the default, then a plain cap before a list.
+  auto tie = recommend_cap({{25, 100, {1, 25}}, {25, 100}});
+  CHECK(tie->cap_list.empty());
+  CHECK(recommended_setting(*tie) == "bucket_cap_mb=25");
+  auto tie2 = recommend_cap({{10, 100, {1, 10}}, {50, 100}});
+  CHECK(tie2->cap_list.empty());
+  CHECK(tie2->bucket_cap_mb == 50);
+  CHECK_FALSE(tie2->saving_us);
+  CHECK_FALSE(recommendation_json(*tie2, 25).contains("bucket_cap_mb_list"));
 }
 
 TEST_CASE("ranks_above_median: the classic rank 0 uses more", "[tools]") {

@@ -261,8 +261,23 @@ class DdpStep(unittest.TestCase):
                     os.unlink(path)
                     self.assertEqual([(t["bytes"], t["tensors"]) for t in res["timeline_rank0"] if "bucket" in t],
                                      [(x["bytes"], x["tensor_count"]) for x in buckets])
+                    if not extra:
+                        self.list_buckets = [(x["bytes"], x["tensor_count"]) for x in buckets]
                     self.assertEqual(res["bucket_cap_mb_list"], [0.01, 4, 0.5])
                     self.assertEqual((res["bucket_cap_bytes"], res["first_bucket_bytes"]), (4 << 20, 10485))
+        # bucket-sweep: the list as one more candidate, its buckets the same.
+        path = tmp_json()
+        p = run(["bucket-sweep", "--nproc", "2", "--model", "mlp", "--caps", "25", "--bucket-cap-mb-list", caps,
+                 "-n", "1", "-w", "1", "--no-size-sweep", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        sweep = load(path)
+        os.unlink(path)
+        rows = sweep["results"]["caps"]
+        self.assertEqual([r.get("bucket_cap_mb_list") for r in rows], [None, [0.01, 4, 0.5]])
+        self.assertEqual(rows[1]["bucket_cap_mb"], 4)
+        self.assertEqual(rows[1]["bucket_bytes"], [b[0] for b in self.list_buckets])
+        self.assertEqual(check("bucket_counts", sweep)["status"], "pass")
+        self.assertIn("  bucket_cap_mb_list [0.01, 4, 0.5]", p.stdout)
         path = tmp_json()
         p = run(["memory", "--nproc", "2", "--model", "mlp", "--bucket-cap-mb-list", caps, "--json", path])
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)

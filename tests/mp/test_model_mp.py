@@ -363,6 +363,44 @@ class ModelVsMeasured(unittest.TestCase):
         finally:
             os.unlink(layout)
 
+    def test_torch2_bucket_cap_mb_list_and_skip_all_reduce_unused_params(self):
+        # A bucket_cap_mb_list is one more candidate, planned on the buckets
+        # `buckets --bucket-cap-mb-list` shows; skip_all_reduce_unused_params
+        # takes the unused layer's buckets out of the communication.
+        layout = unused_layer_layout()
+        try:
+            args = [self.sweeps[2], "--world-size", "8", "--model", layout, "--caps", "0.05,25",
+                    "--first-bucket-mb", "0.05", "--max-fit-error", "1000", "--static-graph",
+                    "--bucket-cap-mb-list", "0.0001", "--bucket-cap-mb-list", "0.001,0.2"]
+            p, rep = self.model(args)
+            res = rep["results"]
+            caps = res["caps"]
+            self.assertEqual([c.get("bucket_cap_mb_list") for c in caps], [None, None, [0.0001], [0.001, 0.2]])
+            self.assertEqual([c["bucket_cap_mb"] for c in caps], [0.05, 25, 0.0001, 0.2])
+            for c in caps[2:]:
+                path = tmp_json()
+                b = run(["buckets", "--model", layout, "--static-graph", "--json", path, "--bucket-cap-mb-list",
+                         ",".join(repr(x) for x in c["bucket_cap_mb_list"])])
+                self.assertEqual(b.returncode, 0, b.stderr)
+                self.assertEqual(c["bucket_bytes"], [x["bytes"] for x in load(path)["results"]["buckets"]])
+                os.unlink(path)
+            self.assertIn("  bucket_cap_mb_list [0.001, 0.2]", p.stdout)
+            best = min(caps, key=lambda c: (c["exposed_comm_time_us"], "bucket_cap_mb_list" in c))
+            self.assertEqual(res["recommended_cap_mb_list"], best.get("bucket_cap_mb_list"))
+            # With the skip: a bucket a tensor at 0.0001 MiB, the two of aux
+            # (unused, last with static_graph) take no all_reduce.
+            p, skipped = self.model(args + ["--skip-all-reduce-unused-params"])
+            s = skipped["results"]
+            self.assertTrue(s["skip_all_reduce_unused_params"])
+            one_each, one_each_skipped = caps[2], s["caps"][2]
+            self.assertEqual(one_each_skipped["bucket_bytes"], one_each["bucket_bytes"])
+            self.assertLess(one_each_skipped["comm_time_us"], one_each["comm_time_us"])
+            p = run(["model", self.sweeps[2], "--world-size", "8", "--bucket-cap-mb-list", "1,25"])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("--bucket-cap-mb-list needs --model", p.stderr)
+        finally:
+            os.unlink(layout)
+
     def test_fits_float_sums_only(self):
         # allreduce-test -d all: the other dtypes move other element sizes at
         # other speeds; the fit keeps the float sums, and a report without
