@@ -1,6 +1,7 @@
 #include "ddp_core/bucket_assignment.h"
 
 #include <algorithm>
+#include <limits>
 #include <functional>
 #include <numeric>
 #include <unordered_map>
@@ -256,6 +257,14 @@ std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64
                                           bool static_graph) {
   return ddp_buckets_as_run(layout, ddp_bucket_limits(bucket_cap_bytes, first_bucket_bytes),
                             find_unused_parameters, static_graph);
+}
+
+std::vector<DdpBucket> ddp_buckets_first_iteration(const ModelLayout& layout, std::span<const std::uint64_t> limits,
+                                                   bool find_unused_parameters, bool static_graph, bool cap_list) {
+  if (cap_list || (find_unused_parameters && !static_graph)) return ddp_buckets_unrebuilt(layout, limits);
+  // torch's sys.maxsize
+  const std::uint64_t unlimited[1] = {static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())};
+  return ddp_buckets_unrebuilt(layout, unlimited);
 }
 
 std::vector<bool> buckets_all_unused(const ModelLayout& layout, const std::vector<DdpBucket>& buckets) {

@@ -148,6 +148,16 @@ std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::
 std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::span<const std::uint64_t> limits,
                                           bool find_unused_parameters, bool static_graph = false);
 
+// The buckets DDP reduces before it rebuilds them: in its first iteration,
+// and in its first two with static_graph. Those its constructor fills, in
+// registration order, reversed (ddp_buckets_unrebuilt): with `limits` when
+// find_unused_parameters is set without static_graph (DDP keeps them then)
+// or when `limits` is a torch 2.x bucket_cap_mb_list (cap_list); otherwise
+// with no limit, one bucket per dtype (torch's [sys.maxsize]). Checked
+// against torch 1.13's and 2.x's DDP.
+std::vector<DdpBucket> ddp_buckets_first_iteration(const ModelLayout& layout, std::span<const std::uint64_t> limits,
+                                                   bool find_unused_parameters, bool static_graph, bool cap_list);
+
 // torch 2.x's DDP(skip_all_reduce_unused_params=True): for each bucket,
 // whether every parameter in it is one backward never reaches
 // (layout.unused_in_backward()), so that DDP issues no all_reduce for it.

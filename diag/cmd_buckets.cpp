@@ -50,6 +50,7 @@ struct BucketsOptions {
   bool find_unused = false;
   bool static_graph = false;
   bool skip_unused = false;  // torch 2.x's skip_all_reduce_unused_params
+  bool first_iteration = false;  // the buckets before DDP rebuilds them
 };
 
 
@@ -168,15 +169,22 @@ int run_buckets(const BucketsOptions& o) {
     // Indices and names stay the layout's; frozen tensors are in no bucket.
     // With find_unused_parameters DDP keeps the buckets of its constructor,
     // unless static_graph rebuilds them.
-    const std::vector<DdpBucket> buckets = ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph);
-    const bool unrebuilt = o.find_unused && !o.static_graph;
+    // --first-iteration: the buckets DDP reduces before it rebuilds them.
+    const std::vector<DdpBucket> buckets =
+        o.first_iteration ? ddp_buckets_first_iteration(layout, limits, o.find_unused, o.static_graph, !list.empty())
+                          : ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph);
+    const bool unrebuilt = (o.find_unused && !o.static_graph) || o.first_iteration;
+    // One bucket per dtype: torch's first buckets without a limit.
+    const bool per_dtype = o.first_iteration && list.empty() && !(o.find_unused && !o.static_graph);
     const std::size_t unused_count = layout.unused_in_backward().size();
 
     // Results are data: the table and the JSON report are two views of it.
     // torch 2.x's skip_all_reduce_unused_params: no all_reduce for a bucket
     // of parameters backward never reaches.
     std::vector<bool> skipped(buckets.size(), false);
-    if (o.skip_unused) skipped = buckets_all_unused(layout, buckets);
+    // With static_graph DDP learns which parameters go unused in its first
+    // iteration: it skips nothing there.
+    if (o.skip_unused && !(o.first_iteration && o.static_graph)) skipped = buckets_all_unused(layout, buckets);
     std::uint64_t reduced_bytes = 0;
     json jbuckets = json::array();
     for (std::size_t b = 0; b < buckets.size(); ++b) {
@@ -209,6 +217,7 @@ int run_buckets(const BucketsOptions& o) {
                     {"largest_bucket_bytes", largest},
                     {"find_unused_parameters", o.find_unused},
                     {"static_graph", o.static_graph},
+                    {"first_iteration", o.first_iteration},
                     {"skip_all_reduce_unused_params", o.skip_unused},
                     {"skipped_bucket_count", std::count(skipped.begin(), skipped.end(), true)},
                     {"all_reduced_bytes", reduced_bytes},
@@ -234,7 +243,15 @@ int run_buckets(const BucketsOptions& o) {
                      : fmt::format("bucket_cap_mb_list {} MiB, a limit a bucket, the last repeating", list.text());
     const char* ready_text = layout.ready_order.empty() ? "reverse parameter order"
                                                         : "backward's order (recorded for this model)";
-    if (o.static_graph)
+    if (o.first_iteration)
+      std::printf("%s; DDP's first iteration%s, before it rebuilds its buckets: %s; bucket 0 is "
+                  "reduced first\n\n",
+                  limits_text.c_str(), o.static_graph ? " and second (static_graph)" : "",
+                  per_dtype ? "one bucket per dtype, without a limit, parameters in registration order"
+                  : o.find_unused && !o.static_graph
+                      ? "the buckets its constructor fills in parameter order, which it keeps (find_unused_parameters)"
+                      : "the buckets its constructor fills with the list, in parameter order");
+    else if (o.static_graph)
       // With a list DDP's constructor buckets with it too, instead of one
       // bucket per dtype.
       std::printf("%s; static_graph: rebuilt from the second iteration's order, gradients ready "
@@ -260,9 +277,10 @@ int run_buckets(const BucketsOptions& o) {
       std::string dtype = jb["dtype"].get<std::string>();
       if (jb["sparse"].get<bool>()) dtype += " sparse";
       if (jb["all_reduce_skipped"].get<bool>()) span += "  (all unused: no all_reduce)";
+      const auto limit = jb["size_limit_bytes"].get<std::uint64_t>();
       std::printf("%6zu %10s %10s %8zu  %-15s %s\n", jb["index"].get<std::size_t>(),
                   mib(jb["bytes"].get<std::uint64_t>()).c_str(),
-                  mib(jb["size_limit_bytes"].get<std::uint64_t>()).c_str(),
+                  per_dtype ? "none" : mib(limit).c_str(),
                   jb["tensor_count"].get<std::size_t>(), dtype.c_str(), span.c_str());
     }
     std::printf("\nsummary: %zu buckets, largest %s MiB, %s MiB total, cap %s MiB\n", buckets.size(),
@@ -319,6 +337,10 @@ Subcommand add_buckets_command(CLI::App& parent) {
   app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
                 "torch 2.x's DDP(skip_all_reduce_unused_params=True): mark the buckets whose "
                 "parameters are all unused in backward, which DDP does not all-reduce");
+  app->add_flag("--first-iteration", opts->first_iteration,
+                "the buckets DDP reduces in its first iteration (first two with --static-graph), "
+                "before it rebuilds them: one bucket per dtype, or its constructor's with "
+                "--find-unused-parameters or --bucket-cap-mb-list");
   app->add_option("--json", opts->json_path, "write a JSON report to FILE")
       ->check(report_path_value());
   app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE")

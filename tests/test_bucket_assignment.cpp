@@ -284,3 +284,34 @@ TEST_CASE("torch 2.x's bucket_cap_mb_list: a limit a bucket in order, the last r
   CHECK(limits == std::vector<std::uint64_t>{1200, 400, 2000, 2000});
   CHECK_THROWS_AS(ddp_buckets(layout, std::vector<std::uint64_t>{}), UsageError);
 }
+
+TEST_CASE("ddp_buckets_first_iteration: one bucket per dtype, or the constructor's", "[buckets]") {
+  // Before DDP rebuilds: float64 tensors 0, 2, 4 and float32 1, 3 (400 B
+  // each), limits [400, 800].
+  ModelLayout layout;
+  layout.name = "mixed";
+  for (int i = 0; i < 5; ++i)
+    layout.tensors.push_back({"p" + std::to_string(i), {i % 2 ? 100 : 50}, i % 2 ? DType::kFloat32 : DType::kFloat64,
+                              false, true});
+  auto indices = [](const std::vector<DdpBucket>& buckets) {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : buckets) out.push_back(b.param_indices);
+    return out;
+  };
+  const std::vector<std::uint64_t> limits{400, 800};
+  // No limit: a bucket per dtype, by smallest index, reversed.
+  for (bool static_graph : {false, true}) {
+    const auto first = ddp_buckets_first_iteration(layout, limits, false, static_graph, false);
+    CHECK(indices(first) == Buckets{{1, 3}, {0, 2, 4}});
+    CHECK(first[0].size_limit_bytes == 9223372036854775807ull);  // torch's sys.maxsize
+  }
+  // find_unused_parameters: the constructor's buckets it keeps; a list: its limits.
+  const auto kept = ddp_buckets_unrebuilt(layout, limits);
+  CHECK(indices(ddp_buckets_first_iteration(layout, limits, true, false, false)) == indices(kept));
+  CHECK(indices(ddp_buckets_first_iteration(layout, limits, false, false, true)) == indices(kept));
+  CHECK(indices(ddp_buckets_first_iteration(layout, limits, false, true, true)) == indices(kept));
+  // float64: [0] at 400 B, [2, 4] at 800; float32: [1], then 3 left open.
+  CHECK(indices(kept) == Buckets{{3}, {2, 4}, {1}, {0}});
+  // find_unused_parameters with static_graph rebuilds: one bucket per dtype first.
+  CHECK(indices(ddp_buckets_first_iteration(layout, limits, true, true, false)) == Buckets{{1, 3}, {0, 2, 4}});
+}

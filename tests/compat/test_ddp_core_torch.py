@@ -510,7 +510,7 @@ def export_layout(model, step, path, name="my-model"):
 
 
 def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=None, static_graph=False,
-                    cap_list=None, skip_unused=False):
+                    cap_list=None, skip_unused=False, first_iteration=False):
     """ddpdiag buckets' param_indices per bucket, for a layout in the object form."""
     with tempfile.TemporaryDirectory() as d:
         model, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
@@ -524,7 +524,8 @@ def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=Non
         p = run_bin(["buckets", "--model", model, "--json", out] + caps +
                     (["--find-unused-parameters"] if find_unused else []) +
                     (["--static-graph"] if static_graph else []) +
-                    (["--skip-all-reduce-unused-params"] if skip_unused else []))
+                    (["--skip-all-reduce-unused-params"] if skip_unused else []) +
+                    (["--first-iteration"] if first_iteration else []))
         if p.returncode != 0:
             raise AssertionError(f"ddpdiag buckets exited {p.returncode}: {p.stderr}")
         with open(out) as f:
@@ -723,6 +724,35 @@ class DdpAsRunTest(unittest.TestCase):
             bump("DDP runs with skip_all_reduce_unused_params compared")
         self.assertGreater(skipped_seen, 0)  # the cases do skip buckets
         bump("buckets skipped in those runs", skipped_seen)
+
+    def test_first_iteration(self):
+        # Before DDP rebuilds its buckets (its first iteration; the first two
+        # with static_graph) it reduces its constructor's: one bucket per
+        # dtype, or with find_unused_parameters (kept) or a torch 2.x
+        # bucket_cap_mb_list those limits, in registration order reversed.
+        rng = random.Random(37)
+        for k in range(30 * SCALE):
+            dtypes, layout, cap_bytes, explicit, first_mb = partly_frozen_case(rng, [1, 1, 2, 3], 0.15)
+            mode = rng.choice(["rebuilt", "find_unused", "static_graph"])
+            forward, unused, ready = random_forward(rng, layout, (0, 1) if mode == "rebuilt" else (1, 3))
+            caps = None
+            if HAS_CAP_LIST and rng.random() < 0.3:
+                caps = [rng.choice([64, 300, 1000, 4096]) / MIB for _ in range(rng.randint(1, 3))]
+            iterations = []
+            ddp_buckets_as_run(layout, cap_bytes / MIB if explicit and caps is None else None,
+                               find_unused=mode == "find_unused", forward_order=forward,
+                               static_graph=mode == "static_graph", cap_list=caps, iterations=iterations)
+            ours = our_ddp_buckets(layout, repr(cap_bytes / MIB) if explicit else "25", repr(first_mb),
+                                   find_unused=mode == "find_unused", ready_order=ready,
+                                   static_graph=mode == "static_graph", cap_list=caps, first_iteration=True)
+            with self.subTest(case=k, dtypes=dtypes, cap_bytes=cap_bytes, explicit=explicit, caps=caps, mode=mode):
+                if mode == "static_graph":
+                    # its first iterations hand the buckets to the hook in another order
+                    self.assertEqual(sorted(ours), sorted(iterations[0]))
+                    self.assertEqual(sorted(ours), sorted(iterations[1]))
+                else:
+                    self.assertEqual(ours, iterations[0])
+            bump(f"DDP first iterations compared ({mode})")
 
     def test_a_model_with_an_unused_branch_exported_as_the_readme_says(self):
         # The README's export of a model whose forward skips a layer leaves
