@@ -38,6 +38,9 @@ class Work {
  public:
   virtual ~Work() = default;
   virtual bool is_completed() = 0;
+  // Completed with an error (wait() would rethrow it); never blocks. A
+  // backend that keeps a failed operation not completed may leave it false.
+  virtual bool failed() { return false; }
   // Blocks until done or until timeout passes (TimeoutError). Rethrows the
   // operation's error if it failed.
   virtual void wait(Millis timeout) = 0;

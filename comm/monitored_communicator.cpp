@@ -367,7 +367,9 @@ void MonitoredCommunicator::mark_completed(std::int64_t seq) {
 void MonitoredCommunicator::finish_prefix(Clock::time_point now) {
   while (!open_.empty()) {
     Open& o = open_.front();
-    if (!o.done && (halted_ || !o.work || !o.work->is_completed())) break;
+    // A collective that failed (a peer's connection reset) is not complete:
+    // it stays the one this rank names as stuck.
+    if (!o.done && (halted_ || !o.work || !o.work->is_completed() || o.work->failed())) break;
     if (Entry* e = recorded(o.seq); e && e->rec.state == "started") {
       e->rec.state = "completed";
       e->rec.duration_ms = std::chrono::duration<double, std::milli>(now - o.started).count();

@@ -199,7 +199,8 @@ class MonitoredCommunicator final : public Communicator {
     bool done = false;           // its own wait returned
   };
   // Under mutex_: pops the completed prefix of open_ (done, or its Work says
-  // so, unless halted_), advancing completed_ and the recorder.
+  // it completed without an error, unless halted_), advancing completed_
+  // and the recorder.
   void finish_prefix(std::chrono::steady_clock::time_point now);
   // When finish_prefix last popped a collective: the oldest open one has
   // been first in line since then (or since it started, if later). Its

@@ -24,6 +24,7 @@
 #include "comm/monitor.h"
 #include "comm/monitored_communicator.h"
 #include "diag/bisect_plan.h"
+#include "tests/forwarding_communicator.h"
 #include "tests/rank_threads.h"
 
 using namespace ddpdiag;
@@ -572,6 +573,57 @@ std::vector<ThreadRank> run_monitored(int n, const std::string& faults, int iter
 }
 
 }  // namespace
+
+// A collective whose Work completed with an error (Gloo fails the queued
+// ops when a peer's connection resets) is not complete: the watchdog once
+// moved last_completed past such ops, and a rank then named a later
+// collective than the stuck one.
+TEST_CASE("monitored Gloo: collectives that failed are not counted complete", "[monitor][gloo]") {
+  struct FailedWork final : Work {
+    bool is_completed() override { return true; }
+    bool failed() override { return true; }
+    void wait(Millis) override { throw BackendError("Connection reset by peer", {"all_reduce", 0, 1, ""}); }
+    void abort() override {}
+  };
+  struct Failing final : test::ForwardingCommunicator {
+    using ForwardingCommunicator::ForwardingCommunicator;
+    bool fail = false;
+    std::shared_ptr<Work> allreduce(const void* send, void* recv, std::size_t count, DType dtype,
+                                    ReduceOp op) override {
+      if (fail) return std::make_shared<FailedWork>();
+      return ForwardingCommunicator::allreduce(send, recv, count, dtype, op);
+    }
+  };
+  auto store = std::make_shared<MemoryStore>();
+  auto real = make_communicator(gloo_rank_options(0, 1, std::make_shared<PrefixStore>("comm", store), 5000ms));
+  auto failing = std::make_unique<Failing>(*real);
+  Failing* inner = failing.get();
+  MonitorOptions mo;
+  mo.rank = 0;
+  mo.size = 1;
+  mo.store = std::make_shared<PrefixStore>("monitor", store);
+  mo.timeout = 5000ms;
+  mo.poll_interval = 20ms;
+  MonitoredCommunicator comm(std::move(failing), mo);
+  CommBuffer buf(comm, 64 * sizeof(float));
+  // Two that succeed, then three whose Work fails at once.
+  for (int i = 0; i < 2; ++i) comm.allreduce(buf.get(), buf.get(), 64, DType::kFloat32, ReduceOp::kSum)->wait(5000ms);
+  inner->fail = true;
+  std::vector<std::shared_ptr<Work>> queued;
+  for (int i = 0; i < 3; ++i)
+    queued.push_back(comm.allreduce(buf.get(), buf.get(), 64, DType::kFloat32, ReduceOp::kSum));
+  std::this_thread::sleep_for(200ms);  // ten watchdog polls
+  CHECK(comm.state("test").last_completed == 2);
+  // Waiting for the last names the first that failed.
+  try {
+    queued.back()->wait(5000ms);
+    FAIL("the wait did not throw");
+  } catch (const Error& e) {
+    INFO(e.what());
+    CHECK(contains(e.what(), "collective #3 all_reduce(float, 64, sum)"));
+    CHECK(contains(e.what(), "waiting for collective #5, which runs after it"));
+  }
+}
 
 TEST_CASE("monitored Gloo: no fault, no error; sequence numbers advance", "[monitor][gloo]") {
   auto res = run_monitored(2, "", 5, 5000ms);

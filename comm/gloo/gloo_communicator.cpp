@@ -386,6 +386,8 @@ class GlooWork final : public Work {
       : args(args), rank(rank), core_(std::move(core)) {}
 
   bool is_completed() override { return done_.load(std::memory_order_acquire); }
+  // error_ is written before done_ is released, and never after.
+  bool failed() override { return done_.load(std::memory_order_acquire) && error_ != nullptr; }
   void wait(Millis timeout) override;
   void abort() override;
 
