@@ -1,8 +1,8 @@
 #include "ddp_core/bucket_assignment.h"
 
 #include <algorithm>
-#include <limits>
 #include <functional>
+#include <limits>
 #include <numeric>
 #include <unordered_map>
 

@@ -178,7 +178,11 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
       options_.bucket_size_limits.empty()
           ? ddp_bucket_limits(options_.bucket_cap_bytes, options_.first_bucket_bytes)
           : options_.bucket_size_limits;
-  const auto specs = ddp_buckets_as_run(layout_, limits, options_.find_unused_parameters, options_.static_graph);
+  const auto specs =
+      options_.first_iteration_buckets
+          ? ddp_buckets_first_iteration(layout_, limits, options_.find_unused_parameters, options_.static_graph,
+                                        !options_.bucket_size_limits.empty())
+          : ddp_buckets_as_run(layout_, limits, options_.find_unused_parameters, options_.static_graph);
   where_.resize(layout_.tensors.size());
   buckets_.reserve(specs.size());
   state_.resize(specs.size());

@@ -109,9 +109,14 @@ struct ReducerOptions {
   // prepare_for_backward or missing at finalize) is not all-reduced; its
   // gradients stay as they were (torch leaves such a .grad None). Every rank
   // must leave the same parameters unused, or the ranks issue different
-  // collectives: torch desyncs or hangs then, and so does this reducer.
+  // collectives: torch's job then fails or hangs, and this reducer's
+  // collectives fail or run out of their deadline.
   // Matters only with find_unused_parameters or static_graph.
   bool skip_all_reduce_unused_params = false;
+  // Run the buckets DDP reduces before it rebuilds them (its first
+  // iteration; the first two with static_graph): ddp_buckets_first_iteration,
+  // for every iteration.
+  bool first_iteration_buckets = false;
   CompressionHook hook = CompressionHook::kNone;
   Averaging averaging = Averaging::kDivideThenSum;
   // Deadline of each collective finalize() waits for, counted from the later
@@ -178,11 +183,11 @@ void refuse_sparse_on_device(const ModelLayout& layout, std::string_view backend
 
 class Reducer {
  public:
-  // Builds DDP's buckets for the layout (its gradient ready order, limits
-  // [first_bucket_bytes, bucket_cap_bytes]; with find_unused_parameters the
-  // ones DDP keeps unrebuilt, ddp_buckets_unrebuilt(); with static_graph
-  // ddp_buckets_static_graph()) and allocates them
-  // through comm.
+  // Builds DDP's buckets for the layout and allocates them through comm:
+  // ddp_buckets_as_run() (the gradient ready order, limits [first_bucket_bytes,
+  // bucket_cap_bytes] or bucket_size_limits; with find_unused_parameters the
+  // ones DDP keeps unrebuilt; with static_graph its rebuilt ones), or with
+  // first_iteration_buckets ddp_buckets_first_iteration().
   // Throws UsageError for options this communicator cannot run.
   Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options = {});
   // Waits (bounded by the timeout) for collectives still in flight, so no

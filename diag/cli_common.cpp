@@ -1022,6 +1022,8 @@ std::uint64_t BucketCapList::max_bytes() const {
   return bytes.empty() ? 0 : *std::max_element(bytes.begin(), bytes.end());
 }
 
+double BucketCapList::max_mb() const { return mb.empty() ? 0 : *std::max_element(mb.begin(), mb.end()); }
+
 std::string BucketCapList::text() const {
   std::string out = "[";
   for (std::size_t i = 0; i < mb.size(); ++i) out += fmt::format("{}{:g}", i ? ", " : "", mb[i]);

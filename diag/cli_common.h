@@ -337,6 +337,7 @@ struct BucketCapList {
   std::vector<std::uint64_t> bytes;    // each int(mb * 1024 * 1024), as DDP
   bool empty() const { return mb.empty(); }
   std::uint64_t max_bytes() const;     // DDP's bucket_bytes_cap with a list
+  double max_mb() const;               // and its bucket_cap_mb
   std::string text() const;            // "[1, 4, 25]"
 };
 // Parses --bucket-cap-mb-list: each value a number of MiB as

@@ -63,7 +63,7 @@ struct BucketSweepOptions {
 struct CapRow {
   double cap_mb = 0;  // a list's largest, as DDP sets bucket_cap_mb from it
   std::uint64_t cap_bytes = 0;
-  std::vector<double> cap_list;  // torch 2.x's bucket_cap_mb_list; empty for a plain cap
+  BucketCapList cap_list;  // torch 2.x's bucket_cap_mb_list; empty for a plain cap
   std::vector<std::uint64_t> bucket_bytes;
   std::size_t expected_buckets = 0;  // ddp_buckets() for the same layout and cap
   double comm_time_us = 0;          // communication alone, slowest rank
@@ -89,10 +89,10 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
                    const BucketSweepOptions& o) {
   Communicator& comm = *job.comm;
   CapRow row;
-  row.cap_mb = list.empty() ? cap_mb : *std::max_element(list.mb.begin(), list.mb.end());
+  row.cap_mb = list.empty() ? cap_mb : list.max_mb();
   row.cap_bytes = list.empty() ? static_cast<std::uint64_t>(cap_mb * kMiB)  // as DDP: int(cap * 1024 * 1024)
                                : list.max_bytes();
-  row.cap_list = list.mb;
+  row.cap_list = list;
   const auto first_bytes = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
   const std::vector<std::uint64_t> limits = list.empty() ? ddp_bucket_limits(row.cap_bytes, first_bytes) : list.bytes;
   row.expected_buckets = ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph).size();
@@ -190,15 +190,8 @@ json cap_json(const CapRow& r) {
           {"step_time_us", r.step_us},
           {"backward_time_us", r.backward_us},
           {"wrong", r.wrong}};
-  if (!r.cap_list.empty()) row["bucket_cap_mb_list"] = r.cap_list;
+  if (!r.cap_list.empty()) row["bucket_cap_mb_list"] = r.cap_list.mb;
   return row;
-}
-
-// "[1, 4, 25]"
-std::string list_text(const std::vector<double>& mb) {
-  std::string s;
-  for (double c : mb) s += fmt::format("{}{:g}", s.empty() ? "" : ", ", c);
-  return "[" + s + "]";
 }
 
 void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
@@ -273,7 +266,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
       counts_ok = counts_ok && rows[i].bucket_bytes.size() == rows[i].expected_buckets;
       if (!rows[i].cap_list.empty()) {
         // A list is a candidate of its own.
-        figs.push_back({rows[i].cap_mb, rows[i].exposed_us, rows[i].cap_list});
+        figs.push_back({rows[i].cap_mb, rows[i].exposed_us, rows[i].cap_list.mb});
         continue;
       }
       if (taken[i]) continue;
@@ -338,7 +331,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                     mib(static_cast<double>(sorted.back())), row.comm_time_us / 1e3,
                     row.busbw_gbps, row.exposed_us / 1e3, row.step_us / 1e3, row.backward_us / 1e3,
                     static_cast<long long>(row.wrong),
-                    is_list ? ("  bucket_cap_mb_list " + list_text(row.cap_list)).c_str() : "");
+                    is_list ? ("  bucket_cap_mb_list " + row.cap_list.text()).c_str() : "");
         std::fflush(stdout);
       }
       res["caps"].push_back(cap_json(row));

@@ -38,6 +38,7 @@ struct DdpStepOptions {
   bool find_unused = false;
   bool static_graph = false;
   bool skip_unused = false;  // torch 2.x's skip_all_reduce_unused_params
+  bool first_iteration = false;  // the buckets DDP reduces before it rebuilds them
   bool avg_op = false;
   bool no_check = false;
   std::optional<std::int64_t> sparse_rows;  // unset: the simulator's default
@@ -69,6 +70,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   ro.find_unused_parameters = o.find_unused;
   ro.static_graph = o.static_graph;
   ro.skip_all_reduce_unused_params = o.skip_unused;
+  ro.first_iteration_buckets = o.first_iteration;
   ro.averaging = o.avg_op ? Averaging::kAvgOp : Averaging::kDivideThenSum;
   ro.timeout = job.timeout;
   const auto hook = parse_compression_hook(o.hook);
@@ -123,6 +125,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["find_unused_parameters"] = ro.find_unused_parameters;
   res["static_graph"] = ro.static_graph;
   res["skip_all_reduce_unused_params"] = o.skip_unused;
+  res["first_iteration"] = o.first_iteration;
   res["averaging"] = o.avg_op ? "avg_op" : "divide_then_sum";
   res["compute_gbps"] = o.compute_gbps;
   res["iters"] = o.iters;
@@ -143,7 +146,8 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                 o.avg_op ? "avg op" : ro.hook != CompressionHook::kNone ? "cast, divide, then sum" : "divide then sum",
                 o.find_unused ? "on" : "off",
                 (std::string(o.static_graph ? ", static_graph on" : "") +
-                 (o.skip_unused ? ", skip_all_reduce_unused_params on" : ""))
+                 (o.skip_unused ? ", skip_all_reduce_unused_params on" : "") +
+                 (o.first_iteration ? ", DDP's first-iteration buckets" : ""))
                     .c_str(),
                 o.compute_gbps);
     std::fflush(stdout);
@@ -340,6 +344,9 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
                 "torch 2.x's DDP(skip_all_reduce_unused_params=True): no all_reduce for a bucket "
                 "whose parameters are all unused (with --find-unused-parameters or --static-graph)");
+  app->add_flag("--first-iteration", opts->first_iteration,
+                "Run the buckets DDP reduces before it rebuilds them (its first iteration; see buckets "
+                "--first-iteration) in every iteration: what DDP's first step costs");
   app->add_flag("--avg-op", opts->avg_op, "Average with the AVG op instead of dividing first");
   app->add_flag("--no-check", opts->no_check, "Skip the gradient check");
   app->add_option(

@@ -294,7 +294,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   auto& res = report.results();
   res["model"] = layout.name;
   res["model_bytes"] = layout.total_bytes();
-  res["bucket_cap_mb"] = cap_list.empty() ? o.bucket_cap_mb : static_cast<double>(cap_bytes) / kMiB;
+  res["bucket_cap_mb"] = cap_list.empty() ? o.bucket_cap_mb : cap_list.max_mb();
   // null when not given: report compare tells a run with a list from one without.
   res["bucket_cap_mb_list"] = cap_list.empty() ? json(nullptr) : json(cap_list.mb);
   res["bucket_cap_bytes"] = cap_bytes;

@@ -603,7 +603,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       // for it as bucket_cap_mb, as DDP sets it).
       for (std::size_t i = 0; i < caps.size() + cap_lists.size(); ++i) {
         const BucketCapList* list = i < caps.size() ? nullptr : &cap_lists[i - caps.size()];
-        const double cap = list ? *std::max_element(list->mb.begin(), list->mb.end()) : caps[i];
+        const double cap = list ? list->max_mb() : caps[i];
         const std::vector<std::uint64_t> limits =
             list ? list->bytes : ddp_core::ddp_bucket_limits(static_cast<std::uint64_t>(cap * kMiB), first);
         const auto plan = scale::plan_buckets(layout, cap, limits, rate, allreduce_s, o.find_unused,

@@ -303,6 +303,33 @@ class DdpStep(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertIn("torch refuses a list whose largest cap is 0", p.stderr)
 
+    def test_first_iteration_runs_the_buckets_before_ddp_rebuilds_them(self):
+        # ddp-step --first-iteration: the buckets `buckets --first-iteration`
+        # shows (one per dtype by default; the constructor's with
+        # find_unused_parameters or a bucket_cap_mb_list), every gradient
+        # still the true mean.
+        layout = unused_layer_layout()
+        try:
+            for model, extra in (("mlp", []), ("mlp", ["--bucket-cap-mb-list", "0.01,4"]),
+                                 (layout, ["--find-unused-parameters", "--bucket-cap-mb", "0.05", "--first-bucket-mb", "0.05"]),
+                                 (layout, ["--static-graph"])):
+                with self.subTest(model=model, extra=extra):
+                    res = self.run_step(2, model, extra + ["--first-iteration"])
+                    self.assertTrue(res["first_iteration"])
+                    path = tmp_json()
+                    b = run(["buckets", "--model", model, "--first-iteration", "--json", path] + extra)
+                    self.assertEqual(b.returncode, 0, b.stderr)
+                    buckets = load(path)["results"]["buckets"]
+                    os.unlink(path)
+                    self.assertEqual([(t["bytes"], t["tensors"]) for t in res["timeline_rank0"] if "bucket" in t],
+                                     [(x["bytes"], x["tensor_count"]) for x in buckets])
+                    if not extra or extra == ["--static-graph"]:
+                        self.assertEqual(res["buckets"], 1)  # one dtype: one bucket
+                    else:
+                        self.assertGreater(res["buckets"], 1)
+        finally:
+            os.unlink(layout)
+
     def test_skip_all_reduce_unused_params_leaves_out_the_unused_buckets(self):
         # torch 2.x's skip_all_reduce_unused_params: no all_reduce for the
         # buckets of aux (unused in forward), each alone at a 104-byte cap;
