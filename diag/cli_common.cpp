@@ -41,6 +41,7 @@
 #include "comm/ip_text.h"
 #include "comm/memory.h"
 #include "comm/net_info.h"
+#include "ddp_core/bucket_assignment.h"
 #include "ddp_core/model_layout.h"
 #include "ddp_core/param_broadcast.h"
 #include "ddp_core/reducer.h"
@@ -1049,6 +1050,28 @@ BucketCapList parse_cap_list(const std::string& s, int rank, bool zero_ok) {
                                  kFlag, s),
                      {"flags", rank, -1, "e.g. " + example});
   return out;
+}
+
+std::vector<std::uint64_t> BucketSizes::limits() const {
+  return list.empty() ? ddp_core::ddp_bucket_limits(cap_bytes, first_bytes) : list.bytes;
+}
+
+BucketSizes bucket_sizes(double cap_mb, double first_mb, const std::string& cap_list, int rank, bool zero_ok) {
+  BucketSizes s;
+  s.list = parse_cap_list(cap_list, rank, zero_ok);
+  if (s.list.empty()) {
+    s.cap_bytes = bucket_cap_bytes(cap_mb, "--bucket-cap-mb", rank, zero_ok);
+    s.first_bytes = bucket_cap_bytes(first_mb, "--first-bucket-mb", rank, zero_ok);
+  } else {
+    s.cap_bytes = s.list.max_bytes();
+    s.first_bytes = s.list.bytes.front();
+  }
+  return s;
+}
+
+CLI::Option* add_skip_unused_flag(CLI::App* app, bool& value, const std::string& what) {
+  return app->add_flag("--skip-all-reduce-unused-params", value,
+                "torch 2.x's DDP(skip_all_reduce_unused_params=True): " + what);
 }
 
 CLI::Validator cap_list_value(bool zero_ok) {

@@ -347,6 +347,21 @@ struct BucketCapList {
 BucketCapList parse_cap_list(const std::string& s, int rank, bool zero_ok);
 // The flag check of a --bucket-cap-mb-list value: parse_cap_list's.
 CLI::Validator cap_list_value(bool zero_ok);
+// The bucket sizes a command runs with: --bucket-cap-mb-list when given
+// (its largest is DDP's cap then, its first the first bucket's limit), else
+// --bucket-cap-mb and --first-bucket-mb, each checked by bucket_cap_bytes
+// (0 only with `zero_ok`). limits() is what the bucket functions take.
+struct BucketSizes {
+  BucketCapList list;
+  std::uint64_t cap_bytes = 0;
+  std::uint64_t first_bytes = 0;
+  std::vector<std::uint64_t> limits() const;
+};
+BucketSizes bucket_sizes(double cap_mb, double first_mb, const std::string& cap_list, int rank, bool zero_ok);
+// Adds --skip-all-reduce-unused-params (torch 2.x's
+// DDP(skip_all_reduce_unused_params=True)) to `app`; `what` says what the
+// command does with it.
+CLI::Option* add_skip_unused_flag(CLI::App* app, bool& value, const std::string& what);
 // Adds --bucket-cap-mb-list to `app`, checked as parse_cap_list checks it
 // before any rank starts, and excluding the options it replaces (the
 // command's --bucket-cap-mb and --first-bucket-mb).

@@ -445,9 +445,7 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
   app->add_flag("--static-graph", opts->static_graph,
                 "DDP's static_graph=True: the buckets DDP rebuilds from the gradients' order, "
                 "then the parameters unused in backward (see buckets --static-graph)");
-  app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
-                "torch 2.x's DDP(skip_all_reduce_unused_params=True): no all_reduce for a bucket "
-                "whose parameters are all unused");
+  add_skip_unused_flag(app, opts->skip_unused, "no all_reduce for a bucket whose parameters are all unused");
   app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep")
       ->check(cli::size_value());
   app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep")

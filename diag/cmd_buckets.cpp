@@ -154,13 +154,10 @@ int run_buckets(const BucketsOptions& o) {
     // both.
     // torch 2.x's bucket_cap_mb_list replaces both: its largest value is
     // DDP's bucket_cap then, and its first the first bucket's limit.
-    const BucketCapList list = parse_cap_list(o.bucket_cap_mb_list, -1, true);
-    const std::uint64_t cap = list.empty() ? bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", -1, true)
-                                           : list.max_bytes();
-    const std::uint64_t first = list.empty()
-                                    ? bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", -1, true)
-                                    : list.bytes.front();
-    const std::vector<std::uint64_t> limits = list.empty() ? ddp_bucket_limits(cap, first) : list.bytes;
+    const BucketSizes sizes = bucket_sizes(o.bucket_cap_mb, o.first_bucket_mb, o.bucket_cap_mb_list, -1, true);
+    const BucketCapList& list = sizes.list;
+    const std::uint64_t cap = sizes.cap_bytes, first = sizes.first_bytes;
+    const std::vector<std::uint64_t> limits = sizes.limits();
     // Refuses a layout whose tensors are all frozen, as torch refuses to wrap it.
     (void)trainable_parameters(layout);
     // Parameters the recorded backward never reached need find_unused_parameters
@@ -334,9 +331,9 @@ Subcommand add_buckets_command(CLI::App& parent) {
                 "DDP's static_graph=True: the buckets DDP rebuilds after its second iteration, "
                 "from the gradients' order and then the parameters unused in backward (which "
                 "need no --find-unused-parameters then)");
-  app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
-                "torch 2.x's DDP(skip_all_reduce_unused_params=True): mark the buckets whose "
-                "parameters are all unused in backward, which DDP does not all-reduce");
+  add_skip_unused_flag(app, opts->skip_unused,
+                       "mark the buckets whose parameters are all unused in backward, which DDP does "
+                       "not all-reduce");
   app->add_flag("--first-iteration", opts->first_iteration,
                 "the buckets DDP reduces in its first iteration (first two with --static-graph), "
                 "before it rebuilds them: one bucket per dtype, or its constructor's with "

@@ -56,16 +56,11 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   const std::vector<std::size_t> unused = layout.unused_in_backward();
   const UsedBy used_by = used_by_all_but(unused, layout.tensors.size());
   ReducerOptions ro;
-  const BucketCapList cap_list = parse_cap_list(o.bucket_cap_mb_list, job.rank(), false);
-  if (cap_list.empty()) {
-    ro.bucket_cap_bytes = bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", job.rank());
-    ro.first_bucket_bytes = bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", job.rank());
-  } else {
-    // torch's bucket_bytes_cap is the list's largest then.
-    ro.bucket_size_limits = cap_list.bytes;
-    ro.bucket_cap_bytes = cap_list.max_bytes();
-    ro.first_bucket_bytes = cap_list.bytes.front();
-  }
+  const BucketSizes sizes = bucket_sizes(o.bucket_cap_mb, o.first_bucket_mb, o.bucket_cap_mb_list, job.rank(), false);
+  const BucketCapList& cap_list = sizes.list;
+  ro.bucket_cap_bytes = sizes.cap_bytes;
+  ro.first_bucket_bytes = sizes.first_bytes;
+  ro.bucket_size_limits = cap_list.bytes;
   ro.gradient_as_bucket_view = o.views;
   ro.find_unused_parameters = o.find_unused;
   ro.static_graph = o.static_graph;
@@ -341,9 +336,9 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   app->add_flag("--static-graph", opts->static_graph,
                 "DDP's static_graph=True: the buckets it rebuilds (see buckets --static-graph), "
                 "parameters unused in backward allowed, used ones agreed once");
-  app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
-                "torch 2.x's DDP(skip_all_reduce_unused_params=True): no all_reduce for a bucket "
-                "whose parameters are all unused (with --find-unused-parameters or --static-graph)");
+  add_skip_unused_flag(app, opts->skip_unused,
+                       "no all_reduce for a bucket whose parameters are all unused (with "
+                       "--find-unused-parameters or --static-graph)");
   app->add_flag("--first-iteration", opts->first_iteration,
                 "Run the buckets DDP reduces before it rebuilds them (its first iteration; see buckets "
                 "--first-iteration) in every iteration: what DDP's first step costs");

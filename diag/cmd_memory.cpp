@@ -85,14 +85,9 @@ json device_json(const DeviceMemoryInfo& d) {
 
 void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   const int me = job.rank(), n = job.size();
-  // With torch 2.x's bucket_cap_mb_list its largest value is DDP's cap, and
-  // its first the first bucket's limit.
-  const BucketCapList cap_list = parse_cap_list(o.bucket_cap_mb_list, me, false);
-  const std::uint64_t cap_bytes =
-      cap_list.empty() ? bucket_cap_bytes(o.bucket_cap_mb, "--bucket-cap-mb", me) : cap_list.max_bytes();
-  const std::uint64_t first_bucket_bytes = cap_list.empty()
-                                               ? bucket_cap_bytes(o.first_bucket_mb, "--first-bucket-mb", me)
-                                               : cap_list.bytes.front();
+  const BucketSizes sizes = bucket_sizes(o.bucket_cap_mb, o.first_bucket_mb, o.bucket_cap_mb_list, me, false);
+  const BucketCapList& cap_list = sizes.list;
+  const std::uint64_t cap_bytes = sizes.cap_bytes, first_bucket_bytes = sizes.first_bytes;
   if (!(o.workspace_mb >= 0 && o.workspace_mb <= kMaxWorkspaceMb))
     throw UsageError(fmt::format("--workspace-mb {} is not between 0 and {}", o.workspace_mb, kMaxWorkspaceMb),
                      {"flags", me, -1, "the default is 1"});

@@ -783,9 +783,8 @@ Subcommand add_model_command(CLI::App& parent) {
                                         "torch 2.x's DDP(bucket_cap_mb_list=[...]) as one more candidate "
                                         "(MiB, e.g. 1,4,25; give the flag again for another; with --model)")
                             ->check(cli::cap_list_value(false));
-  opts->skip_unused_opt = app->add_flag("--skip-all-reduce-unused-params", opts->skip_unused,
-                                        "torch 2.x's DDP(skip_all_reduce_unused_params=True): no all_reduce "
-                                        "for a bucket of unused parameters (with --model)");
+  opts->skip_unused_opt = cli::add_skip_unused_flag(app, opts->skip_unused,
+                                                    "no all_reduce for a bucket of unused parameters (with --model)");
   opts->find_unused_opt = app->add_flag("--find-unused-parameters", opts->find_unused,
                 "DDP's find_unused_parameters=True: the buckets it keeps unrebuilt, and its used-parameter "
                 "all_reduce each iteration (with --model)");
