@@ -175,10 +175,14 @@ BucketTensor bucket_tensor(const TensorSpec& s) {
 }
 
 // DDP's rebuilt buckets: the layout's tensors `order` (indices) passed
-// with their indices explicitly, as rebuild_buckets passes them.
-std::vector<DdpBucket> rebuilt_buckets(const ModelLayout& layout, const std::vector<std::size_t>& order,
-                                       std::span<const std::uint64_t> limits) {
+// with their indices explicitly, as rebuild_buckets passes them. With
+// set_last_bucket_small (DDP_SET_LAST_BUCKET_CAP=1) DDP reverses that order
+// before it assigns, and the buckets after: the first limit then applies to
+// the bucket reduced last.
+std::vector<DdpBucket> rebuilt_buckets(const ModelLayout& layout, std::vector<std::size_t> order,
+                                       std::span<const std::uint64_t> limits, bool set_last_bucket_small) {
   const std::size_t n = layout.tensors.size();
+  if (set_last_bucket_small) std::reverse(order.begin(), order.end());
   std::vector<BucketTensor> tensors;
   std::vector<std::int64_t> indices;
   tensors.reserve(order.size());
@@ -190,7 +194,9 @@ std::vector<DdpBucket> rebuilt_buckets(const ModelLayout& layout, const std::vec
   // With explicit indices the assignment's entries are those indices.
   std::vector<std::size_t> identity(n);
   for (std::size_t k = 0; k < n; ++k) identity[k] = k;
-  return to_ddp_buckets(layout, compute_bucket_assignment_by_size(tensors, limits, indices), identity);
+  auto out = to_ddp_buckets(layout, compute_bucket_assignment_by_size(tensors, limits, indices), identity);
+  if (set_last_bucket_small) std::reverse(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace
@@ -199,13 +205,14 @@ std::vector<std::uint64_t> ddp_bucket_limits(std::uint64_t bucket_cap_bytes, std
   return {first_bucket_bytes, bucket_cap_bytes};
 }
 
-std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::span<const std::uint64_t> limits) {
+std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::span<const std::uint64_t> limits,
+                                   bool set_last_bucket_small) {
   // In the order backward makes the gradients ready (the layout's
   // ready_order: by default from the last parameter back to the first), as
   // DDP rebuilds its buckets after its first iteration. A frozen parameter
   // has none: DDP leaves it out of its reducer, so out of every bucket (the
   // indices stay those of the layout).
-  return rebuilt_buckets(layout, layout.gradient_ready_order(), limits);
+  return rebuilt_buckets(layout, layout.gradient_ready_order(), limits, set_last_bucket_small);
 }
 
 std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
@@ -213,11 +220,12 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t buck
   return ddp_buckets(layout, ddp_bucket_limits(bucket_cap_bytes, first_bucket_bytes));
 }
 
-std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::span<const std::uint64_t> limits) {
+std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::span<const std::uint64_t> limits,
+                                                bool set_last_bucket_small) {
   std::vector<std::size_t> order = layout.gradient_ready_order();
   const auto unused = layout.unused_in_backward();  // in registration order
   order.insert(order.end(), unused.begin(), unused.end());
-  return rebuilt_buckets(layout, order, limits);
+  return rebuilt_buckets(layout, std::move(order), limits, set_last_bucket_small);
 }
 
 std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
@@ -247,9 +255,12 @@ std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout, std::uin
 }
 
 std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::span<const std::uint64_t> limits,
-                                          bool find_unused_parameters, bool static_graph) {
-  if (static_graph) return ddp_buckets_static_graph(layout, limits);
-  return find_unused_parameters ? ddp_buckets_unrebuilt(layout, limits) : ddp_buckets(layout, limits);
+                                          bool find_unused_parameters, bool static_graph,
+                                          bool set_last_bucket_small) {
+  if (static_graph) return ddp_buckets_static_graph(layout, limits, set_last_bucket_small);
+  // DDP never rebuilds these, so DDP_SET_LAST_BUCKET_CAP does not touch them.
+  return find_unused_parameters ? ddp_buckets_unrebuilt(layout, limits)
+                                : ddp_buckets(layout, limits, set_last_bucket_small);
 }
 
 std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,

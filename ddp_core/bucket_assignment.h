@@ -142,11 +142,24 @@ std::vector<std::uint64_t> ddp_bucket_limits(std::uint64_t bucket_cap_bytes, std
 // The same buckets as above for any limits: ddp_buckets(layout, cap, first)
 // is ddp_buckets(layout, ddp_bucket_limits(cap, first)), and so on. Throws
 // UsageError for empty limits.
-std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::span<const std::uint64_t> limits);
+//
+// set_last_bucket_small: the environment variable DDP_SET_LAST_BUCKET_CAP=1,
+// which DDP's reducer reads (torch 1.13 and 2.x) and applies when it
+// rebuilds its buckets (not to its constructor's, so not with
+// find_unused_parameters alone): it reverses the parameters' order before
+// it assigns them and the buckets after, so the limits are walked from the
+// bucket reduced last: the first limit (the small first bucket) goes to the
+// last bucket, each bucket keeps its parameters in the reversed order, and
+// a dtype's leftover bucket is reduced first. Checked against torch 1.13's
+// and 2.x's DDP.
+std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::span<const std::uint64_t> limits,
+                                   bool set_last_bucket_small = false);
 std::vector<DdpBucket> ddp_buckets_unrebuilt(const ModelLayout& layout, std::span<const std::uint64_t> limits);
-std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::span<const std::uint64_t> limits);
+std::vector<DdpBucket> ddp_buckets_static_graph(const ModelLayout& layout, std::span<const std::uint64_t> limits,
+                                                bool set_last_bucket_small = false);
 std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::span<const std::uint64_t> limits,
-                                          bool find_unused_parameters, bool static_graph = false);
+                                          bool find_unused_parameters, bool static_graph = false,
+                                          bool set_last_bucket_small = false);
 
 // The buckets DDP reduces before it rebuilds them: in its first iteration,
 // and in its first two with static_graph. Those its constructor fills, in

@@ -182,7 +182,8 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
       options_.first_iteration_buckets
           ? ddp_buckets_first_iteration(layout_, limits, options_.find_unused_parameters, options_.static_graph,
                                         !options_.bucket_size_limits.empty())
-          : ddp_buckets_as_run(layout_, limits, options_.find_unused_parameters, options_.static_graph);
+          : ddp_buckets_as_run(layout_, limits, options_.find_unused_parameters, options_.static_graph,
+                               options_.set_last_bucket_small);
   where_.resize(layout_.tensors.size());
   buckets_.reserve(specs.size());
   state_.resize(specs.size());

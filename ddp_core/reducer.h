@@ -117,6 +117,11 @@ struct ReducerOptions {
   // iteration; the first two with static_graph): ddp_buckets_first_iteration,
   // for every iteration.
   bool first_iteration_buckets = false;
+  // DDP_SET_LAST_BUCKET_CAP=1: the rebuilt buckets filled from the other
+  // end, the first limit going to the bucket reduced last (ddp_buckets).
+  // No effect on the buckets DDP does not rebuild (find_unused_parameters
+  // without static_graph, first_iteration_buckets).
+  bool set_last_bucket_small = false;
   CompressionHook hook = CompressionHook::kNone;
   Averaging averaging = Averaging::kDivideThenSum;
   // Deadline of each collective finalize() waits for, counted from the later

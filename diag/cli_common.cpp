@@ -1074,6 +1074,18 @@ CLI::Option* add_skip_unused_flag(CLI::App* app, bool& value, const std::string&
                 "torch 2.x's DDP(skip_all_reduce_unused_params=True): " + what);
 }
 
+CLI::Option* add_set_last_bucket_cap_flag(CLI::App* app, bool& value) {
+  return app->add_flag("--set-last-bucket-cap", value,
+                       "as DDP with DDP_SET_LAST_BUCKET_CAP=1 in its environment (also read here): the "
+                       "buckets it rebuilds are filled from the other end, so the first bucket's small "
+                       "limit goes to the bucket reduced last");
+}
+
+bool set_last_bucket_cap(bool flag) {
+  const char* env = std::getenv("DDP_SET_LAST_BUCKET_CAP");
+  return flag || (env != nullptr && std::string_view(env) == "1");
+}
+
 CLI::Validator cap_list_value(bool zero_ok) {
   return CLI::Validator(
       [zero_ok](std::string& v) -> std::string {

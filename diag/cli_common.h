@@ -362,6 +362,14 @@ BucketSizes bucket_sizes(double cap_mb, double first_mb, const std::string& cap_
 // DDP(skip_all_reduce_unused_params=True)) to `app`; `what` says what the
 // command does with it.
 CLI::Option* add_skip_unused_flag(CLI::App* app, bool& value, const std::string& what);
+// Adds --set-last-bucket-cap: what DDP does when the environment variable
+// DDP_SET_LAST_BUCKET_CAP is 1 (the first bucket's small limit goes to the
+// bucket reduced last, in the buckets DDP rebuilds).
+CLI::Option* add_set_last_bucket_cap_flag(CLI::App* app, bool& value);
+// Whether a command runs with DDP_SET_LAST_BUCKET_CAP's buckets: its
+// --set-last-bucket-cap flag, or the variable set to "1" in this process's
+// environment, as torch's reducer reads it (any other value is off there).
+bool set_last_bucket_cap(bool flag);
 // Adds --bucket-cap-mb-list to `app`, checked as parse_cap_list checks it
 // before any rank starts, and excluding the options it replaces (the
 // command's --bucket-cap-mb and --first-bucket-mb).

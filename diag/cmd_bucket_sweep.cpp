@@ -58,6 +58,7 @@ struct BucketSweepOptions {
   bool find_unused = false;
   bool static_graph = false;
   bool skip_unused = false;  // torch 2.x's skip_all_reduce_unused_params
+  bool set_last_bucket_cap = false;  // DDP_SET_LAST_BUCKET_CAP=1 (also read from the environment)
 };
 
 struct CapRow {
@@ -95,7 +96,8 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   row.cap_list = list;
   const auto first_bytes = static_cast<std::uint64_t>(o.first_bucket_mb * kMiB);
   const std::vector<std::uint64_t> limits = list.empty() ? ddp_bucket_limits(row.cap_bytes, first_bytes) : list.bytes;
-  row.expected_buckets = ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph).size();
+  const bool set_last = set_last_bucket_cap(o.set_last_bucket_cap);
+  row.expected_buckets = ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph, set_last).size();
   ReducerOptions ro;
   ro.bucket_cap_bytes = row.cap_bytes;
   ro.first_bucket_bytes = first_bytes;
@@ -103,6 +105,7 @@ CapRow measure_cap(Job& job, const ModelLayout& layout, double cap_mb, const Buc
   ro.find_unused_parameters = o.find_unused;
   ro.static_graph = o.static_graph;
   ro.skip_all_reduce_unused_params = o.skip_unused;
+  ro.set_last_bucket_small = set_last;
   ro.timeout = job.timeout;
   Reducer red(comm, layout, ro);
   std::vector<DdpBucket> specs;
@@ -221,16 +224,18 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
   res["find_unused_parameters"] = o.find_unused;
   res["static_graph"] = o.static_graph;
   res["skip_all_reduce_unused_params"] = o.skip_unused;
+  res["set_last_bucket_cap"] = set_last_bucket_cap(o.set_last_bucket_cap);
   res["iters"] = o.iters;
   res["warmup_iters"] = o.warmup;
   res["default_bucket_cap_mb"] = kDefaultCapMb;
   res["caps"] = json::array();
   if (job.rank() == 0) {
     std::printf("# ddpdiag bucket-sweep: %d rank(s), backend %s, model %s (%zu tensors, %.1f MiB), "
-                "first bucket %.3g MiB\n",
+                "first bucket %.3g MiB%s\n",
                 job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
                 layout.tensors.size(), static_cast<double>(layout.total_bytes()) / kMiB,
-                o.first_bucket_mb);
+                o.first_bucket_mb,
+                set_last_bucket_cap(o.set_last_bucket_cap) ? " (the last, DDP_SET_LAST_BUCKET_CAP=1)" : "");
     if (o.compute_gbps > 0)
       std::printf("# per cap: communication alone (all gradients ready at once) and overlapped with a "
                   "backward producing gradients at %.3g GB/s; medians of %d iters, slowest rank\n",
@@ -446,6 +451,7 @@ Subcommand add_bucket_sweep_command(CLI::App& parent) {
                 "DDP's static_graph=True: the buckets DDP rebuilds from the gradients' order, "
                 "then the parameters unused in backward (see buckets --static-graph)");
   add_skip_unused_flag(app, opts->skip_unused, "no all_reduce for a bucket whose parameters are all unused");
+  add_set_last_bucket_cap_flag(app, opts->set_last_bucket_cap);
   app->add_option("--sweep-minbytes", opts->sweep_min, "Smallest size of the plain sweep")
       ->check(cli::size_value());
   app->add_option("--sweep-maxbytes", opts->sweep_max, "Largest size of the plain sweep")

@@ -51,6 +51,7 @@ struct BucketsOptions {
   bool static_graph = false;
   bool skip_unused = false;  // torch 2.x's skip_all_reduce_unused_params
   bool first_iteration = false;  // the buckets before DDP rebuilds them
+  bool set_last_bucket_cap = false;  // DDP_SET_LAST_BUCKET_CAP=1 (also read from the environment)
 };
 
 
@@ -167,9 +168,11 @@ int run_buckets(const BucketsOptions& o) {
     // With find_unused_parameters DDP keeps the buckets of its constructor,
     // unless static_graph rebuilds them.
     // --first-iteration: the buckets DDP reduces before it rebuilds them.
+    // DDP_SET_LAST_BUCKET_CAP=1 changes only the buckets DDP rebuilds.
+    const bool set_last = set_last_bucket_cap(o.set_last_bucket_cap);
     const std::vector<DdpBucket> buckets =
         o.first_iteration ? ddp_buckets_first_iteration(layout, limits, o.find_unused, o.static_graph, !list.empty())
-                          : ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph);
+                          : ddp_buckets_as_run(layout, limits, o.find_unused, o.static_graph, set_last);
     const bool unrebuilt = (o.find_unused && !o.static_graph) || o.first_iteration;
     // One bucket per dtype: torch's first buckets without a limit.
     const bool per_dtype = o.first_iteration && list.empty() && !(o.find_unused && !o.static_graph);
@@ -216,6 +219,7 @@ int run_buckets(const BucketsOptions& o) {
                     {"static_graph", o.static_graph},
                     {"first_iteration", o.first_iteration},
                     {"skip_all_reduce_unused_params", o.skip_unused},
+                    {"set_last_bucket_cap", set_last},
                     {"skipped_bucket_count", std::count(skipped.begin(), skipped.end(), true)},
                     {"all_reduced_bytes", reduced_bytes},
                     // The order the buckets were filled in: the gradients'
@@ -240,6 +244,10 @@ int run_buckets(const BucketsOptions& o) {
                      : fmt::format("bucket_cap_mb_list {} MiB, a limit a bucket, the last repeating", list.text());
     const char* ready_text = layout.ready_order.empty() ? "reverse parameter order"
                                                         : "backward's order (recorded for this model)";
+    if (set_last)
+      std::printf("DDP_SET_LAST_BUCKET_CAP=1: %s\n",
+                  unrebuilt ? "no effect here (it applies when DDP rebuilds its buckets)"
+                            : "filled from the bucket reduced last, which takes the first limit");
     if (o.first_iteration)
       std::printf("%s; DDP's first iteration%s, before it rebuilds its buckets: %s; bucket 0 is "
                   "reduced first\n\n",
@@ -338,6 +346,7 @@ Subcommand add_buckets_command(CLI::App& parent) {
                 "the buckets DDP reduces in its first iteration (first two with --static-graph), "
                 "before it rebuilds them: one bucket per dtype, or its constructor's with "
                 "--find-unused-parameters or --bucket-cap-mb-list");
+  add_set_last_bucket_cap_flag(app, opts->set_last_bucket_cap);
   app->add_option("--json", opts->json_path, "write a JSON report to FILE")
       ->check(report_path_value());
   app->add_option("--markdown", opts->markdown_path, "write the report as Markdown to FILE")

@@ -39,6 +39,7 @@ struct DdpStepOptions {
   bool static_graph = false;
   bool skip_unused = false;  // torch 2.x's skip_all_reduce_unused_params
   bool first_iteration = false;  // the buckets DDP reduces before it rebuilds them
+  bool set_last_bucket_cap = false;  // DDP_SET_LAST_BUCKET_CAP=1 (also read from the environment)
   bool avg_op = false;
   bool no_check = false;
   std::optional<std::int64_t> sparse_rows;  // unset: the simulator's default
@@ -66,6 +67,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   ro.static_graph = o.static_graph;
   ro.skip_all_reduce_unused_params = o.skip_unused;
   ro.first_iteration_buckets = o.first_iteration;
+  ro.set_last_bucket_small = set_last_bucket_cap(o.set_last_bucket_cap);
   ro.averaging = o.avg_op ? Averaging::kAvgOp : Averaging::kDivideThenSum;
   ro.timeout = job.timeout;
   const auto hook = parse_compression_hook(o.hook);
@@ -121,6 +123,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["static_graph"] = ro.static_graph;
   res["skip_all_reduce_unused_params"] = o.skip_unused;
   res["first_iteration"] = o.first_iteration;
+  res["set_last_bucket_cap"] = ro.set_last_bucket_small;
   res["averaging"] = o.avg_op ? "avg_op" : "divide_then_sum";
   res["compute_gbps"] = o.compute_gbps;
   res["iters"] = o.iters;
@@ -142,7 +145,8 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                 o.find_unused ? "on" : "off",
                 (std::string(o.static_graph ? ", static_graph on" : "") +
                  (o.skip_unused ? ", skip_all_reduce_unused_params on" : "") +
-                 (o.first_iteration ? ", DDP's first-iteration buckets" : ""))
+                 (o.first_iteration ? ", DDP's first-iteration buckets" : "") +
+                 (ro.set_last_bucket_small ? ", DDP_SET_LAST_BUCKET_CAP=1" : ""))
                     .c_str(),
                 o.compute_gbps);
     std::fflush(stdout);
@@ -342,6 +346,7 @@ Subcommand add_ddp_step_command(CLI::App& parent) {
   app->add_flag("--first-iteration", opts->first_iteration,
                 "Run the buckets DDP reduces before it rebuilds them (its first iteration; see buckets "
                 "--first-iteration) in every iteration: what DDP's first step costs");
+  add_set_last_bucket_cap_flag(app, opts->set_last_bucket_cap);
   app->add_flag("--avg-op", opts->avg_op, "Average with the AVG op instead of dividing first");
   app->add_flag("--no-check", opts->no_check, "Skip the gradient check");
   app->add_option(

@@ -66,6 +66,7 @@ struct MemoryOptions {
   bool gradient_views = false;
   bool find_unused = false;
   bool static_graph = false;
+  bool set_last_bucket_cap = false;  // DDP_SET_LAST_BUCKET_CAP=1 (also read from the environment)
   int iters = 2;
   double workspace_mb = 1;
   double imbalance_pct = 10;
@@ -182,6 +183,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       ro.gradient_as_bucket_view = o.gradient_views;
       ro.find_unused_parameters = o.find_unused;
       ro.static_graph = o.static_graph;
+      ro.set_last_bucket_small = set_last_bucket_cap(o.set_last_bucket_cap);
       ro.timeout = job.timeout;
       // Every parameter is held and broadcast; only those that require grad
       // have gradients and buckets.
@@ -298,6 +300,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   res["gradient_as_bucket_view"] = o.gradient_views;
   res["find_unused_parameters"] = o.find_unused;
   res["static_graph"] = o.static_graph;
+  res["set_last_bucket_cap"] = set_last_bucket_cap(o.set_last_bucket_cap);
   res["iters"] = o.iters;
   // The metrics buffer's size (--workspace-mb): the workspace category and
   // every total and peak grow with it, so compare treats it as a setting.
@@ -414,6 +417,7 @@ Subcommand add_memory_command(CLI::App& parent) {
                 "parameters forward never uses needs it, or --static-graph)");
   app->add_flag("--static-graph", opts->static_graph,
                 "DDP's static_graph=True: the buckets it rebuilds (see buckets --static-graph)");
+  cli::add_set_last_bucket_cap_flag(app, opts->set_last_bucket_cap);
   app->add_option("-n,--iters", opts->iters, "DDP steps to run")->check(cli::positive_number());
   // Bounded as --caps: a value beyond it is a typo, not a buffer to allocate
   // (and a negative one would wrap around to 16 EiB).

@@ -83,6 +83,8 @@ struct ModelOptions {
   CLI::Option* cap_lists_opt = nullptr;
   bool skip_unused = false;
   CLI::Option* skip_unused_opt = nullptr;
+  bool set_last_bucket_cap = false;  // DDP_SET_LAST_BUCKET_CAP=1 (also read from the environment)
+  CLI::Option* set_last_bucket_cap_opt = nullptr;
   double compute_gbps = 1.0;
   CLI::Option* compute_gbps_opt = nullptr;
   double backward_ms = 0;
@@ -290,7 +292,8 @@ void run_model(const ModelOptions& o, reports::Report& report) {
                          "e.g. --check-against sweep4.json " + opt->get_name() + " ...");
   if (o.model.empty())
     for (const auto* opt : {o.first_bucket_opt, o.compute_gbps_opt, o.backward_ms_opt, o.bucket_algorithm_opt,
-                            o.find_unused_opt, o.static_graph_opt, o.cap_lists_opt, o.skip_unused_opt})
+                            o.find_unused_opt, o.static_graph_opt, o.cap_lists_opt, o.skip_unused_opt,
+                            o.set_last_bucket_cap_opt})
       if (opt->count())
         throw flag_error(fmt::format("{} needs --model: it shapes the bucket-cap prediction of a model",
                                      opt->get_name()),
@@ -587,15 +590,18 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       res["find_unused_parameters"] = o.find_unused;
       res["static_graph"] = o.static_graph;
       res["skip_all_reduce_unused_params"] = o.skip_unused;
+      const bool set_last = cli::set_last_bucket_cap(o.set_last_bucket_cap);
+      res["set_last_bucket_cap"] = set_last;
       res["default_bucket_cap_mb"] = kDefaultCapMb;
       res["caps"] = json::array();
       // A rate of 0: every gradient at once (no backward to overlap).
       const std::string pace = rate > 0 ? fmt::format("backward producing gradients at {:.3g} GB/s ({:.2f} ms)",
                                                       rate / 1e9, total / rate * 1e3)
                                         : std::string("every gradient ready at once (no backward to overlap)");
-      std::printf("# buckets: model %s (%zu tensors, %.1f MiB), %s, all_reduce %s at world size %d\n",
+      std::printf("# buckets: model %s (%zu tensors, %.1f MiB), %s, all_reduce %s at world size %d%s\n",
                   layout.name.c_str(), layout.tensors.size(), total / kMiB, pace.c_str(),
-                  o.bucket_algorithm.c_str(), w);
+                  o.bucket_algorithm.c_str(), w,
+                  set_last ? ", DDP_SET_LAST_BUCKET_CAP=1 (the first limit goes to the last bucket)" : "");
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "cap", "buckets", "comm", "exposed", "step", "backward");
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "(MiB)", "", "(ms)", "(ms)", "(ms)", "(ms)");
       std::vector<tools::CapFigure> figs;
@@ -607,7 +613,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
         const std::vector<std::uint64_t> limits =
             list ? list->bytes : ddp_core::ddp_bucket_limits(static_cast<std::uint64_t>(cap * kMiB), first);
         const auto plan = scale::plan_buckets(layout, cap, limits, rate, allreduce_s, o.find_unused,
-                                              o.static_graph, o.skip_unused);
+                                              o.static_graph, o.skip_unused, set_last);
         figs.push_back({cap, plan.exposed_s * 1e6, list ? list->mb : std::vector<double>{}});
         json row = {{"bucket_cap_mb", cap},
                     {"bucket_cap_bytes", plan.bucket_cap_bytes},
@@ -785,6 +791,7 @@ Subcommand add_model_command(CLI::App& parent) {
                             ->check(cli::cap_list_value(false));
   opts->skip_unused_opt = cli::add_skip_unused_flag(app, opts->skip_unused,
                                                     "no all_reduce for a bucket of unused parameters (with --model)");
+  opts->set_last_bucket_cap_opt = cli::add_set_last_bucket_cap_flag(app, opts->set_last_bucket_cap);
   opts->find_unused_opt = app->add_flag("--find-unused-parameters", opts->find_unused,
                 "DDP's find_unused_parameters=True: the buckets it keeps unrebuilt, and its used-parameter "
                 "all_reduce each iteration (with --model)");

@@ -284,7 +284,7 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
 BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_mb,
                         std::span<const std::uint64_t> limits, double compute_bytes_per_s,
                         const std::function<double(double bytes)>& allreduce_s, bool find_unused_parameters,
-                        bool static_graph, bool skip_all_reduce_unused_params) {
+                        bool static_graph, bool skip_all_reduce_unused_params, bool set_last_bucket_small) {
   BucketPlan plan;
   plan.bucket_cap_mb = bucket_cap_mb;
   plan.bucket_cap_bytes = static_cast<std::uint64_t>(bucket_cap_mb * kMiB);  // as DDP
@@ -299,7 +299,8 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
   }
   plan.backward_s = compute_bytes_per_s > 0 ? produced / compute_bytes_per_s : 0;
   double channel_free = 0;
-  const auto buckets = ddp_core::ddp_buckets_as_run(layout, limits, find_unused_parameters, static_graph);
+  const auto buckets =
+      ddp_core::ddp_buckets_as_run(layout, limits, find_unused_parameters, static_graph, set_last_bucket_small);
   const auto all_unused = ddp_core::buckets_all_unused(layout, buckets);
   for (std::size_t k = 0; k < buckets.size(); ++k) {
     const auto& b = buckets[k];

@@ -143,11 +143,14 @@ BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_m
 // The same for any bucket size limits (ddp_core::ddp_bucket_limits, or torch
 // 2.x's bucket_cap_mb_list in bytes), bucket_cap_mb standing for them in the
 // plan. With skip_all_reduce_unused_params (torch 2.x) a bucket whose
-// parameters are all unused in backward takes no all_reduce.
+// parameters are all unused in backward takes no all_reduce;
+// set_last_bucket_small is DDP_SET_LAST_BUCKET_CAP=1's buckets
+// (ddp_core::ddp_buckets).
 BucketPlan plan_buckets(const ddp_core::ModelLayout& layout, double bucket_cap_mb,
                         std::span<const std::uint64_t> limits, double compute_bytes_per_s,
                         const std::function<double(double bytes)>& allreduce_s, bool find_unused_parameters,
-                        bool static_graph, bool skip_all_reduce_unused_params);
+                        bool static_graph, bool skip_all_reduce_unused_params,
+                        bool set_last_bucket_small = false);
 
 // ---- input reports ---------------------------------------------------------
 

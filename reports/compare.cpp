@@ -146,14 +146,14 @@ const std::vector<CommandSettings>& command_settings() {
       {"link-health", {"bandwidth_bytes", "allreduce_bytes"}},
       {"memory",
        {"model", "bucket_cap_mb", "first_bucket_bytes", "bucket_cap_mb_list", "gradient_as_bucket_view",
-        "find_unused_parameters", "static_graph", "memory_kind", "workspace_mb"}},
+        "find_unused_parameters", "static_graph", "set_last_bucket_cap", "memory_kind", "workspace_mb"}},
       {"ddp-step",
        {"model", "bucket_cap_bytes", "first_bucket_bytes", "bucket_cap_mb_list", "hook", "averaging", "gradient_as_bucket_view",
-        "find_unused_parameters", "static_graph", "skip_all_reduce_unused_params", "first_iteration", "compute_gbps",
-        "sparse_rows"}},
+        "find_unused_parameters", "static_graph", "skip_all_reduce_unused_params", "first_iteration",
+        "set_last_bucket_cap", "compute_gbps", "sparse_rows"}},
       {"bucket-sweep",
        {"model", "first_bucket_bytes", "compute_gbps", "find_unused_parameters", "static_graph",
-        "skip_all_reduce_unused_params"}},
+        "skip_all_reduce_unused_params", "set_last_bucket_cap"}},
       {"broadcast-test", {"model", "bytes"}},
       {"dp-vs-ring", {"collective", "dtype", "op"}},
       // The link flags and the fit's range are null where not given (the
@@ -161,7 +161,7 @@ const std::vector<CommandSettings>& command_settings() {
       // gave one differs from a run that did not.
       {"model",
        {"model", "first_bucket_bytes", "compute_gbps", "bucket_algorithm", "find_unused_parameters", "static_graph",
-        "skip_all_reduce_unused_params", "backend_as", "predicted_world_size",
+        "skip_all_reduce_unused_params", "set_last_bucket_cap", "backend_as", "predicted_world_size",
         "predicted_ranks_per_host", "intra_gbps", "intra_latency_us", "inter_gbps", "inter_latency_us",
         "fit_min_bytes", "fit_max_bytes"}},
   };

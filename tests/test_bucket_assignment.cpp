@@ -315,3 +315,34 @@ TEST_CASE("ddp_buckets_first_iteration: one bucket per dtype, or the constructor
   // find_unused_parameters with static_graph rebuilds: one bucket per dtype first.
   CHECK(indices(ddp_buckets_first_iteration(layout, limits, true, true, false)) == Buckets{{1, 3}, {0, 2, 4}});
 }
+
+TEST_CASE("DDP_SET_LAST_BUCKET_CAP: the rebuilt buckets filled from the one reduced last", "[buckets]") {
+  // Six float32 tensors of 400 B, gradients ready 5, 4, .., 0; limits
+  // [first 500, cap 1000].
+  ModelLayout layout;
+  layout.name = "six";
+  for (int i = 0; i < 6; ++i) layout.tensors.push_back({"p" + std::to_string(i), {100}, DType::kFloat32, false, true});
+  auto indices = [](const std::vector<DdpBucket>& buckets) {
+    std::vector<std::vector<std::size_t>> out;
+    for (const auto& b : buckets) out.push_back(b.param_indices);
+    return out;
+  };
+  auto limits_of = [](const std::vector<DdpBucket>& buckets) {
+    std::vector<std::uint64_t> out;
+    for (const auto& b : buckets) out.push_back(b.size_limit_bytes);
+    return out;
+  };
+  const std::vector<std::uint64_t> limits{500, 1000};
+  // Without it: [5, 4] closes at 800 >= 500, [3, 2, 1] at 1200 >= 1000, [0] left.
+  CHECK(indices(ddp_buckets(layout, limits)) == Buckets{{5, 4}, {3, 2, 1}, {0}});
+  // With it, torch assigns 0, 1, .., 5: [0, 1] under 500, [2, 3, 4] under
+  // 1000, [5] left; then reverses the buckets: the small one is reduced last.
+  const auto last = ddp_buckets(layout, limits, true);
+  CHECK(indices(last) == Buckets{{5}, {2, 3, 4}, {0, 1}});
+  CHECK(limits_of(last) == std::vector<std::uint64_t>{1000, 1000, 500});
+  // static_graph rebuilds too; the buckets DDP keeps unrebuilt
+  // (find_unused_parameters alone) are as without it.
+  CHECK(indices(ddp_buckets_as_run(layout, limits, false, true, true)) == indices(last));
+  CHECK(indices(ddp_buckets_as_run(layout, limits, false, false, true)) == indices(last));
+  CHECK(indices(ddp_buckets_as_run(layout, limits, true, false, true)) == indices(ddp_buckets_unrebuilt(layout, limits)));
+}

@@ -26,6 +26,7 @@ the number of random cases (default 1).
 torch 2.x's randperm for n >= 214,748,364 (its other algorithm) runs only with
 DDPDIAG_COMPAT_LARGE=1: torch needs 1.7 GB and ~35 s per case there.
 """
+import contextlib
 import inspect
 import json
 import os
@@ -78,8 +79,8 @@ def bump(key, n=1):
     STATS[key] = STATS.get(key, 0) + n
 
 
-def run_bin(args, stdin=None):
-    p = subprocess.run([BIN] + args, input=stdin, capture_output=True, text=True, timeout=600)
+def run_bin(args, stdin=None, env=None):
+    p = subprocess.run([BIN] + args, input=stdin, capture_output=True, text=True, timeout=600, env=env)
     return p
 
 
@@ -486,6 +487,22 @@ def ddp_buckets_of(module, step, bucket_cap_mb=None, first_bucket_bytes=None, fi
     return per_iteration[1]
 
 
+@contextlib.contextmanager
+def environment(**values):
+    """os.environ with `values` set for the block (DDP's reducer reads its
+    variables when it is made)."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def export_layout(model, step, path, name="my-model"):
     """The README's export, word for word: the parameters and the order one
     backward makes their gradients ready."""
@@ -510,8 +527,9 @@ def export_layout(model, step, path, name="my-model"):
 
 
 def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=None, static_graph=False,
-                    cap_list=None, skip_unused=False, first_iteration=False):
-    """ddpdiag buckets' param_indices per bucket, for a layout in the object form."""
+                    cap_list=None, skip_unused=False, first_iteration=False, set_last=False, env=None):
+    """ddpdiag buckets' param_indices per bucket, for a layout in the object form
+    (set_last: --set-last-bucket-cap; env: the environment to run it in)."""
     with tempfile.TemporaryDirectory() as d:
         model, out = os.path.join(d, "m.json"), os.path.join(d, "b.json")
         doc = {"name": "case", "tensors": layout}
@@ -525,7 +543,8 @@ def our_ddp_buckets(layout, cap_mb, first_mb, find_unused=False, ready_order=Non
                     (["--find-unused-parameters"] if find_unused else []) +
                     (["--static-graph"] if static_graph else []) +
                     (["--skip-all-reduce-unused-params"] if skip_unused else []) +
-                    (["--first-iteration"] if first_iteration else []))
+                    (["--first-iteration"] if first_iteration else []) +
+                    (["--set-last-bucket-cap"] if set_last else []), env=env)
         if p.returncode != 0:
             raise AssertionError(f"ddpdiag buckets exited {p.returncode}: {p.stderr}")
         with open(out) as f:
@@ -753,6 +772,60 @@ class DdpAsRunTest(unittest.TestCase):
                 else:
                     self.assertEqual(ours, iterations[0])
             bump(f"DDP first iterations compared ({mode})")
+
+    def test_set_last_bucket_cap(self):
+        # DDP_SET_LAST_BUCKET_CAP=1, which DDP's reducer reads (1.13 and
+        # 2.x): the buckets it rebuilds are filled from the one reduced last,
+        # which takes the first limit; the constructor's (find_unused_parameters
+        # alone, the first iteration) are as without it. ddpdiag takes it as
+        # --set-last-bucket-cap or from its own environment.
+        rng = random.Random(38)
+        changed = 0
+        for k in range(30 * SCALE):
+            dtypes, layout, cap_bytes, explicit, first_mb = partly_frozen_case(rng, [1, 1, 2, 3], 0.15)
+            first_bytes = None
+            if not explicit and rng.random() < 0.5:
+                # the default cap with a small first bucket: the limit that moves
+                first_bytes = rng.choice([0, 64, 300, 1000])
+                first_mb = first_bytes / MIB
+            mode = rng.choice(["rebuilt", "rebuilt", "find_unused", "static_graph"])
+            forward, unused, ready = random_forward(rng, layout, (0, 1) if mode == "rebuilt" else (1, 3))
+            caps = None
+            if HAS_CAP_LIST and rng.random() < 0.3:
+                caps = [rng.choice([64, 300, 1000, 4096]) / MIB for _ in range(rng.randint(1, 3))]
+            iterations = []
+            with environment(DDP_SET_LAST_BUCKET_CAP="1"):
+                theirs = ddp_buckets_as_run(layout, cap_bytes / MIB if explicit and caps is None else None,
+                                            first_bucket_bytes=first_bytes, find_unused=mode == "find_unused",
+                                            forward_order=forward, static_graph=mode == "static_graph",
+                                            cap_list=caps, iterations=iterations)
+            args = dict(find_unused=mode == "find_unused", ready_order=ready, static_graph=mode == "static_graph",
+                        cap_list=caps)
+            cap_mb = repr(cap_bytes / MIB) if explicit else "25"
+            ours = our_ddp_buckets(layout, cap_mb, repr(first_mb), set_last=True, **args)
+            from_env = our_ddp_buckets(layout, cap_mb, repr(first_mb),
+                                       env=dict(os.environ, DDP_SET_LAST_BUCKET_CAP="1"), **args)
+            first = our_ddp_buckets(layout, cap_mb, repr(first_mb), set_last=True, first_iteration=True, **args)
+            with self.subTest(case=k, dtypes=dtypes, cap_bytes=cap_bytes, explicit=explicit, first_bytes=first_bytes,
+                              caps=caps, mode=mode, unused=sorted(unused)):
+                self.assertEqual(ours, theirs)
+                self.assertEqual(from_env, theirs)
+                self.assertEqual(sorted(first), sorted(iterations[0]))
+            changed += ours != our_ddp_buckets(layout, cap_mb, repr(first_mb), **args)
+            bump(f"DDP runs with DDP_SET_LAST_BUCKET_CAP=1 compared ({mode})")
+        self.assertGreater(changed, 0)  # the cases do move buckets
+        bump("of those, runs whose buckets it changed", changed)
+        # Only "1" turns it on, in torch and here.
+        layout = [{"name": f"w{i}", "shape": [100], "dtype": "torch.float32"} for i in range(6)]
+        for value in ["true", "0", ""]:
+            with environment(DDP_SET_LAST_BUCKET_CAP=value):
+                theirs = ddp_buckets_as_run(layout, 800 / MIB)
+            ours = our_ddp_buckets(layout, repr(800 / MIB), repr(800 / MIB if TORCH_MAJOR >= 2 else 1),
+                                   env=dict(os.environ, DDP_SET_LAST_BUCKET_CAP=value))
+            with self.subTest(value=value):
+                self.assertEqual(ours, theirs)
+                self.assertEqual(ours, our_ddp_buckets(layout, repr(800 / MIB),
+                                                       repr(800 / MIB if TORCH_MAJOR >= 2 else 1)))
 
     def test_a_model_with_an_unused_branch_exported_as_the_readme_says(self):
         # The README's export of a model whose forward skips a layer leaves

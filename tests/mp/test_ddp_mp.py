@@ -303,6 +303,57 @@ class DdpStep(unittest.TestCase):
         self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
         self.assertIn("torch refuses a list whose largest cap is 0", p.stderr)
 
+    def test_set_last_bucket_cap_runs_those_buckets(self):
+        # DDP_SET_LAST_BUCKET_CAP=1 (the flag, or the variable as torch reads
+        # it): ddp-step, memory, bucket-sweep and model run the buckets
+        # `buckets --set-last-bucket-cap` shows (compared with torch's own in
+        # tests/compat). For mlp they differ from the default ones: the
+        # 1 MiB first limit goes to the last bucket, 0.weight alone.
+        def shown(extra, env=None):
+            path = tmp_json()
+            b = run(["buckets", "--model", "mlp", "--json", path] + extra, env=env)
+            self.assertEqual(b.returncode, 0, b.stderr)
+            out = load(path)["results"]
+            os.unlink(path)
+            return out
+        default, last = shown([]), shown(["--set-last-bucket-cap"])
+        self.assertTrue(last["set_last_bucket_cap"])
+        self.assertEqual([b["param_indices"] for b in last["buckets"]], [[1, 2, 3, 4, 5], [0]])
+        self.assertEqual([b["size_limit_bytes"] for b in last["buckets"]], [25 << 20, 1 << 20])
+        self.assertNotEqual([b["bytes"] for b in last["buckets"]], [b["bytes"] for b in default["buckets"]])
+        env = clean_env(DDP_SET_LAST_BUCKET_CAP="1")
+        self.assertEqual(shown([], env)["buckets"], last["buckets"])
+        expected = [(x["bytes"], x["tensor_count"]) for x in last["buckets"]]
+        for n in (2, 3):
+            with self.subTest(ranks=n):
+                res = self.run_step(n, "mlp", ["--set-last-bucket-cap"])
+                self.assertTrue(res["set_last_bucket_cap"])
+                self.assertEqual([(t["bytes"], t["tensors"]) for t in res["timeline_rank0"] if "bucket" in t],
+                                 expected)
+        path = tmp_json()
+        p = run(["ddp-step", "--nproc", "2", "--model", "mlp", "-n", "1", "-w", "1", "--json", path], env=env)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        res = load(path)["results"]
+        os.unlink(path)
+        self.assertTrue(res["set_last_bucket_cap"])
+        self.assertIn("DDP_SET_LAST_BUCKET_CAP=1", p.stdout)
+        self.assertEqual([(t["bytes"], t["tensors"]) for t in res["timeline_rank0"] if "bucket" in t], expected)
+        path = tmp_json()
+        p = run(["bucket-sweep", "--nproc", "2", "--model", "mlp", "--caps", "25", "--set-last-bucket-cap",
+                 "-n", "1", "-w", "1", "--no-size-sweep", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        sweep = load(path)
+        os.unlink(path)
+        self.assertTrue(sweep["results"]["set_last_bucket_cap"])
+        self.assertEqual(sweep["results"]["caps"][0]["bucket_bytes"], [b[0] for b in expected])
+        self.assertEqual(check("bucket_counts", sweep)["status"], "pass")
+        path = tmp_json()
+        p = run(["memory", "--nproc", "2", "--model", "mlp", "--set-last-bucket-cap", "--json", path])
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        mem = load(path)["results"]
+        os.unlink(path)
+        self.assertEqual((mem["bucket_count"], mem["set_last_bucket_cap"]), (2, True))
+
     def test_first_iteration_runs_the_buckets_before_ddp_rebuilds_them(self):
         # ddp-step --first-iteration: the buckets `buckets --first-iteration`
         # shows (one per dtype by default; the constructor's with

@@ -398,6 +398,27 @@ class ModelVsMeasured(unittest.TestCase):
             p = run(["model", self.sweeps[2], "--world-size", "8", "--bucket-cap-mb-list", "1,25"])
             self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
             self.assertIn("--bucket-cap-mb-list needs --model", p.stderr)
+            # DDP_SET_LAST_BUCKET_CAP=1: planned on the buckets
+            # `buckets --set-last-bucket-cap` shows, for a cap and a list.
+            p, last = self.model(args + ["--set-last-bucket-cap"])
+            self.assertTrue(last["results"]["set_last_bucket_cap"])
+            self.assertIn("DDP_SET_LAST_BUCKET_CAP=1", p.stdout)
+            moved = 0
+            for c, plain in zip(last["results"]["caps"], caps):
+                path = tmp_json()
+                sizes = (["--bucket-cap-mb-list", ",".join(repr(x) for x in c["bucket_cap_mb_list"])]
+                         if "bucket_cap_mb_list" in c else
+                         ["--bucket-cap-mb", repr(c["bucket_cap_mb"]), "--first-bucket-mb", "0.05"])
+                b = run(["buckets", "--model", layout, "--static-graph", "--set-last-bucket-cap", "--json", path] +
+                        sizes)
+                self.assertEqual(b.returncode, 0, b.stderr)
+                self.assertEqual(c["bucket_bytes"], [x["bytes"] for x in load(path)["results"]["buckets"]])
+                os.unlink(path)
+                moved += c["bucket_bytes"] != plain["bucket_bytes"]
+            self.assertGreater(moved, 0)
+            p = run(["model", self.sweeps[2], "--world-size", "8", "--set-last-bucket-cap"])
+            self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+            self.assertIn("--set-last-bucket-cap needs --model", p.stderr)
         finally:
             os.unlink(layout)
 
