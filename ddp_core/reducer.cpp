@@ -226,24 +226,10 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
     }
     buckets_.push_back(std::move(rb));
   }
-  if (!options_.gradient_as_bucket_view) {
-    own_grads_.reserve(layout_.tensors.size());
-    for (const auto& t : layout_.tensors)
-      own_grads_.emplace_back(comm_, t.expects_sparse ? 0 : t.bytes());
-    if (ops_) {
-      // One flatten/unflatten plan per bucket, prepared once.
-      for (std::size_t b = 0; b < buckets_.size(); ++b) {
-        std::vector<FlatPiece> pieces;
-        const auto& rb = buckets_[b];
-        if (rb.spec.sparse) continue;
-        for (std::size_t k = 0; k < rb.spec.param_indices.size(); ++k) {
-          const std::size_t p = rb.spec.param_indices[k];
-          pieces.push_back({own_grads_[p].get(), rb.offsets[k], layout_.tensors[p].bytes()});
-        }
-        state_[b].plan = ops_->plan(state_[b].buffer.get(), rb.spec.bytes, pieces);
-      }
-    }
-  }
+  // Views off: each parameter's own gradient buffer is allocated when its
+  // first gradient is (own_grad), as torch allocates a .grad; one no rank
+  // ever uses has none, as torch leaves its .grad None.
+  if (!options_.gradient_as_bucket_view) own_grads_.resize(layout_.tensors.size());
   if (ops_) ops_->fence()->wait(timeout());
   marked_.assign(layout_.tensors.size(), 0);
   if (allows_unused()) {
@@ -271,9 +257,36 @@ void Reducer::check_dense(std::size_t param_index, const char* what) const {
                      {"reducer", comm_.rank(), -1, "hand sparse gradients over with set_sparse_grad()"});
 }
 
+void* Reducer::own_grad(std::size_t p) const {
+  CommBuffer& g = own_grads_[p];
+  const std::uint64_t bytes = layout_.tensors[p].bytes();
+  if (!g.get() && bytes > 0 && !layout_.tensors[p].expects_sparse)
+    g = CommBuffer(options_.gradient_allocator ? *options_.gradient_allocator : comm_, bytes);
+  return g.get();
+}
+
+std::uint64_t Reducer::own_gradient_bytes() const {
+  std::uint64_t total = 0;
+  for (const auto& g : own_grads_) total += g.bytes();
+  return total;
+}
+
+void Reducer::make_plan(std::size_t b) {
+  auto& s = state_[b];
+  if (s.plan) return;
+  const auto& rb = buckets_[b];
+  std::vector<FlatPiece> pieces;
+  pieces.reserve(rb.spec.param_indices.size());
+  for (std::size_t k = 0; k < rb.spec.param_indices.size(); ++k) {
+    const std::size_t p = rb.spec.param_indices[k];
+    pieces.push_back({own_grad(p), rb.offsets[k], layout_.tensors[p].bytes()});
+  }
+  s.plan = ops_->plan(s.buffer.get(), rb.spec.bytes, pieces);
+}
+
 void* Reducer::grad(std::size_t param_index) const {
   check_dense(param_index, "grad");
-  if (!options_.gradient_as_bucket_view) return own_grads_[param_index].get();
+  if (!options_.gradient_as_bucket_view) return own_grad(param_index);
   const auto& w = where_[param_index];
   return at(state_[w.bucket].buffer.get(), w.offset);
 }
@@ -424,7 +437,7 @@ void Reducer::copy_into_bucket(std::size_t p, bool zero) {
   // otherwise the gradient is divided on its way in.
   const bool divide = options_.hook == CompressionHook::kNone && sum_op_ == ReduceOp::kSum &&
                       comm_.size() > 1;
-  const void* src = options_.gradient_as_bucket_view ? dst : own_grads_[p].get();
+  const void* src = options_.gradient_as_bucket_view ? dst : own_grad(p);
   if (divide)
     copy_divided(t.dtype, dst, src, static_cast<std::size_t>(t.numel()), comm_.size());
   else if (src != dst)
@@ -436,7 +449,26 @@ void Reducer::copy_out_of_bucket(std::size_t p) {
   const auto& w = where_[p];
   const std::uint64_t bytes = layout_.tensors[p].bytes();
   if (bytes == 0) return;
-  std::memcpy(own_grads_[p].get(), at(state_[w.bucket].buffer.get(), w.offset), bytes);
+  std::memcpy(own_grad(p), at(state_[w.bucket].buffer.get(), w.offset), bytes);
+}
+
+void Reducer::copy_out_locally_unused() {
+  if (options_.gradient_as_bucket_view) return;
+  std::vector<std::uint8_t> nowhere(marked_.size(), 0);
+  for (std::size_t p : globally_unused_) nowhere[p] = 1;
+  bool enqueued = false;
+  for (std::size_t p = 0; p < marked_.size(); ++p) {
+    if (marked_[p] != 2 || nowhere[p] || layout_.tensors[p].expects_sparse) continue;
+    const auto& w = where_[p];
+    if (state_[w.bucket].skipped) continue;  // nothing was reduced
+    if (ops_) {
+      ops_->copy(own_grad(p), at(state_[w.bucket].buffer.get(), w.offset), layout_.tensors[p].bytes());
+      enqueued = true;
+    } else {
+      copy_out_of_bucket(p);
+    }
+  }
+  if (enqueued) ops_->fence()->wait(timeout());
 }
 
 void Reducer::mark_ready_impl(std::size_t p, bool used) {
@@ -486,6 +518,7 @@ void Reducer::launch_stream(std::size_t b) {
   bool any_unused = false;
   for (std::size_t p : rb.spec.param_indices) any_unused |= marked_[p] == 2;
   if (!options_.gradient_as_bucket_view && !any_unused) {
+    make_plan(b);  // every parameter of the bucket has its gradient now
     ops_->flatten(*s.plan);
   } else {
     for (std::size_t k = 0; k < rb.spec.param_indices.size(); ++k) {
@@ -495,7 +528,7 @@ void Reducer::launch_stream(std::size_t b) {
       if (marked_[p] == 2)
         ops_->zero(slice, bytes);
       else if (!options_.gradient_as_bucket_view)
-        ops_->copy(slice, own_grads_[p].get(), bytes);
+        ops_->copy(slice, own_grad(p), bytes);
     }
   }
   if (options_.hook == CompressionHook::kNone) {
@@ -509,7 +542,18 @@ void Reducer::launch_stream(std::size_t b) {
     s.work = comm_.allreduce(c, c, n, t16, ReduceOp::kSum);
     ops_->decompress(c, t16, flat, rb.spec.dtype, n);
   }
-  if (!options_.gradient_as_bucket_view) ops_->unflatten(*s.plan);
+  if (!options_.gradient_as_bucket_view) {
+    if (!any_unused) {
+      ops_->unflatten(*s.plan);
+    } else {
+      // The parameters unused here get theirs in finalize(), once it is
+      // known whether another rank used them.
+      for (std::size_t k = 0; k < rb.spec.param_indices.size(); ++k) {
+        const std::size_t p = rb.spec.param_indices[k];
+        if (marked_[p] != 2) ops_->copy(own_grad(p), at(flat, rb.offsets[k]), layout_.tensors[p].bytes());
+      }
+    }
+  }
   s.post = ops_->fence();
 }
 
@@ -778,7 +822,10 @@ void Reducer::finish_bucket(std::size_t b) {
       host_ops::decompress(s.compressed.get(), DType::kFloat16, s.buffer.get(), rb.spec.dtype, n);
     else if (options_.hook == CompressionHook::kBf16)
       host_ops::decompress(s.compressed.get(), DType::kBFloat16, s.buffer.get(), rb.spec.dtype, n);
-    for (std::size_t p : rb.spec.param_indices) copy_out_of_bucket(p);
+    // The parameters unused here get theirs in finalize(), once it is known
+    // whether another rank used them.
+    for (std::size_t p : rb.spec.param_indices)
+      if (marked_[p] != 2) copy_out_of_bucket(p);
   }
   s.done = true;
 }
@@ -911,6 +958,7 @@ void Reducer::finalize() {
         for (auto& u : static_used_) u = u == 1;
       }
     }
+    copy_out_locally_unused();
   } catch (...) {
     // After a collective that timed out, its deadline has passed: the drain
     // stops the backend at once.

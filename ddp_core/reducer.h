@@ -130,6 +130,11 @@ struct ReducerOptions {
   Millis timeout{0};
   // Use the stream path on host memory too (always used on device memory).
   bool stream_path = false;
+  // Where the parameters' own gradients (gradient_as_bucket_view off) are
+  // allocated: the reducer's communicator when null. Memory accounting
+  // passes one that tallies them as gradients, whenever they are allocated.
+  // Same memory kind as the reducer's.
+  Communicator* gradient_allocator = nullptr;
 };
 
 // Timestamps of one bucket in the last iteration. A time point equal to the
@@ -226,14 +231,24 @@ class Reducer {
   void poll();
   // Waits for every bucket (with the timeout), copies back / casts back, and
   // with find_unused_parameters agrees with the other ranks on which
-  // parameters were used anywhere (those used nowhere end with zero
-  // gradients). Without it, parameters that never arrived end the iteration
+  // parameters were used anywhere. As DDP, the gradient of a parameter used
+  // nowhere is left untouched: with gradient_as_bucket_view it is its
+  // bucket's slice (zeros), without it its own buffer keeps what it held
+  // (never allocated if never used: torch's .grad stays None). Without
+  // find_unused_parameters, parameters that never arrived end the iteration
   // with a UsageError that names them.
   void finalize();
 
   // The gradient buffer of a dense parameter, in the communicator's memory
   // kind. Valid for the reducer's lifetime. UsageError for a sparse one.
+  // With gradient_as_bucket_view its bucket's slice; without, the
+  // parameter's own buffer, allocated on the first call (or when a reduced
+  // gradient first reaches it: a parameter unused on this rank and used on
+  // another), as torch allocates a .grad when one is first produced.
   void* grad(std::size_t param_index) const;
+  // The bytes of the own gradient buffers allocated so far (0 with
+  // gradient_as_bucket_view).
+  std::uint64_t own_gradient_bytes() const;
   std::uint64_t grad_bytes(std::size_t param_index) const;
   // A sparse parameter's reduced gradient after finalize (empty before the
   // first). UsageError for a dense one.
@@ -296,6 +311,10 @@ class Reducer {
   std::string describe_params(const std::vector<std::size_t>& params) const;
   void copy_into_bucket(std::size_t param_index, bool zero);
   void copy_out_of_bucket(std::size_t param_index);
+  // Views off, after the used map: a parameter unused on this rank gets its
+  // reduced gradient when another rank used it (its buffer made then if it
+  // had none); one used nowhere keeps its gradient untouched, as in DDP.
+  void copy_out_locally_unused();
   void launch_stream(std::size_t b);
   void launch_sparse(std::size_t b);
   void issue_sparse_second_stage(bool block);
@@ -309,7 +328,12 @@ class Reducer {
   std::vector<ReducerBucket> buckets_;
   std::vector<BucketState> state_;
   std::vector<Where> where_;
-  std::vector<CommBuffer> own_grads_;  // views off: one buffer per parameter
+  // Views off: one buffer per parameter, allocated on first use (own_grad).
+  mutable std::vector<CommBuffer> own_grads_;
+  void* own_grad(std::size_t param_index) const;
+  // A stream-path bucket's flatten/unflatten plan is made once every one of
+  // its parameters has its own gradient buffer.
+  void make_plan(std::size_t b);
   std::vector<std::uint8_t> marked_;   // this iteration: 0 no, 1 used, 2 unused
   std::vector<std::uint8_t> used_map_;  // host copy of the bitmap (1 = used)
   CommBuffer used_map_buffer_;          // comm memory for its all_reduce

@@ -14,11 +14,12 @@
 // Categories. parameters: one flat allocation of the layout (frozen
 // parameters included); buckets: the reducer's flat buffers of its dense
 // buckets, as DDP's (a sparse bucket has none); gradients: with
-// --no-gradient-views the reducer's per-parameter gradient buffers, with views
-// (the default) zero, the gradients being slices of the buckets. The
-// reducer's constructor allocates all of these under one category, so they
-// are told apart by their known sizes (the dense buckets' bytes, the dense
-// trainable parameters' bytes); the rest of it is communication.
+// --no-gradient-views the reducer's per-parameter gradient buffers, made when
+// a parameter's first gradient is (one no rank uses has none, as torch
+// leaves its .grad None), with --gradient-as-bucket-view zero, the gradients
+// being slices of the buckets. The reducer's constructor allocates its
+// buckets and its communication buffers under one category, told apart by
+// the dense buckets' known bytes; the rest of it is communication.
 // communication_buffers: staging of the coalesced parameter broadcast (zero
 // when the parameters are contiguous, as here) and a sparse gradient's
 // communication (its nnz, rows and values and their allgathers), which
@@ -147,10 +148,13 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
 
   MemoryAccount account(*job.comm);
   AccountingCommunicator ac(*job.comm, account);
+  // The reducer allocates the parameters' own gradients (views off) when
+  // their first gradient is made, as torch its .grad: through this one, so
+  // they are counted as gradients whenever that happens.
+  AccountingCommunicator grads_ac(*job.comm, account, MemoryCategory::kGradients);
   json categories, peaks;
   std::int64_t wrong = 0;
   std::size_t bucket_count = 0;
-  std::uint64_t own_grad_bytes = 0;
   // What the reducer's constructor allocated beyond its dense buckets and
   // own gradients: a sparse bucket's nnz buffers (communication, not a
   // bucket: DDP gives a sparse bucket no flat buffer).
@@ -184,6 +188,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       ro.find_unused_parameters = o.find_unused;
       ro.static_graph = o.static_graph;
       ro.set_last_bucket_small = set_last_bucket_cap(o.set_last_bucket_cap);
+      ro.gradient_allocator = &grads_ac;
       ro.timeout = job.timeout;
       // Every parameter is held and broadcast; only those that require grad
       // have gradients and buckets.
@@ -195,19 +200,14 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       sim.unused = trainable.unused_in_backward();
       const UsedBy used_by = used_by_all_but(sim.unused, trainable.tensors.size());
       bucket_count = red.buckets().size();
-      // Views off: each dense parameter's own gradient buffer (a sparse one has
-      // none; its gradient is rows and values, counted as communication).
-      if (!o.gradient_views)
-        for (const auto& t : trainable.tensors)
-          if (!t.expects_sparse) own_grad_bytes += t.bytes();
       // Everything the constructor allocated was counted as buckets; keep there
       // only the dense buckets' flat buffers, the ones DDP allocates.
       std::uint64_t dense_bucket_bytes = 0;
       for (const auto& b : red.buckets())
         if (!b.spec.sparse) dense_bucket_bytes += b.spec.bytes;
       const std::uint64_t constructed = account.current_bytes(MemoryCategory::kBuckets);
-      DDPDIAG_ASSERT(constructed >= dense_bucket_bytes + own_grad_bytes);
-      reducer_comm_bytes = constructed - dense_bucket_bytes - own_grad_bytes;
+      DDPDIAG_ASSERT(constructed >= dense_bucket_bytes);
+      reducer_comm_bytes = constructed - dense_bucket_bytes;
 
       ac.set_category(MemoryCategory::kWorkspace);
       const std::size_t ws_bytes = std::max<std::size_t>(4, static_cast<std::size_t>(o.workspace_mb * kMiB) / 4 * 4);
@@ -243,12 +243,8 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
         // The bucket category only grows (in the reducer's constructor), so
         // its peak is its current size and both split the same way.
         if (c == MemoryCategory::kBuckets) {
-          cur -= own_grad_bytes + reducer_comm_bytes;
-          peak -= own_grad_bytes + reducer_comm_bytes;
-        }
-        if (c == MemoryCategory::kGradients) {
-          cur += own_grad_bytes;
-          peak += own_grad_bytes;
+          cur -= reducer_comm_bytes;
+          peak -= reducer_comm_bytes;
         }
         if (c == MemoryCategory::kCommBuffers) {
           cur += reducer_comm_bytes;

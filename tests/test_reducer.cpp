@@ -293,6 +293,60 @@ TEST_CASE("reducer: find_unused_parameters, unused on some ranks and on all", "[
   CHECK(f.empty());
 }
 
+TEST_CASE("reducer: views off, a gradient buffer only for parameters used somewhere, as torch's .grad",
+          "[reducer]") {
+  // torch allocates a parameter's .grad when its first gradient is made, and
+  // DDP leaves the gradient of a parameter no rank used untouched: None if it
+  // was never used, else what it last held. A parameter unused here and used
+  // on another rank gets the reduced gradient (a buffer made for it then).
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    for (bool stream : {false, true})
+      for (bool static_graph : {false, true}) {
+        auto o = small_options();
+        o.find_unused_parameters = !static_graph;
+        o.static_graph = static_graph;
+        o.gradient_as_bucket_view = false;
+        o.stream_path = stream;
+        const auto layout = small_layout();
+        Reducer red(c, layout, o);
+        const std::string what = fmt::format("rank {} stream {} static_graph {}", rank, stream, static_graph);
+        std::uint64_t all = 0;
+        for (const auto& t : layout.tensors) all += t.bytes();
+        const std::uint64_t bias = layout.tensors[2].bytes();
+        if (red.own_gradient_bytes() != 0)
+          fail.push_back(fmt::format("{}: {} B of gradients before any was made", what, red.own_gradient_bytes()));
+        // big.bias (2) unused everywhere; l1.weight (3) unused on rank 1 only.
+        auto unused_on = [&](int r, std::size_t p) { return p == 2 || (p == 3 && r == 1); };
+        for (std::uint64_t it = 0; it < 2; ++it) {
+          iteration_without(red, c, rank, it, true, unused_on);
+          expect_exact(red, c, it, what, fail, [&](int r, std::size_t p) { return !unused_on(r, p); });
+          if (red.own_gradient_bytes() != all - bias)
+            fail.push_back(fmt::format("{} iteration {}: {} B of gradients, want {} (all but big.bias)", what, it,
+                                       red.own_gradient_bytes(), all - bias));
+        }
+        if (static_graph) continue;  // its graph may not change
+        // Iteration 2 uses every parameter; iteration 3 none uses big.bias,
+        // whose gradient keeps iteration 2's reduced values.
+        iteration_without(red, c, rank, 2, true, [](int, std::size_t) { return false; });
+        expect_exact(red, c, 2, what, fail);
+        if (red.own_gradient_bytes() != all)
+          fail.push_back(fmt::format("{} iteration 2: {} B of gradients, want {}", what, red.own_gradient_bytes(), all));
+        std::vector<float> kept(3);
+        std::memcpy(kept.data(), red.grad(2), bias);
+        iteration_without(red, c, rank, 3, true, unused_on);
+        expect_exact(red, c, 3, what, fail, [&](int r, std::size_t p) { return !unused_on(r, p); });
+        if (std::memcmp(kept.data(), red.grad(2), bias) != 0)
+          fail.push_back(what + " iteration 3: the gradient of big.bias, used nowhere, changed");
+        if (kept == std::vector<float>(3, 0.0f))
+          fail.push_back(what + ": iteration 2 left big.bias's gradient zero");
+      }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
 TEST_CASE("reducer: static_graph, the first iteration's unused parameters and a graph that changes",
           "[reducer]") {
   const int n = GENERATE(2, 3);

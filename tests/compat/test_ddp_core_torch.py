@@ -1028,7 +1028,7 @@ class SparseModule(nn.Module):
         return self.fc(self.emb(x))
 
 
-def torch_ddp_memory(module, inputs, bucket_cap_mb, views):
+def torch_ddp_memory(module, inputs, bucket_cap_mb, views, **ddp_kwargs):
     """What a real DistributedDataParallel (Gloo, one rank) holds from its
     second iteration on, per ddpdiag memory's categories: parameters (every
     parameter's bytes, frozen ones included), buckets (the flat buffers of
@@ -1046,7 +1046,7 @@ def torch_ddp_memory(module, inputs, bucket_cap_mb, views):
         kwargs = ({} if bucket_cap_mb is None else
                   {"bucket_cap_mb_list": bucket_cap_mb} if isinstance(bucket_cap_mb, list) else
                   {"bucket_cap_mb": bucket_cap_mb})
-        ddp = nn.parallel.DistributedDataParallel(module, gradient_as_bucket_view=views, **kwargs)
+        ddp = nn.parallel.DistributedDataParallel(module, gradient_as_bucket_view=views, **kwargs, **ddp_kwargs)
     finally:
         if saved is not None:
             ddp_module._sync_module_states = saved
@@ -1074,18 +1074,22 @@ def torch_ddp_memory(module, inputs, bucket_cap_mb, views):
             "buckets": sum(n for _, n in dense), "gradients": own, "bucket_count": len(buffers)}
 
 
-def our_memory(model, bucket_cap_mb, views, nproc=1):
+def our_memory(model, bucket_cap_mb, views, nproc=1, ready_order=None, extra=()):
     """ddpdiag memory's figures of rank 0 (they are the same on every rank).
     bucket_cap_mb None: the defaults; otherwise the README's way to model
-    torch's DDP(bucket_cap_mb=X): 2.x caps the first bucket at X too."""
+    torch's DDP(bucket_cap_mb=X): 2.x caps the first bucket at X too.
+    ready_order goes into the layout; extra are more flags."""
     with tempfile.TemporaryDirectory() as d:
         out = os.path.join(d, "m.json")
         if not isinstance(model, str):
             path = os.path.join(d, "layout.json")
+            doc = {"name": "case", "tensors": model}
+            if ready_order is not None:
+                doc["ready_order"] = ready_order
             with open(path, "w") as f:
-                json.dump({"name": "case", "tensors": model}, f)
+                json.dump(doc, f)
             model = path
-        args = ["memory", "--model", model, "--nproc", str(nproc), "--no-comm-probe", "--json", out]
+        args = ["memory", "--model", model, "--nproc", str(nproc), "--no-comm-probe", "--json", out] + list(extra)
         if isinstance(bucket_cap_mb, list):
             args += ["--bucket-cap-mb-list", ",".join(repr(c) for c in bucket_cap_mb)]
         elif bucket_cap_mb is not None:
@@ -1137,6 +1141,33 @@ class MemoryTest(unittest.TestCase):
                     with self.subTest(case=k, cap=cap, views=views):
                         self.assertEqual(ours, theirs)
                     bump("memory figures compared")
+
+    def test_unused_parameters_have_no_gradient(self):
+        # With find_unused_parameters or static_graph, a parameter forward
+        # never uses gets no .grad in torch (None, views or not); ddpdiag
+        # memory once counted a gradient buffer for it without views.
+        rng = random.Random(42)
+        for k in range(4 * SCALE):
+            layout = [{"name": f"l{i}.weight", "shape": [rng.randint(1, 300), rng.randint(1, 300)],
+                       "dtype": "torch." + rng.choice(["float32", "float16", "float64"]),
+                       "requires_grad": rng.random() > 0.15} for i in range(rng.randint(3, 10))]
+            layout[0]["requires_grad"] = True
+            layout[-1]["requires_grad"] = True
+            forward, unused, ready = random_forward(rng, layout, (1, 2))
+            if not unused:  # at least one: the last
+                unused = {len(layout) - 1}
+                forward = [i for i in forward if i not in unused]
+                ready = [i for i in reversed(forward) if layout[i].get("requires_grad", True)]
+            for setting in ["find_unused_parameters", "static_graph"]:
+                for views in [False, True]:
+                    theirs = torch_ddp_memory(LayoutModule(layout, forward), torch.zeros(1), 0.05, views,
+                                              **{setting: True})
+                    ours, _ = our_memory(layout, 0.05, views, ready_order=ready,
+                                         extra=["--find-unused-parameters" if setting == "find_unused_parameters"
+                                                else "--static-graph"])
+                    with self.subTest(case=k, setting=setting, views=views, unused=sorted(unused)):
+                        self.assertEqual(ours, theirs)
+                    bump("memory figures with unused parameters compared")
 
     def test_presets(self):
         for model in ["mlp", "resnet50"]:
