@@ -1086,6 +1086,13 @@ bool set_last_bucket_cap(bool flag) {
   return flag || (env != nullptr && std::string_view(env) == "1");
 }
 
+std::string set_last_bucket_cap_note(bool on, bool find_unused, bool static_graph, bool first_iteration) {
+  if (!on) return "";
+  const bool rebuilt = !first_iteration && (static_graph || !find_unused);
+  return rebuilt ? ", DDP_SET_LAST_BUCKET_CAP=1 (the first limit on the bucket reduced last)"
+                 : ", DDP_SET_LAST_BUCKET_CAP=1 (no effect: DDP does not rebuild these buckets)";
+}
+
 CLI::Validator cap_list_value(bool zero_ok) {
   return CLI::Validator(
       [zero_ok](std::string& v) -> std::string {

@@ -370,6 +370,11 @@ CLI::Option* add_set_last_bucket_cap_flag(CLI::App* app, bool& value);
 // --set-last-bucket-cap flag, or the variable set to "1" in this process's
 // environment, as torch's reducer reads it (any other value is off there).
 bool set_last_bucket_cap(bool flag);
+// For a command's header: "" when `on` is false; else ", DDP_SET_LAST_BUCKET_CAP=1"
+// and what it does to these buckets: the first limit on the last bucket when
+// DDP rebuilds them (static_graph, or neither find_unused_parameters nor the
+// first iteration's buckets), else no effect.
+std::string set_last_bucket_cap_note(bool on, bool find_unused, bool static_graph, bool first_iteration = false);
 // Adds --bucket-cap-mb-list to `app`, checked as parse_cap_list checks it
 // before any rank starts, and excluding the options it replaces (the
 // command's --bucket-cap-mb and --first-bucket-mb).

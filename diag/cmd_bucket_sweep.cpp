@@ -235,7 +235,8 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                 job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
                 layout.tensors.size(), static_cast<double>(layout.total_bytes()) / kMiB,
                 o.first_bucket_mb,
-                set_last_bucket_cap(o.set_last_bucket_cap) ? " (the last, DDP_SET_LAST_BUCKET_CAP=1)" : "");
+                set_last_bucket_cap_note(set_last_bucket_cap(o.set_last_bucket_cap), o.find_unused, o.static_graph)
+                    .c_str());
     if (o.compute_gbps > 0)
       std::printf("# per cap: communication alone (all gradients ready at once) and overlapped with a "
                   "backward producing gradients at %.3g GB/s; medians of %d iters, slowest rank\n",

@@ -146,7 +146,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                 (std::string(o.static_graph ? ", static_graph on" : "") +
                  (o.skip_unused ? ", skip_all_reduce_unused_params on" : "") +
                  (o.first_iteration ? ", DDP's first-iteration buckets" : "") +
-                 (ro.set_last_bucket_small ? ", DDP_SET_LAST_BUCKET_CAP=1" : ""))
+                 set_last_bucket_cap_note(ro.set_last_bucket_small, o.find_unused, o.static_graph, o.first_iteration))
                     .c_str(),
                 o.compute_gbps);
     std::fflush(stdout);

@@ -354,12 +354,14 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
                                       wrong_total, o.iters, n, wrong_ranks)});
 
   std::printf("# ddpdiag memory: %d rank(s), backend %s (%s memory), model %s (%.1f MiB), %zu "
-              "bucket(s) of %s MiB, gradient views %s, %d DDP step(s)\n",
+              "bucket(s) of %s MiB, gradient views %s, %d DDP step(s)%s\n",
               n, std::string(backend_name(job.backend)).c_str(), device ? "device" : "host",
               layout.name.c_str(), static_cast<double>(layout.total_bytes()) / kMiB, bucket_count,
               cap_list.empty() ? fmt::format("cap {:g}", o.bucket_cap_mb).c_str()
                                : fmt::format("caps {}", cap_list.text()).c_str(),
-              o.gradient_views ? "on" : "off", o.iters);
+              o.gradient_views ? "on" : "off", o.iters,
+              set_last_bucket_cap_note(set_last_bucket_cap(o.set_last_bucket_cap), o.find_unused, o.static_graph)
+                  .c_str());
   std::printf("# %4s %10s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "rank", "params",
               "grads", "buckets", "comm", "workspace", "total", "peak", "rss", "peak rss",
               device ? "dev used" : "comm init");

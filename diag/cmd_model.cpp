@@ -601,7 +601,7 @@ void run_model(const ModelOptions& o, reports::Report& report) {
       std::printf("# buckets: model %s (%zu tensors, %.1f MiB), %s, all_reduce %s at world size %d%s\n",
                   layout.name.c_str(), layout.tensors.size(), total / kMiB, pace.c_str(),
                   o.bucket_algorithm.c_str(), w,
-                  set_last ? ", DDP_SET_LAST_BUCKET_CAP=1 (the first limit goes to the last bucket)" : "");
+                  cli::set_last_bucket_cap_note(set_last, o.find_unused, o.static_graph).c_str());
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "cap", "buckets", "comm", "exposed", "step", "backward");
       std::printf("# %8s %8s %12s %12s %12s %12s\n", "(MiB)", "", "(ms)", "(ms)", "(ms)", "(ms)");
       std::vector<tools::CapFigure> figs;
