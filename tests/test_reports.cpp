@@ -623,6 +623,21 @@ TEST_CASE("compare: rows measured under different settings never match", "[repor
     CHECK(same.settings_changed.empty());
     CHECK(same.rows(ChangeKind::kUnchanged) == 2);
   }
+  SECTION("memory with DDP_SET_LAST_BUCKET_CAP=1 against without, and against a report without the field") {
+    auto with_set_last = [](bool on) {
+      json r = memory_report("mlp", 1.6e7);
+      r["results"]["set_last_bucket_cap"] = on;
+      return r;
+    };
+    auto c = compare_reports(with_set_last(false), with_set_last(true));
+    REQUIRE(c.settings_changed.size() == 1);
+    CHECK(c.settings_changed[0].name == "set_last_bucket_cap");
+    CHECK(c.rows(ChangeKind::kMissing) == 2);
+    // A report of an older ddpdiag has no such field: its rows still match.
+    auto older = compare_reports(memory_report("mlp", 1.6e7), with_set_last(false));
+    CHECK(older.settings_changed.empty());
+    CHECK(older.rows(ChangeKind::kUnchanged) == 2);
+  }
   SECTION("world size is named as a differing setting too") {
     auto c = compare_reports(allreduce_report(baseline_points()),
                              allreduce_report(baseline_points(), CheckStatus::kPass, 4));
