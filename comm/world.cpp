@@ -502,7 +502,7 @@ std::map<std::string, std::string> recorded_environment() {
   static const char* kNames[] = {"RANK",        "WORLD_SIZE", "LOCAL_RANK",
                                  "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                                  "ROLE_RANK",   "ROLE_NAME",  "ROLE_WORLD_SIZE",
-                                 "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS"};
+                                 "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "DDP_SET_LAST_BUCKET_CAP"};
   std::map<std::string, std::string> out;
   for (char** e = environ; e && *e; ++e) {
     std::string_view kv(*e);

@@ -333,8 +333,10 @@ class DdpStep(unittest.TestCase):
         path = tmp_json()
         p = run(["ddp-step", "--nproc", "2", "--model", "mlp", "-n", "1", "-w", "1", "--json", path], env=env)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        res = load(path)["results"]
+        rep = load(path)
+        res = rep["results"]
         os.unlink(path)
+        self.assertEqual(rep["environment"]["DDP_SET_LAST_BUCKET_CAP"], "1")  # recorded with the run
         self.assertTrue(res["set_last_bucket_cap"])
         self.assertIn("DDP_SET_LAST_BUCKET_CAP=1", p.stdout)
         self.assertEqual([(t["bytes"], t["tensors"]) for t in res["timeline_rank0"] if "bucket" in t], expected)
