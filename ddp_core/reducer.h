@@ -16,8 +16,10 @@
 //
 // Memory. Buckets are flat buffers from comm.alloc (host memory for Gloo,
 // device memory for NCCL). With gradient_as_bucket_view each gradient is a
-// slice of its bucket (no copy); without, each gradient owns its buffer and
-// is copied into the bucket when marked ready and back after the reduction.
+// slice of its bucket (no copy); without, each gradient owns its buffer
+// (made when its first gradient is, as torch makes a .grad: a parameter no
+// rank ever uses has none) and is copied into the bucket when marked ready
+// and back after the reduction.
 //
 // The stream path. On device memory (NCCL) every step between gradients and
 // collectives is enqueued on the communicator's own stream through its
