@@ -445,11 +445,15 @@ void Reducer::copy_into_bucket(std::size_t p, bool zero) {
 }
 
 void Reducer::copy_out_of_bucket(std::size_t p) {
-  if (options_.gradient_as_bucket_view || ops_) return;
+  if (options_.gradient_as_bucket_view) return;
   const auto& w = where_[p];
   const std::uint64_t bytes = layout_.tensors[p].bytes();
   if (bytes == 0) return;
-  std::memcpy(own_grad(p), at(state_[w.bucket].buffer.get(), w.offset), bytes);
+  const void* src = at(state_[w.bucket].buffer.get(), w.offset);
+  if (ops_)
+    ops_->copy(own_grad(p), src, bytes);  // enqueued on the stream
+  else
+    std::memcpy(own_grad(p), src, bytes);
 }
 
 void Reducer::copy_out_locally_unused() {
@@ -461,12 +465,8 @@ void Reducer::copy_out_locally_unused() {
     if (marked_[p] != 2 || nowhere[p] || layout_.tensors[p].expects_sparse) continue;
     const auto& w = where_[p];
     if (state_[w.bucket].skipped) continue;  // nothing was reduced
-    if (ops_) {
-      ops_->copy(own_grad(p), at(state_[w.bucket].buffer.get(), w.offset), layout_.tensors[p].bytes());
-      enqueued = true;
-    } else {
-      copy_out_of_bucket(p);
-    }
+    copy_out_of_bucket(p);
+    enqueued = ops_ != nullptr;
   }
   if (enqueued) ops_->fence()->wait(timeout());
 }
@@ -548,10 +548,8 @@ void Reducer::launch_stream(std::size_t b) {
     } else {
       // The parameters unused here get theirs in finalize(), once it is
       // known whether another rank used them.
-      for (std::size_t k = 0; k < rb.spec.param_indices.size(); ++k) {
-        const std::size_t p = rb.spec.param_indices[k];
-        if (marked_[p] != 2) ops_->copy(own_grad(p), at(flat, rb.offsets[k]), layout_.tensors[p].bytes());
-      }
+      for (std::size_t p : rb.spec.param_indices)
+        if (marked_[p] != 2) copy_out_of_bucket(p);
     }
   }
   s.post = ops_->fence();

@@ -213,6 +213,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                      {"flags", job.rank(), -1, "swap them"});
   // Frozen parameters have no gradient: DDP reduces the others only.
   const ModelLayout layout = trainable_parameters(load_model(o.model));
+  const bool set_last = set_last_bucket_cap(o.set_last_bucket_cap);  // the flag, or the variable
   check_unused_parameters(layout, o.find_unused || o.static_graph, "bucket-sweep", true);
   check_backward_rate(layout.gradient_bytes(), o.compute_gbps, job.rank());
   auto& res = report.results();
@@ -224,7 +225,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
   res["find_unused_parameters"] = o.find_unused;
   res["static_graph"] = o.static_graph;
   res["skip_all_reduce_unused_params"] = o.skip_unused;
-  res["set_last_bucket_cap"] = set_last_bucket_cap(o.set_last_bucket_cap);
+  res["set_last_bucket_cap"] = set_last;
   res["iters"] = o.iters;
   res["warmup_iters"] = o.warmup;
   res["default_bucket_cap_mb"] = kDefaultCapMb;
@@ -235,7 +236,7 @@ void run(Job& job, reports::Report& report, const BucketSweepOptions& o) {
                 job.size(), std::string(backend_name(job.backend)).c_str(), layout.name.c_str(),
                 layout.tensors.size(), static_cast<double>(layout.total_bytes()) / kMiB,
                 o.first_bucket_mb,
-                set_last_bucket_cap_note(set_last_bucket_cap(o.set_last_bucket_cap), o.find_unused, o.static_graph)
+                set_last_bucket_cap_note(set_last, o.find_unused, o.static_graph)
                     .c_str());
     if (o.compute_gbps > 0)
       std::printf("# per cap: communication alone (all gradients ready at once) and overlapped with a "

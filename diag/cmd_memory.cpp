@@ -87,6 +87,7 @@ json device_json(const DeviceMemoryInfo& d) {
 
 void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   const int me = job.rank(), n = job.size();
+  const bool set_last = set_last_bucket_cap(o.set_last_bucket_cap);  // the flag, or the variable
   const BucketSizes sizes = bucket_sizes(o.bucket_cap_mb, o.first_bucket_mb, o.bucket_cap_mb_list, me, false);
   const BucketCapList& cap_list = sizes.list;
   const std::uint64_t cap_bytes = sizes.cap_bytes, first_bucket_bytes = sizes.first_bytes;
@@ -187,7 +188,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       ro.gradient_as_bucket_view = o.gradient_views;
       ro.find_unused_parameters = o.find_unused;
       ro.static_graph = o.static_graph;
-      ro.set_last_bucket_small = set_last_bucket_cap(o.set_last_bucket_cap);
+      ro.set_last_bucket_small = set_last;
       ro.gradient_allocator = &grads_ac;
       ro.timeout = job.timeout;
       // Every parameter is held and broadcast; only those that require grad
@@ -296,7 +297,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
   res["gradient_as_bucket_view"] = o.gradient_views;
   res["find_unused_parameters"] = o.find_unused;
   res["static_graph"] = o.static_graph;
-  res["set_last_bucket_cap"] = set_last_bucket_cap(o.set_last_bucket_cap);
+  res["set_last_bucket_cap"] = set_last;
   res["iters"] = o.iters;
   // The metrics buffer's size (--workspace-mb): the workspace category and
   // every total and peak grow with it, so compare treats it as a setting.
@@ -360,7 +361,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
               cap_list.empty() ? fmt::format("cap {:g}", o.bucket_cap_mb).c_str()
                                : fmt::format("caps {}", cap_list.text()).c_str(),
               o.gradient_views ? "on" : "off", o.iters,
-              set_last_bucket_cap_note(set_last_bucket_cap(o.set_last_bucket_cap), o.find_unused, o.static_graph)
+              set_last_bucket_cap_note(set_last, o.find_unused, o.static_graph)
                   .c_str());
   std::printf("# %4s %10s %10s %10s %10s %10s %10s %10s %10s %10s %12s\n", "rank", "params",
               "grads", "buckets", "comm", "workspace", "total", "peak", "rss", "peak rss",
