@@ -215,6 +215,32 @@ std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::span<const st
   return rebuilt_buckets(layout, layout.gradient_ready_order(), limits, set_last_bucket_small);
 }
 
+std::vector<DdpBucket> ddp_buckets_rebuilt_from(const ModelLayout& layout, std::span<const std::size_t> order,
+                                                std::span<const std::uint64_t> limits,
+                                                bool set_last_bucket_small) {
+  std::vector<std::uint8_t> seen(layout.tensors.size(), 0);
+  std::size_t trainable = 0;
+  for (const auto& t : layout.tensors) trainable += t.requires_grad ? 1 : 0;
+  for (std::size_t p : order) {
+    if (p >= layout.tensors.size() || seen[p] || !layout.tensors[p].requires_grad)
+      throw UsageError(fmt::format("a rebuild order names parameter index {} {} (layout '{}' of {} "
+                                   "tensors)",
+                                   p,
+                                   p >= layout.tensors.size() ? "outside the layout"
+                                   : seen[p]                  ? "twice"
+                                                              : "that does not require grad",
+                                   layout.name, layout.tensors.size()),
+                       {"buckets", -1, -1, "list every trainable parameter once"});
+    seen[p] = 1;
+  }
+  if (order.size() != trainable)
+    throw UsageError(fmt::format("a rebuild order lists {} of the {} trainable parameters of layout '{}'",
+                                 order.size(), trainable, layout.name),
+                     {"buckets", -1, -1, "list every trainable parameter once"});
+  return rebuilt_buckets(layout, std::vector<std::size_t>(order.begin(), order.end()), limits,
+                         set_last_bucket_small);
+}
+
 std::vector<DdpBucket> ddp_buckets(const ModelLayout& layout, std::uint64_t bucket_cap_bytes,
                                    std::uint64_t first_bucket_bytes) {
   return ddp_buckets(layout, ddp_bucket_limits(bucket_cap_bytes, first_bucket_bytes));

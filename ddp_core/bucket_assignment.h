@@ -161,6 +161,18 @@ std::vector<DdpBucket> ddp_buckets_as_run(const ModelLayout& layout, std::span<c
                                           bool find_unused_parameters, bool static_graph = false,
                                           bool set_last_bucket_small = false);
 
+// The buckets DDP rebuilds from an observed gradient order: `order` lists
+// every trainable parameter of the layout once (indices into
+// layout.tensors), in the order DDP recorded them (rank 0's, which DDP's
+// rebuild broadcasts to every rank), passed with their indices explicitly.
+// ddp_buckets() is this with the layout's ready order, and
+// ddp_buckets_static_graph() with the ready order followed by the parameters
+// backward never reaches. Throws UsageError unless `order` is a permutation
+// of the layout's trainable parameters.
+std::vector<DdpBucket> ddp_buckets_rebuilt_from(const ModelLayout& layout, std::span<const std::size_t> order,
+                                                std::span<const std::uint64_t> limits,
+                                                bool set_last_bucket_small = false);
+
 // The buckets DDP reduces before it rebuilds them: in its first iteration,
 // and in its first two with static_graph. Those its constructor fills, in
 // registration order, reversed (ddp_buckets_unrebuilt): with `limits` when

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -174,17 +175,39 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   }
   // With find_unused_parameters DDP never rebuilds its buckets from the
   // ready order: it keeps the constructor's.
-  const std::vector<std::uint64_t> limits =
-      options_.bucket_size_limits.empty()
-          ? ddp_bucket_limits(options_.bucket_cap_bytes, options_.first_bucket_bytes)
-          : options_.bucket_size_limits;
+  limits_ = options_.bucket_size_limits.empty()
+                ? ddp_bucket_limits(options_.bucket_cap_bytes, options_.first_bucket_bytes)
+                : options_.bucket_size_limits;
+  if (options_.rebuild_buckets && options_.first_iteration_buckets)
+    throw UsageError("rebuild_buckets and first_iteration_buckets exclude each other",
+                     {"reducer.init", comm_.rank(), -1,
+                      "rebuild_buckets starts on the first-iteration buckets by itself"});
+  // As DDP's Reducer::should_rebuild_buckets(): not with find_unused_parameters
+  // unless static_graph.
+  if (options_.rebuild_buckets && (options_.static_graph || !options_.find_unused_parameters))
+    record_iteration_ = options_.static_graph ? 2 : 1;
+  const bool first = options_.first_iteration_buckets || options_.rebuild_buckets;
   const auto specs =
-      options_.first_iteration_buckets
-          ? ddp_buckets_first_iteration(layout_, limits, options_.find_unused_parameters, options_.static_graph,
-                                        !options_.bucket_size_limits.empty())
-          : ddp_buckets_as_run(layout_, limits, options_.find_unused_parameters, options_.static_graph,
-                               options_.set_last_bucket_small);
+      first ? ddp_buckets_first_iteration(layout_, limits_, options_.find_unused_parameters, options_.static_graph,
+                                          !options_.bucket_size_limits.empty())
+            : ddp_buckets_as_run(layout_, limits_, options_.find_unused_parameters, options_.static_graph,
+                                 options_.set_last_bucket_small);
   where_.resize(layout_.tensors.size());
+  install_buckets(specs);
+  // Views off: each parameter's own gradient buffer is allocated when its
+  // first gradient is (own_grad), as torch allocates a .grad; one no rank
+  // ever uses has none, as torch leaves its .grad None.
+  if (!options_.gradient_as_bucket_view) own_grads_.resize(layout_.tensors.size());
+  marked_.assign(layout_.tensors.size(), 0);
+  if (allows_unused()) {
+    used_map_.assign(layout_.tensors.size(), 0);
+    used_map_buffer_ = CommBuffer(comm_, used_map_.size());
+  }
+}
+
+void Reducer::install_buckets(const std::vector<DdpBucket>& specs) {
+  buckets_.clear();
+  state_.clear();
   buckets_.reserve(specs.size());
   state_.resize(specs.size());
   for (std::size_t b = 0; b < specs.size(); ++b) {
@@ -226,17 +249,8 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
     }
     buckets_.push_back(std::move(rb));
   }
-  // Views off: each parameter's own gradient buffer is allocated when its
-  // first gradient is (own_grad), as torch allocates a .grad; one no rank
-  // ever uses has none, as torch leaves its .grad None.
-  if (!options_.gradient_as_bucket_view) own_grads_.resize(layout_.tensors.size());
   if (ops_) ops_->fence()->wait(timeout());
-  marked_.assign(layout_.tensors.size(), 0);
-  if (allows_unused()) {
-    used_map_.assign(layout_.tensors.size(), 0);
-    used_map_buffer_ = CommBuffer(comm_, used_map_.size());
-  }
-  timing_.buckets.resize(buckets_.size());
+  timing_.buckets.assign(buckets_.size(), BucketTiming{});
 }
 
 Reducer::~Reducer() {
@@ -342,6 +356,10 @@ void Reducer::prepare_for_backward(std::span<const std::size_t> locally_unused) 
     throw UsageError("parameters declared unused while find_unused_parameters is off",
                      {"reducer.prepare_for_backward", comm_.rank(), -1,
                       "pass --find-unused-parameters (or --static-graph)"});
+  // DDP rebuilds its buckets in the forward pass after the iteration it
+  // recorded, before this backward.
+  if (rebuild_pending_) rebuild();
+  if (iteration_ + 1 == record_iteration_) recorded_order_.clear();
   // Collectives of the last iteration are all complete (finalize waited for
   // them), so the buffers are free to be written again.
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
@@ -481,6 +499,7 @@ void Reducer::mark_ready_impl(std::size_t p, bool used) {
          "each parameter takes part in the loss once per iteration (or declare it unused)"});
   marked_[p] = used ? 1 : 2;
   ++marked_count_;
+  if (used && iteration_ == record_iteration_ && !rebuilt_before_) recorded_order_.push_back(p);
   auto& s = state_[where_[p].bucket];
   if (s.sparse) {
     // Unused: no rows, whatever was handed over.
@@ -966,6 +985,64 @@ void Reducer::finalize() {
   }
   timing_.finalize_end = ReducerClock::now();
   in_iteration_ = false;
+  if (iteration_ == record_iteration_ && !rebuilt_before_) {
+    // The parameters that got no gradient here (static_graph) follow the
+    // ready ones in index order, as DDP rebuilds them.
+    for (std::size_t p = 0; p < marked_.size(); ++p)
+      if (marked_[p] != 1) recorded_order_.push_back(p);
+    rebuild_pending_ = true;
+  }
+}
+
+void Reducer::rebuild() {
+  rebuild_pending_ = false;
+  const std::size_t n = layout_.tensors.size();
+  DDPDIAG_ASSERT(recorded_order_.size() == n);
+  std::vector<std::int64_t> order(recorded_order_.begin(), recorded_order_.end());
+  if (comm_.size() > 1) {
+    // Rank 0's order, as DDP broadcasts rank 0's rebuilt bucket indices.
+    CommBuffer buf(comm_, n * sizeof(std::int64_t));
+    comm_.copy_from_host(buf.get(), order.data(), n * sizeof(std::int64_t));
+    auto w = comm_.broadcast(buf.get(), n, DType::kInt64, 0);
+    try {
+      w->wait(timeout());
+    } catch (const TimeoutError& e) {
+      try {
+        comm_.abort();  // it may still write into buf
+      } catch (...) {
+      }
+      throw TimeoutError(
+          fmt::format("rank {}: the broadcast of rank 0's gradient order, from which the buckets "
+                      "are rebuilt before iteration {}, did not complete within {} ms: {}",
+                      comm_.rank(), iteration_, timeout().count(), e.what()),
+          {"reducer.prepare_for_backward", comm_.rank(), e.context().peer,
+           "every rank must run the same iterations; a peer may be slow or dead"});
+    }
+    comm_.copy_to_host(order.data(), buf.get(), n * sizeof(std::int64_t));
+  }
+  std::vector<std::size_t> rank0(n);
+  for (std::size_t k = 0; k < n; ++k)
+    rank0[k] = order[k] < 0 ? std::numeric_limits<std::size_t>::max() : static_cast<std::size_t>(order[k]);
+  std::vector<DdpBucket> specs;
+  try {
+    specs = ddp_buckets_rebuilt_from(layout_, rank0, limits_, options_.set_last_bucket_small);
+  } catch (const UsageError& e) {
+    throw UsageError(fmt::format("rank {}: rank 0's gradient order does not fit this rank's layout "
+                                 "'{}' ({})",
+                                 comm_.rank(), layout_.name, e.what()),
+                     {"reducer.prepare_for_backward", comm_.rank(), 0,
+                      "every rank must run the same model layout"});
+  }
+  // A sparse parameter's reduced gradient outlives the rebuild, as its .grad
+  // does in torch.
+  std::vector<std::unique_ptr<SparseState>> sparse(n);
+  for (auto& st : state_)
+    if (st.sparse) sparse[st.sparse->param] = std::move(st.sparse);
+  install_buckets(specs);
+  for (auto& st : state_)
+    if (st.sparse && sparse[st.sparse->param]) st.sparse = std::move(sparse[st.sparse->param]);
+  rebuild_order_ = std::move(rank0);
+  rebuilt_before_ = iteration_;
 }
 
 }  // namespace ddpdiag::ddp_core

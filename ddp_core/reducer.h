@@ -119,6 +119,21 @@ struct ReducerOptions {
   // iteration; the first two with static_graph): ddp_buckets_first_iteration,
   // for every iteration.
   bool first_iteration_buckets = false;
+  // Run the buckets as DDP does over a run: the first iteration (the first
+  // two with static_graph) on ddp_buckets_first_iteration, while each rank
+  // records the order it marks gradients ready (with static_graph in the
+  // second iteration, the parameters it left unused following in index
+  // order); then, in the next prepare_for_backward, the buckets rebuilt
+  // from rank 0's order (ddp_buckets_rebuilt_from), which every rank gets by
+  // a broadcast of it (DDP's sync_bucket_indices), so all ranks reduce the
+  // same buckets whatever their own order. With find_unused_parameters and
+  // no static_graph DDP never rebuilds, and neither does this. Excludes
+  // first_iteration_buckets. At the rebuild the old buckets are freed before
+  // the new ones are made; with gradient_as_bucket_view the gradients are
+  // slices of the new, zeroed buckets (torch's .grad after the default
+  // zero_grad(set_to_none=True)); own gradient buffers (views off) keep
+  // their contents.
+  bool rebuild_buckets = false;
   // DDP_SET_LAST_BUCKET_CAP=1: the rebuilt buckets filled from the other
   // end, the first limit going to the bucket reduced last (ddp_buckets).
   // No effect on the buckets DDP does not rebuild (find_unused_parameters
@@ -199,7 +214,7 @@ class Reducer {
   // ddp_buckets_as_run() (the gradient ready order, limits [first_bucket_bytes,
   // bucket_cap_bytes] or bucket_size_limits; with find_unused_parameters the
   // ones DDP keeps unrebuilt; with static_graph its rebuilt ones), or with
-  // first_iteration_buckets ddp_buckets_first_iteration().
+  // first_iteration_buckets or rebuild_buckets ddp_buckets_first_iteration().
   // Throws UsageError for options this communicator cannot run.
   Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options = {});
   // Waits (bounded by the timeout) for collectives still in flight, so no
@@ -213,7 +228,10 @@ class Reducer {
   // no gradient (what DDP finds by walking the autograd graph); they are
   // marked ready at once with zero gradients. Only with find_unused_parameters
   // or static_graph.
-  // Throws UsageError when the previous iteration was not finalized.
+  // Throws UsageError when the previous iteration was not finalized. With
+  // rebuild_buckets the rebuild happens here, after the iteration DDP
+  // records: a broadcast from rank 0 (bounded by the timeout, TimeoutError)
+  // that every rank takes part in.
   void prepare_for_backward(std::span<const std::size_t> locally_unused = {});
   // The sparse gradient of a parameter whose layout entry expects_sparse:
   // rows.size() row indices in [0, shape[0]) (any order, repeats allowed, as
@@ -242,8 +260,9 @@ class Reducer {
   void finalize();
 
   // The gradient buffer of a dense parameter, in the communicator's memory
-  // kind. Valid for the reducer's lifetime. UsageError for a sparse one.
-  // With gradient_as_bucket_view its bucket's slice; without, the
+  // kind. UsageError for a sparse one. With gradient_as_bucket_view its
+  // bucket's slice, valid until the buckets are rebuilt (rebuild_buckets);
+  // without, the
   // parameter's own buffer, allocated on the first call (or when a reduced
   // gradient first reaches it: a parameter unused on this rank and used on
   // another), as torch allocates a .grad when one is first produced.
@@ -258,7 +277,13 @@ class Reducer {
 
   const ModelLayout& layout() const { return layout_; }
   const ReducerOptions& options() const { return options_; }
+  // The buckets the last (or, before the first, the next) iteration reduces.
   const std::vector<ReducerBucket>& buckets() const { return buckets_; }
+  // rebuild_buckets: the index (from 0) of the first iteration run on the
+  // rebuilt buckets, once they are; and rank 0's order they were rebuilt
+  // from (empty until then).
+  std::optional<std::uint64_t> rebuilt_before_iteration() const { return rebuilt_before_; }
+  const std::vector<std::size_t>& rebuild_order() const { return rebuild_order_; }
   // Bucket index and position within it of each parameter.
   std::size_t bucket_of(std::size_t param_index) const { return where_[param_index].bucket; }
   const IterationTiming& last_timing() const { return timing_; }
@@ -288,6 +313,11 @@ class Reducer {
   };
 
   void mark_ready_impl(std::size_t param_index, bool used);
+  // Allocates and zeroes the buckets of specs (the old ones freed first).
+  void install_buckets(const std::vector<DdpBucket>& specs);
+  // rebuild_buckets: rank 0's recorded order to every rank, then the
+  // buckets rebuilt from it.
+  void rebuild();
   void launch_ready_buckets();
   void launch(std::size_t b);
   // since: when the collective before the bucket's completed (finalize's
@@ -328,6 +358,15 @@ class Reducer {
   bool device_ = false;
   StreamOps* ops_ = nullptr;  // the stream path when set
   std::vector<ReducerBucket> buckets_;
+  std::vector<std::uint64_t> limits_;  // the bucket size limits, in bytes
+  // rebuild_buckets: the iteration (from 1, as iteration_) whose ready
+  // order is recorded, 0 when DDP would not rebuild; this rank's order in
+  // it; a rebuild due at the next prepare_for_backward; and when it happened.
+  std::uint64_t record_iteration_ = 0;
+  std::vector<std::size_t> recorded_order_;
+  bool rebuild_pending_ = false;
+  std::optional<std::uint64_t> rebuilt_before_;
+  std::vector<std::size_t> rebuild_order_;
   std::vector<BucketState> state_;
   std::vector<Where> where_;
   // Views off: one buffer per parameter, allocated on first use (own_grad).

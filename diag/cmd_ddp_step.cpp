@@ -67,6 +67,10 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   ro.static_graph = o.static_graph;
   ro.skip_all_reduce_unused_params = o.skip_unused;
   ro.first_iteration_buckets = o.first_iteration;
+  // As DDP over a run: its first iteration (two with static_graph) on the
+  // constructor's buckets, then the ones it rebuilds from rank 0's order
+  // (never with find_unused_parameters alone).
+  ro.rebuild_buckets = !o.first_iteration;
   ro.set_last_bucket_small = set_last_bucket_cap(o.set_last_bucket_cap);
   ro.averaging = o.avg_op ? Averaging::kAvgOp : Averaging::kDivideThenSum;
   ro.timeout = job.timeout;
@@ -100,6 +104,18 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
          "run without --hook, or with a layout without sparse tensors (\"sparse\": false)"});
 
   Reducer red(*job.comm, layout, ro);
+  // The buckets of the run once rebuilt (every rank makes its gradients
+  // ready in the layout's order, so rank 0's order is that one), and the
+  // iteration (from 0) that first runs them.
+  const auto& limits = cap_list.empty() ? ddp_bucket_limits(ro.bucket_cap_bytes, ro.first_bucket_bytes)
+                                        : ro.bucket_size_limits;
+  const std::size_t first_buckets = red.buckets().size();
+  const std::size_t run_buckets =
+      o.first_iteration ? first_buckets
+                        : ddp_buckets_as_run(layout, limits, ro.find_unused_parameters, ro.static_graph,
+                                             ro.set_last_bucket_small)
+                              .size();
+  const int rebuild_at = o.first_iteration || (o.find_unused && !o.static_graph) ? -1 : o.static_graph ? 2 : 1;
   BackwardSimOptions so;
   so.compute_gbps = o.compute_gbps;
   so.sparse_rows = o.sparse_rows;
@@ -116,7 +132,8 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   res["first_bucket_bytes"] = ro.first_bucket_bytes;
   // null when not given: report compare tells a run with a list from one without.
   res["bucket_cap_mb_list"] = cap_list.empty() ? nlohmann::json(nullptr) : nlohmann::json(cap_list.mb);
-  res["buckets"] = red.buckets().size();
+  res["buckets"] = run_buckets;
+  res["first_iteration_buckets"] = first_buckets;
   res["gradient_as_bucket_view"] = ro.gradient_as_bucket_view;
   res["hook"] = std::string(compression_hook_name(ro.hook));
   res["find_unused_parameters"] = ro.find_unused_parameters;
@@ -139,7 +156,7 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                                  : fmt::format("bucket_cap_mb_list {} MiB", cap_list.text());
     std::printf("# %zu buckets, %s, views %s, hook %s, averaging %s, "
                 "find_unused_parameters %s%s, compute %.3g GB/s\n",
-                red.buckets().size(), caps.c_str(),
+                run_buckets, caps.c_str(),
                 ro.gradient_as_bucket_view ? "on" : "off", o.hook.c_str(),
                 o.avg_op ? "avg op" : ro.hook != CompressionHook::kNone ? "cast, divide, then sum" : "divide then sum",
                 o.find_unused ? "on" : "off",
@@ -149,6 +166,16 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                  set_last_bucket_cap_note(ro.set_last_bucket_small, o.find_unused, o.static_graph, o.first_iteration))
                     .c_str(),
                 o.compute_gbps);
+    if (rebuild_at > 0)
+      std::printf("# as DDP: iteration%s on its first-iteration buckets (%zu), then the %zu it "
+                  "rebuilds from rank 0's gradient order%s\n",
+                  rebuild_at == 1 ? " 0" : "s 0 and 1", first_buckets, run_buckets,
+                  o.warmup >= rebuild_at
+                      ? " (within the warm-up)"
+                      : fmt::format("; with -w {} the {} the first-iteration buckets", o.warmup,
+                                    rebuild_at - o.warmup == 1 ? "first timed iteration runs"
+                                                               : "first two timed iterations run")
+                            .c_str());
     std::fflush(stdout);
   }
 
@@ -216,6 +243,8 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
                                  {"first_wrong", first_wrong},
                                  {"timeline", timeline}};
     all = job.gather_to_root("ddp-step/result", mine);
+    const auto at = red.rebuilt_before_iteration();
+    res["buckets_rebuilt_before_iteration"] = at ? nlohmann::json(*at) : nlohmann::json(nullptr);
   } catch (...) {
     // A run that fails part-way: rank 0 knows its own gradients only. Wrong
     // ones fail the check; else it is skip, saying how far the run came.

@@ -1285,3 +1285,194 @@ TEST_CASE("reducer: a bucket that never completes times out a timeout after the 
   INFO(describe(f));
   CHECK(f.empty());
 }
+
+namespace {
+
+std::vector<std::vector<std::size_t>> bucket_params(const std::vector<ReducerBucket>& bs) {
+  std::vector<std::vector<std::size_t>> out;
+  for (const auto& b : bs) out.push_back(b.spec.param_indices);
+  return out;
+}
+
+std::vector<std::vector<std::size_t>> bucket_params(const std::vector<DdpBucket>& bs) {
+  std::vector<std::vector<std::size_t>> out;
+  for (const auto& b : bs) out.push_back(b.param_indices);
+  return out;
+}
+
+std::string show(const std::vector<std::vector<std::size_t>>& bs) {
+  std::string s;
+  for (const auto& b : bs) {
+    s += "[";
+    for (std::size_t i = 0; i < b.size(); ++i) s += (i ? " " : "") + std::to_string(b[i]);
+    s += "]";
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("reducer: rebuild_buckets runs DDP's first-iteration buckets, then rebuilds them from "
+          "rank 0's gradient order",
+          "[reducer]") {
+  const int n = GENERATE(2, 3);
+  CAPTURE(n);
+  // Rank 0 makes the gradients ready in one order, the other ranks in
+  // others: the rebuilt buckets are rank 0's on every rank.
+  const std::vector<std::size_t> rank0_order = {7, 5, 6, 3, 4, 1, 2, 0};
+  const Failures f = run_gloo_ranks(n, [&](Communicator& c, int rank, Failures& fail) {
+    for (bool stream : {false, true})
+      for (bool views : {true, false})
+        for (bool set_last : {false, true}) {
+          auto layout = small_layout();
+          layout.tensors[3].dtype = DType::kFloat64;  // two dtypes
+          layout.ready_order = rank0_order;
+          if (rank == 1) std::reverse(layout.ready_order.begin(), layout.ready_order.end());
+          if (rank == 2) layout.ready_order = {0, 1, 2, 3, 4, 5, 6, 7};
+          auto o = small_options();
+          o.rebuild_buckets = true;
+          o.gradient_as_bucket_view = views;
+          o.stream_path = stream;
+          o.set_last_bucket_small = set_last;
+          const auto limits = ddp_bucket_limits(o.bucket_cap_bytes, o.first_bucket_bytes);
+          Reducer red(c, layout, o);
+          const std::string what =
+              fmt::format("rank {} stream {} views {} set_last {}", rank, stream, views, set_last);
+          // One bucket per dtype, in registration order reversed.
+          const auto first = bucket_params(ddp_buckets_first_iteration(layout, limits, false, false, false));
+          auto rank0_layout = layout;
+          rank0_layout.ready_order = rank0_order;
+          const auto rebuilt = bucket_params(ddp_buckets(rank0_layout, limits, set_last));
+          if (bucket_params(ddp_buckets_rebuilt_from(layout, rank0_order, limits, set_last)) != rebuilt)
+            fail.push_back(what + ": ddp_buckets_rebuilt_from differs from ddp_buckets");
+          if (first.size() != 2) fail.push_back(what + ": expected one first-iteration bucket per dtype");
+          for (std::uint64_t it = 0; it < 4; ++it) {
+            simulate_backward(red, c, it);
+            red.finalize();
+            expect_exact(red, c, it, what, fail);
+            const auto& want = it == 0 ? first : rebuilt;
+            if (bucket_params(red.buckets()) != want)
+              fail.push_back(fmt::format("{} iteration {}: buckets {} instead of {}", what, it,
+                                         show(bucket_params(red.buckets())), show(want)));
+            if (red.last_timing().buckets.size() != want.size())
+              fail.push_back(fmt::format("{} iteration {}: {} bucket timings", what, it,
+                                         red.last_timing().buckets.size()));
+            const auto at = red.rebuilt_before_iteration();
+            if (it == 0 ? at.has_value() : at != std::optional<std::uint64_t>(1))
+              fail.push_back(fmt::format("{} iteration {}: rebuilt_before_iteration {}", what, it,
+                                         at ? std::to_string(*at) : "none"));
+          }
+          if (red.rebuild_order() != rank0_order) fail.push_back(what + ": rebuild_order is not rank 0's");
+        }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: rebuild_buckets with static_graph rebuilds after the second iteration, with "
+          "find_unused_parameters never",
+          "[reducer]") {
+  const Failures f = run_gloo_ranks(2, [&](Communicator& c, int rank, Failures& fail) {
+    for (bool views : {true, false}) {
+      // static_graph: big.bias (2) never reached; the ranks' orders differ.
+      {
+        auto layout = small_layout();
+        layout.ready_order = rank == 0 ? std::vector<std::size_t>{6, 7, 5, 4, 3, 1, 0}
+                                       : std::vector<std::size_t>{0, 1, 3, 4, 5, 6, 7};
+        auto o = small_options();
+        o.rebuild_buckets = true;
+        o.static_graph = true;
+        o.gradient_as_bucket_view = views;
+        const auto limits = ddp_bucket_limits(o.bucket_cap_bytes, o.first_bucket_bytes);
+        Reducer red(c, layout, o);
+        auto rank0_layout = layout;
+        rank0_layout.ready_order = {6, 7, 5, 4, 3, 1, 0};
+        const auto first = bucket_params(ddp_buckets_first_iteration(layout, limits, false, true, false));
+        const auto rebuilt = bucket_params(ddp_buckets_static_graph(rank0_layout, limits));
+        auto unused_on = [](int, std::size_t p) { return p == 2; };
+        for (std::uint64_t it = 0; it < 4; ++it) {
+          iteration_without(red, c, rank, it, true, unused_on);
+          expect_exact(red, c, it, "static_graph", fail, [&](int r, std::size_t p) { return !unused_on(r, p); });
+          const auto& want = it < 2 ? first : rebuilt;
+          if (bucket_params(red.buckets()) != want)
+            fail.push_back(fmt::format("static_graph views {} iteration {}: buckets {} instead of {}", views, it,
+                                       show(bucket_params(red.buckets())), show(want)));
+        }
+        if (red.rebuilt_before_iteration() != std::optional<std::uint64_t>(2))
+          fail.push_back("static_graph: not rebuilt before iteration 2");
+      }
+      // find_unused_parameters: the constructor's buckets for good.
+      {
+        auto o = small_options();
+        o.rebuild_buckets = true;
+        o.find_unused_parameters = true;
+        o.gradient_as_bucket_view = views;
+        const auto limits = ddp_bucket_limits(o.bucket_cap_bytes, o.first_bucket_bytes);
+        Reducer red(c, small_layout(), o);
+        const auto want = bucket_params(ddp_buckets_unrebuilt(small_layout(), limits));
+        for (std::uint64_t it = 0; it < 3; ++it) {
+          simulate_backward(red, c, it);
+          red.finalize();
+          expect_exact(red, c, it, "find_unused", fail);
+          if (bucket_params(red.buckets()) != want)
+            fail.push_back(fmt::format("find_unused iteration {}: buckets {}", it, show(bucket_params(red.buckets()))));
+        }
+        if (red.rebuilt_before_iteration()) fail.push_back("find_unused: rebuilt");
+      }
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("reducer: rebuild_buckets keeps a sparse parameter's reduced gradient, and refuses "
+          "first_iteration_buckets beside it",
+          "[reducer][sparse]") {
+  const Failures f = run_gloo_ranks(2, [&](Communicator& c, int rank, Failures& fail) {
+    auto layout = small_layout();
+    layout.tensors[0].expects_sparse = true;  // emb.weight
+    auto o = small_options();
+    o.rebuild_buckets = true;
+    Reducer red(c, layout, o);
+    simulate_backward(red, c, 0);
+    red.finalize();
+    expect_exact(red, c, 0, "sparse, first iteration", fail);
+    const SparseGrad g0 = red.sparse_grad(0);
+    const std::vector<std::int64_t> rows(g0.rows.begin(), g0.rows.end());
+    const std::vector<std::byte> values(g0.values.begin(), g0.values.end());
+    // The rebuild happens in the next prepare_for_backward: the gradient of
+    // iteration 0 is still there until that iteration's sparse bucket is
+    // reduced.
+    red.prepare_for_backward();
+    if (!red.rebuilt_before_iteration()) fail.push_back("sparse: not rebuilt");
+    const SparseGrad g1 = red.sparse_grad(0);
+    if (std::vector<std::int64_t>(g1.rows.begin(), g1.rows.end()) != rows ||
+        std::vector<std::byte>(g1.values.begin(), g1.values.end()) != values)
+      fail.push_back("sparse: the reduced gradient did not survive the rebuild");
+    for (std::size_t p : red.layout().gradient_ready_order()) red.mark_ready(p);
+    red.finalize();
+    o.first_iteration_buckets = true;
+    try {
+      Reducer bad(c, layout, o);
+      fail.push_back(fmt::format("rank {}: rebuild_buckets with first_iteration_buckets accepted", rank));
+    } catch (const UsageError& e) {
+      if (std::string(e.what()).find("exclude each other") == std::string::npos)
+        fail.push_back(std::string("unexpected message: ") + e.what());
+    }
+  });
+  INFO(describe(f));
+  CHECK(f.empty());
+}
+
+TEST_CASE("ddp_buckets_rebuilt_from refuses an order that is not a permutation of the trainable "
+          "parameters",
+          "[buckets]") {
+  const auto layout = small_layout();
+  const auto limits = ddp_bucket_limits(1024, 256);
+  CHECK_THROWS_WITH(ddp_buckets_rebuilt_from(layout, std::vector<std::size_t>{7, 6, 5}, limits),
+                    Catch::Contains("lists 3 of the 8 trainable parameters"));
+  CHECK_THROWS_WITH(ddp_buckets_rebuilt_from(layout, std::vector<std::size_t>{7, 7, 6, 5, 4, 3, 2, 1}, limits),
+                    Catch::Contains("parameter index 7 twice"));
+  CHECK_THROWS_WITH(ddp_buckets_rebuilt_from(layout, std::vector<std::size_t>{8, 6, 5, 4, 3, 2, 1, 0}, limits),
+                    Catch::Contains("outside the layout"));
+}

@@ -919,6 +919,108 @@ class DdpAsRunTest(unittest.TestCase):
         bump("DDP runs compared", 2)
 
 
+# One rank of a real two-rank DDP (Gloo, file rendezvous), for RebuildTest:
+# for each case, a module whose forward uses the parameters in this rank's
+# order, the buckets a comm hook sees in each of four iterations.
+REBUILD_WORKER = r"""
+import json, sys
+import torch, torch.distributed as dist, torch.nn as nn
+rank, path, cases = int(sys.argv[1]), sys.argv[2], json.load(open(sys.argv[3]))
+dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
+out = []
+for case in cases:
+    params = [nn.Parameter(torch.zeros(t["shape"], dtype=getattr(torch, t["dtype"].replace("torch.", ""))))
+              for t in case["layout"]]
+    module = nn.Module()
+    for i, p in enumerate(params):
+        module.register_parameter("p%d" % i, p)
+    order = case["forward"][rank]
+    def forward(x, order=order):
+        for i in order:
+            x = x + params[i].float().sum()
+        return x
+    module.forward = forward
+    kwargs = {"bucket_cap_mb": case["cap_mb"], "static_graph": case["static_graph"]}
+    ddp = nn.parallel.DistributedDataParallel(module, **kwargs)
+    index_of = {id(p): i for i, p in enumerate(params)}
+    seen = []
+    def record(state, bucket):
+        seen.append((bucket.index(), [index_of[id(p)] for p in bucket.parameters()]))
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+    ddp.register_comm_hook(None, record)
+    iterations = []
+    for _ in range(4):
+        seen.clear()
+        ddp(torch.zeros(1)).sum().backward()
+        iterations.append([b for _, b in sorted(seen)])
+    out.append(iterations)
+    dist.barrier()
+print(json.dumps(out))
+"""
+
+
+class RebuildTest(unittest.TestCase):
+    """Two real DDP ranks whose backward makes the gradients ready in
+    different orders: the buckets DDP rebuilds are rank 0's on both, the
+    ones `ddpdiag buckets` gives for rank 0's order (ddpdiag's reducer,
+    rebuilding, broadcasts rank 0's order likewise: its unit tests)."""
+
+    def test_ranks_take_rank_0s_order(self):
+        rng = random.Random(41)
+        cases = []
+        for _ in range(8 * SCALE):
+            layout = float_layout(rng, rng.choice([["float32"], ["float32", "float64"]]))
+            if len(layout) < 5:
+                layout += float_layout(rng, ["float32"])[:5]
+                for i, t in enumerate(layout):
+                    t["name"] = f"layer{i}.weight"
+            static = rng.random() < 0.3
+            forward = []
+            for _ in range(2):
+                f = list(range(len(layout)))
+                rng.shuffle(f)
+                forward.append(f)
+            cap_bytes = rng.choice([300, 1000, 4096])
+            cases.append({"layout": layout, "forward": forward, "cap_mb": cap_bytes / MIB, "static_graph": static})
+        with tempfile.TemporaryDirectory() as d:
+            spec = os.path.join(d, "cases.json")
+            with open(spec, "w") as f:
+                json.dump(cases, f)
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            procs = [subprocess.Popen([sys.executable, "-c", REBUILD_WORKER, str(r), os.path.join(d, "pg"), spec],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                     for r in range(2)]
+            results = []
+            for r, p in enumerate(procs):
+                try:
+                    out, err = p.communicate(timeout=300)
+                except subprocess.TimeoutExpired:
+                    for q in procs:
+                        q.kill()
+                    self.fail(f"torch rank {r} did not finish its DDP runs within 300 s")
+                self.assertEqual(p.returncode, 0, f"torch rank {r}: {err[-2000:]}")
+                results.append(json.loads(out.strip().splitlines()[-1]))
+        differ = 0
+        for k, case in enumerate(cases):
+            first_rebuilt = 2 if case["static_graph"] else 1
+            ready = [list(reversed(f)) for f in case["forward"]]
+            cap = repr(case["cap_mb"])
+            first = repr(case["cap_mb"] if TORCH_MAJOR >= 2 else 1)
+            ours = our_ddp_buckets(case["layout"], cap, first, ready_order=ready[0], static_graph=case["static_graph"])
+            ours_rank1 = our_ddp_buckets(case["layout"], cap, first, ready_order=ready[1],
+                                         static_graph=case["static_graph"])
+            with self.subTest(case=k, static_graph=case["static_graph"], cap_mb=case["cap_mb"]):
+                for it in range(first_rebuilt, 4):
+                    self.assertEqual(results[0][k][it], ours, f"rank 0, iteration {it}")
+                    self.assertEqual(results[1][k][it], ours, f"rank 1, iteration {it}")
+            differ += ours != ours_rank1
+            bump("two-rank DDP rebuilds compared (each rank its own gradient order)")
+        self.assertGreater(differ, 0)  # rank 1's own order would give other buckets
+        bump("of those, where rank 1's own order would give other buckets", differ)
+
+
 class ReadyOrderTest(unittest.TestCase):
     """Real modules, whose backward does not walk the parameters exactly in
     reverse (a norm layer's weight gradient is ready before its bias's),

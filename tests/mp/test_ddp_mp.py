@@ -383,6 +383,51 @@ class DdpStep(unittest.TestCase):
         finally:
             os.unlink(layout)
 
+    def test_ddp_step_rebuilds_the_buckets_as_ddp_does(self):
+        # DDP's first iteration (two with static_graph) on its first-iteration
+        # buckets, then the ones it rebuilds (none with find_unused_parameters
+        # alone); -w 0 times them all, every gradient the true mean.
+        layout = unused_layer_layout()
+        try:
+            cases = (("mlp", [], 2, 1), ("mlp", ["--gradient-as-bucket-view"], 3, 1),
+                     (layout, ["--static-graph"], 2, 2), (layout, ["--find-unused-parameters"], 2, None))
+            for model, extra, n, at in cases:
+                with self.subTest(model=model, extra=extra):
+                    caps = ["--bucket-cap-mb", "0.05", "--first-bucket-mb", "0.01"]
+                    path = tmp_json()
+                    p = run(["ddp-step", "--nproc", str(n), "--model", model, "-n", "3", "-w", "0",
+                             "--json", path] + caps + extra, timeout=240)
+                    self.assertEqual(p.returncode, 0, p.stderr)
+                    res = load(path)["results"]
+                    os.unlink(path)
+                    self.assertEqual(res["wrong"], 0)
+                    self.assertEqual(res["buckets_rebuilt_before_iteration"], at)
+                    rebuilt, first = [], []
+                    for flags, out in (([], rebuilt), (["--first-iteration"], first)):
+                        path = tmp_json()
+                        b = run(["buckets", "--model", model, "--json", path] + caps + flags +
+                                [f for f in extra if f != "--gradient-as-bucket-view"])
+                        self.assertEqual(b.returncode, 0, b.stderr)
+                        out.extend((x["bytes"], x["tensor_count"]) for x in load(path)["results"]["buckets"])
+                        os.unlink(path)
+                    self.assertEqual(res["buckets"], len(rebuilt))
+                    self.assertEqual(res["first_iteration_buckets"], len(first))
+                    # the last iteration's buckets
+                    self.assertEqual([(t["bytes"], t["tensors"]) for t in res["timeline_rank0"] if "bucket" in t],
+                                     rebuilt)
+                    if at is None:
+                        self.assertEqual(first, rebuilt)
+                        self.assertNotIn("# as DDP:", p.stdout)
+                    else:
+                        self.assertNotEqual(first, rebuilt)
+                        self.assertIn("# as DDP: iteration%s on its first-iteration buckets (%d), then the %d it "
+                                      "rebuilds from rank 0's gradient order; with -w 0 the first %s" %
+                                      (" 0" if at == 1 else "s 0 and 1", len(first), len(rebuilt),
+                                       "timed iteration runs" if at == 1 else "two timed iterations run"),
+                                      p.stdout)
+        finally:
+            os.unlink(layout)
+
     def test_skip_all_reduce_unused_params_leaves_out_the_unused_buckets(self):
         # torch 2.x's skip_all_reduce_unused_params: no all_reduce for the
         # buckets of aux (unused in forward), each alone at a 104-byte cap;
