@@ -283,6 +283,14 @@ class Reducer {
   // rebuilt buckets, once they are; and rank 0's order they were rebuilt
   // from (empty until then).
   std::optional<std::uint64_t> rebuilt_before_iteration() const { return rebuilt_before_; }
+  // rebuild_buckets: the index (from 0) of the first iteration that will run
+  // on rebuilt buckets (1, or 2 with static_graph); nullopt where DDP keeps
+  // its buckets.
+  std::optional<std::uint64_t> rebuild_planned_before_iteration() const {
+    return record_iteration_ ? std::optional<std::uint64_t>(record_iteration_) : std::nullopt;
+  }
+  // The bucket size limits in bytes: [first, cap] or the cap list.
+  const std::vector<std::uint64_t>& bucket_size_limits() const { return limits_; }
   const std::vector<std::size_t>& rebuild_order() const { return rebuild_order_; }
   // Bucket index and position within it of each parameter.
   std::size_t bucket_of(std::size_t param_index) const { return where_[param_index].bucket; }

@@ -107,15 +107,13 @@ void run(Job& job, reports::Report& report, const DdpStepOptions& o) {
   // The buckets of the run once rebuilt (every rank makes its gradients
   // ready in the layout's order, so rank 0's order is that one), and the
   // iteration (from 0) that first runs them.
-  const auto& limits = cap_list.empty() ? ddp_bucket_limits(ro.bucket_cap_bytes, ro.first_bucket_bytes)
-                                        : ro.bucket_size_limits;
   const std::size_t first_buckets = red.buckets().size();
   const std::size_t run_buckets =
       o.first_iteration ? first_buckets
-                        : ddp_buckets_as_run(layout, limits, ro.find_unused_parameters, ro.static_graph,
-                                             ro.set_last_bucket_small)
+                        : ddp_buckets_as_run(layout, red.bucket_size_limits(), ro.find_unused_parameters,
+                                             ro.static_graph, ro.set_last_bucket_small)
                               .size();
-  const int rebuild_at = o.first_iteration || (o.find_unused && !o.static_graph) ? -1 : o.static_graph ? 2 : 1;
+  const int rebuild_at = static_cast<int>(red.rebuild_planned_before_iteration().value_or(0));
   BackwardSimOptions so;
   so.compute_gbps = o.compute_gbps;
   so.sparse_rows = o.sparse_rows;
