@@ -11,9 +11,13 @@
 
 #include <cerrno>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace ddpdiag {
 
@@ -28,9 +32,24 @@ class InputFileError : public std::runtime_error {
   Kind kind_;
 };
 
+namespace input_file_detail {
+// What a pipe gave, by path and pipe: a pipe is read once, and a process
+// that reads its input twice (a check of the layout's memory before the run,
+// then the run) must find the same text the second time, not an empty pipe.
+struct PipeTexts {
+  std::mutex mu;
+  std::map<std::pair<std::string, ino_t>, std::string> texts;
+};
+inline PipeTexts& pipe_texts() {
+  static PipeTexts p;
+  return p;
+}
+}  // namespace input_file_detail
+
 // The whole of `path`, at most max_bytes. Regular files, and pipes or FIFOs
 // (`<(...)`), whose writer must send something every `pipe_wait_ms`;
-// directories, devices and sockets are refused. Throws InputFileError.
+// directories, devices and sockets are refused. Throws InputFileError. A
+// pipe is read once per process: reading it again returns what it gave.
 inline std::string read_input_file(const std::string& path, std::size_t max_bytes,
                                    int pipe_wait_ms = 10000) {
   struct stat st {};
@@ -42,6 +61,17 @@ inline std::string read_input_file(const std::string& path, std::size_t max_byte
     throw InputFileError(InputFileError::Kind::kNotAFile, "it is a device or socket");
   if (!pipe && static_cast<std::uint64_t>(st.st_size) > max_bytes)
     throw InputFileError(InputFileError::Kind::kTooLarge, "it is larger than " + std::to_string(max_bytes >> 20) + " MiB");
+  const auto key = std::make_pair(path, st.st_ino);
+  if (pipe) {
+    auto& seen = input_file_detail::pipe_texts();
+    std::lock_guard<std::mutex> lock(seen.mu);
+    if (auto it = seen.texts.find(key); it != seen.texts.end()) {
+      if (it->second.size() > max_bytes)
+        throw InputFileError(InputFileError::Kind::kTooLarge,
+                             "it is larger than " + std::to_string(max_bytes >> 20) + " MiB");
+      return it->second;
+    }
+  }
   // A FIFO opens at once without O_NONBLOCK only once a writer is there.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | (pipe ? O_NONBLOCK : 0));
   if (fd < 0) throw InputFileError(InputFileError::Kind::kUnreadable, "cannot open it: " + std::string(std::strerror(errno)));
@@ -75,6 +105,11 @@ inline std::string read_input_file(const std::string& path, std::size_t max_byte
     }
   }
   ::close(fd);
+  if (pipe) {
+    auto& seen = input_file_detail::pipe_texts();
+    std::lock_guard<std::mutex> lock(seen.mu);
+    seen.texts.emplace(key, text);
+  }
   return text;
 }
 

@@ -1155,6 +1155,18 @@ std::string MonitoredCommunicator::remote_store_host_problem(Clock::time_point n
   }
 }
 
+bool MonitoredCommunicator::store_host_here_silent() const {
+  // Its kernel still accepts connections for a stopped process, so a retry
+  // would hold this thread for the store's deadline each time, and the
+  // watch of that rank's stop (looked at every poll) would start over.
+  const int h = opts_.store_host_rank;
+  if (h < 0 || h == rank() || h >= static_cast<int>(opts_.peers.size())) return false;
+  const auto& p = opts_.peers[h];
+  if (!p.same_machine || p.pid <= 0) return false;
+  const char st = process_state(p.pid);
+  return gone_state(st) || stopped_state(st);
+}
+
 void MonitoredCommunicator::watchdog_loop() {
   while (true) {
     bool failed = false;
@@ -1169,7 +1181,7 @@ void MonitoredCommunicator::watchdog_loop() {
         note_store_lost(e);
         store_retry_at_ = Clock::now() + kStoreRetry;
       }
-    } else if (!failed && Clock::now() >= store_retry_at_) {
+    } else if (!failed && Clock::now() >= store_retry_at_ && !store_host_here_silent()) {
       // One failed store call (a stall longer than the store deadline) must
       // not silence this rank's heartbeat for good: its peers would take it
       // for dead. The client reconnects; once the store answers again, it
@@ -1253,6 +1265,16 @@ void MonitoredCommunicator::watchdog_loop() {
       }
     }
     if (store_lost_) {
+      // What this machine tells without the store still ends the op: a peer
+      // here whose process is gone or stopped (the rank that hosted the
+      // store, most often: it took the store with it), or an op past its
+      // deadline. No alarm can be raised; each rank's own watchdog sees it.
+      if (overdue && !alarm_seen_) {
+        alarm_seen_ = true;
+        note_halt_reason(fmt::format("rank {}: {}", rank(), overdue_what));
+        halt();
+        continue;
+      }
       // Nothing more to learn from a store that is gone, but where it went:
       // its rank's host answers for it on the store's port. A store that
       // lives in a frozen rank leaves no heartbeat to watch, so this is how

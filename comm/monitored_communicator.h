@@ -260,6 +260,9 @@ class MonitoredCommunicator final : public Communicator {
   // (state T or t for heartbeat_stall, when that is on); "" if neither, or
   // r is on another machine.
   std::string local_peer_problem(int r, std::chrono::steady_clock::time_point now);
+  // The rank that hosts the store is on this machine and its process is
+  // gone or stopped: retrying the store would only wait out its deadline.
+  bool store_host_here_silent() const;
   // With the store lost for the heartbeat stall: why the rank that hosts it,
   // on another machine, is to blame (its host refuses the store's port: the
   // process ended; accepts it while the store stays silent: the process is

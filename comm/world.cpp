@@ -354,6 +354,12 @@ World discover_world(const WorldFlags& flags, const EnvLookup& env,
     if (*size < 1)
       throw world_error(fmt::format("{}={} must be at least 1", size_var, *size),
                         "the world size counts every rank of the job");
+    // Rank 0 keeps a few bytes per rank (whom it waits for, their
+    // timelines): a typo of a billion ranks would take gigabytes of it.
+    if (*size > kMaxWorldSize)
+      throw world_error(fmt::format("{}={} is more ranks than ddpdiag meets in one world (at most {})",
+                                    size_var, *size, kMaxWorldSize),
+                        "check the world size for a typo: it counts every rank of the job");
     if (*rank < 0 || *rank >= *size)
       throw world_error(
           fmt::format("{}={} is out of range for {}={} (ranks are 0..{})", rank_var, *rank,

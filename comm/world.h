@@ -41,6 +41,10 @@ inline constexpr const char* kRankVariables[] = {"RANK", "OMPI_COMM_WORLD_RANK",
 
 std::string_view launcher_name(Launcher l);
 
+// The most ranks one world may have (2^20): more than any job runs, and a
+// world size beyond it is refused as a typo.
+inline constexpr long kMaxWorldSize = 1L << 20;
+
 // Flags given on the command line; unset fields fall back to the environment.
 struct WorldFlags {
   std::optional<int> rank;

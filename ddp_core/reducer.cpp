@@ -201,7 +201,7 @@ Reducer::Reducer(Communicator& comm, ModelLayout layout, ReducerOptions options)
   marked_.assign(layout_.tensors.size(), 0);
   if (allows_unused()) {
     used_map_.assign(layout_.tensors.size(), 0);
-    used_map_buffer_ = CommBuffer(comm_, used_map_.size());
+    used_map_buffer_ = CommBuffer(comm_, used_map_.size() * sizeof(std::int32_t));
   }
 }
 
@@ -951,9 +951,11 @@ void Reducer::finalize() {
     if (allows_unused() && !static_fixed()) {
       // After every bucket, so all ranks issue it at the same position.
       for (std::size_t p = 0; p < marked_.size(); ++p) used_map_[p] = marked_[p] == 1 ? 1 : 0;
-      comm_.copy_from_host(used_map_buffer_.get(), used_map_.data(), used_map_.size());
+      // As DDP's local_used_map_: int32, summed (a parameter is used when
+      // any rank used it), so the traffic is DDP's 4 bytes a parameter.
+      comm_.copy_from_host(used_map_buffer_.get(), used_map_.data(), used_map_.size() * sizeof(std::int32_t));
       used_map_work_ = comm_.allreduce(used_map_buffer_.get(), used_map_buffer_.get(),
-                                       used_map_.size(), DType::kUInt8, ReduceOp::kMax);
+                                       used_map_.size(), DType::kInt32, ReduceOp::kSum);
       used_map_issued = ReducerClock::now();
     }
     DDPDIAG_ASSERT(next_to_launch_ == buckets_.size());
@@ -965,7 +967,7 @@ void Reducer::finalize() {
     if (used_map_work_) {
       used_map_work_->wait(left_until(std::max(since, used_map_issued) + timeout()));
       used_map_work_.reset();
-      comm_.copy_to_host(used_map_.data(), used_map_buffer_.get(), used_map_.size());
+      comm_.copy_to_host(used_map_.data(), used_map_buffer_.get(), used_map_.size() * sizeof(std::int32_t));
       // Every rank contributed zeros for these, so their reduced gradients
       // are zero already; the list is for the caller.
       for (std::size_t p = 0; p < used_map_.size(); ++p)

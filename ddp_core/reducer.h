@@ -384,7 +384,7 @@ class Reducer {
   // its parameters has its own gradient buffer.
   void make_plan(std::size_t b);
   std::vector<std::uint8_t> marked_;   // this iteration: 0 no, 1 used, 2 unused
-  std::vector<std::uint8_t> used_map_;  // host copy of the bitmap (1 = used)
+  std::vector<std::int32_t> used_map_;  // host copy of the used map (> 0 = used on some rank)
   CommBuffer used_map_buffer_;          // comm memory for its all_reduce
   std::shared_ptr<Work> used_map_work_;
   ReduceOp sum_op_ = ReduceOp::kSum;    // the op of the buckets' all_reduce

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -1144,6 +1145,34 @@ void check_backward_rate(std::uint64_t gradient_bytes, double gbps, int rank) {
                                   static_cast<double>(gradient_bytes) / 3600e9)});
 }
 
+std::string format_rank_ranges(const std::vector<std::pair<int, int>>& ranges, std::size_t max_ranges) {
+  std::string out;
+  std::int64_t left = 0;
+  for (std::size_t i = 0; i < ranges.size(); ++i) {
+    const auto [from, to] = ranges[i];
+    if (i >= max_ranges) {
+      left += static_cast<std::int64_t>(to) - from + 1;
+      continue;
+    }
+    out += (out.empty() ? "" : ",") + (from == to ? std::to_string(from) : fmt::format("{}-{}", from, to));
+  }
+  if (left > 0) out += fmt::format(" and {} more", left);
+  return out;
+}
+
+std::string rank_ranges(std::vector<int> ranks, std::size_t max_ranges) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::vector<std::pair<int, int>> ranges;
+  for (int r : ranks) {
+    if (!ranges.empty() && ranges.back().second + 1 == r)
+      ranges.back().second = r;
+    else
+      ranges.emplace_back(r, r);
+  }
+  return format_rank_ranges(ranges, max_ranges);
+}
+
 std::vector<std::string> split_list(const std::string& s, const std::string& flag,
                                     const std::string& example, int rank) {
   std::vector<std::string> out;
@@ -1431,6 +1460,10 @@ std::optional<std::string> file_digest(const std::string& path) {
 }
 
 // Every rank's settings against rank 0's: one line per option that differs.
+// The recorded value of a setting left at its default that is the job's
+// world size: resolved when the ranks' settings are compared.
+constexpr const char* kJobWorldSizeSetting = "(the job's world size)";
+
 std::vector<std::string> settings_differences(const std::vector<nlohmann::json>& infos) {
   std::vector<std::string> out;
   if (infos.empty() || !infos[0].is_object()) return out;
@@ -1452,8 +1485,14 @@ std::vector<std::string> settings_differences(const std::vector<nlohmann::json>&
     for (const auto& [k, _] : ref.items()) names.push_back(k);
     for (const auto& [k, _] : mine.items())
       if (!ref.contains(k)) names.push_back(k);
+    // A setting whose default is the job's world size (dp-vs-ring's
+    // --world-sizes) agrees with that size given.
+    const auto value = [&](const nlohmann::json& settings, const std::string& name) {
+      const std::string v = field(settings, name, "value");
+      return v == kJobWorldSizeSetting ? std::to_string(infos.size()) : v;
+    };
     for (const auto& k : names)
-      if (field(mine, k, "value") != field(ref, k, "value"))
+      if (value(mine, k) != value(ref, k))
         out.push_back(fmt::format("{}: rank {} has {}, rank 0 has {}", k, r, shown(mine, k),
                                   shown(ref, k)));
   }
@@ -1527,6 +1566,29 @@ void record_rank_settings(const CLI::App& subcommand) {
       value = *digest;
     } else {
       value = canonical_settings(value);
+    }
+    // Names that read as the same setting (-d float and -d float32, -o avg
+    // and -o mean, --backend auto and the backend it picks here), and a
+    // default that is the job's world size.
+    if (name == "--datatype" || name == "--op") {
+      std::string named;
+      for (std::size_t from = 0; from <= value.size();) {
+        const auto comma = std::min(value.find(',', from), value.size());
+        const std::string item = value.substr(from, comma - from);
+        from = comma + 1;
+        std::string one = item;
+        if (name == "--datatype") {
+          if (const auto t = parse_dtype(item)) one = std::string(dtype_name(*t));
+        } else if (const auto op = parse_reduce_op(item)) {
+          one = std::string(reduce_op_name(*op));
+        }
+        named += (named.empty() ? "" : ",") + one;
+      }
+      value = named;
+    } else if (name == "--backend" && value == "auto") {
+      value = (nccl_supported() && cuda_device_count() > 0) ? "nccl" : "gloo";
+    } else if (name == "--world-sizes" && opt->count() == 0) {
+      value = kJobWorldSizeSetting;
     }
     settings[name] = {{"value", value}, {"shown", shown}};
   }
@@ -1842,6 +1904,58 @@ reports::RankInfo rank_info_of(int r, const nlohmann::json& j) {
 
 }  // namespace
 
+struct MissingRanks {
+  std::string text;  // format_rank_ranges: "1-3,7"
+  int first = -1;    // the lowest missing rank, -1 if none is known
+};
+
+// After the rendezvous deadline: which of the n ranks never set their
+// rank/<r> key. job.ranks gets the ones that did.
+MissingRanks find_missing_ranks(Job& job, int n, std::int64_t joined) {
+  const auto look_until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::vector<std::pair<int, int>> ranges;  // missing [from, to]
+  const auto add_missing = [&](int from, int to) {
+    if (!ranges.empty() && ranges.back().second + 1 == from)
+      ranges.back().second = to;
+    else
+      ranges.emplace_back(from, to);
+  };
+  job.ranks.clear();
+  std::int64_t found = 0;
+  int r = 0;
+  bool unchecked = false;
+  for (; r < n; ++r) {
+    if (found >= joined) {  // every rank that joined is found: the rest never came
+      add_missing(r, n - 1);
+      r = n;
+      break;
+    }
+    if (std::chrono::steady_clock::now() >= look_until) {
+      unchecked = true;
+      break;
+    }
+    const std::string key = "rank/" + std::to_string(r);
+    if (!job.store->check({key})) {
+      add_missing(r, r);
+      continue;
+    }
+    ++found;
+    try {
+      auto j = nlohmann::json::parse(to_string(job.store->get(key, Millis(2000))), nullptr, false);
+      if (j.is_object()) job.ranks.push_back(rank_info_of(r, j));
+    } catch (const Error&) {
+      // Only the report's world misses it; the timeout is what to report.
+    }
+  }
+  MissingRanks out;
+  if (!ranges.empty()) out.first = ranges.front().first;
+  out.text = format_rank_ranges(ranges);
+  if (unchecked)
+    out.text += fmt::format("{}ranks {}-{} not checked (the store answered too slowly)",
+                            out.text.empty() ? "" : "; ", r, n - 1);
+  return out;
+}
+
 void wait_for_ranks(Job& job) {
   const int n = job.size();
   const int me = job.rank();
@@ -1884,29 +1998,15 @@ void wait_for_ranks(Job& job) {
       if (job.server)
         if (auto problem = master_addr_problem(job.world); !problem.empty()) loopback = problem;
       // The ranks that did arrive are known: job.ranks keeps them for the
-      // report's world.
-      std::vector<int> missing;
-      job.ranks.clear();
-      for (int r = 0; r < n; ++r) {
-        const std::string key = "rank/" + std::to_string(r);
-        if (!job.store->check({key})) {
-          missing.push_back(r);
-          continue;
-        }
-        try {
-          auto j = nlohmann::json::parse(to_string(job.store->get(key, Millis(2000))), nullptr, false);
-          if (j.is_object()) job.ranks.push_back(rank_info_of(r, j));
-        } catch (const Error&) {
-          // Only the report's world misses it; the timeout is what to report.
-        }
-      }
-      std::string list;
-      for (int r : missing) list += (list.empty() ? "" : ", ") + std::to_string(r);
+      // report's world. Once as many are found as joined, the rest are
+      // missing without asking the store one rank at a time (a world of
+      // 10^6 where a few ranks came); the look itself has a deadline.
+      const MissingRanks missing = find_missing_ranks(job, n, joined);
       throw RendezvousError(
           fmt::format("rendezvous timed out after {:.0f} s: {} of {} ranks joined; rank(s) "
                       "that never arrived: {}",
-                      job.timeout.count() / 1000.0, joined, n, list.empty() ? "?" : list),
-          {"rendezvous", me, missing.empty() ? -1 : missing.front(),
+                      job.timeout.count() / 1000.0, joined, n, missing.text.empty() ? "?" : missing.text),
+          {"rendezvous", me, missing.first,
            loopback.empty()
                ? "check that every rank was started, that they all use the same MASTER_ADDR:"
                  "MASTER_PORT and WORLD_SIZE, and that the missing ranks can reach the store "
@@ -2755,6 +2855,82 @@ void check_report_outputs(const std::string& json_path, const std::string& markd
 }
 
 namespace {
+// A model layout given as a pipe (--model <(...)) to the built-in launcher:
+// every rank would open the one pipe, and all but the first would find it
+// empty. The launcher reads it once into a file of its own, which the ranks
+// read instead, and removes that file when they are done (a launcher killed
+// by SIGKILL leaves it in TMPDIR).
+class PipedModelFile {
+ public:
+  PipedModelFile() = default;
+  PipedModelFile(const PipedModelFile&) = delete;
+  PipedModelFile& operator=(const PipedModelFile&) = delete;
+  ~PipedModelFile() {
+    if (!path_.empty()) ::unlink(path_.c_str());
+  }
+
+  // Replaces a --model value naming a pipe or FIFO in `args` with the path
+  // of a file holding what it gave.
+  void take_from(std::vector<std::string>& args) {
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      std::string* value = nullptr;
+      std::string prefix;
+      if (args[i] == "--model" && i + 1 < args.size()) {
+        value = &args[i + 1];
+      } else if (args[i].rfind("--model=", 0) == 0) {
+        value = &args[i];
+        prefix = "--model=";
+      }
+      if (!value) continue;
+      const std::string path = value->substr(prefix.size());
+      struct stat st {};
+      if (::stat(path.c_str(), &st) != 0 || !S_ISFIFO(st.st_mode)) continue;
+      std::string text;
+      try {
+        text = read_input_file(path, std::size_t{256} << 20);
+      } catch (const InputFileError& e) {
+        throw UsageError(fmt::format("--model '{}': {}", path, e.what()),
+                         {"flags", -1, -1, "give the layout as a file: python ... > layout.json"});
+      }
+      // Checked here, where its errors can name the pipe, and copied in the
+      // object form with the pipe's name (as the ranks would name it).
+      ddp_core::ModelLayout layout = ddp_core::parse_model_layout_json(text, path);
+      if (path_.empty()) path_ = write_copy(ddp_core::model_layout_to_json(layout));
+      *value = prefix + path_;
+    }
+  }
+
+ private:
+  static std::string write_copy(const std::string& text) {
+    const char* dir = std::getenv("TMPDIR");
+    std::string name = std::string(dir && *dir ? dir : "/tmp") + "/ddpdiag-model-XXXXXX.json";
+    const int fd = ::mkstemps(name.data(), 5);
+    if (fd < 0)
+      throw UsageError(fmt::format("--model: the layout came through a pipe, and the launcher cannot "
+                                   "keep a copy for its ranks in {}: {}",
+                                   name.substr(0, name.rfind('/')), std::strerror(errno)),
+                       {"flags", -1, -1, "give the layout as a file, or set TMPDIR to a writable directory"});
+    std::size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::close(fd);
+        ::unlink(name.c_str());
+        throw UsageError(fmt::format("--model: cannot write the copy of the piped layout to {}: {}", name,
+                                     std::strerror(err)),
+                         {"flags", -1, -1, "give the layout as a file, or set TMPDIR to a writable directory"});
+      }
+      done += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+    return name;
+  }
+
+  std::string path_;
+};
+
 std::optional<int> launch_if_asked_unreported(const CommonOptions& o) {
   auto env = process_env();
   const bool under_launcher = launched_by_launcher(env);
@@ -2889,6 +3065,8 @@ std::optional<int> launch_if_asked_unreported(const CommonOptions& o) {
       if (args[i].rfind("--nproc=", 0) == 0) continue;
       child.push_back(args[i]);
     }
+    PipedModelFile piped_model;
+    piped_model.take_from(child);
     lo.child_args = child;
     lo.user_args = args;
     lo.grace = Millis(static_cast<std::int64_t>(o.timeout_s * 1000) + 5000);

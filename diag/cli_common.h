@@ -395,6 +395,12 @@ void check_backward_rate(std::uint64_t gradient_bytes, double gbps, int rank);
 // and --no-gradient-views say DDP's default (False) explicitly.
 void add_gradient_view_flags(CLI::App* app, bool& views);
 
+// Ranks as ranges, "0-3,8" (a run of consecutive ranks as first-last), at
+// most max_ranges of them and then how many ranks more: the lists of
+// missing or failed ranks stay one short line in a world of any size.
+std::string format_rank_ranges(const std::vector<std::pair<int, int>>& ranges, std::size_t max_ranges = 32);
+std::string rank_ranges(std::vector<int> ranks, std::size_t max_ranges = 32);
+
 // The entries of a comma-separated flag value ("" gives none). Throws
 // UsageError naming `flag` (and `rank`) for an empty entry ("1,,5", "1,5,").
 std::vector<std::string> split_list(const std::string& s, const std::string& flag,

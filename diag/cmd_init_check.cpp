@@ -642,7 +642,15 @@ int run_init_check(const InitCheckOptions& io) {
     std::vector<bool> registered(n, false);
     registered[0] = reached_store;
     const auto deadline = Clock::now() + std::min(job.timeout, Millis(failure ? 5000 : 15000));
-    for (int r = 1; r < n && reached_store; ++r) {
+    // How many other ranks registered: once that many are found, the rest
+    // never reached the store, and are not asked for one by one.
+    std::int64_t others_joined = n;
+    if (reached_store) try {
+        others_joined = job.store->add("joined", 0) - (job.joined ? 1 : 0);
+      } catch (const Error&) {
+      }
+    std::int64_t others_found = 0;
+    for (int r = 1; r < n && reached_store && others_found < others_joined && Clock::now() < deadline; ++r) {
       const std::string key = fmt::format("initcheck/timeline/{}", r);
       try {
         for (;;) {
@@ -657,6 +665,7 @@ int run_init_check(const InitCheckOptions& io) {
         }
       } catch (const Error&) {
       }
+      others_found += registered[r] ? 1 : 0;
     }
     auto host_of = [&](int r) -> nlohmann::json {
       for (const auto& k : job.ranks)
@@ -733,11 +742,7 @@ int run_init_check(const InitCheckOptions& io) {
         unreported.push_back(r);
         (registered[r] ? late : never_registered).push_back(r);
       }
-    auto list = [](const std::vector<int>& v) {
-      std::string s;
-      for (int r : v) s += (s.empty() ? "" : ",") + std::to_string(r);
-      return s;
-    };
+    auto list = [](const std::vector<int>& v) { return rank_ranges(v); };
     for (const char* p : kPhases) {
       std::vector<int> failed, ok, skipped;
       for (int r = 0; r < n; ++r) {
@@ -802,11 +807,23 @@ int run_init_check(const InitCheckOptions& io) {
     for (int r = 0; r < n; ++r) {
       if (!all[r].is_object()) {
         const nlohmann::json h = host_of(r);
-        std::printf("  %4d %-12s %-16s %9s %10s  %-4s  %s\n", r,
+        // A run of such ranks with no host known is one line (a world whose
+        // ranks mostly never came).
+        int last = r;
+        if (!h.is_string())
+          while (last + 1 < n && !all[last + 1].is_object() && registered[last + 1] == registered[r] &&
+                 !host_of(last + 1).is_string())
+            ++last;
+        const std::string who = last == r ? std::to_string(r) : fmt::format("{}-{}", r, last);
+        std::printf("  %4s %-12s %-16s %9s %10s  %-4s  %s\n", who.c_str(),
                     h.is_string() ? h.get<std::string>().c_str() : "?", "-", "-", "-", "-",
-                    registered[r] ? "no timeline: this rank registered at the store, then sent "
-                                    "none in time (it died, or is still stuck: see its own output)"
-                                  : "no timeline: this rank never reached the store");
+                    registered[r] ? (last == r ? "no timeline: this rank registered at the store, then sent "
+                                                 "none in time (it died, or is still stuck: see its own output)"
+                                               : "no timeline: these ranks registered at the store, then sent "
+                                                 "none in time (they died, or are still stuck: see their output)")
+                    : last == r ? "no timeline: this rank never reached the store"
+                                : "no timeline: these ranks never reached the store");
+        r = last;
         continue;
       }
       print_timeline(stdout, world_known ? r : -1, all[r].value("host", std::string("?")),

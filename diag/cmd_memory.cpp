@@ -23,7 +23,8 @@
 // communication_buffers: staging of the coalesced parameter broadcast (zero
 // when the parameters are contiguous, as here) and a sparse gradient's
 // communication (its nnz, rows and values and their allgathers), which
-// depends on the rows touched; workspace: the metrics buffer. total_bytes is
+// depends on the rows touched, and the used-parameter map (int32 a parameter,
+// with find_unused_parameters or static_graph); workspace: the metrics buffer. total_bytes is
 // their sum; peak_bytes the peak of that sum over the run. Checked against
 // torch 1.13 and 2.x DDP (tests/compat/test_ddp_core_torch.py, MemoryTest).
 //

@@ -74,12 +74,19 @@ SeedInt parse_python_int(const char* flag, const std::string& s, bool shuffle) {
   return neg ? -v : v;
 }
 
-// A seed or epoch as a JSON number; null beyond 64 bits (possible for one of
-// the two when their sum is in range, and for both without shuffling).
+// A seed or epoch as a JSON number; beyond 64 bits (possible for one of the
+// two when their sum is in range, and for both without shuffling) its
+// decimal digits as a string, as JSON readers take no such number.
 json python_int_json(SeedInt v) {
   if (v >= 0 && v <= static_cast<SeedInt>(UINT64_MAX)) return static_cast<std::uint64_t>(v);
   if (v < 0 && v >= static_cast<SeedInt>(INT64_MIN)) return static_cast<std::int64_t>(v);
-  return nullptr;
+  std::string digits;
+  const bool neg = v < 0;
+  for (SeedInt m = v; m != 0; m /= 10) {
+    const int d = static_cast<int>(m % 10);
+    digits.insert(digits.begin(), static_cast<char>('0' + (d < 0 ? -d : d)));
+  }
+  return (neg ? "-" : "") + digits;
 }
 
 

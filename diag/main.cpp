@@ -126,15 +126,22 @@ void print_flag_error(const CLI::App& app, const std::string& message) {
                message.c_str(), command.c_str());
 }
 
-void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
+// The deepest subcommand parsed (nullptr if none), and its path
+// ("report render") in `command`.
+const CLI::App* parsed_subcommand(const CLI::App& app, std::string& command) {
   const CLI::App* sub = nullptr;
-  std::string command;
+  command.clear();
   for (const CLI::App* a = &app;;) {
     const auto parsed = a->get_subcommands([](const CLI::App* c) { return c->parsed(); });
-    if (parsed.empty()) break;
+    if (parsed.empty()) return sub;
     a = sub = parsed.front();
     command += (command.empty() ? "" : " ") + sub->get_name();
   }
+}
+
+void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
+  std::string command;
+  const CLI::App* sub = parsed_subcommand(app, command);
   if (!sub || command.rfind("report", 0) == 0) return;
   const auto value_of = [&](const char* name) -> std::string {
     const CLI::Option* opt = sub->get_option_no_throw(name);
@@ -173,6 +180,38 @@ void write_flag_error_report(const CLI::App& app, const CLI::ParseError& e) {
   } catch (const std::exception&) {
     // The flag error is what the user reads; a report that cannot be
     // written as well adds nothing to it.
+  }
+}
+
+// A report written over a file the command line names for something else
+// (--model's layout, model's input reports) would destroy that file, the
+// failure's report too: refused before anything runs. Only an existing
+// regular file can be lost; `report` checks its own outputs.
+void refuse_report_over_an_input(const CLI::App& app) {
+  std::string command;
+  const CLI::App* sub = parsed_subcommand(app, command);
+  if (!sub || command.rfind("report", 0) == 0) return;
+  const auto same_regular_file = [](const std::string& a, const std::string& b) {
+    struct stat sa {}, sb {};
+    return !a.empty() && !b.empty() && ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
+           S_ISREG(sa.st_mode) && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+  };
+  for (const char* out_flag : {"--json", "--markdown"}) {
+    const CLI::Option* out_opt = sub->get_option_no_throw(out_flag);
+    if (!out_opt || out_opt->results().empty()) continue;
+    const std::string& out = out_opt->results().back();
+    for (const CLI::Option* opt : sub->get_options()) {
+      if (opt == out_opt || opt->check_name("--json") || opt->check_name("--markdown")) continue;
+      for (const std::string& v : opt->results()) {
+        if (!same_regular_file(out, v)) continue;
+        const std::string what = opt->nonpositional()
+                                     ? fmt::format("the file {} reads ({})", opt->get_name(), v)
+                                     : fmt::format("an input {} reads ({})", command, v);
+        throw ddpdiag::UsageError(
+            fmt::format("{} {} is also {}: writing the report would replace it", out_flag, out, what),
+            ddpdiag::ErrorContext{"flags", -1, -1, "write the report to another file"});
+      }
+    }
   }
 }
 
@@ -367,6 +406,7 @@ int main(int argc, char** argv) {
     return static_cast<int>(ExitCode::kUsage);
   }
   try {
+    refuse_report_over_an_input(app);
     for (auto& s : subs)
       if (s.app && s.app->parsed() && s.run) {
         cli::record_rank_settings(*s.app);

@@ -323,3 +323,15 @@ TEST_CASE("every variable read is recorded", "[world]") {
   CHECK(w.env_read.count("WORLD_SIZE") == 1);
   CHECK(w.env_read.count("MASTER_PORT") == 1);
 }
+
+TEST_CASE("a world of more than 2^20 ranks is refused as a typo", "[world]") {
+  require_usage_error({{"RANK", "0"}, {"WORLD_SIZE", "1048577"}},
+                      "WORLD_SIZE=1048577 is more ranks than ddpdiag meets in one world (at most 1048576)");
+  WorldFlags f;
+  f.rank = 3;
+  f.world_size = 2000000000;
+  require_usage_error({}, "--world-size=2000000000 is more ranks", f);
+  const World w = discover({{"RANK", "1048575"}, {"WORLD_SIZE", "1048576"}});
+  CHECK(w.world_size == 1048576);
+  CHECK(w.rank == 1048575);
+}

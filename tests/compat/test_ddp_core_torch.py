@@ -1402,15 +1402,17 @@ class SamplerTest(unittest.TestCase):
                     self.assertEqual(rc, 0, got)
                     self.assertEqual(got["indices"], expected)
                 bump("sampler cases")
-        # Beyond 64 bits, the report holds null for it (as for the seed), and
-        # still validates.
+        # Beyond 64 bits, the report holds its digits as a string (as for
+        # the seed), so the run can be told again, and still validates.
         with tempfile.TemporaryDirectory() as d:
             out = os.path.join(d, "s.json")
             p = run_bin(["sampler", "--dataset-size", "10", "--world-size", "2", "--rank", "0",
                          f"--seed={2 ** 70}", f"--epoch={3 - 2 ** 70}", "--json", out, "--count-only"])
             self.assertEqual(p.returncode, 0, p.stderr)
             with open(out) as f:
-                self.assertIsNone(json.load(f)["results"]["epoch"])
+                res = json.load(f)["results"]
+                self.assertEqual(res["epoch"], str(3 - 2 ** 70))
+                self.assertEqual(res["seed"], str(2 ** 70))
             p = run_bin(["report", "validate", out])
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         # The last two: 37 and 38 digits each, whose sum must not overflow

@@ -1105,6 +1105,25 @@ class BadInput(unittest.TestCase):
         for rc, so, se, elapsed in res:
             self.assertEqual(rc, 0, se)
         self.assertIn("Verdict: PASS", res[0][1])
+        # Names of one dtype or op, --backend auto and the backend it picks
+        # here (gloo: no GPU), dp-vs-ring's --world-sizes left at the job's
+        # size and given as it; a different dtype is still refused.
+        for command, extras, rc in (
+                ("allreduce-test", (["-d", "float", "-o", "avg", "--backend", "gloo"],
+                                    ["-d", "float32", "-o", "mean"]), 0),
+                ("dp-vs-ring", (["--world-sizes", "2"], []), 0),
+                ("dp-vs-ring", (["--world-sizes", "1"], []), 3),
+                ("allreduce-test", (["-d", "float"], ["-d", "double"]), 3)):
+            with self.subTest(command=command, extras=extras):
+                port = free_port()
+                res = run_ranks([[command, "--rank", str(r), "--world-size", "2", "--master-port", str(port),
+                                  "--timeout", str(self.TIMEOUT), "-b", "1K", "-e", "1K", "-n", "2"] + extras[r]
+                                 for r in range(2)],
+                                [clean_env(), clean_env()], timeout=self.TIMEOUT + 20)
+                for r_rc, so, se, elapsed in res:
+                    self.assertEqual(r_rc, rc, se)
+                    if rc == 3:
+                        self.assertIn("ranks were started with different settings", se)
 
     def test_a_report_path_given_only_to_another_rank_is_named(self):
         # Rank 0 writes the job's report: --json on rank 1 alone writes
@@ -1190,7 +1209,7 @@ class BadInput(unittest.TestCase):
         p = run(["allreduce-test", "--rank", "0", "--world-size", "3", "--master-port", str(port),
                  "--timeout", str(self.TIMEOUT)] + SMALL)
         self.assertEqual(p.returncode, 3, p.stderr)
-        self.assertIn("never arrived: 1, 2", p.stderr)
+        self.assertIn("never arrived: 1-2", p.stderr)
         self.assertLess(p.elapsed, self.TIMEOUT + 5)
 
     def test_duplicate_rank_is_named(self):

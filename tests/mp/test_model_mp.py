@@ -237,10 +237,10 @@ class ModelVsMeasured(unittest.TestCase):
                 with open(self.sweeps[2]) as f:
                     self.assertEqual(f.read(), before)
         p = run(["model", self.sweeps[2], "--markdown", self.sweeps[2], "--world-size", "8"])
-        self.assertIn("--markdown %s is also a report model reads" % self.sweeps[2], p.stderr)
+        self.assertIn("--markdown %s is also an input model reads" % self.sweeps[2], p.stderr)
         p = run(["model", self.sweeps[2], "--check-against", self.sweeps[3], "--json", self.sweeps[3],
                  "--world-size", "8"])
-        self.assertIn("--json %s is also a report model reads" % self.sweeps[3], p.stderr)
+        self.assertIn("--json %s is also the file --check-against reads" % self.sweeps[3], p.stderr)
 
     def test_checked_runs_are_placed_as_they_ran(self):
         # A world of one does no all_reduce: its points are left out, not

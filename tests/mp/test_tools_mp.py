@@ -7,6 +7,7 @@ link-health matrix n x n and complete. Sizes are kept small: with 4 ranks on
 2 cores each small message costs a scheduler tick."""
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -140,6 +141,62 @@ class BadInput(unittest.TestCase):
                 timeout=60)
         self.assertEqual(p.returncode, 2, p.stderr)
         self.assertIn("nothing read from", p.stderr)
+
+    def test_a_layout_through_a_pipe_reaches_every_rank(self):
+        # `--model <(...)`: the commands that check the layout's memory before
+        # the run read it twice, and the launcher's ranks would share one
+        # pipe: every rank must get the whole layout, in one process or two.
+        layout = os.path.join(self.dir, "layout.json")
+        with open(layout, "w") as f:
+            json.dump([["a.weight", [64, 32], "torch.float32", True], ["a.bias", [64], "torch.float32", True],
+                       ["b.weight", [10, 64], "torch.float32", True]], f)
+        out = os.path.join(self.dir, "r.json")
+        for args in (["ddp-step", "-n", "2", "-w", "0", "--nproc", "1"],
+                     ["ddp-step", "-n", "2", "-w", "0", "--nproc", "2"],
+                     ["memory", "--nproc", "2", "-n", "1"],
+                     ["bucket-sweep", "--caps", "1", "--no-size-sweep", "-n", "1", "--nproc", "2"],
+                     ["ddp-step", "-n", "1", "-w", "0", "--rank", "0", "--world-size", "1",
+                      "--master-addr", "127.0.0.1", "--master-port", str(free_port())]):
+            with self.subTest(args=args):
+                line = " ".join([BIN] + args + ["--timeout", "30", "--json", out, "--model",
+                                                 "<(cat %s)" % layout])
+                p = subprocess.run(line, shell=True, executable="/bin/bash", capture_output=True,
+                                   text=True, timeout=120, env=clean_env())
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                rep = load(out)
+                self.assertEqual(rep["verdict"], "PASS")
+                self.assertRegex(rep["argv"][-1], r"^/dev/fd/\d+$")  # as given, not the launcher's copy
+        # A layout that does not parse is named as the pipe it came through,
+        # and the launcher leaves no copy behind.
+        before = set(os.listdir(tempfile.gettempdir()))
+        p = subprocess.run("%s ddp-step --nproc 2 --model <(echo '[bad')" % BIN, shell=True,
+                           executable="/bin/bash", capture_output=True, text=True, timeout=60,
+                           env=clean_env())
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertRegex(p.stderr, r"model layout /dev/fd/\d+: invalid JSON at byte 1")
+        self.assertEqual([f for f in set(os.listdir(tempfile.gettempdir())) - before
+                          if f.startswith("ddpdiag-model-")], [])
+
+    def test_a_report_over_the_layout_is_refused(self):
+        # --json or --markdown naming the --model file would replace the
+        # layout with the report (a failed run's too): refused before the run.
+        layout = os.path.join(self.dir, "layout.json")
+        with open(layout, "w") as f:
+            json.dump([["w", [4, 4]]], f)
+        with open(layout) as f:
+            before = f.read()
+        for args in (["buckets", "--json", layout], ["buckets", "--markdown", layout, "--bucket-cap-mb", "1"],
+                     ["ddp-step", "--nproc", "1", "--json", os.path.join(self.dir, ".", "layout.json")],
+                     ["memory", "--nproc", "1", "--markdown", layout],
+                     ["bucket-sweep", "--nproc", "1", "--json", layout],
+                     ["broadcast-test", "--nproc", "1", "--json", layout]):
+            with self.subTest(args=args):
+                p = run(args + ["--model", layout], timeout=60)
+                self.assertEqual(p.returncode, 2, p.stderr)
+                self.assertRegex(p.stderr, r"--(json|markdown) \S+ is also the file --model reads \(%s\): "
+                                 r"writing the report would replace it" % re.escape(layout))
+                with open(layout) as f:
+                    self.assertEqual(f.read(), before)
 
     def test_sizes_whose_buffers_overflow_64_bits_are_refused_before_the_run(self):
         # Three buffers of 2^64/3 bytes, two of 2^63: the memory check adds
