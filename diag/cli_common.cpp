@@ -1921,6 +1921,7 @@ MissingRanks find_missing_ranks(Job& job, int n, std::int64_t joined) {
       ranges.emplace_back(from, to);
   };
   job.ranks.clear();
+  job.machines.clear();
   std::int64_t found = 0;
   int r = 0;
   bool unchecked = false;
@@ -1942,7 +1943,13 @@ MissingRanks find_missing_ranks(Job& job, int n, std::int64_t joined) {
     ++found;
     try {
       auto j = nlohmann::json::parse(to_string(job.store->get(key, Millis(2000))), nullptr, false);
-      if (j.is_object()) job.ranks.push_back(rank_info_of(r, j));
+      if (j.is_object()) {
+        job.ranks.push_back(rank_info_of(r, j));
+        // Which machine it is on: init-check tells a rank here whose
+        // process ended from one still stuck.
+        if (job.machines.size() <= static_cast<std::size_t>(r)) job.machines.resize(static_cast<std::size_t>(r) + 1);
+        job.machines[static_cast<std::size_t>(r)] = j.value("machine", j.value("host", std::string()));
+      }
     } catch (const Error&) {
       // Only the report's world misses it; the timeout is what to report.
     }

@@ -33,6 +33,7 @@
 #include <fmt/core.h>
 
 #include "comm/ip_text.h"
+#include "comm/monitored_communicator.h"
 #include "reports/render.h"
 #include "diag/bisect.h"
 #include "diag/cli_common.h"
@@ -650,6 +651,16 @@ int run_init_check(const InitCheckOptions& io) {
       } catch (const Error&) {
       }
     std::int64_t others_found = 0;
+    // A registered rank on this machine whose process has ended sends no
+    // timeline: not waited for, and named as ended.
+    const std::string here = machine_id();
+    std::vector<long> ended_pid(n, 0);
+    const auto ended_here = [&](int r) -> long {
+      if (static_cast<std::size_t>(r) >= job.machines.size() || job.machines[r] != here) return 0;
+      for (const auto& k : job.ranks)
+        if (k.rank == r && k.pid > 0 && process_gone(k.pid)) return k.pid;
+      return 0;
+    };
     for (int r = 1; r < n && reached_store && others_found < others_joined && Clock::now() < deadline; ++r) {
       const std::string key = fmt::format("initcheck/timeline/{}", r);
       try {
@@ -661,6 +672,7 @@ int run_init_check(const InitCheckOptions& io) {
           }
           registered[r] = job.store->check({"rank/" + std::to_string(r)});
           if (!registered[r] || Clock::now() >= deadline) break;
+          if ((ended_pid[r] = ended_here(r)) != 0) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(20));
         }
       } catch (const Error&) {
@@ -810,14 +822,19 @@ int run_init_check(const InitCheckOptions& io) {
         // A run of such ranks with no host known is one line (a world whose
         // ranks mostly never came).
         int last = r;
-        if (!h.is_string())
+        if (!h.is_string() && ended_pid[r] == 0)
           while (last + 1 < n && !all[last + 1].is_object() && registered[last + 1] == registered[r] &&
+                 ended_pid[last + 1] == 0 &&
                  !host_of(last + 1).is_string())
             ++last;
         const std::string who = last == r ? std::to_string(r) : fmt::format("{}-{}", r, last);
         std::printf("  %4s %-12s %-16s %9s %10s  %-4s  %s\n", who.c_str(),
                     h.is_string() ? h.get<std::string>().c_str() : "?", "-", "-", "-", "-",
-                    registered[r] ? (last == r ? "no timeline: this rank registered at the store, then sent "
+                    ended_pid[r] != 0
+                        ? fmt::format("no timeline: this rank registered at the store, then its process "
+                                      "(pid {} on this machine) ended: see its own output",
+                                      ended_pid[r]).c_str()
+                    : registered[r] ? (last == r ? "no timeline: this rank registered at the store, then sent "
                                                  "none in time (it died, or is still stuck: see its own output)"
                                                : "no timeline: these ranks registered at the store, then sent "
                                                  "none in time (they died, or are still stuck: see their output)")

@@ -460,6 +460,8 @@ class InitCheck(unittest.TestCase):
             self.assertLess(t0, TIMEOUT + MARGIN)
             self.assertNotIn("never reached the store", so0)
             self.assertIn("no timeline: this rank registered at the store", so0)
+            # On this machine its process is seen gone: named so, not waited for.
+            self.assertRegex(so0, r"then its process \(pid \d+ on this machine\) ended")
             rep = load(path)
             self.assertEqual(rep["error"]["rank"], 0)
             r1 = rep["results"]["ranks"][1]
