@@ -65,6 +65,10 @@ std::uint64_t MemoryAccount::peak_bytes(MemoryCategory c) const {
   std::lock_guard<std::mutex> lock(mutex_);
   return peak_[static_cast<std::size_t>(c)];
 }
+void MemoryAccount::reset_peak(MemoryCategory c) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  peak_[static_cast<std::size_t>(c)] = current_[static_cast<std::size_t>(c)];
+}
 std::uint64_t MemoryAccount::total_current_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return total_current_;

@@ -46,6 +46,9 @@ class MemoryAccount {
 
   std::uint64_t current_bytes(MemoryCategory c) const;
   std::uint64_t peak_bytes(MemoryCategory c) const;
+  // Starts c's peak again from its current bytes (the total's is kept): the
+  // peak of a later phase alone.
+  void reset_peak(MemoryCategory c);
   std::uint64_t total_current_bytes() const;
   std::uint64_t total_peak_bytes() const;
   MemoryKind kind() const { return comm_.memory_kind(); }

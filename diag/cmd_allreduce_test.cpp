@@ -389,7 +389,7 @@ void run(Job& job, reports::Report& report, const AllreduceTestOptions& o) {
                                 meets ? "meets" : "is under");
         }
         report.add_check({"min_busbw", ok ? reports::CheckStatus::kPass : reports::CheckStatus::kFail,
-                          fmt::format("{} {:.3f} GB/s{}", detail, o.min_busbw_gbps,
+                          fmt::format("{} {:.4g} GB/s{}", detail, o.min_busbw_gbps,
                                       complete ? std::string()
                                                : fmt::format(" (the largest size measured before "
                                                              "the run ended with an error; the "

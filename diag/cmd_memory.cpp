@@ -181,6 +181,10 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       bo.timeout = job.timeout;
       broadcast_parameters(ac, params.tensors, bo);
 
+      // The broadcast's staging is freed before the reducer allocates its own
+      // communication buffers: the category's peak is the larger of the two
+      // phases', not their sum.
+      const std::uint64_t comm_peak_before_reducer = account.peak_bytes(MemoryCategory::kCommBuffers);
       ac.set_category(MemoryCategory::kBuckets);
       ReducerOptions ro;
       ro.bucket_cap_bytes = cap_bytes;
@@ -210,6 +214,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
       const std::uint64_t constructed = account.current_bytes(MemoryCategory::kBuckets);
       DDPDIAG_ASSERT(constructed >= dense_bucket_bytes);
       reducer_comm_bytes = constructed - dense_bucket_bytes;
+      account.reset_peak(MemoryCategory::kCommBuffers);
 
       ac.set_category(MemoryCategory::kWorkspace);
       const std::size_t ws_bytes = std::max<std::size_t>(4, static_cast<std::size_t>(o.workspace_mb * kMiB) / 4 * 4);
@@ -250,7 +255,7 @@ void run(Job& job, reports::Report& report, const MemoryOptions& o) {
         }
         if (c == MemoryCategory::kCommBuffers) {
           cur += reducer_comm_bytes;
-          peak += reducer_comm_bytes;
+          peak = std::max(comm_peak_before_reducer, peak + reducer_comm_bytes);
         }
         categories[std::string(memory_category_name(c))] = cur;
         peaks[std::string(memory_category_name(c))] = peak;

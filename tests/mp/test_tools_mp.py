@@ -462,6 +462,24 @@ class DpVsRing(unittest.TestCase):
 
 
 class Memory(unittest.TestCase):
+    def test_communication_peak_is_the_larger_phase_not_their_sum(self):
+        # Mixed dtypes: the parameter broadcast stages the float32 group
+        # (100,000 + 5,000 elements: 420,000 bytes), freed before the reducer
+        # allocates the used-parameter map (5,002 parameters x 4 bytes). The
+        # two never coexist: the category's peak is 420,000, not their sum.
+        d = tempfile.mkdtemp(prefix="ddpdiag-mem-peak-")
+        self.addCleanup(shutil.rmtree, d, ignore_errors=True)
+        layout = os.path.join(d, "layout.json")
+        tensors = ([{"name": "p0", "shape": [100000]}, {"name": "h", "shape": [10], "dtype": "torch.bfloat16"}]
+                   + [{"name": "s%d" % i, "shape": [1]} for i in range(5000)])
+        with open(layout, "w") as f:
+            json.dump({"name": "mixed", "tensors": tensors}, f)
+        p, rep = tool(self, ["memory", "--model", layout, "--find-unused-parameters", "-n", "1",
+                             "--no-comm-probe"], 2)
+        for r in rep["results"]["ranks"]:
+            self.assertEqual(r["categories"]["communication_buffers"], 5002 * 4)
+            self.assertEqual(r["category_peak_bytes"]["communication_buffers"], 420000)
+
     def test_categories_sum_to_totals_at_2_3_4_ranks(self):
         for n in WORLDS:
             with self.subTest(ranks=n):
