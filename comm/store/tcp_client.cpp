@@ -580,6 +580,34 @@ struct TcpStoreClient::Impl {
                                "the TCPStore"));
   }
 
+  // A server that accepted the connection and sent nothing back to `asked`
+  // since `began`, within the I/O deadline.
+  [[noreturn]] void silent_server(const std::string& asked, Clock::time_point began) {
+    drop();
+    const std::string silent = "the server at " + where() + " accepted the connection but answered " + asked +
+                               " in " +
+                               std::to_string(std::chrono::duration_cast<Millis>(Clock::now() - began).count()) +
+                               " ms";
+    // Silence for a second or more: a store, of either version, answers in
+    // microseconds, so this is most likely another program on the port,
+    // waiting for a request in its own protocol (an HTTP server does), and a
+    // longer wait will not help. Or a store frozen whole.
+    if (silence_is_an_answer(opts.io_timeout))
+      throw RendezvousError(
+          silent + ": a store answers at once, so another program probably holds this port "
+                   "(or the store's process is frozen)",
+          ctx("store.handshake",
+              "check what listens on port " + std::to_string(opts.port) + " of " + opts.host +
+                  " (ss -ltnp 'sport = :" + std::to_string(opts.port) +
+                  "' there) and point MASTER_PORT / --master-port at the store; if it is the "
+                  "store, look at its process (ps state T is stopped; swapping)"));
+    // A shorter deadline: too short for a busy store, perhaps; the protocol
+    // is not known to be wrong.
+    throw TimeoutError(silent, ctx("store.handshake",
+                                   "raise --timeout (a store answers in well under a second), "
+                                   "or check that the store is not stalled"));
+  }
+
   bool v1_probe(Deadline deadline) {
     Bytes b = tp::encode_request(StoreProtocol::kV1, tp::Request{tp::Op::kNumKeys, {}, {}, 0, 0});
     closed_unanswered = false;
@@ -606,9 +634,13 @@ struct TcpStoreClient::Impl {
     text_reply.clear();
     const Deadline io = Clock::now() + opts.io_timeout;
     if (protocol == StoreProtocol::kV2) {
+      const auto began = Clock::now();
       if (v2_handshake(io)) return;
       if (!text_reply.empty())
         not_a_store("it answered the torch 2.x handshake with " + text_reply, "store.handshake");
+      // Silence is no sign of the other version: a 1.13 store closes the
+      // connection at once. A stalled store, or another program.
+      if (timed_out) silent_server("nothing to the torch 2.x handshake", began);
       const bool closed = closed_unanswered;
       drop();
       // Phase store.handshake, not store.connect: the host accepted the
@@ -622,7 +654,7 @@ struct TcpStoreClient::Impl {
                             ctx("store.handshake", "is it a torch 1.13 store? use " + opts.protocol_flag +
                                                        " 1.13 or auto"));
     }
-    if (protocol == StoreProtocol::kV1) return;  // 1.13 has no handshake
+    if (protocol == StoreProtocol::kV1) return;  // 1.13 has no handshake: the first request tells
     const auto detect_began = Clock::now();
     if (v2_handshake(std::min(io, Clock::now() + kDetectTimeout))) {
       protocol = StoreProtocol::kV2;
@@ -644,32 +676,8 @@ struct TcpStoreClient::Impl {
     }
     if (v2_closed && closed_unanswered && text_reply.empty())
       closed_without_answer("the torch 2.x handshake or a torch 1.13 request");
-    if (timed_out && text_reply.empty()) {
-      drop();
-      const std::string silent = "the server at " + where() +
-                                 " accepted the connection but answered neither the torch 2.x "
-                                 "handshake nor a torch 1.13 request in " +
-                                 std::to_string(std::chrono::duration_cast<Millis>(Clock::now() - detect_began).count()) +
-                                 " ms";
-      // Silence for a second or more: a store, of either version, answers
-      // in microseconds, so this is most likely another program on the
-      // port, waiting for a request in its own protocol (an HTTP server
-      // does), and a longer wait will not help. Or a store frozen whole.
-      if (silence_is_an_answer(opts.io_timeout))
-        throw RendezvousError(
-            silent + ": a store answers at once, so another program probably holds this port "
-                     "(or the store's process is frozen)",
-            ctx("store.handshake",
-                "check what listens on port " + std::to_string(opts.port) + " of " + opts.host +
-                    " (ss -ltnp 'sport = :" + std::to_string(opts.port) +
-                    "' there) and point MASTER_PORT / --master-port at the store; if it is the "
-                    "store, look at its process (ps state T is stopped; swapping)"));
-      // A shorter deadline: too short for a busy store, perhaps; the
-      // protocol is not known to be wrong.
-      throw TimeoutError(silent, ctx("store.handshake",
-                                     "raise --timeout (a store answers in well under a second), "
-                                     "or check that the store is not stalled"));
-    }
+    if (timed_out && text_reply.empty())
+      silent_server("neither the torch 2.x handshake nor a torch 1.13 request", detect_began);
     not_a_store(text_reply.empty() ? "" : "it answered a torch 1.13 request with " + text_reply,
                 "store.handshake");
   }
@@ -717,16 +725,22 @@ struct TcpStoreClient::Impl {
     if (st != IoStatus::kTimeout) fail(st, "WAIT", timeout);
     std::vector<std::string> missing = keys;
     if (protocol == StoreProtocol::kV2) {
-      send_req(tp::Request{tp::Op::kCancelWait, {}, {}, 0, 0}, io_deadline());
-      std::uint8_t c = recv_u8(io_deadline(), tp::Op::kCancelWait);
-      // The keys may have arrived between our deadline and the cancel: the
-      // server then sent STOP_WAITING first and WAIT_CANCELED after it.
-      if (c == static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting))
-        c = recv_u8(io_deadline(), tp::Op::kCancelWait);
-      if (c != static_cast<std::uint8_t>(tp::WaitReply::kWaitCanceled)) {
-        drop();
-      } else {
-        missing = missing_of(keys);
+      // The cancel gets a second at most: a store that let the wait run out
+      // may be frozen, and the caller's --timeout is already spent.
+      const Deadline cancel_by = Clock::now() + std::min<Millis>(opts.io_timeout, Millis(1000));
+      try {
+        send_req(tp::Request{tp::Op::kCancelWait, {}, {}, 0, 0}, cancel_by);
+        std::uint8_t c = recv_u8(cancel_by, tp::Op::kCancelWait);
+        // The keys may have arrived between our deadline and the cancel: the
+        // server then sent STOP_WAITING first and WAIT_CANCELED after it.
+        if (c == static_cast<std::uint8_t>(tp::WaitReply::kStopWaiting)) c = recv_u8(cancel_by, tp::Op::kCancelWait);
+        if (c != static_cast<std::uint8_t>(tp::WaitReply::kWaitCanceled)) {
+          drop();
+        } else {
+          missing = missing_of(keys);
+        }
+      } catch (const Error&) {
+        drop();  // no answer to the cancel: the wait's timeout is the error
       }
     } else {
       drop();  // 1.13 cannot cancel: a late STOP_WAITING would desync the stream
@@ -815,7 +829,11 @@ std::int64_t TcpStoreClient::num_keys() {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->ensure_connected();
   impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kNumKeys, {}, {}, 0, 0}, impl_->io_deadline());
-  return impl_->recv_i64(impl_->io_deadline(), tcp_protocol::Op::kNumKeys);
+  const std::int64_t n = impl_->recv_i64(impl_->io_deadline(), tcp_protocol::Op::kNumKeys);
+  // No store holds a negative count, or 2^40 keys: another program's bytes.
+  if (n < 0 || static_cast<std::uint64_t>(n) > kMaxPlausibleKeys)
+    impl_->not_a_store("it answered GETNUMKEYS with a count of " + std::to_string(n), "store.io");
+  return n;
 }
 
 std::vector<std::string> TcpStoreClient::list_keys() {
@@ -871,7 +889,10 @@ double TcpStoreClient::ping_us() {
     }
   } else {
     impl_->send_req(tcp_protocol::Request{tcp_protocol::Op::kNumKeys, {}, {}, 0, 0}, impl_->io_deadline());
-    impl_->recv_i64(impl_->io_deadline(), tcp_protocol::Op::kNumKeys);
+    const std::int64_t n = impl_->recv_i64(impl_->io_deadline(), tcp_protocol::Op::kNumKeys);
+    // 1.13 has no handshake: this reply is the first sign of what answers.
+    if (n < 0 || static_cast<std::uint64_t>(n) > kMaxPlausibleKeys)
+      impl_->not_a_store("it answered GETNUMKEYS with a count of " + std::to_string(n), "store.ping");
   }
   return std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
 }

@@ -6,6 +6,7 @@ socket that closes the connection on the 2.x handshake, as 1.13's daemon
 does). Standard library only."""
 import calendar
 import ctypes
+import signal
 import os
 import socket
 import struct
@@ -178,7 +179,7 @@ class Ping(unittest.TestCase):
         # timeout (exit 4), as store get and set take it.
         with socket.socket() as srv:
             srv.bind(("127.0.0.1", 0))
-            srv.listen(8)
+            srv.listen(64)  # never accepts: room for every connection the runs make
             port = srv.getsockname()[1]
             path = tmp_json()
             try:
@@ -193,9 +194,81 @@ class Ping(unittest.TestCase):
                 p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "1.5"], timeout=30)
                 self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
                 self.assertIn("speaks neither", p.stdout)
+                # The same with a protocol forced. 2.x: silence is no sign of
+                # the other version (a 1.13 store closes the connection). 1.13
+                # has no handshake: a torch 2.x store may stay silent on its
+                # requests, so that protocol is named as the suspect.
+                for proto in ("2.x", "1.13"):
+                    with self.subTest(protocol=proto):
+                        p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "0.5",
+                                 "--protocol", proto], timeout=30)
+                        self.assertEqual(p.returncode, 4, p.stdout + p.stderr)
+                        self.assertIn("reachable, but it did not answer within --timeout 0.5 s", p.stdout)
+                        p = run(["store", "ping", "127.0.0.1:%d" % port, "--timeout", "1.5",
+                                 "--protocol", proto], timeout=30)
+                        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+                        if proto == "2.x":
+                            self.assertIn("another program probably holds this port", p.stdout)
+                            self.assertNotIn("is it a torch", p.stdout)
+                        else:
+                            self.assertIn("on the torch 1.13 protocol that --protocol 1.13 asked for",
+                                          p.stdout)
             finally:
                 if os.path.exists(path):
                     os.unlink(path)
+
+    def test_a_server_that_answers_garbage_is_no_store_under_a_forced_protocol(self):
+        # 1.13 has no handshake: with --protocol 1.13 the client still asks
+        # one request and checks the reply, so a program that answers with
+        # bytes no store sends is named (exit 3), not pinged as a store with
+        # -1 keys, nor written to with `store set` (exit 0).
+        for reply in (b"\xff" * 64, b"SSH-2.0-OpenSSH_9.2\r\n"):
+            srv = socket.socket()
+            srv.bind(("127.0.0.1", 0))
+            srv.listen(8)
+            port = srv.getsockname()[1]
+
+            def serve():
+                while True:
+                    try:
+                        c, _ = srv.accept()
+                    except OSError:
+                        return
+                    c.settimeout(5)
+                    try:
+                        c.recv(64)
+                        c.sendall(reply)
+                    except OSError:
+                        pass
+                    c.close()
+
+            threading.Thread(target=serve, daemon=True).start()
+            try:
+                with self.subTest(reply=reply[:8]):
+                    for args in (["store", "ping", "127.0.0.1:%d" % port],
+                                 ["store", "set", "k", "v", "--addr", "127.0.0.1:%d" % port]):
+                        p = run(args + ["--protocol", "1.13", "--timeout", "2"], timeout=30)
+                        self.assertEqual(p.returncode, 3, p.stdout + p.stderr)
+                        self.assertIn("speaks neither the torch 2.x nor the torch 1.13 store protocol",
+                                      p.stdout + p.stderr)
+            finally:
+                srv.close()
+
+    def test_a_store_frozen_while_get_waits_ends_near_the_timeout(self):
+        # The wait runs out, and the cancel of it meets a frozen store: it
+        # gets a second, not another --timeout.
+        with StoreServe() as s:
+            p = subprocess.Popen([BIN, "store", "get", "k", "--addr", s.addr, "--timeout", "3"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+            t0 = time.monotonic()
+            time.sleep(1)
+            os.kill(s.proc.pid, signal.SIGSTOP)
+            try:
+                _, err = p.communicate(timeout=30)
+            finally:
+                os.kill(s.proc.pid, signal.SIGCONT)
+            self.assertEqual(p.returncode, 4, err)
+            self.assertLess(time.monotonic() - t0, 5.5, err)
 
     def test_keys_refuses_the_1_13_protocol_under_each_of_its_names(self):
         # ddpdiag's server speaks both protocols: the refusal is of the one
