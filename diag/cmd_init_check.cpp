@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <future>
 #include <sstream>
 #include <thread>
@@ -720,9 +721,19 @@ int run_init_check(const InitCheckOptions& io) {
       if (r == 0 && failure) info = *failure;
       if (!cause || ownership(info.kind) > ownership(cause->kind)) cause = info;
     }
+    // In a world of more than kListEveryRank ranks, those that never reached
+    // the store (no host known either) are one range list, not an entry each:
+    // a million absent ranks would make the report 150 MB.
+    constexpr int kListEveryRank = 1024;
+    std::vector<int> absent;
     for (int r = 0; r < n; ++r) {
       if (!all[r].is_object()) {
-        ranks.push_back({{"rank", r}, {"host", host_of(r)}, {"phases", nlohmann::json::array()},
+        const nlohmann::json h = host_of(r);
+        if (n > kListEveryRank && !registered[r] && !h.is_string()) {
+          absent.push_back(r);
+          continue;
+        }
+        ranks.push_back({{"rank", r}, {"host", h}, {"phases", nlohmann::json::array()},
                          {"reported", false}, {"registered", static_cast<bool>(registered[r])}});
         continue;
       }
@@ -740,6 +751,10 @@ int run_init_check(const InitCheckOptions& io) {
     }
     auto& res = report.results();
     res["ranks"] = ranks;
+    if (!absent.empty()) {
+      res["absent_ranks"] = rank_ranges(absent, std::numeric_limits<std::size_t>::max());
+      res["absent_rank_count"] = absent.size();
+    }
     res["slowest_rank"] = slowest >= 0 ? nlohmann::json(slowest) : nlohmann::json();
     res["timeout_s"] = o.timeout_s;
     if (!bisect.is_null()) res["bisect"] = bisect;

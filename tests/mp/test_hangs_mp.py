@@ -353,6 +353,13 @@ class InitCheck(unittest.TestCase):
                     validate(path)
             self.assertIn("  1-1048575 ?", p.stdout)
             self.assertIn("no timeline from rank(s) 1-1048575", p.stdout)
+            # The report lists the rank that came and the range that did not
+            # (an entry each would make it 150 MB).
+            rep = load(path)
+            self.assertEqual([r["rank"] for r in rep["results"]["ranks"]], [0])
+            self.assertEqual(rep["results"]["absent_ranks"], "1-1048575")
+            self.assertEqual(rep["results"]["absent_rank_count"], 2 ** 20 - 1)
+            self.assertLess(os.path.getsize(path), 100000)
             p = run(["allreduce-test", "--rank", "0", "--world-size", str(2 ** 20 + 1), "--master-port",
                      str(free_port()), "--timeout", "3"])
             self.assertEqual(p.returncode, 2, p.stderr)
