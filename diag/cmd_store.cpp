@@ -431,7 +431,7 @@ Subcommand add_store_command(CLI::App& parent) {
   store->require_subcommand(1);
 
   auto ping = std::make_shared<PingOptions>();
-  CLI::App* p = store->add_subcommand("ping", "is a store reachable, which protocol it speaks, round-trip time, key count (exit 0 reachable, 3 not)");
+  CLI::App* p = store->add_subcommand("ping", "is a store reachable, which protocol it speaks, round-trip time, key count (exit 0 when it answers as a store, 3 unreachable or not a store, 4 no answer within --timeout)");
   p->add_option("address", ping->address, "HOST:PORT (IPv6 as [::1]:29500)")->required();
   p->add_option("--protocol", ping->protocol, "auto | 1.13 | 2.x")->capture_default_str();
   p->add_option("--timeout", ping->timeout_s, "seconds for connecting and for each reply")

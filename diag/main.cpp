@@ -393,7 +393,9 @@ int main(int argc, char** argv) {
     write_flag_error_report(app, CLI::ConversionError(message));
     return static_cast<int>(ExitCode::kUsage);
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    // --help, --version: their output is what was asked for, so standard
+    // output that cannot take it is an error (exit 2), as for any result.
+    if (e.get_exit_code() == 0) return finish_standard_output(app.exit(e));
     std::string message = e.what();
     // An empty value shows as nothing between the flag and the reason
     // ("--store-protocol:  not in {...}").

@@ -17,7 +17,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import (BIN, SANITIZED, check_report, clean_env, free_port, load,  # noqa: E402
-                    readline_within, run, run_ranks, tmp_json, main)
+                    readline_within, run, run_ranks, tmp_json, main, WORLDS)
 
 SMALL = ["-b", "8", "-e", "64K", "-f", "8", "-n", "3", "-w", "1"]
 ALL_TYPES = ["-d", "all", "-o", "all"]
@@ -50,7 +50,7 @@ def launched_ranks_seen(p, n, seconds=60):
 
 class LauncherSweeps(unittest.TestCase):
     def test_every_dtype_and_op_at_2_3_4_ranks(self):
-        for n in (2, 3, 4):
+        for n in WORLDS:
             with self.subTest(ranks=n):
                 path = tmp_json()
                 p = run(["allreduce-test", "--nproc", str(n), "--json", path, "-b", "8", "-e",

@@ -10,7 +10,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import BIN, clean_env, free_port, load, run, run_ranks, tmp_json, unused_layer_layout, main  # noqa: E402
+from common import (BIN, WORLDS, clean_env, free_port, load, run, run_ranks, tmp_json,  # noqa: E402
+                    unused_layer_layout, main)
 
 
 def check(name, rep):
@@ -162,7 +163,7 @@ class DdpStep(unittest.TestCase):
         return res
 
     def test_mlp_2_3_4_ranks_every_option(self):
-        for n in (2, 3, 4):
+        for n in WORLDS:
             for extra in ([], ["--gradient-as-bucket-view"], ["--hook", "fp16"], ["--hook", "bf16"],
                           ["--find-unused-parameters", "--avg-op"]):
                 with self.subTest(ranks=n, extra=extra):
@@ -171,7 +172,7 @@ class DdpStep(unittest.TestCase):
                     self.assertGreater(res["buckets"], 1)
 
     def test_resnet50_2_3_4_ranks(self):
-        for n in (2, 3, 4):
+        for n in WORLDS:
             with self.subTest(ranks=n):
                 res = self.run_step(n, "resnet50", ["--bucket-cap-mb", "25"], iters="1")
                 self.assertEqual(res["params"], 161)
@@ -475,7 +476,7 @@ class DdpStep(unittest.TestCase):
                     ' {"name": "emb.weight", "shape": [30000, 64], "sparse": true},'
                     ' {"name": "out.bias", "shape": [8]}]}')
         try:
-            for n in (2, 3, 4):
+            for n in WORLDS:
                 for extra in ([], ["--gradient-as-bucket-view", "--sparse-rows", "100"],
                               ["--find-unused-parameters", "--avg-op"]):
                     with self.subTest(ranks=n, extra=extra):
@@ -570,7 +571,7 @@ class BroadcastTest(unittest.TestCase):
         return rep, p
 
     def test_mlp_and_resnet50_2_3_4_ranks(self):
-        for n in (2, 3, 4):
+        for n in WORLDS:
             for model, chunks in (("mlp", "250,0.01"), ("resnet50", "250,16")):
                 with self.subTest(ranks=n, model=model):
                     rep, p = self.run_bcast(n, model, ["--chunk-mb", chunks])

@@ -19,9 +19,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 from common import (BIN, SANITIZED, clean_env, free_port, load, main, run, run_ranks,  # noqa: E402
-                    tmp_json)
+                    tmp_json, WORLDS)
 
-WORLDS = (2, 3, 4)
 
 
 def tool(testcase, args, n, expect_rc=(0,)):
@@ -248,6 +247,16 @@ class BadInput(unittest.TestCase):
                            timeout=60, env=clean_env())
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertEqual(p.stderr, "")
+        # --help is output asked for too.
+        for help_args in (["--help"], ["buckets", "--help"]):
+            with open("/dev/full", "w") as full:
+                p = subprocess.run([BIN] + help_args, stdout=full, stderr=subprocess.PIPE, text=True,
+                                   timeout=60, env=clean_env())
+            self.assertEqual(p.returncode, 2, p.stderr)
+            p = subprocess.run("%s %s | head -c 10 >/dev/null; exit ${PIPESTATUS[0]}" % (BIN, " ".join(help_args)),
+                               shell=True, executable="/bin/bash", stderr=subprocess.PIPE, text=True,
+                               timeout=60, env=clean_env())
+            self.assertEqual(p.returncode, 0, p.stderr)
 
     def test_a_launcher_size_without_its_rank_is_refused(self):
         # As WORLD_SIZE without RANK: ddpdiag started a world of its own.
