@@ -1145,6 +1145,17 @@ void check_backward_rate(std::uint64_t gradient_bytes, double gbps, int rank) {
                                   static_cast<double>(gradient_bytes) / 3600e9)});
 }
 
+namespace {
+// Adds ranks from..to (ascending, after those already there) to `ranges`,
+// joining the last range when they follow it.
+void append_rank_range(std::vector<std::pair<int, int>>& ranges, int from, int to) {
+  if (!ranges.empty() && ranges.back().second + 1 == from)
+    ranges.back().second = to;
+  else
+    ranges.emplace_back(from, to);
+}
+}  // namespace
+
 std::string format_rank_ranges(const std::vector<std::pair<int, int>>& ranges, std::size_t max_ranges) {
   std::string out;
   std::int64_t left = 0;
@@ -1164,12 +1175,7 @@ std::string rank_ranges(std::vector<int> ranks, std::size_t max_ranges) {
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   std::vector<std::pair<int, int>> ranges;
-  for (int r : ranks) {
-    if (!ranges.empty() && ranges.back().second + 1 == r)
-      ranges.back().second = r;
-    else
-      ranges.emplace_back(r, r);
-  }
+  for (int r : ranks) append_rank_range(ranges, r, r);
   return format_rank_ranges(ranges, max_ranges);
 }
 
@@ -1914,12 +1920,7 @@ struct MissingRanks {
 MissingRanks find_missing_ranks(Job& job, int n, std::int64_t joined) {
   const auto look_until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   std::vector<std::pair<int, int>> ranges;  // missing [from, to]
-  const auto add_missing = [&](int from, int to) {
-    if (!ranges.empty() && ranges.back().second + 1 == from)
-      ranges.back().second = to;
-    else
-      ranges.emplace_back(from, to);
-  };
+  const auto add_missing = [&](int from, int to) { append_rank_range(ranges, from, to); };
   job.ranks.clear();
   job.machines.clear();
   std::int64_t found = 0;
@@ -2917,21 +2918,14 @@ class PipedModelFile {
                                    "keep a copy for its ranks in {}: {}",
                                    name.substr(0, name.rfind('/')), std::strerror(errno)),
                        {"flags", -1, -1, "give the layout as a file, or set TMPDIR to a writable directory"});
-    std::size_t done = 0;
-    while (done < text.size()) {
-      const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) {
-        const int err = errno;
-        ::close(fd);
-        ::unlink(name.c_str());
-        throw UsageError(fmt::format("--model: cannot write the copy of the piped layout to {}: {}", name,
-                                     std::strerror(err)),
-                         {"flags", -1, -1, "give the layout as a file, or set TMPDIR to a writable directory"});
-      }
-      done += static_cast<std::size_t>(n);
+    ::close(fd);  // the name is ours; the writer fills it whole or not at all
+    try {
+      reports::write_file_atomic(name, text);
+    } catch (const reports::WriteError& e) {
+      ::unlink(name.c_str());
+      throw UsageError(fmt::format("--model: cannot keep the piped layout for the ranks: {}", e.what()),
+                       {"flags", -1, -1, "give the layout as a file, or set TMPDIR to a writable directory"});
     }
-    ::close(fd);
     return name;
   }
 
